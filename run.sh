@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The two set-up commands of the README, on a fresh Debian 12 machine (as root, or with the packages installed):
+#   ./run.sh demo   text -> profile -> layout -> pack -> run on the bundled default
+#   ./run.sh test   build everything and run every test
+# Other verbs: build (just build), bench (benchmarks, not part of the tests).
+set -euo pipefail
+cd "$(dirname "$0")"
+BUILD=${NL_BUILD_DIR:-build}
+
+build() {
+  scripts/bootstrap.sh build "$@"
+  local gen=()
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+    cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  fi
+  cmake --build "$BUILD" -j "$(nproc)"
+}
+
+case "${1:-}" in
+  build)
+    build
+    ;;
+  test)
+    build
+    cd "$BUILD" && ctest --output-on-failure -j "$(nproc)"
+    ;;
+  demo)
+    build demo
+    exec scripts/demo.sh "$BUILD"
+    ;;
+  bench)
+    build
+    exec scripts/bench.sh "$BUILD"
+    ;;
+  *)
+    echo "usage: ./run.sh demo|test|build|bench" >&2
+    exit 2
+    ;;
+esac
