@@ -1,0 +1,55 @@
+// Co-activation counting: for one layer, how often each neuron fires (f) and how often each pair fires in the
+// same token (C = AᵀA over the bit-packed trace masks), plus per-neuron top-k neighbour lists.
+//
+// CONTRACT used by layout/ (solvers) — keep these signatures stable; make them fast behind them.
+#pragma once
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "formats/core/bitmask.h"
+
+namespace nl {
+
+class TraceReader;
+
+enum class PopcountKernel { Auto, Scalar, Avx2, Avx512 };
+
+struct CoactivationOptions {
+  uint32_t top_k = 32;           // neighbours kept per neuron (0 = none)
+  bool full_matrix = false;      // keep the full upper-triangle counts
+  PopcountKernel kernel = PopcountKernel::Auto;
+};
+
+struct LayerGraph {
+  uint32_t n_neurons = 0;
+  uint64_t n_tokens = 0;
+  std::vector<uint64_t> freq;    // f(v): tokens at which v fires
+  // Top-k neighbours of each neuron: nbr[v*k .. v*k+k), by decreasing count, ties by increasing index;
+  // only pairs with count > 0; nbr_len[v] entries are valid.
+  uint32_t k = 0;
+  std::vector<uint32_t> nbr, nbr_cnt, nbr_len;
+  // Full upper triangle (i < j), row-major packed, when full_matrix was requested; empty otherwise.
+  std::vector<uint32_t> upper;
+
+  bool has_full() const { return !upper.empty() || n_neurons < 2; }
+  static uint64_t upper_index(uint32_t n, uint32_t i, uint32_t j) {  // requires i < j
+    return uint64_t(i) * (2ull * n - i - 1) / 2 + (j - i - 1);
+  }
+  // C[i][j] from the full matrix (requires has_full()); C[i][i] = f(i).
+  uint32_t pair(uint32_t i, uint32_t j) const {
+    if (i == j) return static_cast<uint32_t>(freq[i]);
+    if (i > j) std::swap(i, j);
+    return upper[upper_index(n_neurons, i, j)];
+  }
+};
+
+// Counts one in-memory layer.
+LayerGraph coactivation_count(const LayerMask& mask, const CoactivationOptions& opt);
+// Counts one layer of a trace, streaming tokens in chunks so memory stays bounded.
+LayerGraph coactivation_count_trace(const TraceReader& trace, uint32_t layer, const CoactivationOptions& opt);
+
+// Co-activation count of a pair computed directly from the mask (reference; O(words)).
+uint32_t coactivation_pair(const LayerMask& mask, uint32_t i, uint32_t j);
+
+}  // namespace nl
