@@ -17,8 +17,9 @@ using DenseTileFn = void (*)(const uint64_t* a, uint32_t na, const uint64_t* b, 
 // The tile kernel for an already resolved (non-Auto, supported) kernel.
 DenseTileFn dense_tile_kernel(PopcountKernel k);
 
-// Peak probe for the benchmark: `reps` passes of a tight AND+popcount loop over a[0..n) & b[0..n) (n a
-// multiple of 32, small enough to stay in L1). Returns the summed count so the work cannot be elided.
+// Peak probe for the benchmark: the work of `reps` passes of AND+popcount over a[0..n) & b[0..n) (n a multiple
+// of 32, in L1) in the kernel's tightest form (AVX-512: a register-resident 4x4 block, as in the tile kernel).
+// Returns the summed count so the work cannot be elided.
 uint64_t and_popcount_loop(PopcountKernel k, const uint64_t* a, const uint64_t* b, uint64_t n, uint64_t reps);
 
 // Sparse (vertical Harley-Seal) kernel, AVX-512 only; see sparse_vertical.cpp.
