@@ -6,6 +6,8 @@ namespace nl::cli {
 // nl-run
 void add_run_probe(CLI::App& app, GlobalOptions& g);
 // nl-layout
+void add_layout_graph(CLI::App& app, GlobalOptions& g);
+void add_layout_graph_merge(CLI::App& app, GlobalOptions& g);
 // (subcommands arrive with their modules: graph, solve, eval, pack)
 // nl-profile
 void add_profile_inspect(CLI::App& app, GlobalOptions& g);
