@@ -7,6 +7,8 @@ namespace nl::cli {
 void add_run_probe(CLI::App& app, GlobalOptions& g);
 // nl-layout
 // (subcommands arrive with their modules: graph, solve, eval, pack)
+void add_layout_solve(CLI::App& app, GlobalOptions& g);
+void add_layout_eval(CLI::App& app, GlobalOptions& g);
 // nl-profile
 void add_profile_inspect(CLI::App& app, GlobalOptions& g);
 }  // namespace nl::cli
