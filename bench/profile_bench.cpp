@@ -79,7 +79,7 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   std::string models = NL_MODELS_DIR;
-  uint64_t tokens = 16384, synthetic_tokens = 1024;
+  uint64_t tokens = 4096, synthetic_tokens = 512;
   int seq_len = 256, reps = 3, threads = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--models")) models = argv[i + 1];

@@ -1,5 +1,4 @@
 // nl-profile run: run a model over text (or token ids) and write activation traces (profile + held-out test).
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -7,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "formats/core/error.h"
+#include "formats/core/progress.h"
 #include "formats/safetensors.h"
 #include "profiler/profile.h"
 #include "profiler/tokenizer.h"
@@ -141,26 +141,16 @@ void run_main(const RunArgs& a, const GlobalOptions& g) {
                 std::to_string(std::min<uint64_t>(a.calibrate_tokens, profile.n_tokens())) + " profile tokens");
     po.thresholds = calibrate_thresholds(model, profile, po.rule.value, a.calibrate_tokens);
   }
-  auto last = std::chrono::steady_clock::now();
-  auto progress = [&](const char* what) {
-    const auto begin = std::chrono::steady_clock::now();
-    return [&, what, begin](uint64_t done, uint64_t total) {
-      const auto now = std::chrono::steady_clock::now();
-      if (g.quiet || (now - last < std::chrono::seconds(2) && done != total)) return;
-      last = now;
-      const double s = std::chrono::duration<double>(now - begin).count();
-      std::fprintf(stderr, "%s: %llu / %llu tokens (%.0f%%), %.0f tokens/s\n", what,
-                   static_cast<unsigned long long>(done), static_cast<unsigned long long>(total),
-                   total ? 100.0 * double(done) / double(total) : 100.0, s > 0 ? double(done) / s : 0.0);
-    };
+  auto run_split = [&](const char* stage, const Corpus& corpus, const std::string& out) {
+    Progress progress(stage, corpus.n_tokens(), !g.quiet, "tokens");
+    po.progress = [&progress](uint64_t done, uint64_t) { progress.set(done); };
+    ProfileResult r = profile_corpus(w, seq_len, corpus, out, po);
+    progress.finish();
+    return r;
   };
-  po.progress = progress("profile");
-  const ProfileResult rp = profile_corpus(w, seq_len, profile, a.out, po);
+  const ProfileResult rp = run_split("profile", profile, a.out);
   ProfileResult rt;
-  if (!a.test_out.empty()) {
-    po.progress = progress("test");
-    rt = profile_corpus(w, seq_len, test, a.test_out, po);
-  }
+  if (!a.test_out.empty()) rt = run_split("test", test, a.test_out);
 
   if (g.json) {
     nlohmann::json j = {{"model", po.model_name}, {"activation", rp.activation}, {"profile", summary_json(rp, a.out)}};
