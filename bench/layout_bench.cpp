@@ -25,8 +25,9 @@ int main(int argc, char** argv) {
   spec.cluster_rate = 0.027;
   uint64_t test_tokens = 8192;
   std::string methods = "identity,frequency,rcm,greedy,greedy+ls";
-  double hot_share = 1.0;
-  uint32_t kicks = 0;
+  double hot_share = 0.0;
+  uint32_t kicks = 0, sample_tokens = 8192, neighbours = 6;
+  bool keep_weight = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--neurons") spec.n_neurons = uint32_t(std::stoul(v));
@@ -38,6 +39,9 @@ int main(int argc, char** argv) {
     else if (k == "--methods") methods = v;
     else if (k == "--hot-share") hot_share = std::stod(v);
     else if (k == "--kicks") kicks = uint32_t(std::stoul(v));
+    else if (k == "--keep-weight") keep_weight = v != "0";
+    else if (k == "--sample-tokens") sample_tokens = uint32_t(std::stoul(v));
+    else if (k == "--neighbours") neighbours = uint32_t(std::stoul(v));
     else {
       std::fprintf(stderr, "layout_bench: unknown option %s\n", k.c_str());
       return 2;
@@ -87,6 +91,9 @@ int main(int argc, char** argv) {
     o.eval = e5;
     o.hot_share = hot_share;
     o.ls.kicks = kicks;
+    o.ls.keep_weight = keep_weight;
+    o.ls.sample_tokens = sample_tokens;
+    o.ls.neighbours = neighbours;
     LayerSolve s = solve_layer(prof, o, 0);
     LayerEval g0 = evaluate_layer(test, s.order, e0, 0);
     LayerEval g5 = evaluate_layer(test, s.order, e5, 0);

@@ -38,7 +38,7 @@ struct Search {
 
   Search(const LayerMask& mask, const LayerGraph& graph, const LsOptions& o) : m(mask), g(graph), opt(o) {
     n = m.n_neurons;
-    g1 = std::min<uint32_t>(opt.merge_gap + 1, kMaxWindow);
+    g1 = std::min<uint32_t>({opt.merge_gap + 1, kMaxWindow, std::max<uint32_t>(1, opt.max_window)});
     for (uint32_t d = 1; d <= g1; ++d) sd[d] = opt.read_us - double(d - 1) * opt.bundle_us;
     uint64_t want = std::max<uint64_t>(1, (uint64_t(opt.sample_tokens) + 63) / 64);
     W = uint32_t(std::min<uint64_t>(m.words, want));
@@ -288,7 +288,7 @@ struct Search {
     // Hot neurons' sampled rows are zero: the cache serves them, so they need no reads.
     for (uint32_t v = 0; v < n; ++v)
       if (hot[v]) std::fill(R.begin() + size_t(v) * W, R.begin() + size_t(v + 1) * W, 0);
-    w_floor = path_weight(m, seed_order);
+    w_floor = opt.keep_weight ? path_weight(m, seed_order) : 0;
     w_cur = path_weight(m, ord);
     saving = total();
     inq.assign(n, 0);
@@ -350,7 +350,7 @@ Order local_search(const LayerMask& m, const LayerGraph& g, const Order& seed, c
   Search s(m, g, opt);
   s.run(seed, opt.hot_count);
   bool fell_back = false;
-  if (s.w_cur < s.w_floor) {  // the hot block cost more path weight than the search won back
+  if (opt.keep_weight && s.w_cur < s.w_floor) {  // the hot block cost more path weight than the search won back
     Search plain(m, g, opt);
     plain.run(seed, 0);
     plain.st.fell_back = true;
@@ -364,7 +364,7 @@ Order local_search(const LayerMask& m, const LayerGraph& g, const Order& seed, c
     stats->fell_back = fell_back;
     stats->saving_seed = ls_objective(m, seed, opt);
     stats->saving_final = ls_objective(m, s.ord, opt);
-    stats->weight_seed = s.w_floor;
+    stats->weight_seed = path_weight(m, seed);
     stats->weight_final = s.w_cur;
   }
   return s.ord;

@@ -20,7 +20,9 @@ struct LsOptions {
   double bundle_us = 3.84;       // bundle_bytes / B: transfer cost of one bundle
   uint32_t sample_tokens = 8192; // tokens of the profile trace the objective is measured on (evenly spread)
   uint32_t neighbours = 6;       // candidates per neuron from its top-k list
+  uint32_t max_window = 4;       // window terms span at most this many slots (caps g + 1; cost grows with it)
   uint32_t hot_count = 0;        // most frequent neurons moved to a block at the end (for the cache); 0 = off
+  bool keep_weight = true;       // refuse moves that push the path weight below the seed's (experiments: false)
   uint32_t kicks = 0;            // random segment-reversal kicks followed by local search, kept when better
   double time_budget_s = 0;      // > 0: stop kicking after this many seconds (non-deterministic timing!)
   uint64_t seed = 1;

@@ -47,7 +47,7 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
       // objective (eval settings) and gap-0 reads (path weight).
       LayerEval e_seed = evaluate_layer(m, r.order, ec, layer_index);
       LayerEval e_ls = evaluate_layer(m, ls, ec, layer_index);
-      if (e_ls.io_seconds <= e_seed.io_seconds && r.ls.weight_final >= r.ls.weight_seed)
+      if (e_ls.io_seconds <= e_seed.io_seconds && (r.ls.weight_final >= r.ls.weight_seed || !lo.keep_weight))
         r.order = std::move(ls);
       else
         r.guard_kept_seed = true;

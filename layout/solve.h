@@ -21,7 +21,7 @@ struct SolveOptions {
   // The device objective greedy+ls optimises and its guard measures (same settings as nl-layout eval).
   EvalConfig eval;               // gap, cache ratio, device, bundle bytes (0 = default for the layer width)
   LsOptions ls;                  // merge gap / costs are filled in from `eval` by solve_layer
-  double hot_share = 1.0;        // hot block size as a share of the cache capacity (0 = no hot block)
+  double hot_share = 0.0;        // hot block size as a share of the cache capacity (0 = no hot block; see docs)
 };
 
 struct LayerSolve {

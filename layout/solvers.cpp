@@ -97,26 +97,34 @@ Order solve_greedy(const LayerGraph& g, const LayerMask* mask, GreedyStats* stat
   if (mask && ends.size() > 1 && mask->words > 0) {
     // Keep the endpoint count cost bounded: at most ~1e9 word operations, on a token prefix if needed.
     double pairs = 0.5 * double(ends.size()) * double(ends.size() - 1);
-    uint64_t words = std::min<uint64_t>(mask->words, std::max<uint64_t>(16, uint64_t(1e9 / std::max(1.0, pairs))));
-    if (pairs <= 5e7) {
+    uint64_t words = std::min<uint64_t>(mask->words, std::max<uint64_t>(8, uint64_t(5e8 / std::max(1.0, pairs))));
+    if (pairs <= 2e8) {
+      // Each endpoint keeps its 8 heaviest endpoint partners: bounded memory, the heavy pairs survive.
+      constexpr size_t kKeep = 8;
       std::vector<Edge> ee;
 #pragma omp parallel
       {
-        std::vector<Edge> local;
+        std::vector<Edge> local, row;
 #pragma omp for schedule(dynamic, 8) nowait
         for (int64_t a = 0; a < int64_t(ends.size()); ++a) {
           const uint64_t* ra = mask->row(ends[size_t(a)]);
-          for (size_t b = size_t(a) + 1; b < ends.size(); ++b) {
+          row.clear();
+          for (size_t b = 0; b < ends.size(); ++b) {
+            if (b == size_t(a)) continue;
             const uint64_t* rb = mask->row(ends[b]);
             uint64_t c = 0;
             for (uint64_t w = 0; w < words; ++w) c += uint64_t(__builtin_popcountll(ra[w] & rb[w]));
-            if (c) local.push_back({c, ends[size_t(a)], ends[b]});
+            if (c) row.push_back({c, std::min(ends[size_t(a)], ends[b]), std::max(ends[size_t(a)], ends[b])});
           }
+          size_t keep = std::min(kKeep, row.size());
+          std::partial_sort(row.begin(), row.begin() + keep, row.end(), edge_before);
+          local.insert(local.end(), row.begin(), row.begin() + keep);
         }
 #pragma omp critical
         ee.insert(ee.end(), local.begin(), local.end());
       }
       std::sort(ee.begin(), ee.end(), edge_before);
+      ee.erase(std::unique(ee.begin(), ee.end(), [](const Edge& x, const Edge& y) { return x.u == y.u && x.v == y.v; }), ee.end());
       for (const Edge& e : ee)
         if (pb.try_link(e.u, e.v)) ++st.endpoint_links;
     }

@@ -30,7 +30,8 @@ using Links = std::vector<std::pair<uint32_t, uint32_t>>;
 
 // Paper's Algorithm 1: candidate pairs (from the top-k lists) by decreasing count, ties by (u, v); accept when
 // both ends have fewer than two links and union-find finds no cycle. Fragments left when neurons exhaust
-// their candidates are joined by the same rule over exact co-activation counts between fragment endpoints
+// their candidates are joined by the same rule over co-activation counts between fragment endpoints (each
+// endpoint keeps its 8 heaviest endpoint partners)
 // (from `mask`, when given; counted on a token prefix if there are very many endpoints), and finally in index
 // order. Returns the path walked from its smaller-index end.
 Order solve_greedy(const LayerGraph& g, const LayerMask* mask, GreedyStats* stats = nullptr, Links* links = nullptr);

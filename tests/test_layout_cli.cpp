@@ -1,0 +1,107 @@
+// nl-layout solve / eval end to end on a clustered trace file: byte-identical layouts across runs, the eval
+// table and JSON, gate parsing, and exit 5 when a gate is violated.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "formats/core/atomic_file.h"
+#include "formats/core/error.h"
+#include "formats/trace.h"
+#include "layout/gate.h"
+#include "layout/synthetic.h"
+
+using namespace nl;
+
+namespace {
+
+int run(const std::string& args, std::string* out = nullptr) {
+  std::string cmd = std::string(NL_BINARY_DIR) + "/cli/nl-layout " + args + " > cli_out.txt 2> cli_err.txt";
+  int st = std::system(cmd.c_str());
+  if (out) *out = read_file("cli_out.txt");
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+void write_trace(const std::string& path, uint64_t seed) {
+  std::vector<LayerMask> masks;
+  for (uint32_t l = 0; l < 2; ++l) {
+    ClusteredTraceSpec s;
+    s.n_neurons = 256;
+    s.n_tokens = 1200;
+    s.cluster_size = 12;
+    s.cluster_rate = 0.05;
+    s.seed = 100 + l;
+    masks.push_back(clustered_mask(s));
+    if (seed != 1) {  // held-out: same structure, later tokens
+      s.n_tokens = 2400;
+      LayerMask all = clustered_mask(s);
+      LayerMask t(256, 1200);
+      for (uint32_t n = 0; n < 256; ++n)
+        for (uint64_t k = 0; k < 1200; ++k)
+          if (all.test(n, 1200 + k)) t.set(n, k);
+      masks.back() = t;
+    }
+  }
+  TraceWriterOptions o;
+  o.model = "clustered";
+  o.activation = "synthetic:clustered";
+  o.n_neurons = {256, 256};
+  trace_write(path, o, masks, {0});
+}
+
+}  // namespace
+
+TEST_CASE("gate expressions") {
+  GateLookup look = [](const std::string& l, const std::string& m, double& v) {
+    if (m != "reads") return false;
+    if (l == "greedy") v = 10;
+    else if (l == "greedy+ls") v = 9;
+    else return false;
+    return true;
+  };
+  CHECK(gate_check("greedy+ls.reads <= 0.9 * greedy.reads", look).ok);
+  CHECK_FALSE(gate_check("greedy+ls.reads < 0.9 * greedy.reads", look).ok);
+  CHECK(gate_check("greedy.reads > greedy+ls.reads", look).ok);
+  CHECK(gate_check("2 * greedy+ls.reads >= 18", look).ok);
+  CHECK_THROWS_AS(gate_check("greedy.reads", look), UsageError);
+  CHECK_THROWS_AS(gate_check("greedy.bogus <= 1", look), UsageError);
+  CHECK_THROWS_AS(gate_check("nosuch.reads <= 1", look), UsageError);
+  CHECK_THROWS_AS(gate_check("greedy.reads <= 1 extra", look), UsageError);
+  CHECK_THROWS_AS(gate_check("greedy <= 1", look), UsageError);
+}
+
+TEST_CASE("solve is byte-identical across runs; eval prints figures and enforces gates") {
+  write_trace("cli_prof.h5", 1);
+  write_trace("cli_test.h5", 2);
+  for (const char* m : {"identity", "frequency", "greedy", "rcm"})
+    REQUIRE(run(std::string("-q solve --trace cli_prof.h5 --method ") + m + " --out cli_" + m + ".json") == 0);
+  REQUIRE(run("-q solve --trace cli_prof.h5 --out cli_ls1.json --seed 3 --kicks 5") == 0);
+  REQUIRE(run("-q --threads 1 solve --trace cli_prof.h5 --out cli_ls2.json --seed 3 --kicks 5") == 0);
+  CHECK(read_file("cli_ls1.json") == read_file("cli_ls2.json"));
+  auto lay = nlohmann::json::parse(read_file("cli_ls1.json"));
+  CHECK(lay["method"] == "greedy+ls");
+  CHECK(lay["trace"]["sha256"].get<std::string>().size() == 64);
+
+  std::string out;
+  std::string layouts = "--bundle-bytes 16384 --layout cli_identity.json --layout cli_greedy.json --layout cli_ls1.json --layout cli_rcm.json";
+  REQUIRE(run("eval --trace cli_test.h5 " + layouts + " --gap 0 --cache-ratio 0", &out) == 0);
+  CHECK(out.find("greedy+ls") != std::string::npos);
+  REQUIRE(run("--json eval --trace cli_test.h5 " + layouts + " --gap auto --cache-ratio 0.05", &out) == 0);
+  auto j = nlohmann::json::parse(out);
+  REQUIRE(j["layouts"].size() == 4);
+  CHECK(j["layouts"][0]["name"] == "identity");
+  CHECK(j["layouts"][1]["io_vs_greedy"].get<double>() == doctest::Approx(1.0));
+  double gr = j["layouts"][1]["reads"].get<double>(), id = j["layouts"][0]["reads"].get<double>();
+  CHECK(gr < id);  // clustered structure: greedy beats the scattered original order
+
+  CHECK(run("eval --trace cli_test.h5 " + layouts + " --require \"greedy.reads <= identity.reads\"") == 0);
+  CHECK(run("eval --trace cli_test.h5 " + layouts + " --require \"identity.reads <= 0.5 * greedy.reads\"") == kExitGate);
+  CHECK(read_file("cli_err.txt").find("quality gate violated: identity.reads <= 0.5 * greedy.reads") != std::string::npos);
+  CHECK(run("eval --trace cli_test.h5 " + layouts + " --require \"identity.nope <= 1\"") == kExitUsage);
+  // A layout for another trace shape is refused with the file named.
+  write_file_atomic("cli_bad.json", "{\"format\":\"neuralink-layout\",\"version\":1,\"method\":\"identity\",\"layers\":[]}");
+  CHECK(run("eval --trace cli_test.h5 --layout cli_bad.json") == kExitInput);
+  CHECK(read_file("cli_err.txt").find("cli_bad.json: has 0 layers") != std::string::npos);
+}

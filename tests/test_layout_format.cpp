@@ -1,0 +1,103 @@
+// Layout JSON: round trip, byte-identical writes, and one clear InputError per kind of malformed file; sha256.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "formats/core/atomic_file.h"
+#include "formats/core/error.h"
+#include "formats/layout.h"
+#include "formats/sha256.h"
+#include "formats/trace.h"
+
+using namespace nl;
+
+namespace {
+
+Layout sample() {
+  Layout l;
+  l.method = "greedy";
+  l.parameters = {{"seed", 1}, {"top_k", 32}};
+  l.trace_sha256 = std::string(64, 'a');
+  l.trace_model = "m";
+  l.trace_tokens = 100;
+  l.layers.resize(2);
+  l.layers[0].order = {2, 0, 1};
+  l.layers[0].objective = 10;
+  l.layers[0].upper_bound = 12.5;
+  l.layers[1].order = {1, 0};
+  return l;
+}
+
+std::string expect_error(const std::string& text, const std::string& needle, const TraceInfo* ti = nullptr) {
+  try {
+    layout_parse(text, "lay.json", ti);
+  } catch (const InputError& e) {
+    std::string m = e.what();
+    CHECK(m.rfind("lay.json: ", 0) == 0);
+    CHECK_MESSAGE(m.find(needle) != std::string::npos, m);
+    return m;
+  }
+  FAIL("accepted: " << text);
+  return "";
+}
+
+std::string replace(std::string s, const std::string& a, const std::string& b) {
+  size_t p = s.find(a);
+  REQUIRE(p != std::string::npos);
+  return s.replace(p, a.size(), b);
+}
+
+}  // namespace
+
+TEST_CASE("sha256 test vectors") {
+  CHECK(sha256_hex("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  CHECK(sha256_hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq") ==
+        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  std::string big(1000000, 'a');
+  CHECK(sha256_hex(big) == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  write_file_atomic("sha_test.bin", "abc");
+  CHECK(sha256_file("sha_test.bin") == sha256_hex("abc"));
+}
+
+TEST_CASE("layout JSON round trip; writes are byte-identical") {
+  Layout l = sample();
+  std::string a = layout_to_json(l), b = layout_to_json(l);
+  CHECK(a == b);
+  Layout r = layout_parse(a, "x");
+  CHECK(r.method == "greedy");
+  CHECK(r.layers.size() == 2);
+  CHECK(r.layers[0].order == std::vector<uint32_t>{2, 0, 1});
+  CHECK(r.layers[0].upper_bound == 12.5);
+  CHECK(r.layers[0].gap() == doctest::Approx(0.2));
+  CHECK(r.trace_sha256 == l.trace_sha256);
+  CHECK(layout_to_json(r) == a);
+  layout_write("lay_rt.json", l);
+  CHECK(read_file("lay_rt.json") == a);
+}
+
+TEST_CASE("malformed layouts: one clear error each") {
+  std::string ok = layout_to_json(sample());
+  expect_error("{", "not valid JSON");
+  expect_error("[1]", "JSON object");
+  expect_error(replace(ok, "\"neuralink-layout\"", "\"other\""), "format must be");
+  expect_error(replace(ok, "\"version\": 1", "\"version\": 2"), "newer than supported");
+  expect_error(replace(ok, "\"method\": \"greedy\"", "\"method\": \"magic\""), "unknown method 'magic'");
+  expect_error(replace(ok, "[2,0,1]", "[2,0,0]"), "not a permutation: neuron 0 appears twice");
+  expect_error(replace(ok, "[2,0,1]", "[2,0,3]"), "out of range");
+  expect_error(replace(ok, "[2,0,1]", "[2,0,-1]"), "out of range");
+  expect_error(replace(ok, "[2,0,1]", "[2,0,\"x\"]"), "not an integer");
+  expect_error(replace(ok, "\"n_neurons\": 3", "\"n_neurons\": 4"), "n_neurons does not match");
+  expect_error(replace(ok, "\"n_layers\": 2", "\"n_layers\": 3"), "n_layers does not match");
+  expect_error(replace(ok, "\"layers\": [", "\"layerz\": ["), "missing array 'layers'");
+  TraceInfo ti;
+  ti.path = "t.h5";
+  ti.n_layers = 2;
+  ti.n_neurons = {3, 2};
+  CHECK_NOTHROW(layout_parse(ok, "lay.json", &ti));
+  ti.n_neurons = {3, 5};
+  expect_error(ok, "layer 1: order has 2 neurons but the trace layer has 5", &ti);
+  ti.n_layers = 3;
+  ti.n_neurons = {3, 2, 2};
+  expect_error(ok, "has 2 layers but trace t.h5 has 3", &ti);
+}

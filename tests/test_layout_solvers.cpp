@@ -1,0 +1,157 @@
+// Solvers on clustered random layers: the gap-0 read identity for every method, greedy against a brute-force
+// Algorithm 1, greedy+ls never below its seed's path weight, the search objective against the planner, and
+// determinism.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "graph/coactivation.h"
+#include "layout/evaluate.h"
+#include "layout/local_search.h"
+#include "layout/solve.h"
+#include "layout/synthetic.h"
+
+using namespace nl;
+
+namespace {
+
+LayerMask small_layer(uint32_t n, uint64_t tokens, uint64_t seed) {
+  ClusteredTraceSpec s;
+  s.n_neurons = n;
+  s.n_tokens = tokens;
+  s.cluster_size = 12;
+  s.cluster_rate = 0.05;
+  s.seed = seed;
+  return clustered_mask(s);
+}
+
+bool is_perm(const Order& o, uint32_t n) {
+  std::vector<uint8_t> seen(n, 0);
+  if (o.size() != n) return false;
+  for (uint32_t v : o) {
+    if (v >= n || seen[v]) return false;
+    seen[v] = 1;
+  }
+  return true;
+}
+
+// Algorithm 1 over the complete graph: all pairs by decreasing count, ties by (u, v).
+Links brute_force_links(const LayerMask& m) {
+  struct E { uint32_t c, u, v; };
+  std::vector<E> es;
+  for (uint32_t u = 0; u < m.n_neurons; ++u)
+    for (uint32_t v = u + 1; v < m.n_neurons; ++v) es.push_back({coactivation_pair(m, u, v), u, v});
+  std::sort(es.begin(), es.end(), [](const E& a, const E& b) {
+    if (a.c != b.c) return a.c > b.c;
+    return a.u != b.u ? a.u < b.u : a.v < b.v;
+  });
+  std::vector<uint32_t> deg(m.n_neurons, 0), comp(m.n_neurons);
+  std::iota(comp.begin(), comp.end(), 0u);
+  Links out;
+  for (const E& e : es) {
+    if (deg[e.u] >= 2 || deg[e.v] >= 2 || comp[e.u] == comp[e.v]) continue;
+    uint32_t from = comp[e.v], to = comp[e.u];
+    for (auto& c : comp)
+      if (c == from) c = to;
+    ++deg[e.u];
+    ++deg[e.v];
+    out.emplace_back(e.u, e.v);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("gap 0, no cache: reads = sum f - path weight, for every method") {
+  LayerMask m = small_layer(300, 1500, 5);
+  EvalConfig ec;
+  ec.device = default_device();
+  ec.gap = GapPolicy::parse("off");
+  ec.bundle_bytes = 4096;
+  uint64_t sum_f = 0;
+  for (uint32_t v = 0; v < m.n_neurons; ++v) sum_f += m.count(v);
+  for (const char* meth : {"identity", "frequency", "rcm", "greedy", "greedy+ls"}) {
+    SolveOptions o;
+    o.method = meth;
+    o.top_k = 16;
+    o.eval = ec;
+    o.eval.gap = GapPolicy::parse("auto");
+    o.eval.cache_ratio = 0.05;
+    LayerSolve s = solve_layer(m, o, 0);
+    REQUIRE(is_perm(s.order, m.n_neurons));
+    LayerEval e = evaluate_layer(m, s.order, ec, 0);
+    CHECK_MESSAGE(e.reads == sum_f - s.objective, meth);
+    CHECK(s.objective == path_weight(m, s.order));
+    CHECK(double(s.objective) <= s.upper_bound + 1e-9);
+  }
+}
+
+TEST_CASE("greedy accepts the same links as a brute-force Algorithm 1 on small graphs") {
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    uint32_t n = 20 + uint32_t(seed) * 7;
+    LayerMask m = small_layer(n, 256 + seed * 50, seed);
+    CoactivationOptions co;
+    co.top_k = n;  // complete candidate lists
+    LayerGraph g = coactivation_count(m, co);
+    Links got;
+    Order o = solve_greedy(g, &m, nullptr, &got);
+    Links want = brute_force_links(m);
+    CHECK(got == want);
+    CHECK(is_perm(o, n));
+  }
+}
+
+TEST_CASE("greedy with short candidate lists still yields one path, deterministically") {
+  LayerMask m = small_layer(400, 800, 9);
+  CoactivationOptions co;
+  co.top_k = 3;
+  LayerGraph g = coactivation_count(m, co);
+  GreedyStats st;
+  Order a = solve_greedy(g, &m, &st), b = solve_greedy(g, &m);
+  CHECK(is_perm(a, 400));
+  CHECK(a == b);
+  CHECK(st.fragments >= 1);
+}
+
+TEST_CASE("greedy+ls never has a lower path weight than its greedy seed and is deterministic") {
+  for (uint64_t seed : {2u, 3u, 4u}) {
+    LayerMask m = small_layer(500, 2000, seed);
+    SolveOptions o;
+    o.eval.device = default_device();
+    o.eval.gap = GapPolicy::parse("auto");
+    o.eval.cache_ratio = 0.05;
+    o.eval.bundle_bytes = 16384;
+    o.method = "greedy";
+    LayerSolve gr = solve_layer(m, o, 0);
+    o.method = "greedy+ls";
+    o.ls.kicks = 20;
+    LayerSolve ls = solve_layer(m, o, 0), ls2 = solve_layer(m, o, 0);
+    CHECK(ls.objective >= gr.objective);
+    CHECK(ls.order == ls2.order);
+    // Never worse than greedy on the profile trace's device objective (the guard).
+    LayerEval eg = evaluate_layer(m, gr.order, o.eval, 0), el = evaluate_layer(m, ls.order, o.eval, 0);
+    CHECK(el.io_seconds <= eg.io_seconds);
+  }
+}
+
+TEST_CASE("the search objective equals the planner's I/O time (fixed gap, block-sized bundles, no cache)") {
+  LayerMask m = small_layer(200, 640, 11);
+  Order o(200);
+  std::iota(o.begin(), o.end(), 0u);
+  std::reverse(o.begin() + 50, o.end());
+  for (uint32_t g : {0u, 1u, 2u}) {
+    LsOptions lo;
+    lo.merge_gap = g;
+    lo.read_us = 8.14;
+    lo.bundle_us = 4096.0 / 4267.0;
+    lo.sample_tokens = 640;  // every token
+    EvalConfig ec;
+    ec.device = default_device();
+    ec.gap = GapPolicy::parse(g ? std::to_string(g) : "off");
+    ec.bundle_bytes = 4096;
+    LayerEval e = evaluate_layer(m, o, ec, 0);
+    double want_us = (lo.read_us + lo.bundle_us) * double(e.active) - ls_objective(m, o, lo);
+    CHECK(e.io_seconds * 1e6 == doctest::Approx(want_us).epsilon(1e-9));
+  }
+}
