@@ -64,8 +64,8 @@ NL_KERNEL_CLONES
 void matmul_impl(float* y, const float* x, const float* w, int n, int in, int out) {
   const int tb = (n + kTB - 1) / kTB, ob = (out + kOB - 1) / kOB;
   const long work = long(n) * in * out;
-  // Small products (a single token through a tiny layer) are faster on one thread than waking the team.
-#pragma omp parallel for collapse(2) schedule(static) if (work > (1L << 16))
+  // Below ~2M multiply-adds (tiny layers) waking the team costs more than it saves, badly so on a loaded machine.
+#pragma omp parallel for collapse(2) schedule(static) if (work > (1L << 21))
   for (int bo = 0; bo < ob; ++bo)
     for (int bt = 0; bt < tb; ++bt) {
       const int t0 = bt * kTB, o0 = bo * kOB;

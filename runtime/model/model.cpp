@@ -169,7 +169,7 @@ void Model::forward_sequence(const int* tokens, int n, int pos0, float* logits) 
 
     // Causal grouped-query attention: query t sees positions 0 .. pos0+t.
     const long att_work = long(n) * c.n_heads * (pos0 + n) * hd;
-#pragma omp parallel for collapse(2) schedule(static) if (att_work > (1L << 15))
+#pragma omp parallel for collapse(2) schedule(static) if (att_work > (1L << 20))
     for (int t = 0; t < n; ++t)
       for (int h = 0; h < c.n_heads; ++h) {
         float* att = att_.data() + size_t(omp_get_thread_num()) * att_stride;
