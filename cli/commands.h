@@ -5,6 +5,10 @@
 namespace nl::cli {
 // nl-run
 void add_run_probe(CLI::App& app, GlobalOptions& g);
+void add_run_generate(CLI::App& app, GlobalOptions& g);
+#ifdef NL_FULL_BUILD
+void add_run_replay(CLI::App& app, GlobalOptions& g);  // HDF5 traces: full builds only
+#endif
 // nl-layout
 void add_layout_graph(CLI::App& app, GlobalOptions& g);
 void add_layout_graph_merge(CLI::App& app, GlobalOptions& g);

@@ -8,5 +8,9 @@ int main(int argc, char** argv) {
                              static nl::cli::GlobalOptions g;
                              nl::cli::add_global_options(app, g);
                              nl::cli::add_run_probe(app, g);
+                             nl::cli::add_run_generate(app, g);
+#ifdef NL_FULL_BUILD
+                             nl::cli::add_run_replay(app, g);
+#endif
                            });
 }

@@ -27,6 +27,7 @@ class FlashImage {
   const std::string& image_path() const { return image_path_; }
   const std::string& manifest_path() const { return manifest_path_; }
   IoEngine& io() { return *io_; }
+  const IoEngine& io() const { return *io_; }
 
   // Reads region `index` (0 = dense, 1 + l = FFN layer l) in full into `buf` (payload at buf->data()) and checks its
   // checksum: InputError naming the image on a mismatch.

@@ -1,0 +1,130 @@
+// Shared nl-run options and the metrics report (cli/run_flash_options.h).
+#include "cli/run_flash_options.h"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "formats/core/atomic_file.h"
+#include "formats/core/error.h"
+#include "runtime/device.h"
+
+namespace nl::cli {
+
+void add_flash_image_options(CLI::App* c, FlashArgs& a) {
+  c->add_option("--image", a.image, "Flash image (model.nlw; its manifest is model.nlw.json) or the manifest")
+      ->required()
+      ->check(CLI::ExistingFile)
+      ->group("Image");
+  c->add_flag("--verify", a.verify, "Check every region's xxh64 at start-up (reads the whole image once)")->group("Image");
+}
+
+void add_flash_io_options(CLI::App* c, FlashArgs& a) {
+  c->add_option("--io", a.io, "I/O engine")
+      ->check(CLI::IsMember({"pread", "preadv", "uring", "mmap"}))
+      ->group("I/O");
+  c->add_flag("--no-direct", a.buffered, "Buffered reads instead of O_DIRECT")->group("I/O");
+  c->add_option("--queue-depth", a.queue_depth, "uring: reads in flight at most")->check(CLI::Range(1, 4096))->group("I/O");
+}
+
+void add_flash_plan_options(CLI::App* c, FlashArgs& a) {
+  c->add_option("--gap", a.gap, "Merge reads across gaps: off | N bundles | auto (needs --device)")->group("Reads");
+  c->add_option("--device", a.device, "Device profile (configs/devices/*.json) for --gap auto")
+      ->check(CLI::ExistingFile)
+      ->group("Reads");
+  c->add_option("--cache-ratio", a.cache_ratio, "DRAM cache, fraction of each layer's FFN bytes")
+      ->check(CLI::Range(0.0, 1.0))
+      ->group("Cache");
+  c->add_option("--cache-window", a.cache_window, "Keep the neurons of the last K tokens resident (LLM in a flash)")
+      ->group("Cache");
+  c->add_option("--run-admit-prob", a.run_admit_prob, "Admission probability for neurons read inside longer reads")
+      ->check(CLI::Range(0.0, 1.0))
+      ->group("Cache");
+}
+
+void add_flash_metrics_options(CLI::App* c, FlashArgs& a) {
+  c->add_option("--metrics", a.metrics, "Write per-token and total metrics here (JSON)")->group("Output");
+}
+
+std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& g) {
+  IoOptions io;
+  if (!io_kind_parse(a.io, &io.kind)) throw UsageError("unknown --io " + a.io);
+  io.direct = !a.buffered;
+  io.queue_depth = a.queue_depth;
+  io.warn = [&g](const std::string& s) { info(g, s); };
+  auto img = std::make_unique<FlashImage>(a.image, io);
+  if (a.verify) img->verify_all();
+  return img;
+}
+
+FlashFfnOptions flash_ffn_options(const FlashArgs& a, SelectMode select) {
+  FlashFfnOptions o;
+  o.select = select;
+  o.gap = GapPolicy::parse(a.gap);
+  if (!a.device.empty()) o.cost = device_load(a.device).cost;
+  if (o.gap.mode == GapMode::Auto && a.device.empty()) throw UsageError("--gap auto needs --device PROFILE.json");
+  o.cache_ratio = a.cache_ratio;
+  o.cache.window_tokens = a.cache_window;
+  o.cache.run_admit_prob = a.run_admit_prob;
+  return o;
+}
+
+namespace {
+nlohmann::json counters_json(const FlashCounters& c) {
+  return {{"active", c.active},         {"reads", c.reads},           {"bytes_read", c.bytes_read},
+          {"bytes_needed", c.bytes_needed}, {"cache_hits", c.cache_hits}, {"io_seconds", c.io_seconds},
+          {"compute_seconds", c.compute_seconds}};
+}
+}  // namespace
+
+void flash_report(const FlashArgs& a, const GlobalOptions& g, const FlashImage& img, const FlashFfn* ffn,
+                  double wall_seconds, uint64_t tokens, const std::string& extra_json) {
+  nlohmann::json j = extra_json.empty() ? nlohmann::json::object() : nlohmann::json::parse(extra_json);
+  const FlashCounters t = ffn ? ffn->totals() : FlashCounters{};
+  j["image"] = img.image_path();
+  j["engine"] = img.io().name();
+  j["direct"] = img.io().direct();
+  j["dtype"] = image_dtype_name(img.manifest().dtype);
+  j["gap"] = a.gap;
+  j["cache_ratio"] = a.cache_ratio;
+  j["tokens"] = tokens;
+  j["wall_seconds"] = wall_seconds;
+  j["tokens_per_second"] = wall_seconds > 0 ? double(tokens) / wall_seconds : 0.0;
+  j["totals"] = counters_json(t);
+  const double per = tokens ? 1.0 / double(tokens) : 0.0;
+  j["per_token_mean"] = {{"reads", double(t.reads) * per},
+                         {"bytes_read", double(t.bytes_read) * per},
+                         {"bytes_needed", double(t.bytes_needed) * per},
+                         {"cache_hits", double(t.cache_hits) * per},
+                         {"io_ms", t.io_seconds * 1e3 * per},
+                         {"compute_ms", t.compute_seconds * 1e3 * per}};
+  j["effective_bandwidth_MBps"] = t.io_seconds > 0 ? double(t.bytes_needed) / t.io_seconds / 1e6 : 0.0;
+  if (!a.metrics.empty()) {
+    nlohmann::json m = j;
+    nlohmann::json per_token = nlohmann::json::array();
+    if (ffn)
+      for (const auto& c : ffn->per_token()) per_token.push_back(counters_json(c));
+    m["per_token"] = std::move(per_token);
+    write_file_atomic(a.metrics, m.dump(1) + "\n");
+  }
+  if (g.json) {
+    std::printf("%s\n", j.dump(1).c_str());
+    return;
+  }
+  std::printf("engine %s (%s), dtype %s, gap %s, cache %.3f\n", j["engine"].get<std::string>().c_str(),
+              j["direct"].get<bool>() ? "O_DIRECT" : "buffered", j["dtype"].get<std::string>().c_str(), a.gap.c_str(),
+              a.cache_ratio);
+  std::printf("%-24s %14s %14s\n", "", "total", "per token");
+  auto row = [&](const char* name, double total, double per_tok) {
+    std::printf("%-24s %14.0f %14.1f\n", name, total, per_tok);
+  };
+  row("reads", double(t.reads), double(t.reads) * per);
+  row("bytes read", double(t.bytes_read), double(t.bytes_read) * per);
+  row("bytes needed", double(t.bytes_needed), double(t.bytes_needed) * per);
+  row("cache hits", double(t.cache_hits), double(t.cache_hits) * per);
+  std::printf("%-24s %14.3f %14.4f\n", "I/O time ms", t.io_seconds * 1e3, t.io_seconds * 1e3 * per);
+  std::printf("%-24s %14.3f %14.4f\n", "compute time ms", t.compute_seconds * 1e3, t.compute_seconds * 1e3 * per);
+  std::printf("%-24s %14.1f\n", "effective MB/s", j["effective_bandwidth_MBps"].get<double>());
+  std::printf("%-24s %14.2f\n", "tokens/s", j["tokens_per_second"].get<double>());
+}
+
+}  // namespace nl::cli

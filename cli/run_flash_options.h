@@ -1,0 +1,41 @@
+// Options shared by `nl-run generate` and `nl-run replay` (image, I/O engine, planner, cache, metrics), one
+// option-group function per concern, and the metrics report both print.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/common.h"
+#include "runtime/flash_ffn.h"
+#include "runtime/flash_image.h"
+
+namespace nl::cli {
+
+struct FlashArgs {
+  std::string image;
+  bool verify = false;
+  std::string io = "pread";
+  bool buffered = false;        // --no-direct
+  uint32_t queue_depth = 32;
+  std::string gap = "off";
+  std::string device;           // device profile for --gap auto
+  double cache_ratio = 0;
+  uint32_t cache_window = 0;
+  double run_admit_prob = 0.125;
+  std::string metrics;          // metrics JSON path
+};
+
+void add_flash_image_options(CLI::App* c, FlashArgs& a);
+void add_flash_io_options(CLI::App* c, FlashArgs& a);
+void add_flash_plan_options(CLI::App* c, FlashArgs& a);
+void add_flash_metrics_options(CLI::App* c, FlashArgs& a);
+
+// Opens the image with the chosen engine (notices on stderr unless --quiet) and verifies it when asked.
+std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& g);
+FlashFfnOptions flash_ffn_options(const FlashArgs& a, SelectMode select);
+
+// Prints the summary table (or JSON with --json) and writes --metrics. `extra` is merged into the JSON.
+void flash_report(const FlashArgs& a, const GlobalOptions& g, const FlashImage& img, const FlashFfn* ffn,
+                  double wall_seconds, uint64_t tokens, const std::string& extra_json);
+
+}  // namespace nl::cli

@@ -1,0 +1,75 @@
+// nl-run replay: a trace names the neurons each token needs; the runtime plans and issues exactly the reads generate
+// would, and reports them. Full builds read HDF5 traces (trace v1); the phone build (-DNL_RUNTIME_ONLY=ON) has no
+// HDF5 and does not offer this subcommand yet.
+#ifdef NL_FULL_BUILD
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/run_flash_options.h"
+#include "formats/core/error.h"
+#include "formats/trace.h"
+
+namespace nl::cli {
+namespace {
+
+struct ReplayArgs {
+  FlashArgs flash;
+  std::string trace;
+  uint64_t max_tokens = 0;
+};
+
+void add_replay_trace_options(CLI::App* c, ReplayArgs& a) {
+  c->add_option("--trace", a.trace, "Activation trace (HDF5, trace v1)")->required()->check(CLI::ExistingFile)->group("Trace");
+  c->add_option("--max-tokens", a.max_tokens, "Replay at most this many tokens (0 = all)")->group("Trace");
+}
+
+void replay_main(const ReplayArgs& a, const GlobalOptions& g) {
+  apply_global_options(g);
+  auto img = flash_open(a.flash, g);
+  const ImageManifest& m = img->manifest();
+  TraceReader tr(a.trace);
+  const TraceInfo& ti = tr.info();
+  if (ti.n_layers != uint32_t(m.config.n_layers))
+    throw InputError(a.trace, "has " + std::to_string(ti.n_layers) + " layers, the image has " + std::to_string(m.config.n_layers));
+  std::vector<LayerMask> masks;
+  for (uint32_t l = 0; l < ti.n_layers; ++l) {
+    if (ti.n_neurons[l] != uint32_t(m.config.hidden_dim))
+      throw InputError(a.trace, "layer " + std::to_string(l) + " has " + std::to_string(ti.n_neurons[l]) +
+                                    " neurons, the image has " + std::to_string(m.config.hidden_dim));
+    masks.push_back(tr.read_layer(l));
+  }
+  const uint64_t n = a.max_tokens ? std::min(a.max_tokens, ti.n_tokens) : ti.n_tokens;
+  FlashFfn ffn(*img, flash_ffn_options(a.flash, SelectMode::kReplay));
+  std::vector<uint32_t> active;
+  auto t0 = std::chrono::steady_clock::now();
+  for (uint64_t t = 0; t < n; ++t) {
+    for (uint32_t l = 0; l < ti.n_layers; ++l) {
+      active.clear();
+      const LayerMask& mk = masks[l];
+      for (uint32_t k = 0; k < mk.n_neurons; ++k)
+        if (mk.test(k, t)) active.push_back(k);
+      ffn.replay_layer(int(l), active);
+    }
+    ffn.end_token();
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  nlohmann::json extra = {{"mode", "replay"}, {"trace", a.trace}};
+  flash_report(a.flash, g, *img, &ffn, wall, n, extra.dump());
+}
+
+}  // namespace
+
+void add_run_replay(CLI::App& app, GlobalOptions& g) {
+  static ReplayArgs a;
+  CLI::App* c = app.add_subcommand("replay", "Issue the reads a trace's tokens need and report them");
+  add_flash_image_options(c, a.flash);
+  add_replay_trace_options(c, a);
+  add_flash_io_options(c, a.flash);
+  add_flash_plan_options(c, a.flash);
+  add_flash_metrics_options(c, a.flash);
+  c->callback([&g] { replay_main(a, g); });
+}
+
+}  // namespace nl::cli
+#endif

@@ -1,0 +1,176 @@
+// Sparse FFN from the flash image (runtime/flash_ffn.h).
+#include "runtime/flash_ffn.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "formats/core/error.h"
+
+namespace nl {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+void add(FlashCounters& a, const FlashCounters& b) {
+  a.active += b.active;
+  a.reads += b.reads;
+  a.bytes_read += b.bytes_read;
+  a.bytes_needed += b.bytes_needed;
+  a.cache_hits += b.cache_hits;
+  a.io_seconds += b.io_seconds;
+  a.compute_seconds += b.compute_seconds;
+}
+}  // namespace
+
+FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), opt_(o), m_(image.manifest()) {
+  const ModelConfig& c = m_.config;
+  const uint32_t hidden = uint32_t(c.hidden_dim);
+  for (int l = 0; l < c.n_layers; ++l) {
+    PlannerConfig pc;
+    pc.n_slots = hidden;
+    pc.bundle_bytes = m_.bundle_bytes;
+    pc.region_offset = m_.ffn(l).offset;
+    pc.block_bytes = uint32_t(kIoBlock);
+    pc.gap = o.gap;
+    pc.cost = o.cost;
+    planners_.emplace_back(pc);
+    CacheConfig cc = o.cache;
+    cc.capacity = cache_capacity_for_ratio(o.cache_ratio, hidden);
+    caches_.push_back(cc.capacity > 0 || cc.window_tokens > 0 ? std::make_unique<SlotCache>(hidden, cc) : nullptr);
+    std::vector<uint32_t> inv(hidden);
+    for (uint32_t s = 0; s < hidden; ++s) inv[m_.order[size_t(l)][s]] = s;
+    slot_of_.push_back(std::move(inv));
+  }
+  store_.resize(size_t(c.n_layers));
+  if (o.select == SelectMode::kGate) {
+    if (m_.bundle_kind != BundleKind::kGated)
+      throw UsageError("--select gate needs a gated FFN image (this one has plain bundles)");
+    AlignedBuffer buf;
+    const size_t dim = size_t(c.dim);
+    for (int l = 0; l < c.n_layers; ++l) {
+      img_.read_region(size_t(1 + l), &buf);  // checksummed here, once
+      std::vector<float> g(size_t(hidden) * dim);
+      for (uint32_t s = 0; s < hidden; ++s) image_decode(m_.dtype, buf.data() + s * m_.bundle_bytes, dim, g.data() + s * dim);
+      gate_.push_back(std::move(g));
+    }
+  }
+}
+
+const uint8_t* FlashFfn::bundle(int layer, uint32_t slot) const {
+  // In one of this token's reads?
+  auto it = std::upper_bound(plan_.reads.begin(), plan_.reads.end(), slot,
+                             [](uint32_t s, const ReadOp& r) { return s < r.slot_begin; });
+  if (it != plan_.reads.begin()) {
+    const size_t ri = size_t(it - plan_.reads.begin()) - 1;
+    const ReadOp& r = plan_.reads[ri];
+    if (slot < r.slot_end)
+      return staging_.data() + read_pos_[ri] + (m_.ffn(layer).offset + uint64_t(slot) * m_.bundle_bytes - r.offset);
+  }
+  auto s = store_[size_t(layer)].find(slot);
+  if (s == store_[size_t(layer)].end())
+    throw InternalError("slot " + std::to_string(slot) + " of layer " + std::to_string(layer) + " neither read nor cached");
+  return s->second.data();
+}
+
+void FlashFfn::load(int layer) {
+  SlotCache* cache = caches_[size_t(layer)].get();
+  if (cache) {
+    // Drop bytes of slots evicted by the previous token's update (not earlier: that token's FFN still used them).
+    auto& st = store_[size_t(layer)];
+    for (auto it = st.begin(); it != st.end();) it = cache->resident(it->first) ? std::next(it) : st.erase(it);
+  }
+  planners_[size_t(layer)].plan(active_.data(), active_.size(), cache, plan_);
+  uint64_t total = 0;
+  read_pos_.resize(plan_.reads.size());
+  for (size_t i = 0; i < plan_.reads.size(); ++i) {
+    read_pos_[i] = total;
+    total += plan_.reads[i].length;
+  }
+  staging_.resize(std::max<uint64_t>(total, 1));
+  spans_.clear();
+  for (size_t i = 0; i < plan_.reads.size(); ++i)
+    spans_.push_back({plan_.reads[i].offset, plan_.reads[i].length, staging_.data() + read_pos_[i]});
+  auto t0 = Clock::now();
+  if (!spans_.empty()) img_.io().read(spans_.data(), spans_.size());
+  token_.io_seconds += since(t0);
+  token_.active += plan_.active;
+  token_.reads += plan_.reads.size();
+  token_.bytes_read += plan_.bytes_read;
+  token_.bytes_needed += uint64_t(plan_.needed) * m_.bundle_bytes;
+  token_.cache_hits += plan_.hits.size();
+  if (cache) {
+    cache->update(active_.data(), active_.size(), plan_);
+    // Keep the bytes of newly resident slots (any slot this token's reads covered may be admitted, gap slots
+    // included).
+    auto& st = store_[size_t(layer)];
+    for (const ReadOp& r : plan_.reads)
+      for (uint32_t s = r.slot_begin; s < r.slot_end; ++s)
+        if (cache->resident(s) && !st.count(s)) {
+          const uint8_t* b = bundle(layer, s);
+          st.emplace(s, std::vector<uint8_t>(b, b + m_.bundle_bytes));
+        }
+  }
+}
+
+void FlashFfn::replay_layer(int layer, const std::vector<uint32_t>& neurons) {
+  active_.clear();
+  for (uint32_t n : neurons) {
+    if (n >= slot_of_[size_t(layer)].size()) throw InternalError("replay: neuron index out of range");
+    active_.push_back(slot_of_[size_t(layer)][n]);
+  }
+  std::sort(active_.begin(), active_.end());
+  load(layer);
+}
+
+void FlashFfn::end_token() {
+  token_.tokens = 1;
+  per_token_.push_back(token_);
+  add(total_, token_);
+  ++total_.tokens;
+  token_ = FlashCounters{};
+}
+
+void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out, FfnObserver* observer) {
+  (void)pos0;
+  (void)observer;
+  if (opt_.select != SelectMode::kGate) throw UsageError("the model forward needs --select gate");
+  const ModelConfig& c = m_.config;
+  const int dim = c.dim, hidden = c.hidden_dim;
+  const size_t esz = image_dtype_bytes(m_.dtype);
+  g_.resize(size_t(hidden));
+  row_.resize(size_t(dim) * 2);
+  for (int t = 0; t < n_tokens; ++t) {
+    const float* xt = x + size_t(t) * dim;
+    float* ot = out + size_t(t) * dim;
+    auto t0 = Clock::now();
+    kernels::matmul(g_.data(), xt, gate_[size_t(layer)].data(), 1, dim, hidden);
+    active_.clear();
+    for (int s = 0; s < hidden; ++s) {
+      if (c.act == FfnAct::kRelu) {
+        if (g_[size_t(s)] > 0.0f) active_.push_back(uint32_t(s));
+      } else {
+        g_[size_t(s)] = g_[size_t(s)] / (1.0f + std::exp(-g_[size_t(s)]));
+        active_.push_back(uint32_t(s));
+      }
+    }
+    token_.compute_seconds += since(t0);
+    load(layer);
+    t0 = Clock::now();
+    std::fill(ot, ot + dim, 0.0f);
+    float* up = row_.data();
+    float* down = row_.data() + dim;
+    for (uint32_t s : active_) {
+      const uint8_t* b = bundle(layer, s) + size_t(dim) * esz;  // skip the gate row (kept in DRAM)
+      image_decode(m_.dtype, b, size_t(dim), up);
+      image_decode(m_.dtype, b + size_t(dim) * esz, size_t(dim), down);
+      const float h = g_[s] * kernels::dot(up, xt, dim);
+      for (int o = 0; o < dim; ++o) ot[o] += h * down[o];
+    }
+    token_.compute_seconds += since(t0);
+  }
+}
+
+}  // namespace nl

@@ -1,0 +1,82 @@
+// The sparse FFN served from a flash image: per token and FFN layer, decide which neurons are needed, plan the reads
+// with the shared planner (runtime/plan/read_plan.h) and cache (runtime/plan/slot_cache.h), issue them through an
+// I/O engine, and compute the FFN over the loaded bundles only. Plugs into runtime/model as an FfnProvider.
+// Selection modes: `gate` (exact: gate rows kept in DRAM; a neuron is read only when its gate fires, relu > 0;
+// for SiLU every neuron fires) and `replay` (the caller names the active neurons per layer; I/O only).
+// Not thread-safe: one instance per generating thread.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/flash_image.h"
+#include "runtime/model/model.h"
+#include "runtime/plan/read_plan.h"
+#include "runtime/plan/slot_cache.h"
+
+namespace nl {
+
+enum class SelectMode { kGate, kReplay };
+
+struct FlashFfnOptions {
+  SelectMode select = SelectMode::kGate;
+  GapPolicy gap{GapMode::Off, 0};
+  CostFit cost;               // device cost model (--gap auto)
+  double cache_ratio = 0;     // fraction of each layer's FFN bytes held in DRAM
+  CacheConfig cache;          // admission parameters, window (capacity is set from cache_ratio)
+};
+
+// Totals (and, per token, the same figures summed over layers).
+struct FlashCounters {
+  uint64_t tokens = 0;
+  uint64_t active = 0;        // active neurons (layer-tokens summed)
+  uint64_t reads = 0;         // planned reads issued
+  uint64_t bytes_read = 0;    // aligned bytes read from the image
+  uint64_t bytes_needed = 0;  // bundle bytes of active neurons not served by the cache
+  uint64_t cache_hits = 0;    // active neurons served from DRAM
+  double io_seconds = 0;      // wall time inside the I/O engine
+  double compute_seconds = 0; // wall time of the sparse FFN arithmetic (gate, up, down)
+};
+
+class FlashFfn : public FfnProvider {
+ public:
+  // Gate mode reads every FFN region once (checksummed) to keep the gate rows in DRAM.
+  FlashFfn(FlashImage& image, const FlashFfnOptions& o);
+
+  void ffn(int layer, int pos0, int n_tokens, const float* x, float* out, FfnObserver* observer) override;
+
+  // Replay: plans, reads and accounts one layer-token whose active neurons (original indices) are given.
+  void replay_layer(int layer, const std::vector<uint32_t>& active_neurons);
+  // Marks the end of a token (per-token metrics).
+  void end_token();
+
+  const FlashCounters& totals() const { return total_; }
+  const std::vector<FlashCounters>& per_token() const { return per_token_; }
+  const ReadPlanner& planner(int layer) const { return planners_[size_t(layer)]; }
+
+ private:
+  FlashImage& img_;
+  FlashFfnOptions opt_;
+  const ImageManifest& m_;
+  std::vector<ReadPlanner> planners_;
+  std::vector<std::unique_ptr<SlotCache>> caches_;
+  std::vector<std::vector<uint32_t>> slot_of_;      // per layer: original neuron -> slot
+  std::vector<std::vector<float>> gate_;            // gate mode: [slot][dim] per layer, fp32
+  std::vector<std::unordered_map<uint32_t, std::vector<uint8_t>>> store_;  // cached bundles' bytes
+  TokenPlan plan_;
+  AlignedBuffer staging_;
+  std::vector<ReadSpan> spans_;
+  std::vector<uint32_t> active_;
+  std::vector<float> g_, row_;
+  FlashCounters total_, token_;
+  std::vector<FlashCounters> per_token_;
+
+  // Plans and reads `active_` (ascending slots) of `layer`; afterwards bundle(slot) points at each one's bytes.
+  void load(int layer);
+  const uint8_t* bundle(int layer, uint32_t slot) const;
+  std::vector<uint64_t> read_pos_;  // staging position of each read of the current plan
+};
+
+}  // namespace nl

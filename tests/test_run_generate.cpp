@@ -1,0 +1,178 @@
+// nl-run generate from flash images: --select gate gives the dense model's tokens for every layout, dtype and I/O
+// engine; stories260K packed as f32 reproduces the independent reference tokens; faults stop generation with one
+// clear line and a non-zero exit, never a token.
+#include <doctest/doctest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "formats/core/error.h"
+#include "formats/core/image_writer.h"
+#include "formats/llama2c.h"
+#include "image_test_util.h"
+#include "runtime/flash_ffn.h"
+
+using namespace nl;
+
+namespace {
+
+struct Result {
+  int rc = -1;
+  std::string out;
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(NL_BINARY_DIR) + "/cli/nl-run " + args + " 2>&1";
+  Result r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf{};
+  while (size_t n = std::fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
+  int st = ::pclose(p);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string tokens_line(const std::string& out) {
+  auto p = out.find("tokens:");
+  return p == std::string::npos ? "" : out.substr(p, out.find('\n', p) - p);
+}
+
+std::string dir(const std::string& n) {
+  std::string d = "run_test_" + n;
+  ::mkdir(d.c_str(), 0755);
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("generate --select gate equals dense for every layout, dtype and engine (ReLU-gated model)") {
+  const std::string d = dir("gate");
+  ModelConfig c = test::small_config(64, 256, 2);
+  c.vocab_size = 64;
+  c.seq_len = 40;
+  ModelWeights w = test::random_weights(c, 21);
+  int checked = 0;
+  for (ImageDtype dt : {ImageDtype::kF32, ImageDtype::kF16, ImageDtype::kBF16}) {
+    for (int layout = 0; layout < 2; ++layout) {
+      ImageSpec spec;
+      spec.dtype = dt;
+      if (layout == 1) spec.order = test::random_order(c, 77);
+      const std::string img = d + "/m_" + image_dtype_name(dt) + "_" + std::to_string(layout) + ".nlw";
+      image_write_model(img, w, spec);
+      Result dense = run("generate --image " + img + " --select dense --steps 20 --prompt-tokens 3,9");
+      REQUIRE_MESSAGE(dense.rc == 0, dense.out);
+      const std::string want = tokens_line(dense.out);
+      REQUIRE(want.size() > 20);
+      for (std::string io : {"pread", "preadv", "uring", "mmap"}) {
+        for (std::string extra : {"--gap off", "--gap 3 --cache-ratio 0.1", "--gap 1 --cache-window 2 --no-direct"}) {
+          CAPTURE(img);
+          CAPTURE(io);
+          CAPTURE(extra);
+          Result r = run("generate --image " + img + " --select gate --steps 20 --prompt-tokens 3,9 --io " + io + " " + extra);
+          CHECK_MESSAGE(r.rc == 0, r.out);
+          CHECK(tokens_line(r.out) == want);
+          ++checked;
+        }
+      }
+    }
+  }
+  CHECK(checked == 72);
+}
+
+TEST_CASE("stories260K packed as f32 reproduces the reference greedy tokens through the flash image") {
+  const std::string model = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/stories260K.bin";
+  struct stat st {};
+  if (::stat(model.c_str(), &st) != 0) {
+    MESSAGE("skipped: " << model << " is absent");
+    return;
+  }
+  ModelWeights w = read_llama2c(model);
+  const std::string img = dir("stories") + "/stories260K.nlw";
+  image_write_model(img, w, ImageSpec{});
+  std::ifstream f(std::string(NL_MODELS_DIR) + "/llama2c-stories260K/reference-greedy.json");
+  nlohmann::json ref = nlohmann::json::parse(f);
+  std::vector<int> toks = ref["tokens"].get<std::vector<int>>();
+  const size_t steps = std::min<size_t>(40, toks.size() - 1);
+  std::string want = "tokens:";
+  for (size_t i = 1; i <= steps; ++i) want += " " + std::to_string(toks[i]);
+  for (const char* io : {"pread", "uring"}) {
+    Result r = run("generate --image " + img + " --select gate --verify --steps " + std::to_string(steps) + " --io " + io);
+    CHECK_MESSAGE(r.rc == 0, r.out);
+    CHECK(tokens_line(r.out) == want);
+  }
+}
+
+TEST_CASE("a truncated image or a corrupt region stops nl-run with one clear line, no tokens") {
+  const std::string d = dir("faults");
+  ModelConfig c = test::small_config(64, 128, 2);
+  ModelWeights w = test::random_weights(c, 5);
+  const std::string good = d + "/good.nlw";
+  ImageManifest m = image_write_model(good, w, ImageSpec{});
+  const std::string img = d + "/bad.nlw";
+  auto fresh = [&] {
+    test::copy_file(good, img);
+    test::copy_file(good + ".json", img + ".json");
+  };
+  fresh();
+  test::truncate_to(img, m.image_bytes - 4096);
+  Result r = run("generate --image " + img + " --steps 4");
+  CHECK(r.rc == 3);
+  CHECK(r.out.find("nl-run: error: " + img + ": truncated") == 0);
+  CHECK(tokens_line(r.out).empty());
+  fresh();
+  test::flip_byte(img, m.ffn(1).offset + 1000);
+  r = run("generate --image " + img + " --steps 4");  // gate mode reads every FFN region once at start-up
+  CHECK(r.rc == 3);
+  CHECK(r.out.find("checksum mismatch in region 'ffn.1'") != std::string::npos);
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+  CHECK(tokens_line(r.out).empty());
+}
+
+TEST_CASE("short reads are resumed and EIO mid-generation throws before any token is produced from bad data") {
+  const std::string d = dir("inject");
+  ModelConfig c = test::small_config(64, 256, 2);
+  ModelWeights w = test::random_weights(c, 8);
+  const std::string img = d + "/m.nlw";
+  image_write_model(img, w, ImageSpec{});
+  struct Fault : IoFaults {
+    int64_t at;
+    bool eio;
+    int64_t filter(uint64_t call, uint64_t, uint64_t, int64_t res) override {
+      if (int64_t(call) != at || res <= 0) return res;
+      return eio ? -EIO : res / 2;
+    }
+  };
+  auto tokens_with = [&](IoKind k, Fault* f) {
+    IoOptions io;
+    io.kind = k;
+    io.faults = f;
+    FlashImage fi(img, io);
+    ModelWeights dw = fi.load_dense();
+    FlashFfn ffn(fi, FlashFfnOptions{});
+    Model model(dw, 12);
+    model.set_ffn(&ffn);
+    std::vector<int> out;
+    int tok = 1;
+    for (int pos = 0; pos < 10; ++pos) {
+      const float* lg = model.forward_token(tok, pos);
+      tok = int(std::max_element(lg, lg + c.vocab_size) - lg);
+      out.push_back(tok);
+    }
+    return out;
+  };
+  for (IoKind k : {IoKind::kPread, IoKind::kPreadv, IoKind::kUring}) {
+    const std::vector<int> clean = tokens_with(k, nullptr);
+    Fault shortf;
+    shortf.at = 40;  // well after start-up: during generation
+    shortf.eio = false;
+    CHECK(tokens_with(k, &shortf) == clean);
+    Fault eio;
+    eio.at = 40;
+    eio.eio = true;
+    CHECK_THROWS_AS(tokens_with(k, &eio), IoError);
+  }
+}
