@@ -9,4 +9,5 @@ void add_run_probe(CLI::App& app, GlobalOptions& g);
 // (subcommands arrive with their modules: graph, solve, eval, pack)
 // nl-profile
 void add_profile_inspect(CLI::App& app, GlobalOptions& g);
+void add_profile_synth(CLI::App& app, GlobalOptions& g);
 }  // namespace nl::cli

@@ -8,5 +8,6 @@ int main(int argc, char** argv) {
                              static nl::cli::GlobalOptions g;
                              nl::cli::add_global_options(app, g);
                              nl::cli::add_profile_inspect(app, g);
+                             nl::cli::add_profile_synth(app, g);
                            });
 }
