@@ -8,6 +8,7 @@
 #include <new>
 
 #include "formats/core/error.h"
+#include "formats/core/progress.h"
 #include "nl_version.h"
 
 namespace nl::cli {
@@ -21,6 +22,7 @@ void add_global_options(CLI::App& app, GlobalOptions& g) {
 }
 
 void apply_global_options(const GlobalOptions& g) {
+  Progress::set_quiet(g.quiet);
   if (g.threads > 0) omp_set_num_threads(g.threads);
 }
 

@@ -7,5 +7,9 @@ int main(int argc, char** argv) {
                            argc, argv, [](CLI::App& app) {
                              static nl::cli::GlobalOptions g;
                              nl::cli::add_global_options(app, g);
+                             nl::cli::add_layout_graph(app, g);
+                             nl::cli::add_layout_graph_merge(app, g);
+                             nl::cli::add_layout_solve(app, g);
+                             nl::cli::add_layout_eval(app, g);
                            });
 }

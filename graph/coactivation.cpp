@@ -1,13 +1,226 @@
-// Reference implementation (scalar popcount over the full upper triangle). The graph work (issue 4) replaces
-// the inside with blocked, run-time-dispatched SIMD kernels and token streaming; results must stay identical.
+// Co-activation counting driver: tiles of neuron pairs over OpenMP, each tile counted by a run-time-dispatched
+// AND+popcount kernel (graph/popcount_kernels.cpp) and reduced either into the packed upper triangle or
+// straight into per-thread top-k lists (merged exactly at the end). Traces are streamed in token chunks.
 #include "graph/coactivation.h"
+
+#include <omp.h>
 
 #include <algorithm>
 #include <numeric>
 
+#include "formats/core/error.h"
 #include "formats/trace.h"
+#include "graph/popcount_kernels.h"
 
 namespace nl {
+namespace {
+
+constexpr uint32_t kTile = 128;      // neurons per tile side: 2 x 128 rows x kSegWords words stay in L2
+constexpr uint64_t kSegWords = 512;  // words (32768 tokens) per kernel call within a tile
+
+// Per-neuron bounded heaps keeping the k best (count desc, index asc) neighbours. One per thread; merged exactly.
+struct TopKHeaps {
+  uint32_t n = 0, k = 0;
+  std::vector<uint32_t> cnt, idx, len;
+
+  TopKHeaps(uint32_t n_, uint32_t k_) : n(n_), k(k_), cnt(size_t(n_) * k_), idx(size_t(n_) * k_), len(n_, 0) {}
+
+  // a is worse than b (the root holds the worst kept entry).
+  static bool worse(uint32_t ca, uint32_t ia, uint32_t cb, uint32_t ib) { return ca < cb || (ca == cb && ia > ib); }
+
+  void insert(uint32_t v, uint32_t u, uint32_t c) {
+    if (c == 0) return;
+    uint32_t* hc = cnt.data() + size_t(v) * k;
+    uint32_t* hi = idx.data() + size_t(v) * k;
+    uint32_t& l = len[v];
+    if (l < k) {  // sift up
+      uint32_t p = l++;
+      while (p > 0) {
+        uint32_t q = (p - 1) / 2;
+        if (!worse(c, u, hc[q], hi[q])) break;
+        hc[p] = hc[q];
+        hi[p] = hi[q];
+        p = q;
+      }
+      hc[p] = c;
+      hi[p] = u;
+      return;
+    }
+    if (!worse(hc[0], hi[0], c, u)) return;  // not better than the worst kept
+    uint32_t p = 0;
+    for (;;) {  // sift down from the root
+      uint32_t a = 2 * p + 1, b = a + 1, m = p;
+      uint32_t mc = c, mi = u;
+      if (a < k && worse(hc[a], hi[a], mc, mi)) m = a, mc = hc[a], mi = hi[a];
+      if (b < k && worse(hc[b], hi[b], mc, mi)) m = b;
+      if (m == p) break;
+      hc[p] = hc[m];
+      hi[p] = hi[m];
+      p = m;
+    }
+    hc[p] = c;
+    hi[p] = u;
+  }
+  // Threshold below which a candidate for v cannot enter (fast reject for a whole row of counts).
+  uint32_t floor_count(uint32_t v) const { return len[v] < k ? 1 : cnt[size_t(v) * k]; }
+};
+
+// Writes the exact top-k of the union of the per-thread heaps into g.
+void merge_topk(LayerGraph& g, std::vector<TopKHeaps>& heaps) {
+  const uint32_t n = g.n_neurons, k = g.k;
+  g.nbr.assign(size_t(n) * k, 0);
+  g.nbr_cnt.assign(size_t(n) * k, 0);
+  g.nbr_len.assign(n, 0);
+#pragma omp parallel
+  {
+    std::vector<std::pair<uint32_t, uint32_t>> cand;  // (count, index)
+#pragma omp for schedule(dynamic, 256)
+    for (int64_t vi = 0; vi < int64_t(n); ++vi) {
+      const uint32_t v = uint32_t(vi);
+      cand.clear();
+      for (const auto& h : heaps)
+        for (uint32_t e = 0; e < h.len[v]; ++e) cand.emplace_back(h.cnt[size_t(v) * k + e], h.idx[size_t(v) * k + e]);
+      std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
+        return a.first != b.first ? a.first > b.first : a.second < b.second;
+      });
+      const size_t len = std::min<size_t>(cand.size(), k);
+      for (size_t e = 0; e < len; ++e) {
+        g.nbr_cnt[size_t(v) * k + e] = cand[e].first;
+        g.nbr[size_t(v) * k + e] = cand[e].second;
+      }
+      g.nbr_len[v] = static_cast<uint32_t>(len);
+    }
+  }
+}
+
+// Offers the counts of a tile (rows i0.., columns j0.., only j > i) to the thread's heaps in both directions.
+void offer_tile(TopKHeaps& h, uint32_t i0, uint32_t ni, uint32_t j0, uint32_t nj, const uint32_t* cnt, uint64_t ld) {
+  for (uint32_t r = 0; r < ni; ++r) {
+    const uint32_t i = i0 + r;
+    const uint32_t cstart = j0 > i ? 0 : i - j0 + 1;
+    const uint32_t* row = cnt + r * ld;
+    for (uint32_t c = cstart; c < nj; ++c) {
+      const uint32_t v = row[c];
+      if (v == 0) continue;
+      const uint32_t j = j0 + c;
+      if (v >= h.floor_count(i)) h.insert(i, j, v);
+      if (v >= h.floor_count(j)) h.insert(j, i, v);
+    }
+  }
+}
+
+std::vector<std::pair<uint32_t, uint32_t>> tile_list(uint32_t n) {
+  std::vector<std::pair<uint32_t, uint32_t>> tiles;
+  const uint32_t nb = (n + kTile - 1) / kTile;
+  for (uint32_t I = 0; I < nb; ++I)
+    for (uint32_t J = I; J < nb; ++J) tiles.emplace_back(I, J);
+  return tiles;
+}
+
+// Counts one chunk of tokens (rows of `stride` words, the first `nw` used) for all pairs; adds into `upper`
+// when given, offers to `heaps` (one per thread) when given.
+void dense_chunk(const uint64_t* bits, uint32_t n, uint64_t stride, uint64_t nw, detail::DenseTileFn fn,
+                 uint32_t* upper, std::vector<TopKHeaps>* heaps) {
+  if (n < 2 || nw == 0) return;
+  const auto tiles = tile_list(n);
+#pragma omp parallel
+  {
+    std::vector<uint32_t> cnt(size_t(kTile) * kTile);
+    const int tid = omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < int64_t(tiles.size()); ++t) {
+      const uint32_t i0 = tiles[t].first * kTile, j0 = tiles[t].second * kTile;
+      const uint32_t ni = std::min(kTile, n - i0), nj = std::min(kTile, n - j0);
+      std::fill(cnt.begin(), cnt.end(), 0u);
+      for (uint64_t w0 = 0; w0 < nw; w0 += kSegWords)
+        fn(bits + size_t(i0) * stride + w0, ni, bits + size_t(j0) * stride + w0, nj, stride,
+           std::min(kSegWords, nw - w0), cnt.data(), kTile, i0 == j0);
+      if (upper)
+        for (uint32_t r = 0; r < ni; ++r) {
+          const uint32_t i = i0 + r;
+          const uint32_t cstart = j0 > i ? 0 : i - j0 + 1;
+          if (cstart >= nj) continue;
+          uint32_t* dst = upper + LayerGraph::upper_index(n, i, j0 + cstart);
+          const uint32_t* src = cnt.data() + size_t(r) * kTile + cstart;
+          for (uint32_t c = 0; c < nj - cstart; ++c) dst[c] += src[c];
+        }
+      if (heaps) offer_tile((*heaps)[size_t(tid)], i0, ni, j0, nj, cnt.data(), kTile);
+    }
+  }
+}
+
+// Offers every pair of a complete upper triangle to per-thread heaps (row blocks in parallel).
+void offer_upper(const std::vector<uint32_t>& upper, uint32_t n, std::vector<TopKHeaps>& heaps) {
+#pragma omp parallel
+  {
+    const int tid = omp_get_thread_num();
+#pragma omp for schedule(dynamic, 64)
+    for (int64_t ii = 0; ii < int64_t(n) - 1; ++ii) {
+      const uint32_t i = uint32_t(ii);
+      const uint32_t* row = upper.data() + LayerGraph::upper_index(n, i, i + 1);
+      offer_tile(heaps[size_t(tid)], i, 1, i + 1, n - i - 1, row, 0);
+    }
+  }
+}
+
+std::vector<TopKHeaps> make_heaps(uint32_t n, uint32_t k) {
+  return std::vector<TopKHeaps>(size_t(omp_get_max_threads()), TopKHeaps(n, k));
+}
+
+void check_tokens(uint64_t n_tokens) {
+  if (n_tokens > UINT32_MAX)
+    throw UsageError("co-activation counts are uint32: split traces of more than 2^32-1 tokens into shards");
+}
+
+void row_freq(const uint64_t* bits, uint32_t n, uint64_t stride, uint64_t nw, std::vector<uint64_t>& freq) {
+#pragma omp parallel for schedule(static)
+  for (int64_t v = 0; v < int64_t(n); ++v) {
+    const uint64_t* r = bits + size_t(v) * stride;
+    uint64_t c = 0;
+    for (uint64_t w = 0; w < nw; ++w) c += static_cast<uint64_t>(__builtin_popcountll(r[w]));
+    freq[size_t(v)] += c;
+  }
+}
+
+}  // namespace
+
+bool popcount_kernel_supported(PopcountKernel k) {
+  switch (k) {
+    case PopcountKernel::Auto:
+    case PopcountKernel::Scalar: return true;
+    case PopcountKernel::Avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
+    case PopcountKernel::Avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vpopcntdq");
+  }
+  return false;
+}
+
+PopcountKernel popcount_kernel_resolve(PopcountKernel k) {
+  if (k == PopcountKernel::Auto) {
+    if (popcount_kernel_supported(PopcountKernel::Avx512)) return PopcountKernel::Avx512;
+    if (popcount_kernel_supported(PopcountKernel::Avx2)) return PopcountKernel::Avx2;
+    return PopcountKernel::Scalar;
+  }
+  if (!popcount_kernel_supported(k))
+    throw UsageError(std::string("popcount kernel '") + popcount_kernel_name(k) + "' is not supported by this CPU");
+  return k;
+}
+
+const char* popcount_kernel_name(PopcountKernel k) {
+  switch (k) {
+    case PopcountKernel::Auto: return "auto";
+    case PopcountKernel::Scalar: return "scalar";
+    case PopcountKernel::Avx2: return "avx2";
+    case PopcountKernel::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+PopcountKernel popcount_kernel_parse(const std::string& s) {
+  for (auto k : {PopcountKernel::Auto, PopcountKernel::Scalar, PopcountKernel::Avx2, PopcountKernel::Avx512})
+    if (s == popcount_kernel_name(k)) return k;
+  throw UsageError("unknown popcount kernel '" + s + "' (auto, scalar, avx2, avx512)");
+}
 
 uint32_t coactivation_pair(const LayerMask& m, uint32_t i, uint32_t j) {
   uint64_t c = 0;
@@ -16,56 +229,76 @@ uint32_t coactivation_pair(const LayerMask& m, uint32_t i, uint32_t j) {
   return static_cast<uint32_t>(c);
 }
 
+void coactivation_build_topk(LayerGraph& g, uint32_t k) {
+  if (!g.has_full()) throw InternalError("coactivation_build_topk: the full matrix is not present");
+  g.k = k;
+  g.nbr.clear();
+  g.nbr_cnt.clear();
+  g.nbr_len.clear();
+  if (k == 0) return;
+  auto heaps = make_heaps(g.n_neurons, k);
+  offer_upper(g.upper, g.n_neurons, heaps);
+  merge_topk(g, heaps);
+}
+
 LayerGraph coactivation_count(const LayerMask& m, const CoactivationOptions& opt) {
-  LayerGraph g;
+  check_tokens(m.n_tokens);
+  const auto fn = detail::dense_tile_kernel(popcount_kernel_resolve(opt.kernel));
   const uint32_t n = m.n_neurons;
+  LayerGraph g;
   g.n_neurons = n;
   g.n_tokens = m.n_tokens;
-  g.freq.resize(n);
-  for (uint32_t v = 0; v < n; ++v) g.freq[v] = m.count(v);
-  std::vector<uint32_t> upper(n >= 2 ? uint64_t(n) * (n - 1) / 2 : 0);
-#pragma omp parallel for schedule(dynamic, 16)
-  for (int64_t i = 0; i < int64_t(n); ++i)
-    for (uint32_t j = uint32_t(i) + 1; j < n; ++j)
-      upper[LayerGraph::upper_index(n, uint32_t(i), j)] = coactivation_pair(m, uint32_t(i), j);
-  g.upper = std::move(upper);
   g.k = opt.top_k;
-  if (g.k > 0) {
-    g.nbr.assign(size_t(n) * g.k, 0);
-    g.nbr_cnt.assign(size_t(n) * g.k, 0);
-    g.nbr_len.assign(n, 0);
-#pragma omp parallel
-    {
-      std::vector<uint32_t> idx;
-#pragma omp for schedule(dynamic, 16)
-      for (int64_t vi = 0; vi < int64_t(n); ++vi) {
-        uint32_t v = uint32_t(vi);
-        idx.clear();
-        for (uint32_t u = 0; u < n; ++u)
-          if (u != v && g.pair(u, v) > 0) idx.push_back(u);
-        auto better = [&](uint32_t a, uint32_t b) {
-          uint32_t ca = g.pair(a, v), cb = g.pair(b, v);
-          return ca != cb ? ca > cb : a < b;
-        };
-        size_t len = std::min<size_t>(idx.size(), g.k);
-        std::partial_sort(idx.begin(), idx.begin() + len, idx.end(), better);
-        for (size_t e = 0; e < len; ++e) {
-          g.nbr[size_t(v) * g.k + e] = idx[e];
-          g.nbr_cnt[size_t(v) * g.k + e] = g.pair(idx[e], v);
-        }
-        g.nbr_len[v] = static_cast<uint32_t>(len);
-      }
-    }
+  g.freq.assign(n, 0);
+  row_freq(m.bits.data(), n, m.words, m.words, g.freq);
+  if (opt.full_matrix && n >= 2) g.upper.assign(uint64_t(n) * (n - 1) / 2, 0);
+  std::vector<TopKHeaps> heaps;
+  if (g.k > 0) heaps = make_heaps(n, g.k);
+  dense_chunk(m.bits.data(), n, m.words, m.words, fn, g.upper.empty() ? nullptr : g.upper.data(),
+              g.k > 0 ? &heaps : nullptr);
+  if (g.k > 0) merge_topk(g, heaps);
+  return g;
+}
+
+LayerGraph coactivation_count_trace(const TraceReader& trace, uint32_t layer, const CoactivationOptions& opt) {
+  const TraceInfo& ti = trace.info();
+  if (layer >= ti.n_layers) throw UsageError("layer " + std::to_string(layer) + " out of range");
+  check_tokens(ti.n_tokens);
+  const auto fn = detail::dense_tile_kernel(popcount_kernel_resolve(opt.kernel));
+  const uint32_t n = ti.n_neurons[layer];
+  const uint64_t words = words_for_tokens(ti.n_tokens);
+  // Chunk width in words: a multiple of 8 (one 512-bit vector) within the byte budget, at least 8.
+  uint64_t cw = n == 0 ? words : std::max<uint64_t>(8, opt.chunk_bytes / (uint64_t(n) * 8) / 8 * 8);
+  cw = std::min(cw, std::max<uint64_t>(words, 1));
+  const bool one_chunk = cw >= words;
+  LayerGraph g;
+  g.n_neurons = n;
+  g.n_tokens = ti.n_tokens;
+  g.k = opt.top_k;
+  g.freq.assign(n, 0);
+  const bool need_upper = opt.full_matrix || (g.k > 0 && !one_chunk);
+  if (need_upper && n >= 2) g.upper.assign(uint64_t(n) * (n - 1) / 2, 0);
+  std::vector<TopKHeaps> heaps;
+  const bool direct_topk = g.k > 0 && one_chunk;
+  if (direct_topk) heaps = make_heaps(n, g.k);
+  for (uint64_t w0 = 0; w0 < words; w0 += cw) {
+    const uint64_t nw = std::min(cw, words - w0);
+    std::vector<uint64_t> chunk = trace.read_layer_words(layer, w0, nw);
+    row_freq(chunk.data(), n, nw, nw, g.freq);
+    dense_chunk(chunk.data(), n, nw, nw, fn, g.upper.empty() ? nullptr : g.upper.data(),
+                direct_topk ? &heaps : nullptr);
+  }
+  if (direct_topk) merge_topk(g, heaps);
+  if (g.k > 0 && !one_chunk) {
+    heaps = make_heaps(n, g.k);
+    offer_upper(g.upper, n, heaps);
+    merge_topk(g, heaps);
   }
   if (!opt.full_matrix) {
     g.upper.clear();
     g.upper.shrink_to_fit();
   }
   return g;
-}
-
-LayerGraph coactivation_count_trace(const TraceReader& trace, uint32_t layer, const CoactivationOptions& opt) {
-  return coactivation_count(trace.read_layer(layer), opt);
 }
 
 }  // namespace nl

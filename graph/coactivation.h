@@ -4,6 +4,7 @@
 // CONTRACT used by layout/ (solvers) — keep these signatures stable; make them fast behind them.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -19,6 +20,10 @@ struct CoactivationOptions {
   uint32_t top_k = 32;           // neighbours kept per neuron (0 = none)
   bool full_matrix = false;      // keep the full upper-triangle counts
   PopcountKernel kernel = PopcountKernel::Auto;
+  // Streaming from a trace: at most this many bytes of mask words are held per chunk of tokens. When a layer
+  // needs more than one chunk and top-k is wanted, the full upper triangle is accumulated internally
+  // (n*(n-1)/2 uint32) and reduced to top-k at the end.
+  uint64_t chunk_bytes = 512ull << 20;
 };
 
 struct LayerGraph {
@@ -51,5 +56,16 @@ LayerGraph coactivation_count_trace(const TraceReader& trace, uint32_t layer, co
 
 // Co-activation count of a pair computed directly from the mask (reference; O(words)).
 uint32_t coactivation_pair(const LayerMask& mask, uint32_t i, uint32_t j);
+
+// (Re)builds g's top-k lists (k neighbours per neuron) from g.upper, which must be present. Used after merging
+// full matrices from shards.
+void coactivation_build_topk(LayerGraph& g, uint32_t k);
+
+// Kernel dispatch. supported(): the CPU runs it (Auto and Scalar always). resolve(): Auto becomes the best
+// supported kernel; an explicitly requested unsupported kernel is a UsageError.
+bool popcount_kernel_supported(PopcountKernel k);
+PopcountKernel popcount_kernel_resolve(PopcountKernel k);
+const char* popcount_kernel_name(PopcountKernel k);          // "auto", "scalar", "avx2", "avx512"
+PopcountKernel popcount_kernel_parse(const std::string& s);  // inverse of name(); UsageError otherwise
 
 }  // namespace nl

@@ -79,12 +79,14 @@ std::string DeviceModel::to_json() const {
 
 CostFit cost_fit(const std::vector<double>& bytes, const std::vector<double>& seconds) {
   if (bytes.size() != seconds.size() || bytes.size() < 2) throw InternalError("cost_fit needs two or more points");
-  double n = static_cast<double>(bytes.size()), sx = 0, sy = 0, sxx = 0, sxy = 0;
+  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (size_t i = 0; i < bytes.size(); ++i) {
-    sx += bytes[i];
-    sy += seconds[i];
-    sxx += bytes[i] * bytes[i];
-    sxy += bytes[i] * seconds[i];
+    double w = seconds[i] > 0 ? 1.0 / (seconds[i] * seconds[i]) : 1.0;
+    n += w;
+    sx += w * bytes[i];
+    sy += w * seconds[i];
+    sxx += w * bytes[i] * bytes[i];
+    sxy += w * bytes[i] * seconds[i];
   }
   double den = n * sxx - sx * sx;
   if (den <= 0) throw InternalError("cost_fit needs two distinct sizes");

@@ -33,7 +33,8 @@ struct DeviceModel {
 DeviceModel device_parse(const std::string& text, const std::string& path);
 DeviceModel device_load(const std::string& path);
 
-// Least-squares fit of per-read seconds against bytes: t = a + s/B. Needs at least two distinct sizes.
+// Fit of per-read seconds against bytes: t = a + s/B, least squares on relative error (weights 1/t^2) so
+// small, latency-bound reads count as much as large ones. Needs at least two distinct sizes.
 CostFit cost_fit(const std::vector<double>& bytes, const std::vector<double>& seconds);
 
 }  // namespace nl

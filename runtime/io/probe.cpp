@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include <thread>
 
 #include "formats/core/error.h"
+#include "runtime/io/file.h"
 #ifdef NL_HAVE_URING
 #include <liburing.h>
 #endif
@@ -22,18 +24,6 @@ namespace nl {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-struct AlignedFree {
-  void operator()(void* p) const { std::free(p); }
-};
-using AlignedBuf = std::unique_ptr<uint8_t, AlignedFree>;
-
-AlignedBuf aligned_alloc_bytes(size_t n) {
-  void* p = nullptr;
-  if (posix_memalign(&p, 4096, n) != 0) throw InternalError("out of memory for probe buffers");
-  std::memset(p, 0, n);
-  return AlignedBuf(static_cast<uint8_t*>(p));
-}
 
 void create_probe_file(const std::string& path, uint64_t bytes) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -65,20 +55,23 @@ std::vector<uint64_t> random_offsets(uint64_t file_bytes, uint32_t size, size_t 
   return v;
 }
 
-// One read in flight.
+// One read in flight. Each read is timed; the median resists stalls caused by other work on the machine.
 ProbePoint measure_qd1(int fd, uint64_t file_bytes, uint32_t size, const ProbeOptions& o, uint64_t seed) {
   auto offs = random_offsets(file_bytes, size, o.max_reads_per_point, seed);
-  AlignedBuf buf = aligned_alloc_bytes(size);
+  AlignedBuffer buf(size);
+  std::vector<double> times;
+  times.reserve(offs.size());
   auto t0 = Clock::now();
-  uint64_t done = 0;
   for (uint64_t off : offs) {
-    ssize_t r = ::pread(fd, buf.get(), size, static_cast<off_t>(off));
+    auto a = Clock::now();
+    ssize_t r = ::pread(fd, buf.data(), size, static_cast<off_t>(off));
     if (r != static_cast<ssize_t>(size)) throw IoError(o.file, errno_text("probe read failed"));
-    ++done;
-    if ((done & 15) == 0 && std::chrono::duration<double>(Clock::now() - t0).count() > o.seconds_per_point) break;
+    auto b = Clock::now();
+    times.push_back(std::chrono::duration<double>(b - a).count());
+    if (std::chrono::duration<double>(b - t0).count() > o.seconds_per_point) break;
   }
-  double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  return {size, 1, done, s / static_cast<double>(done)};
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return {size, 1, times.size(), times[times.size() / 2]};
 }
 
 #ifdef NL_HAVE_URING
@@ -86,13 +79,13 @@ bool measure_uring(int fd, uint64_t file_bytes, uint32_t size, const ProbeOption
   io_uring ring;
   if (io_uring_queue_init(o.queue_depth, &ring, 0) != 0) return false;
   auto offs = random_offsets(file_bytes, size, o.max_reads_per_point, seed);
-  AlignedBuf buf = aligned_alloc_bytes(size_t(size) * o.queue_depth);
+  AlignedBuffer buf(size_t(size) * o.queue_depth);
   size_t next = 0, inflight = 0, done = 0;
   bool stop = false;
   auto t0 = Clock::now();
   auto submit_one = [&](uint32_t slot) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-    io_uring_prep_read(sqe, fd, buf.get() + size_t(slot) * size, size, offs[next++]);
+    io_uring_prep_read(sqe, fd, buf.data() + size_t(slot) * size, size, offs[next++]);
     io_uring_sqe_set_data64(sqe, slot);
     ++inflight;
   };
@@ -137,11 +130,11 @@ ProbePoint measure_threads(int fd, uint64_t file_bytes, uint32_t size, const Pro
   std::vector<std::thread> th;
   for (uint32_t i = 0; i < o.queue_depth; ++i)
     th.emplace_back([&] {
-      AlignedBuf buf = aligned_alloc_bytes(size);
+      AlignedBuffer buf(size);
       for (;;) {
         size_t k = next.fetch_add(1);
         if (k >= offs.size() || stop.load()) return;
-        if (::pread(fd, buf.get(), size, static_cast<off_t>(offs[k])) != static_cast<ssize_t>(size)) failed = true;
+        if (::pread(fd, buf.data(), size, static_cast<off_t>(offs[k])) != static_cast<ssize_t>(size)) failed = true;
         if (std::chrono::duration<double>(Clock::now() - t0).count() > o.seconds_per_point) stop = true;
       }
     });
@@ -173,14 +166,13 @@ ProbeResult probe_run(const ProbeOptions& o, const std::function<void(const std:
     ::stat(o.file.c_str(), &st);
   }
   uint64_t file_bytes = static_cast<uint64_t>(st.st_size) & ~uint64_t(4095);
-  int fd = ::open(o.file.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-  if (fd < 0 && errno == EINVAL) {
+  OpenedFile opened = open_for_reading(o.file, true);
+  int fd = opened.fd;
+  if (!opened.direct) {
     say("warning: O_DIRECT refused on " + o.file + "; measuring buffered reads after dropping the file's cache");
     res.direct = false;
-    fd = ::open(o.file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // advisory
   }
-  if (fd < 0) throw IoError(o.file, errno_text("cannot open probe file"));
   std::unique_ptr<int, void (*)(int*)> guard(&fd, [](int* f) { ::close(*f); });
 
   uint64_t seed = o.seed;
@@ -188,13 +180,23 @@ ProbeResult probe_run(const ProbeOptions& o, const std::function<void(const std:
   for (uint32_t size : o.sizes) {
     ProbePoint p1 = measure_qd1(fd, file_bytes, size, o, seed++);
     res.points.push_back(p1);
-    ProbePoint pq;
-    bool have = false;
+    // Three short repeats, median kept: a queue of reads is sensitive to other work on the machine.
+    ProbeOptions o3 = o;
+    o3.seconds_per_point = o.seconds_per_point / 3;
+    std::vector<ProbePoint> reps;
+    for (int rep = 0; rep < 3; ++rep) {
+      ProbePoint pq;
+      bool have = false;
 #ifdef NL_HAVE_URING
-    have = measure_uring(fd, file_bytes, size, o, seed++, &pq);
-    if (have) res.engine = "uring";
+      have = measure_uring(fd, file_bytes, size, o3, seed++, &pq);
+      if (have) res.engine = "uring";
 #endif
-    if (!have) pq = measure_threads(fd, file_bytes, size, o, seed++);
+      if (!have) pq = measure_threads(fd, file_bytes, size, o3, seed++);
+      reps.push_back(pq);
+    }
+    std::sort(reps.begin(), reps.end(),
+              [](const ProbePoint& a, const ProbePoint& b) { return a.seconds_per_read < b.seconds_per_read; });
+    ProbePoint pq = reps[1];
     res.points.push_back(pq);
     char line[200];
     std::snprintf(line, sizeof line, "%8u B  qd1: %8.1f us/read %9.1f MB/s   qd%u: %8.1f us/read %9.1f MB/s", size,

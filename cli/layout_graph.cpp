@@ -1,0 +1,141 @@
+// nl-layout graph: count co-activations of a trace's layers into a graph file (per-neuron counts, top-k
+// neighbour lists, optionally the full upper triangle).
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "formats/core/error.h"
+#include "formats/core/progress.h"
+#include "formats/trace.h"
+#include "graph/coactivation.h"
+#include "graph/graph_file.h"
+
+namespace nl::cli {
+namespace {
+
+struct GraphArgs {
+  std::string trace, out, layers = "all", kernel = "auto";
+  uint32_t top_k = 32;
+  bool full = false;
+  uint64_t chunk_mib = 512;
+};
+
+// "all" or a comma list of indices and ranges ("0,3,5-7").
+std::vector<uint32_t> parse_layers(const std::string& spec, uint32_t n_layers) {
+  std::vector<uint32_t> out;
+  if (spec == "all") {
+    for (uint32_t l = 0; l < n_layers; ++l) out.push_back(l);
+    return out;
+  }
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    size_t comma = spec.find(',', pos);
+    std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    size_t dash = item.find('-');
+    try {
+      size_t used = 0;
+      uint64_t a = std::stoull(dash == std::string::npos ? item : item.substr(0, dash), &used);
+      uint64_t b = dash == std::string::npos ? a : std::stoull(item.substr(dash + 1));
+      if (a > b) throw UsageError("--layers: empty range '" + item + "'");
+      if (b >= n_layers)
+        throw UsageError("--layers: layer " + std::to_string(b) + " out of range (trace has " + std::to_string(n_layers) +
+                         " layers)");
+      for (uint64_t l = a; l <= b; ++l) out.push_back(uint32_t(l));
+    } catch (const std::logic_error&) {
+      throw UsageError("--layers: cannot parse '" + item + "' (use all, or e.g. 0,3,5-7)");
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+void add_input_options(CLI::App* c, GraphArgs& a) {
+  c->add_option("--trace", a.trace, "Trace file (HDF5, trace format v1)")->required()->check(CLI::ExistingFile);
+  c->add_option("--layers", a.layers, "Layers to count: all, or e.g. 0,3,5-7")->capture_default_str();
+}
+
+void add_output_options(CLI::App* c, GraphArgs& a) {
+  c->add_option("--out", a.out, "Graph file to write (HDF5, graph format v1)")->required();
+  c->add_option("--top-k", a.top_k, "Neighbours kept per neuron (0 = none)")
+      ->check(CLI::Range(0, 65536))
+      ->capture_default_str();
+  c->add_flag("--full", a.full, "Also store the full upper-triangle counts (needed for graph-merge; 2n^2 bytes/layer)");
+}
+
+void add_compute_options(CLI::App* c, GraphArgs& a) {
+  c->add_option("--kernel", a.kernel, "Popcount kernel")
+      ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512"}))
+      ->capture_default_str();
+  c->add_option("--chunk-mib", a.chunk_mib, "Mask words held per token chunk, MiB")
+      ->check(CLI::Range(uint64_t(1), uint64_t(1) << 20))
+      ->capture_default_str();
+}
+
+void graph_main(const GraphArgs& a, const GlobalOptions& g) {
+  apply_global_options(g);
+  TraceReader tr(a.trace);
+  const TraceInfo& ti = tr.info();
+  const std::vector<uint32_t> layers = parse_layers(a.layers, ti.n_layers);
+  CoactivationOptions o;
+  o.top_k = a.top_k;
+  o.full_matrix = a.full;
+  o.kernel = popcount_kernel_resolve(popcount_kernel_parse(a.kernel));
+  o.chunk_bytes = a.chunk_mib << 20;
+  info(g, "graph: " + a.trace + ": " + std::to_string(layers.size()) + " layers, " + std::to_string(ti.n_tokens) +
+              " tokens, kernel " + popcount_kernel_name(o.kernel) + ", " + std::to_string(omp_get_max_threads()) +
+              " threads");
+  GraphFileWriter w(a.out, a.trace);
+  nlohmann::json jl = nlohmann::json::array();
+  Progress prog("graph", layers.size(), !g.quiet, "layers");
+  double total_s = 0;
+  for (uint32_t l : layers) {
+    auto t0 = std::chrono::steady_clock::now();
+    LayerGraph lg = coactivation_count_trace(tr, l, o);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    total_s += s;
+    uint64_t active = 0, edges = 0;
+    for (uint64_t f : lg.freq) active += f;
+    for (uint32_t len : lg.nbr_len) edges += len;
+    const double frac = lg.n_neurons && lg.n_tokens ? double(active) / (double(lg.n_neurons) * double(lg.n_tokens)) : 0;
+    w.add_layer(l, lg);
+    jl.push_back({{"layer", l}, {"n_neurons", lg.n_neurons}, {"active_fraction", frac}, {"seconds", s},
+                  {"neighbour_entries", edges}});
+    prog.add();
+  }
+  w.close();
+  prog.finish();
+  nlohmann::json j = {{"trace", a.trace},     {"out", a.out},     {"n_tokens", ti.n_tokens},
+                      {"top_k", a.top_k},     {"full", a.full},   {"kernel", popcount_kernel_name(o.kernel)},
+                      {"threads", omp_get_max_threads()},         {"seconds", total_s},
+                      {"layers", jl}};
+  if (g.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("%s: %zu layers, %llu tokens, top-%u%s, kernel %s: %.3f s counting\n", a.out.c_str(), layers.size(),
+              static_cast<unsigned long long>(ti.n_tokens), a.top_k, a.full ? " + full matrix" : "",
+              popcount_kernel_name(o.kernel), total_s);
+  std::printf("%6s %8s %9s %9s\n", "layer", "neurons", "active %", "seconds");
+  for (const auto& l : jl)
+    std::printf("%6u %8u %9.3f %9.3f\n", l["layer"].get<uint32_t>(), l["n_neurons"].get<uint32_t>(),
+                100 * l["active_fraction"].get<double>(), l["seconds"].get<double>());
+}
+
+}  // namespace
+
+void add_layout_graph(CLI::App& app, GlobalOptions& g) {
+  static GraphArgs a;
+  CLI::App* c = app.add_subcommand("graph", "Count neuron co-activations of a trace into a graph file");
+  add_input_options(c, a);
+  add_output_options(c, a);
+  add_compute_options(c, a);
+  c->callback([&g] { graph_main(a, g); });
+}
+
+}  // namespace nl::cli

@@ -1,0 +1,383 @@
+// Graph file v1 (HDF5) writer, validating reader and shard merge. Schema in docs/formats.md.
+#include "graph/graph_file.h"
+
+#include <hdf5.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <unistd.h>
+
+#include "formats/core/atomic_file.h"
+#include "formats/core/error.h"
+
+namespace nl {
+namespace {
+
+void silence_hdf5() {
+  static std::once_flag once;
+  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+}
+
+// RAII for an HDF5 identifier.
+struct Hid {
+  hid_t id = -1;
+  herr_t (*close)(hid_t) = nullptr;
+  Hid() = default;
+  Hid(hid_t i, herr_t (*c)(hid_t)) : id(i), close(c) {}
+  Hid(Hid&& o) noexcept : id(o.id), close(o.close) { o.id = -1; }
+  Hid& operator=(Hid&& o) noexcept {
+    reset();
+    id = o.id;
+    close = o.close;
+    o.id = -1;
+    return *this;
+  }
+  ~Hid() { reset(); }
+  void reset() {
+    if (id >= 0 && close) close(id);
+    id = -1;
+  }
+  bool ok() const { return id >= 0; }
+  operator hid_t() const { return id; }
+};
+
+void attr_string(hid_t obj, const char* name, const std::string& v) {
+  Hid type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type, H5T_VARIABLE);
+  H5Tset_cset(type, H5T_CSET_UTF8);
+  Hid space(H5Screate(H5S_SCALAR), H5Sclose);
+  Hid a(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  const char* p = v.c_str();
+  if (!a.ok() || H5Awrite(a, type, &p) < 0) throw InternalError(std::string("cannot write attribute ") + name);
+}
+
+void attr_int(hid_t obj, const char* name, int64_t v) {
+  Hid space(H5Screate(H5S_SCALAR), H5Sclose);
+  Hid a(H5Acreate2(obj, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (!a.ok() || H5Awrite(a, H5T_NATIVE_INT64, &v) < 0) throw InternalError(std::string("cannot write attribute ") + name);
+}
+
+// dims: 1-D or 2-D. Small lists are deflated; the full matrix is stored raw (random counts barely compress
+// and deflating 16 GiB of matrices would dominate the run).
+template <class T>
+void write_ds(const std::string& path, hid_t g, const char* name, hid_t ftype, hid_t mtype, const std::vector<T>& v,
+              std::vector<hsize_t> dims, bool compress) {
+  Hid space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
+  Hid dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  if (!v.empty()) {
+    std::vector<hsize_t> chunk = dims;
+    if (dims.size() == 1) chunk[0] = std::min<hsize_t>(dims[0], 1 << 20);
+    else chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], (1 << 18) / std::max<hsize_t>(1, dims[1])));
+    H5Pset_chunk(dcpl, int(chunk.size()), chunk.data());
+    if (compress) {
+      H5Pset_shuffle(dcpl);
+      H5Pset_deflate(dcpl, 4);
+    }
+  }
+  Hid ds(H5Dcreate2(g, name, ftype, space, H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose);
+  if (!ds.ok()) throw IoError(path, std::string("cannot create dataset ") + name);
+  if (!v.empty() && H5Dwrite(ds, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
+    throw IoError(path, std::string("cannot write dataset ") + name + " (disk full?)");
+}
+
+bool has_attr(hid_t o, const char* n) { return H5Aexists(o, n) > 0; }
+
+int64_t read_int(const std::string& path, hid_t o, const char* name, const std::string& where) {
+  if (!has_attr(o, name)) throw InputError(path, "missing attribute '" + std::string(name) + "'" + where);
+  Hid a(H5Aopen(o, name, H5P_DEFAULT), H5Aclose);
+  Hid t(H5Aget_type(a), H5Tclose);
+  Hid s(H5Aget_space(a), H5Sclose);
+  if (H5Tget_class(t) != H5T_INTEGER || H5Sget_simple_extent_npoints(s) != 1)
+    throw InputError(path, "attribute '" + std::string(name) + "'" + where + " is not a scalar integer");
+  int64_t v = 0;
+  if (H5Aread(a, H5T_NATIVE_INT64, &v) < 0) throw InputError(path, "cannot read attribute '" + std::string(name) + "'");
+  return v;
+}
+
+std::string read_string(const std::string& path, hid_t o, const char* name) {
+  if (!has_attr(o, name)) throw InputError(path, "missing attribute '" + std::string(name) + "'");
+  Hid a(H5Aopen(o, name, H5P_DEFAULT), H5Aclose);
+  Hid t(H5Aget_type(a), H5Tclose);
+  Hid s(H5Aget_space(a), H5Sclose);
+  if (H5Tget_class(t) != H5T_STRING || H5Sget_simple_extent_npoints(s) != 1)
+    throw InputError(path, "attribute '" + std::string(name) + "' is not a scalar string");
+  if (H5Tis_variable_str(t) > 0) {
+    Hid mt(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(mt, H5T_VARIABLE);
+    H5Tset_cset(mt, H5Tget_cset(t));
+    char* p = nullptr;
+    if (H5Aread(a, mt, &p) < 0) throw InputError(path, "cannot read attribute '" + std::string(name) + "'");
+    std::string r = p ? p : "";
+    H5free_memory(p);
+    return r;
+  }
+  size_t n = H5Tget_size(t);
+  if (n > (1u << 20)) throw InputError(path, "attribute '" + std::string(name) + "' is absurdly long");
+  std::string r(n, '\0');
+  if (H5Aread(a, t, r.data()) < 0) throw InputError(path, "cannot read attribute '" + std::string(name) + "'");
+  r.resize(strnlen(r.c_str(), n));
+  return r;
+}
+
+// Opens an integer dataset and checks its shape.
+Hid open_ds(const std::string& path, hid_t g, const std::string& gname, const char* name, std::vector<hsize_t> want,
+            size_t elem_bytes) {
+  const std::string full = "/" + gname + "/" + name;
+  if (H5Lexists(g, name, H5P_DEFAULT) <= 0) throw InputError(path, "missing dataset " + full);
+  Hid ds(H5Dopen2(g, name, H5P_DEFAULT), H5Dclose);
+  if (!ds.ok()) throw InputError(path, "cannot open dataset " + full);
+  Hid t(H5Dget_type(ds), H5Tclose);
+  if (H5Tget_class(t) != H5T_INTEGER || H5Tget_size(t) != elem_bytes || H5Tget_sign(t) != H5T_SGN_NONE)
+    throw InputError(path, full + " is not a uint" + std::to_string(elem_bytes * 8) + " dataset");
+  Hid s(H5Dget_space(ds), H5Sclose);
+  int nd = H5Sget_simple_extent_ndims(s);
+  std::vector<hsize_t> dims(size_t(std::max(nd, 0)));
+  if (nd > 0) H5Sget_simple_extent_dims(s, dims.data(), nullptr);
+  if (dims != want) {
+    auto fmt = [](const std::vector<hsize_t>& d) {
+      std::string r;
+      for (auto x : d) r += "[" + std::to_string(x) + "]";
+      return r;
+    };
+    throw InputError(path, full + " has shape " + fmt(dims) + ", expected " + fmt(want));
+  }
+  return ds;
+}
+
+template <class T>
+void read_ds(const std::string& path, hid_t ds, hid_t mtype, std::vector<T>& v, const std::string& what) {
+  if (!v.empty() && H5Dread(ds, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
+    throw InputError(path, "cannot read " + what + " (truncated or corrupt file?)");
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------- writer
+
+struct GraphFileWriter::Impl {
+  AtomicPath out;
+  Hid file, layers;
+  std::string source;
+  bool any = false, closed = false;
+  uint64_t n_tokens = 0;
+  uint32_t k = 0;
+  bool full = false;
+  int64_t count = 0;
+  int64_t last_layer = -1;
+  explicit Impl(const std::string& p) : out(p) {}
+};
+
+GraphFileWriter::GraphFileWriter(const std::string& path, const std::string& source)
+    : impl_(std::make_unique<Impl>(path)) {
+  silence_hdf5();
+  auto& im = *impl_;
+  im.source = source;
+  im.file = Hid(H5Fcreate(im.out.temp_path().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  if (!im.file.ok()) throw IoError(path, "cannot create HDF5 file");
+  attr_string(im.file, "format", kGraphFormat);
+  attr_int(im.file, "version", kGraphVersion);
+  attr_string(im.file, "source", source);
+  im.layers = Hid(H5Gcreate2(im.file, "layers", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+}
+
+GraphFileWriter::~GraphFileWriter() = default;
+
+void GraphFileWriter::add_layer(uint32_t layer, const LayerGraph& g) {
+  auto& im = *impl_;
+  const std::string& path = im.out.final_path();
+  if (im.closed) throw InternalError("GraphFileWriter used after close");
+  const bool full = !g.upper.empty() || g.n_neurons < 2;
+  const bool has_upper = !g.upper.empty();
+  if (im.any && (g.n_tokens != im.n_tokens || g.k != im.k))
+    throw InternalError("GraphFileWriter: layers disagree on n_tokens or k");
+  if (int64_t(layer) <= im.last_layer) throw InternalError("GraphFileWriter: layers must be added in ascending order");
+  if (!im.any) {
+    im.n_tokens = g.n_tokens;
+    im.k = g.k;
+    im.full = full;
+  }
+  im.full = im.full && full;
+  im.any = true;
+  im.last_layer = layer;
+  const uint32_t n = g.n_neurons;
+  const std::string gname = std::to_string(im.count++);
+  Hid grp(H5Gcreate2(im.layers, gname.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+  if (!grp.ok()) throw IoError(path, "cannot create layer group");
+  attr_int(grp, "layer", layer);
+  attr_int(grp, "n_neurons", n);
+  write_ds(path, grp, "freq", H5T_STD_U64LE, H5T_NATIVE_UINT64, g.freq, {n}, true);
+  write_ds(path, grp, "nbr_len", H5T_STD_U32LE, H5T_NATIVE_UINT32, g.nbr_len, {g.k ? n : 0}, true);
+  write_ds(path, grp, "nbr", H5T_STD_U32LE, H5T_NATIVE_UINT32, g.nbr, {g.k ? n : 0, g.k}, true);
+  write_ds(path, grp, "nbr_cnt", H5T_STD_U32LE, H5T_NATIVE_UINT32, g.nbr_cnt, {g.k ? n : 0, g.k}, true);
+  if (has_upper)
+    write_ds(path, grp, "upper", H5T_STD_U32LE, H5T_NATIVE_UINT32, g.upper, {hsize_t(uint64_t(n) * (n - 1) / 2)}, false);
+}
+
+void GraphFileWriter::close() {
+  auto& im = *impl_;
+  if (im.closed) return;
+  attr_int(im.file, "n_layers", im.count);
+  attr_int(im.file, "n_tokens", static_cast<int64_t>(im.n_tokens));
+  attr_int(im.file, "top_k", im.k);
+  attr_int(im.file, "full", im.any && im.full ? 1 : 0);
+  im.layers.reset();
+  if (H5Fflush(im.file, H5F_SCOPE_GLOBAL) < 0) throw IoError(im.out.final_path(), "cannot flush HDF5 file");
+  im.file.reset();
+  im.out.commit();
+  im.closed = true;
+}
+
+// ------------------------------------------------------------------------------------------------- reader
+
+struct GraphFileReader::Impl {
+  Hid file;
+  std::vector<Hid> groups;
+};
+
+GraphFileReader::GraphFileReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
+  silence_hdf5();
+  info_.path = path;
+  if (::access(path.c_str(), R_OK) != 0) throw IoError(path, errno_text("cannot open graph file"));
+  if (H5Fis_hdf5(path.c_str()) <= 0) throw InputError(path, "not an HDF5 file (or truncated): expected a neuralink-graph v1");
+  impl_->file = Hid(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!impl_->file.ok()) throw InputError(path, "cannot open as HDF5 (truncated or corrupt file?)");
+  hid_t f = impl_->file;
+  const std::string format = read_string(path, f, "format");
+  if (format != kGraphFormat) throw InputError(path, "format is '" + format + "', expected '" + kGraphFormat + "'");
+  const int64_t version = read_int(path, f, "version", "");
+  if (version > kGraphVersion)
+    throw InputError(path, "graph version " + std::to_string(version) + " is newer than this reader (supports " +
+                               std::to_string(kGraphVersion) + "); upgrade the toolkit");
+  if (version < 1) throw InputError(path, "invalid graph version " + std::to_string(version));
+  info_.source = read_string(path, f, "source");
+  const int64_t n_layers = read_int(path, f, "n_layers", "");
+  if (n_layers < 0 || n_layers > 100000) throw InputError(path, "n_layers " + std::to_string(n_layers) + " is out of range");
+  const int64_t n_tokens = read_int(path, f, "n_tokens", "");
+  if (n_tokens < 0 || n_tokens > int64_t(UINT32_MAX))
+    throw InputError(path, "n_tokens " + std::to_string(n_tokens) + " is out of range (counts are uint32)");
+  const int64_t k = read_int(path, f, "top_k", "");
+  if (k < 0 || k > 65536) throw InputError(path, "top_k " + std::to_string(k) + " is out of range");
+  const int64_t full = read_int(path, f, "full", "");
+  if (full != 0 && full != 1) throw InputError(path, "attribute 'full' must be 0 or 1");
+  info_.n_tokens = uint64_t(n_tokens);
+  info_.top_k = uint32_t(k);
+  info_.full = full == 1;
+  for (int64_t i = 0; i < n_layers; ++i) {
+    const std::string gname = "layers/" + std::to_string(i), where = " of /" + gname;
+    if (H5Lexists(f, "layers", H5P_DEFAULT) <= 0 || H5Lexists(f, gname.c_str(), H5P_DEFAULT) <= 0)
+      throw InputError(path, "missing layer group /" + gname + " (n_layers is " + std::to_string(n_layers) + ")");
+    Hid g(H5Gopen2(f, gname.c_str(), H5P_DEFAULT), H5Gclose);
+    if (!g.ok()) throw InputError(path, "/" + gname + " is not a group");
+    const int64_t layer = read_int(path, g, "layer", where);
+    if (layer < 0 || layer > 100000) throw InputError(path, "layer" + where + " is out of range");
+    if (!info_.layers.empty() && layer <= int64_t(info_.layers.back()))
+      throw InputError(path, "layer indices are not strictly increasing at /" + gname);
+    const int64_t nn = read_int(path, g, "n_neurons", where);
+    if (nn < 0 || nn > (int64_t(1) << 20)) throw InputError(path, "n_neurons" + where + " is out of range");
+    const hsize_t n = hsize_t(nn), rows = info_.top_k ? n : 0;
+    open_ds(path, g, gname, "freq", {n}, 8);
+    open_ds(path, g, gname, "nbr_len", {rows}, 4);
+    open_ds(path, g, gname, "nbr", {rows, info_.top_k}, 4);
+    open_ds(path, g, gname, "nbr_cnt", {rows, info_.top_k}, 4);
+    if (H5Lexists(g, "upper", H5P_DEFAULT) > 0) open_ds(path, g, gname, "upper", {n * (n > 0 ? n - 1 : 0) / 2}, 4);
+    else if (info_.full && n >= 2) throw InputError(path, "missing dataset /" + gname + "/upper (file says full = 1)");
+    info_.layers.push_back(uint32_t(layer));
+    info_.n_neurons.push_back(uint32_t(nn));
+    impl_->groups.push_back(std::move(g));
+  }
+}
+
+GraphFileReader::~GraphFileReader() = default;
+
+LayerGraph GraphFileReader::read_layer(size_t i) const {
+  if (i >= info_.layers.size()) throw UsageError("graph layer " + std::to_string(i) + " out of range");
+  const std::string& path = info_.path;
+  const std::string gname = "layers/" + std::to_string(i);
+  hid_t g = impl_->groups[i];
+  LayerGraph lg;
+  const uint32_t n = info_.n_neurons[i], k = info_.top_k;
+  const hsize_t rows = k ? n : 0;
+  lg.n_neurons = n;
+  lg.n_tokens = info_.n_tokens;
+  lg.k = k;
+  lg.freq.resize(n);
+  read_ds(path, open_ds(path, g, gname, "freq", {n}, 8), H5T_NATIVE_UINT64, lg.freq, "/" + gname + "/freq");
+  for (uint32_t v = 0; v < n; ++v)
+    if (lg.freq[v] > lg.n_tokens)
+      throw InputError(path, "/" + gname + "/freq[" + std::to_string(v) + "] exceeds n_tokens");
+  if (k) {
+    lg.nbr_len.resize(n);
+    lg.nbr.resize(size_t(n) * k);
+    lg.nbr_cnt.resize(size_t(n) * k);
+    read_ds(path, open_ds(path, g, gname, "nbr_len", {rows}, 4), H5T_NATIVE_UINT32, lg.nbr_len, "/" + gname + "/nbr_len");
+    read_ds(path, open_ds(path, g, gname, "nbr", {rows, k}, 4), H5T_NATIVE_UINT32, lg.nbr, "/" + gname + "/nbr");
+    read_ds(path, open_ds(path, g, gname, "nbr_cnt", {rows, k}, 4), H5T_NATIVE_UINT32, lg.nbr_cnt,
+            "/" + gname + "/nbr_cnt");
+    // The lists are a contract for the solvers: check them here once.
+    for (uint32_t v = 0; v < n; ++v) {
+      const std::string at = "/" + gname + " neuron " + std::to_string(v);
+      if (lg.nbr_len[v] > k) throw InputError(path, at + ": nbr_len exceeds top_k");
+      for (uint32_t e = 0; e < lg.nbr_len[v]; ++e) {
+        const uint32_t u = lg.nbr[size_t(v) * k + e], c = lg.nbr_cnt[size_t(v) * k + e];
+        if (u >= n || u == v) throw InputError(path, at + ": neighbour index " + std::to_string(u) + " is invalid");
+        if (c == 0 || c > lg.freq[v] || c > lg.freq[u])
+          throw InputError(path, at + ": neighbour count " + std::to_string(c) + " is inconsistent with freq");
+        if (e > 0) {
+          const uint32_t pu = lg.nbr[size_t(v) * k + e - 1], pc = lg.nbr_cnt[size_t(v) * k + e - 1];
+          if (pc < c || (pc == c && pu >= u))
+            throw InputError(path, at + ": neighbours are not sorted by count desc, index asc");
+        }
+      }
+    }
+  }
+  if (H5Lexists(g, "upper", H5P_DEFAULT) > 0 && n >= 2) {
+    lg.upper.resize(uint64_t(n) * (n - 1) / 2);
+    read_ds(path, open_ds(path, g, gname, "upper", {lg.upper.size()}, 4), H5T_NATIVE_UINT32, lg.upper,
+            "/" + gname + "/upper");
+    uint32_t mx = 0;
+    for (uint32_t c : lg.upper) mx = std::max(mx, c);
+    if (mx > lg.n_tokens) throw InputError(path, "/" + gname + "/upper has a count larger than n_tokens");
+  }
+  return lg;
+}
+
+// -------------------------------------------------------------------------------------------------- merge
+
+void graph_file_merge(const std::vector<std::string>& inputs, const std::string& out, std::optional<uint32_t> top_k) {
+  if (inputs.empty()) throw UsageError("graph-merge needs at least one input");
+  std::vector<std::unique_ptr<GraphFileReader>> rs;
+  for (const auto& p : inputs) rs.push_back(std::make_unique<GraphFileReader>(p));
+  const GraphFileInfo& first = rs[0]->info();
+  uint64_t total = 0;
+  for (const auto& r : rs) {
+    const GraphFileInfo& ri = r->info();
+    if (!ri.full)
+      throw InputError(ri.path, "stores top-k lists only; merging needs the full matrix (count with --full)");
+    if (ri.layers != first.layers || ri.n_neurons != first.n_neurons)
+      throw InputError(ri.path, "has different layers or neuron counts than " + first.path);
+    if (!top_k && ri.top_k != first.top_k)
+      throw InputError(ri.path, "top_k " + std::to_string(ri.top_k) + " differs from " + first.path +
+                                    " (" + std::to_string(first.top_k) + "); pass --top-k");
+    total += ri.n_tokens;
+  }
+  if (total > UINT32_MAX) throw UsageError("merged token count exceeds 2^32-1 (counts are uint32)");
+  const uint32_t k = top_k ? *top_k : first.top_k;
+  std::string source = "merge of";
+  for (const auto& r : rs) source += " " + r->info().path;
+  GraphFileWriter w(out, source);
+  for (size_t i = 0; i < first.layers.size(); ++i) {
+    LayerGraph acc = rs[0]->read_layer(i);
+    for (size_t s = 1; s < rs.size(); ++s) {
+      LayerGraph part = rs[s]->read_layer(i);
+      acc.n_tokens += part.n_tokens;
+      for (size_t v = 0; v < acc.freq.size(); ++v) acc.freq[v] += part.freq[v];
+      for (size_t e = 0; e < acc.upper.size(); ++e) acc.upper[e] += part.upper[e];
+    }
+    coactivation_build_topk(acc, k);
+    w.add_layer(first.layers[i], acc);
+  }
+  w.close();
+}
+
+}  // namespace nl

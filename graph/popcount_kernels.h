@@ -1,0 +1,28 @@
+// Dense AND+popcount tile kernels behind run-time dispatch (internal to graph/). Each kernel adds
+// popcount(a_r & b_c) over `nwords` words into cnt[r*ld + c] for a block of rows a_0..a_{na-1} and
+// b_0..b_{nb-1} (rows `stride` words apart). With `upper`, a == b and na == nb: only entries c > r are
+// needed (micro-tiles wholly on or below the diagonal are skipped; others may be computed anyway). The ISA variants are compiled with per-function target
+// attributes, so the default build stays portable; dense_tile_kernel() hands out only what the CPU runs.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "graph/coactivation.h"
+
+namespace nl::detail {
+
+using DenseTileFn = void (*)(const uint64_t* a, uint32_t na, const uint64_t* b, uint32_t nb, uint64_t stride,
+                             uint64_t nwords, uint32_t* cnt, uint32_t ld, bool upper);
+
+// The tile kernel for an already resolved (non-Auto, supported) kernel.
+DenseTileFn dense_tile_kernel(PopcountKernel k);
+
+// Peak probe for the benchmark: the work of `reps` passes of AND+popcount over a[0..n) & b[0..n) (n a multiple
+// of 32, in L1) in the kernel's tightest form (AVX-512: a register-resident 4x4 block, as in the tile kernel).
+// Returns the summed count so the work cannot be elided.
+uint64_t and_popcount_loop(PopcountKernel k, const uint64_t* a, const uint64_t* b, uint64_t n, uint64_t reps);
+
+// Sparse (vertical Harley-Seal) kernel, AVX-512 only; see sparse_vertical.cpp.
+bool sparse_vertical_supported();
+
+}  // namespace nl::detail
