@@ -20,4 +20,5 @@ void add_profile_inspect(CLI::App& app, GlobalOptions& g);
 void add_profile_run(CLI::App& app, GlobalOptions& g);
 void add_profile_convert(CLI::App& app, GlobalOptions& g);
 void add_profile_generate(CLI::App& app, GlobalOptions& g);
+void add_profile_synth(CLI::App& app, GlobalOptions& g);
 }  // namespace nl::cli

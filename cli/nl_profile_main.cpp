@@ -11,5 +11,6 @@ int main(int argc, char** argv) {
                              nl::cli::add_profile_inspect(app, g);
                              nl::cli::add_profile_convert(app, g);
                              nl::cli::add_profile_generate(app, g);
+                             nl::cli::add_profile_synth(app, g);
                            });
 }

@@ -71,6 +71,7 @@ void write_1d(hid_t file, const char* name, hid_t file_type, hid_t mem_type, con
   hsize_t dims[1] = {v.size()};
   Hid space(H5Screate_simple(1, dims, nullptr), H5Sclose);
   Hid dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_obj_track_times(dcpl, 0);  // no timestamps: same content -> byte-identical file
   if (!v.empty()) {
     hsize_t chunk[1] = {std::min<hsize_t>(v.size(), 65536)};
     H5Pset_chunk(dcpl, 1, chunk);
@@ -141,16 +142,20 @@ TraceWriter::TraceWriter(const std::string& path, TraceWriterOptions opts) {
   write_string_attr(im.file, "model", im.opts.model);
   write_string_attr(im.file, "activation", im.opts.activation);
   write_int_attr(im.file, "n_layers", static_cast<int64_t>(im.opts.n_neurons.size()));
-  Hid layers(H5Gcreate2(im.file, "layers", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+  // No timestamps in object headers: the same content gives a byte-identical file.
+  Hid gcpl(H5Pcreate(H5P_GROUP_CREATE), H5Pclose);
+  H5Pset_obj_track_times(gcpl, 0);
+  Hid layers(H5Gcreate2(im.file, "layers", H5P_DEFAULT, gcpl, H5P_DEFAULT), H5Gclose);
   im.block_words = im.opts.block_tokens / 64;
   for (size_t l = 0; l < im.opts.n_neurons.size(); ++l) {
     uint64_t n = im.opts.n_neurons[l];
-    Hid g(H5Gcreate2(layers, std::to_string(l).c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    Hid g(H5Gcreate2(layers, std::to_string(l).c_str(), H5P_DEFAULT, gcpl, H5P_DEFAULT), H5Gclose);
     write_int_attr(g, "n_neurons", static_cast<int64_t>(n));
     if (!im.opts.thresholds.empty()) write_double_attr(g, "threshold", im.opts.thresholds[l]);
     hsize_t dims[2] = {n, 0}, maxdims[2] = {n, H5S_UNLIMITED};
     Hid space(H5Screate_simple(2, dims, maxdims), H5Sclose);
     Hid dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5Pset_obj_track_times(dcpl, 0);
     hsize_t chunk[2] = {std::max<hsize_t>(1, std::min<hsize_t>(n, 256)), im.block_words};
     H5Pset_chunk(dcpl, 2, chunk);
     if (im.opts.deflate_level > 0) H5Pset_deflate(dcpl, static_cast<unsigned>(im.opts.deflate_level));

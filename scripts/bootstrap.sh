@@ -13,7 +13,7 @@ GROUP[build]="build-essential cmake ninja-build pkg-config git libboost-graph-de
 GROUP[demo]="fortunes fortunes-min jargon-text bible-kjv"
 GROUP[cross]="g++-aarch64-linux-gnu qemu-user-static"
 GROUP[report]="chromium"
-GROUP[train]="python3-torch libopenblas0-pthread"
+GROUP[train]="python3-torch libopenblas0-pthread python3-sentencepiece"
 
 groups=("$@")
 [ ${#groups[@]} -eq 0 ] && groups=(build)
