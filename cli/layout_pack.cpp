@@ -7,6 +7,7 @@
 #include "formats/core/image_writer.h"
 #include "formats/layout.h"
 #include "formats/llama2c.h"
+#include "formats/model_source.h"
 #include "formats/safetensors.h"
 
 namespace nl::cli {
@@ -57,7 +58,8 @@ void permute_ffn(ModelWeights& w, const std::vector<std::vector<uint32_t>>& orde
 
 void pack_main(const PackArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
-  ModelWeights w = read_model(a.model);
+  auto src = open_model_source(a.model);
+  ModelWeights w = src->read_dense();
   ImageSpec spec;
   if (!image_dtype_parse(a.dtype, &spec.dtype)) throw UsageError("unknown --dtype " + a.dtype);
   spec.tokenizer = a.tokenizer;
@@ -78,10 +80,12 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
     spec.layout_method = lay.method;
   }
   const auto order = spec.order;
-  ImageManifest m = image_write_model(a.out, w, std::move(spec));
+  ImageManifest m = image_write_source(a.out, *src, w, std::move(spec));
   info(g, "wrote " + a.out + " (" + std::to_string(m.image_bytes) + " bytes, " + std::to_string(m.regions.size()) +
               " regions, bundle " + std::to_string(m.bundle_bytes) + " bytes) and " + manifest_path_for(a.out));
   if (!a.export_permuted.empty()) {
+    // The export holds the whole model in memory (the image above did not).
+    for (int l = 0; l < w.config.n_layers; ++l) src->read_ffn(l, &w.layers[size_t(l)]);
     if (!order.empty()) permute_ffn(w, order);
     if (is_llama2c(a.model)) write_llama2c(a.export_permuted, w);
     else write_safetensors_model(a.export_permuted, w);

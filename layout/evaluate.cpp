@@ -37,7 +37,7 @@ LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order,
   ReadPlanner planner(pc);
   CacheConfig cc = cfg.cache;
   cc.capacity = cache_capacity_for_ratio(cfg.cache_ratio, n);
-  cc.seed = cfg.cache.seed * 1000003ull + layer_index;
+  cc.seed = cache_seed_for_layer(cfg.cache.seed, layer_index);
   if (cfg.pin_hot && freq) {
     std::vector<uint32_t> slot_of(n);
     for (uint32_t s = 0; s < n; ++s) slot_of[order[s]] = s;
