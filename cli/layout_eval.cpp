@@ -18,7 +18,7 @@ namespace {
 struct EvalArgs {
   std::string trace;
   std::vector<std::string> layouts, require;
-  bool per_layer = false;
+  bool per_layer = false, layout_cache = true;
   uint64_t seed = 1;
   DeviceObjectiveArgs dev;
 };
@@ -34,6 +34,9 @@ void add_report_options(CLI::App& c, EvalArgs& a) {
                "Quality gate, e.g. \"greedy+ls.io_ms <= 0.95 * greedy.io_ms\" (metrics: reads, io_ms, avg_len, "
                "max_len, bytes_read, bytes_needed, hit_rate); exit 5 when violated")->group("Report");
   c.add_option("--seed", a.seed, "Seed of the cache's admission draws")->group("Report");
+  c.add_flag("!--same-cache", a.layout_cache,
+             "Ignore the layouts' own cache policies (admission, pinned set): every layout gets the cache set by the "
+             "device options (ablation)")->group("Report");
 }
 
 struct Row {
@@ -83,8 +86,11 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
       }
       EvalConfig e = ec;
       if (e.bundle_bytes == 0) e.bundle_bytes = default_bundle_bytes(m.n_neurons);
-      for (size_t k = 0; k < lays.size(); ++k)
-        rows[k].layers[size_t(l)] = evaluate_layer(m, lays[k].layers[size_t(l)].order, e, uint32_t(l));
+      for (size_t k = 0; k < lays.size(); ++k) {
+        const LayoutLayer& L = lays[k].layers[size_t(l)];
+        LayerCachePolicy pol{L.admission, L.pinned};
+        rows[k].layers[size_t(l)] = evaluate_layer(m, L.order, e, uint32_t(l), a.layout_cache ? &pol : nullptr);
+      }
     } catch (...) {
       std::lock_guard<std::mutex> lk(mu);
       if (!err) err = std::current_exception();

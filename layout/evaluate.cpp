@@ -25,7 +25,8 @@ uint64_t default_bundle_bytes(uint32_t n_neurons) {
 }
 
 LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
-                         uint32_t layer_index, const std::vector<uint64_t>* freq) {
+                         uint32_t layer_index, const LayerCachePolicy* policy,
+                         LayerMask* misses) {
   const uint32_t n = m.n_neurons;
   if (order.size() != n) throw InternalError("evaluate: order length does not match the layer");
   PlannerConfig pc;
@@ -38,13 +39,14 @@ LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order,
   CacheConfig cc = cfg.cache;
   cc.capacity = cache_capacity_for_ratio(cfg.cache_ratio, n);
   cc.seed = cache_seed_for_layer(cfg.cache.seed, layer_index);
-  if (cfg.pin_hot && freq) {
+  if (policy && !policy->admission.empty()) cc.linking_aligned = policy->admission == "linking-aligned";
+  if (policy && !policy->pinned.empty()) {
     std::vector<uint32_t> slot_of(n);
     for (uint32_t s = 0; s < n; ++s) slot_of[order[s]] = s;
-    std::vector<uint32_t> byf(n);
-    std::iota(byf.begin(), byf.end(), 0u);
-    std::stable_sort(byf.begin(), byf.end(), [&](uint32_t a, uint32_t b) { return (*freq)[a] > (*freq)[b]; });
-    for (uint32_t i = 0; i < std::min(cfg.pin_hot, n); ++i) cc.pinned.push_back(slot_of[byf[i]]);
+    for (uint32_t v : policy->pinned) {
+      if (v >= n) throw InternalError("evaluate: pinned neuron out of range");
+      cc.pinned.push_back(slot_of[v]);
+    }
   }
   bool use_cache = cc.capacity > 0 || cc.window_tokens > 0;
   SlotCache cache(n, cc);
@@ -52,6 +54,7 @@ LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order,
   uint64_t t0 = std::min(cfg.token_begin, m.n_tokens), t1 = std::min(cfg.token_end, m.n_tokens);
   std::vector<std::vector<uint32_t>> act(64);
   TokenPlan plan;
+  if (misses) *misses = LayerMask(n, t1 > t0 ? t1 - t0 : 0);
   for (uint64_t w = t0 / 64; w * 64 < t1; ++w) {
     for (auto& a : act) a.clear();
     // Iterating slots in order makes every token's list ascending.
@@ -65,6 +68,9 @@ LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order,
     for (uint32_t b = 0; b < 64; ++b) {
       uint64_t t = w * 64 + b;
       if (t < t0 || t >= t1) continue;
+      if (misses)
+        for (uint32_t sl : act[b])
+          if (!(use_cache && cache.resident(sl))) misses->set(order[sl], t - t0);
       planner.plan(act[b], use_cache ? &cache : nullptr, plan);
       ++ev.tokens;
       ev.active += plan.active;
