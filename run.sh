@@ -22,7 +22,7 @@ case "${1:-}" in
     build
     ;;
   test)
-    build
+    build fuzz  # the fuzz smoke (fuzz/smoke.sh) is one of the tests
     cd "$BUILD" && ctest --output-on-failure -j "$(nproc)"
     ;;
   demo)
