@@ -22,7 +22,7 @@ case "${1:-}" in
     build
     ;;
   test)
-    build cross  # the cross_aarch64_tokens test needs the aarch64 compiler and qemu-user
+    build cross fuzz  # tests include the aarch64 build under qemu and the libFuzzer smoke
     cd "$BUILD" && ctest --output-on-failure -j "$(nproc)"
     ;;
   demo)

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <cmath>
+#include <type_traits>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -95,6 +97,15 @@ T config_get(const json& j, const std::string& path, const char* key, const T* f
   if (!j.contains(key) || j[key].is_null()) {
     if (fallback) return *fallback;
     throw InputError(path, std::string("missing key '") + key + "'");
+  }
+  // Integers must be JSON integers and floats must fit a float: json's get<> would convert 1e300 with UB.
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (!j[key].is_number_integer() || (j[key].is_number_unsigned() && j[key].get<uint64_t>() > uint64_t(INT64_MAX)))
+      throw InputError(path, std::string("key '") + key + "' has the wrong type (an integer is needed)");
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    if (!j[key].is_number() || !(std::fabs(j[key].get<double>()) <= 3.0e38))
+      throw InputError(path, std::string("key '") + key + "' has the wrong type or is out of range (a number is needed)");
   }
   try {
     return j[key].get<T>();
