@@ -21,13 +21,13 @@ struct SolveOptions {
   // The device objective greedy+ls optimises and its guard measures (same settings as nl-layout eval).
   EvalConfig eval;               // gap, cache ratio, device, bundle bytes (0 = default for the layer width)
   LsOptions ls;                  // merge gap / costs are filled in from `eval` by solve_layer
-  double hot_share = 0.0;        // pin_share = 0 only: hot block kept for the S3-FIFO cache (legacy experiment)
+  double hot_share = 0.0;        // variant 1: hot block kept at the end for the S3-FIFO cache (rejected experiment)
   // greedy+ls co-designs the layout with the cache at the same capacity: admission "all" (plain S3-FIFO, which
   // keeps the neurons of persistent runs; linking-aligned admission rejects them) and, when pin_share > 0, a
   // variant that pins the hottest pin_share x capacity neurons (they leave the path). The variant that is best on
   // the profile trace is kept, and the paper's pipeline (greedy + linking-aligned) when neither beats it.
   std::string admission = "all";
-  double pin_share = 0.0;
+  double pin_share = 1.0;
   bool miss_stream = false;      // also try greedy + search on the miss stream's co-activation
   bool guard_weight = true;      // a variant must keep the greedy path weight (gap-0 reads without a cache)
   // Deterministic search budget when ls.max_evaluations is 0: this many move evaluations per neuron.

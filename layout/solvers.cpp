@@ -114,14 +114,14 @@ Order solve_greedy_subset(const LayerGraph& g, const LayerMask* mask, const std:
   for (uint32_t v : ends) st.fragments += pb.deg[v] == 0 ? 2 : 1;
   st.fragments /= 2;
   // Fragment joining continues Algorithm 1 over the endpoints' own co-activation counts: the endpoints' rows
-  // (on at most kJoinWords evenly spread words, so the cost stays ~1 s at paper scale) go through the same
+  // (on at most kJoinWords evenly spread words, so the cost stays a fraction of the count at paper scale) go through the same
   // fast counting kernel with top-kJoinK lists, their pairs are tried by decreasing count; rounds repeat on the
   // endpoints still free (each round's lists are exact on the sample, so pairs that failed stay failed).
   if (mask && mask->words > 0) {
-    constexpr uint64_t kJoinWords = 256;
+    constexpr uint64_t kJoinWords = 128;
     constexpr uint32_t kJoinK = 8;
     const uint64_t W = std::min<uint64_t>(mask->words, kJoinWords);
-    for (int round = 0; round < 4; ++round) {
+    for (int round = 0; round < 3; ++round) {
       std::vector<uint32_t> ends;
       for (uint32_t v = 0; v < n; ++v)
         if (pb.deg[v] < 2 && in(v)) ends.push_back(v);

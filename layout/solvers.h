@@ -33,8 +33,8 @@ using Links = std::vector<std::pair<uint32_t, uint32_t>>;
 // Paper's Algorithm 1: candidate pairs (from the top-k lists) by decreasing count, ties by (u, v); accept when
 // both ends have fewer than two links and union-find finds no cycle. Fragments left when neurons exhaust
 // their candidates are joined by the same rule over co-activation counts between fragment endpoints (each
-// endpoint's 8 heaviest endpoint partners, counted from `mask` when given on at most 16,384 evenly spread
-// tokens with the fast counting kernel, in up to 4 rounds), and finally in index order (O(F log F)). Returns the path walked from its smaller-index end.
+// endpoint's 8 heaviest endpoint partners, counted from `mask` when given on at most 8,192 evenly spread
+// tokens with the fast counting kernel, in up to 3 rounds), and finally in index order (O(F log F)). Returns the path walked from its smaller-index end.
 Order solve_greedy(const LayerGraph& g, const LayerMask* mask, GreedyStats* stats = nullptr, Links* links = nullptr);
 
 // The same on the neurons with include[v] != 0 only (the others are left out of the path and of every
