@@ -50,7 +50,7 @@ if [ $replay_trace = 1 ]; then
   mkdir -p "$build/work/trace"
   if ASAN_OPTIONS="allocator_may_return_null=1" TMPDIR="$build/work/trace" "$build/fuzz/fuzz_trace" \
       "$build"/corpus/trace/* "$src"/fuzz/regressions/trace-* >"$log" 2>&1; then
-    echo "fuzz smoke: trace (raw bytes) replayed $(ls "$build"/corpus/trace "$src"/fuzz/regressions | grep -c .) seeds and reproducers"
+    echo "fuzz smoke: trace (raw bytes) replayed $(find "$build/corpus/trace" "$src/fuzz/regressions" -name '*' -type f | grep -c .) seeds and reproducers"
   else
     echo "fuzz smoke: trace replay FAILED (log $log)"; tail -40 "$log"; status=1
   fi
