@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The phone build: cross-builds a static aarch64 nl-run (cmake/aarch64-linux-gnu.cmake, runtime only, nl-run target
-# only, in its own build folder), packs stories260K, and checks that the aarch64 binary under qemu-aarch64-static
-# generates exactly the native build's tokens (gate and dense selection, f16 and f32 images, a text prompt).
+# only, in its own build folder), packs the bundled tiny ReLU model and stories260K, and checks that the aarch64
+# binary under qemu-aarch64-static generates exactly the native build's tokens (gate, dense and lowrank selection,
+# f16 and f32 images, a text prompt through the llama2.c tokenizer).
 # Usage: check_cross_aarch64.sh SRC_DIR NATIVE_BUILD_DIR CROSS_BUILD_DIR MODELS_DIR. Exit 77 = skipped.
 set -euo pipefail
 src=$1; native=$2; cross=$3; models=$4
@@ -31,20 +32,35 @@ if [ -n "$file_out" ]; then
 fi
 qemu-aarch64-static "$arm" --version
 
-# 2. Pack and compare tokens, native vs qemu.
+# 2. Pack and compare tokens, native vs qemu: the bundled tiny ReLU model (gate, dense, lowrank predictor) and
+#    stories260K (SiLU; f16 and f32).
 work=$native/tests/cross_aarch64
 rm -rf "$work"; mkdir -p "$work"
+same_tokens() {  # image, label, nl-run generate options...
+  local img=$1 label=$2; shift 2
+  local args=(generate --image "$img" "$@") n a
+  n=$("$native/cli/nl-run" --quiet "${args[@]}" | grep -E '^(tokens|lowrank):')
+  a=$(qemu-aarch64-static "$arm" --quiet "${args[@]}" | grep -E '^(tokens|lowrank):')
+  echo "$n" | grep -q '^tokens: [0-9]' || fail "native nl-run printed no tokens ($label)"
+  [ "$n" = "$a" ] || fail "tokens differ ($label): native '$n', aarch64 '$a'"
+  echo "cross aarch64: $label: same $(echo "$n" | head -1)"
+}
+relu=$src/datasets/tiny-relu/model
+if [ -f "$relu/model.safetensors" ]; then
+  "$native/cli/nl-layout" --quiet pack --model "$relu" --dtype f16 --out "$work/relu.nlw"
+  for sel in gate dense lowrank:32; do
+    same_tokens "$work/relu.nlw" "tiny-relu f16 --select $sel" --prompt-tokens 1,100,200 --steps 24 --select "$sel" \
+      --gap 2 --cache-ratio 0.1 --calibrate-steps 32
+  done
+else
+  echo "cross aarch64: $relu is absent: stories260K only"
+fi
 for dt in f16 f32; do
   "$native/cli/nl-layout" --quiet pack --model "$model" --dtype "$dt" --out "$work/m_$dt.nlw" \
     --tokenizer "$models/llama2c-stories260K/tok512.bin"
   for sel in gate dense; do
-    args=(generate --image "$work/m_$dt.nlw" --prompt-tokens 1,403,407 --steps 24 --select "$sel" --gap 2
-          --cache-ratio 0.1)
-    n=$("$native/cli/nl-run" --quiet "${args[@]}" | grep '^tokens:')
-    a=$(qemu-aarch64-static "$arm" --quiet "${args[@]}" | grep '^tokens:')
-    [ "$(echo "$n" | wc -w)" -eq 25 ] || fail "native nl-run did not print 24 tokens ($dt, $sel): $n"
-    [ "$n" = "$a" ] || fail "tokens differ ($dt, --select $sel): native '$n', aarch64 '$a'"
-    echo "cross aarch64: $dt --select $sel: same $n"
+    same_tokens "$work/m_$dt.nlw" "stories260K $dt --select $sel" --prompt-tokens 1,403,407 --steps 24 --select "$sel" \
+      --gap 2 --cache-ratio 0.1
   done
 done
 # Text prompt through the runtime's llama2.c tokenizer (the manifest's reference): same tokens and text.
