@@ -2,7 +2,7 @@
 # The two set-up commands of the README, on a fresh Debian 12 machine (as root, or with the packages installed):
 #   ./run.sh demo   text -> profile -> layout -> pack -> run on the bundled default
 #   ./run.sh test   build everything and run every test
-# Other verbs: build (just build), bench (benchmarks, not part of the tests).
+# Other verbs: build (just build), bench [--suite all|micro|layouts] [--quick] (benchmarks, not part of the tests).
 set -euo pipefail
 cd "$(dirname "$0")"
 BUILD=${NL_BUILD_DIR:-build}
@@ -31,7 +31,8 @@ case "${1:-}" in
     ;;
   bench)
     build
-    exec scripts/bench.sh "$BUILD"
+    shift
+    exec scripts/bench.sh "$BUILD" "$@"
     ;;
   *)
     echo "usage: ./run.sh demo|test|build|bench" >&2

@@ -1,6 +1,8 @@
 // nl-layout pack: a model + a layout -> the flash image (model.nlw) and its manifest (model.nlw.json), and optionally
 // the permuted model in the input's own format (llama2.c .bin or a Hugging Face folder).
+#include <cmath>
 #include <cstdio>
+#include <map>
 
 #include "cli/commands.h"
 #include "formats/core/error.h"
@@ -14,14 +16,74 @@ namespace nl::cli {
 namespace {
 
 struct PackArgs {
-  std::string model, layout, out, dtype = "f32", tokenizer, export_permuted;
+  std::string model, layout, out, dtype, tokenizer, export_permuted, synthetic_shape;
+  int synthetic_layers = 4;
+  uint64_t seed = 1;
 };
 
+// FFN shapes of the paper's models (Neuralink, ASPLOS 2025): width, neurons per layer, bundle kind. Keys are the
+// workload preset names (configs/workloads/*.json), so a synthetic trace and a synthetic image pair up by name.
+struct SyntheticShape {
+  int dim = 0, hidden = 0;
+  BundleKind kind = BundleKind::kPlain;
+};
+const std::map<std::string, SyntheticShape>& synthetic_shapes() {
+  static const std::map<std::string, SyntheticShape> m = {
+      {"opt-350m", {1024, 4096, BundleKind::kPlain}},                // 4 KiB f16 bundles
+      {"opt-6.7b", {4096, 16384, BundleKind::kPlain}},               // 16 KiB
+      {"llama2-7b-prosparse", {4096, 11008, BundleKind::kGated}},    // 24 KiB
+      {"mistral-7b-turbosparse", {4096, 14336, BundleKind::kGated}}, // 24 KiB
+  };
+  return m;
+}
+
+// "NAME" from the table, or "DIMxHIDDEN" / "DIMxHIDDENxplain|gated" (plain when omitted).
+SyntheticShape synthetic_shape_parse(const std::string& s) {
+  if (auto it = synthetic_shapes().find(s); it != synthetic_shapes().end()) return it->second;
+  SyntheticShape r;
+  char kind[16] = {0};
+  int used = 0;
+  const int got = std::sscanf(s.c_str(), "%dx%d%n", &r.dim, &r.hidden, &used);
+  if (got == 2 && size_t(used) < s.size()) {
+    if (std::sscanf(s.c_str() + used, "x%15s", kind) != 1) r.dim = 0;
+  }
+  const std::string k = kind;
+  if (got != 2 || r.dim <= 0 || r.hidden <= 0 || (!k.empty() && k != "plain" && k != "gated")) {
+    std::string names;
+    for (const auto& [n, v] : synthetic_shapes()) names += (names.empty() ? "" : ", ") + n;
+    throw UsageError("--synthetic-shape " + s + ": expected one of " + names + ", or DIMxHIDDEN[xplain|xgated]");
+  }
+  r.kind = k == "gated" ? BundleKind::kGated : BundleKind::kPlain;
+  return r;
+}
+
+// splitmix64: fast, seedable per layer, so each layer's weights do not depend on the others.
+struct SplitMix {
+  uint64_t x;
+  uint64_t next() {
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+};
+void fill_uniform(std::vector<float>& v, size_t n, float scale, SplitMix& r) {
+  v.resize(n);
+  for (size_t i = 0; i < n; ++i) v[i] = (float(r.next() >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale;
+}
+
 void add_pack_input_options(CLI::App* c, PackArgs& a) {
-  c->add_option("--model", a.model, "llama2.c .bin, or a Hugging Face folder / config.json / model.safetensors")
-      ->required()
-      ->check(CLI::ExistingPath)
-      ->group("Input");
+  auto* model = c->add_option("--model", a.model, "llama2.c .bin, or a Hugging Face folder / config.json / model.safetensors")
+                    ->check(CLI::ExistingPath)
+                    ->group("Input");
+  auto* synth = c->add_option("--synthetic-shape", a.synthetic_shape,
+                              "Instead of --model: random FFN weights of a paper model's shape, for I/O benchmarks "
+                              "(opt-350m, opt-6.7b, llama2-7b-prosparse, mistral-7b-turbosparse, or DIMxHIDDEN[xplain|xgated])")
+                    ->group("Synthetic");
+  model->excludes(synth);
+  c->add_option("--layers", a.synthetic_layers, "Synthetic: FFN layers")->check(CLI::Range(1, 4096))->group("Synthetic");
+  c->add_option("--seed", a.seed, "Synthetic: weight seed (same shape, seed and layout give identical bytes)")
+      ->group("Synthetic");
   c->add_option("--layout", a.layout, "Layout JSON from nl-layout solve (default: identity order)")
       ->check(CLI::ExistingFile)
       ->group("Input");
@@ -30,7 +92,7 @@ void add_pack_input_options(CLI::App* c, PackArgs& a) {
 
 void add_pack_output_options(CLI::App* c, PackArgs& a) {
   c->add_option("--out", a.out, "Flash image to write (the manifest goes to OUT.json)")->required()->group("Output");
-  c->add_option("--dtype", a.dtype, "Element type in the image")->check(CLI::IsMember({"f32", "f16", "bf16"}))->group("Output");
+  c->add_option("--dtype", a.dtype, "Element type in the image (default f32; f16 with --synthetic-shape)")->check(CLI::IsMember({"f32", "f16", "bf16"}))->group("Output");
   c->add_option("--export-permuted", a.export_permuted,
                 "Also write the permuted model here, in the input's format (.bin file or Hugging Face folder)")
       ->group("Output");
@@ -56,15 +118,67 @@ void permute_ffn(ModelWeights& w, const std::vector<std::vector<uint32_t>>& orde
   }
 }
 
+// Only what replay reads has the paper's shape and random values: the FFN bundles. The dense part (never read by
+// nl-run replay) is a small stand-in: vocabulary 256, one KV head, zero attention weights, unit norms.
+ModelConfig synthetic_config(const SyntheticShape& s, int layers) {
+  ModelConfig c;
+  c.dim = s.dim;
+  c.hidden_dim = s.hidden;
+  c.n_layers = layers;
+  c.n_heads = s.dim % 32 == 0 && s.dim >= 64 ? 32 : 1;
+  c.n_kv_heads = 1;
+  c.vocab_size = 256;
+  c.seq_len = 256;
+  c.act = FfnAct::kRelu;
+  return c;
+}
+
+ImageManifest write_synthetic(const std::string& out, const SyntheticShape& s, int layers, uint64_t seed,
+                              ImageSpec spec) {
+  spec.config = synthetic_config(s, layers);
+  spec.bundle_kind = s.kind;
+  const ModelConfig& c = spec.config;
+  ImageWriter iw(out, std::move(spec));
+  for (const DenseTensor& t : image_dense_tensor_list(c)) {
+    const bool norm = t.name.find("rms_") != std::string::npos;
+    std::vector<float> v(t.elems(), norm ? 1.0f : 0.0f);
+    iw.add_dense(t.name, v.data(), v.size());
+  }
+  const size_t mat = size_t(c.dim) * size_t(c.hidden_dim);
+  const float scale = 1.0f / std::sqrt(float(c.dim));
+  std::vector<float> gate, up, down;
+  for (int l = 0; l < layers; ++l) {
+    SplitMix r{seed * 0x100000001b3ull + uint64_t(l) * 0x9e3779b97f4a7c15ull};
+    if (s.kind == BundleKind::kGated) fill_uniform(gate, mat, scale, r);
+    fill_uniform(up, mat, scale, r);
+    fill_uniform(down, mat, scale, r);
+    iw.add_layer(l, s.kind == BundleKind::kGated ? gate.data() : nullptr, up.data(), down.data());
+  }
+  return iw.commit();
+}
+
 void pack_main(const PackArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
-  auto src = open_model_source(a.model);
-  ModelWeights w = src->read_dense();
+  if (a.model.empty() == a.synthetic_shape.empty()) throw UsageError("pack needs --model or --synthetic-shape");
+  const bool synthetic = !a.synthetic_shape.empty();
+  const std::string dtype = !a.dtype.empty() ? a.dtype : synthetic ? "f16" : "f32";
+  std::unique_ptr<ModelSource> src;  // streams the FFN layer by layer
   ImageSpec spec;
-  if (!image_dtype_parse(a.dtype, &spec.dtype)) throw UsageError("unknown --dtype " + a.dtype);
+  if (!image_dtype_parse(dtype, &spec.dtype)) throw UsageError("unknown --dtype " + dtype);
+  ModelWeights w;
+  SyntheticShape shape;
+  if (synthetic) {
+    if (!a.export_permuted.empty()) throw UsageError("--export-permuted needs --model");
+    shape = synthetic_shape_parse(a.synthetic_shape);
+    w.config = synthetic_config(shape, a.synthetic_layers);
+  } else {
+    src = open_model_source(a.model);
+    w = src->read_dense();
+  }
   spec.tokenizer = a.tokenizer;
-  spec.source = a.model;
-  spec.source_format = is_llama2c(a.model) ? "llama2c" : "safetensors";
+  spec.source = synthetic ? "synthetic:" + a.synthetic_shape + " seed " + std::to_string(a.seed) + " (random weights)"
+                          : a.model;
+  spec.source_format = synthetic ? "" : is_llama2c(a.model) ? "llama2c" : "safetensors";
   if (!a.layout.empty()) {
     Layout lay = layout_load(a.layout);
     if (lay.layers.size() != size_t(w.config.n_layers))
@@ -80,7 +194,8 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
     spec.layout_method = lay.method;
   }
   const auto order = spec.order;
-  ImageManifest m = image_write_source(a.out, *src, w, std::move(spec));
+  ImageManifest m = synthetic ? write_synthetic(a.out, shape, a.synthetic_layers, a.seed, std::move(spec))
+                              : image_write_source(a.out, *src, w, std::move(spec));
   info(g, "wrote " + a.out + " (" + std::to_string(m.image_bytes) + " bytes, " + std::to_string(m.regions.size()) +
               " regions, bundle " + std::to_string(m.bundle_bytes) + " bytes) and " + manifest_path_for(a.out));
   if (!a.export_permuted.empty()) {

@@ -1,12 +1,33 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests): each prints its figures and the ratios against baselines measured in the same run.
+#   scripts/bench.sh [BUILD] [--suite all|micro|layouts] [layouts options, e.g. --quick]
+#   micro:   every BUILD/bench/*_bench executable (graph, layout, profiler micro-benchmarks)
+#   layouts: bench/layouts_bench.py, layouts x engines x baselines on real disk reads (README "Benchmarks")
 set -euo pipefail
-BUILD=${1:-build}
-found=0
-for b in "$BUILD"/bench/*_bench; do
-  [ -x "$b" ] || continue
-  found=1
-  printf '\n== %s\n' "$(basename "$b")"
-  nice -n 5 "$b"
+BUILD=build
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then BUILD=$1; shift; fi
+SUITE=all
+args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --suite) SUITE=${2:?--suite needs all, micro or layouts}; shift 2 ;;
+    --suite=*) SUITE=${1#--suite=}; shift ;;
+    *) args+=("$1"); shift ;;
+  esac
 done
-[ $found -eq 1 ] || echo "no benchmarks built yet"
+case "$SUITE" in all|micro|layouts) ;; *) echo "bench.sh: unknown suite '$SUITE' (all, micro, layouts)" >&2; exit 2 ;; esac
+
+if [ "$SUITE" != layouts ]; then
+  found=0
+  for b in "$BUILD"/bench/*_bench; do
+    [ -x "$b" ] || continue
+    found=1
+    printf '\n== %s\n' "$(basename "$b")"
+    nice -n 5 "$b"
+  done
+  [ $found -eq 1 ] || echo "no benchmarks built yet"
+fi
+if [ "$SUITE" != micro ]; then
+  printf '\n== layouts_bench\n'
+  exec /usr/bin/python3 "$(dirname "$0")/../bench/layouts_bench.py" --build "$BUILD" ${args[@]+"${args[@]}"}
+fi

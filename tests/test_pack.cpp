@@ -13,6 +13,7 @@
 #include "formats/layout.h"
 #include "formats/llama2c.h"
 #include "formats/safetensors.h"
+#include "runtime/flash_image.h"
 #include "runtime/model/model.h"
 
 using namespace nl;
@@ -141,4 +142,69 @@ TEST_CASE("pack streams from safetensors: same image as from llama2.c; permuted 
   }
   MESSAGE("safetensors permuted export: max |logit difference| over 16 positions " << max_diff);
   CHECK(max_diff <= 1e-5f);
+}
+
+// --synthetic-shape: random FFN weights of a given shape (I/O benchmarks, no model file). Byte-identical for equal
+// inputs; a layout only moves bundles (decoding in original order gives the identity image's weights); the bundle
+// size follows the shape; bad shapes are usage errors.
+TEST_CASE("pack --synthetic-shape: deterministic random FFN of the shape, layouts only move bundles") {
+  ::mkdir("pack_syn", 0755);
+  ::mkdir("pack_syn/b", 0755);
+  const std::string bin = std::string(NL_BINARY_DIR) + "/cli/nl-layout pack ";
+  Layout lay;
+  lay.method = "frequency";
+  std::mt19937_64 rng(5);
+  for (int l = 0; l < 2; ++l) {
+    LayoutLayer L;
+    L.order.resize(96);
+    for (uint32_t i = 0; i < L.order.size(); ++i) L.order[i] = i;
+    std::shuffle(L.order.begin(), L.order.end(), rng);
+    lay.layers.push_back(L);
+  }
+  layout_write("pack_syn/layout.json", lay);
+  std::string out;
+  REQUIRE_MESSAGE(sh(bin + "--synthetic-shape 64x96xgated --layers 2 --out pack_syn/a.nlw", &out) == 0, out);
+  REQUIRE_MESSAGE(sh(bin + "--synthetic-shape 64x96xgated --layers 2 --out pack_syn/b/a.nlw", &out) == 0, out);
+  REQUIRE_MESSAGE(sh(bin + "--synthetic-shape 64x96xgated --layers 2 --layout pack_syn/layout.json --out pack_syn/p.nlw",
+                     &out) == 0,
+                  out);
+  REQUIRE_MESSAGE(sh(bin + "--synthetic-shape 64x96xgated --layers 2 --seed 2 --out pack_syn/s.nlw", &out) == 0, out);
+  CHECK(read_file("pack_syn/a.nlw") == read_file("pack_syn/b/a.nlw"));
+  CHECK(read_file("pack_syn/a.nlw.json") == read_file("pack_syn/b/a.nlw.json"));
+  CHECK(read_file("pack_syn/a.nlw") != read_file("pack_syn/s.nlw"));
+
+  FlashImage a("pack_syn/a.nlw", IoOptions{}), p("pack_syn/p.nlw", IoOptions{});
+  CHECK(a.manifest().dtype == ImageDtype::kF16);  // the paper's element type is the synthetic default
+  CHECK(a.manifest().bundle_kind == BundleKind::kGated);
+  CHECK(a.manifest().bundle_bytes == 3 * 64 * 2);
+  CHECK(p.manifest().order[1] == lay.layers[1].order);
+  for (int l = 0; l < 2; ++l) {
+    LayerWeights wa, wp;
+    a.load_ffn_layer(l, &wa);
+    p.load_ffn_layer(l, &wp);
+    CHECK(wa.w_gate == wp.w_gate);
+    CHECK(wa.w_up == wp.w_up);
+    CHECK(wa.w_down == wp.w_down);
+    float lo = 0, hi = 0;
+    for (float v : wa.w_up) lo = std::min(lo, v), hi = std::max(hi, v);
+    CHECK(lo < -0.05f);  // random, not zeros: a zero image could read faster from a thin-provisioned disk
+    CHECK(hi > 0.05f);
+    CHECK(hi <= 0.126f);  // uniform in +-1/sqrt(dim)
+  }
+
+  // Named paper shapes (neuron counts seen through the layout check, before anything large is written).
+  CHECK(sh(bin + "--synthetic-shape opt-6.7b --layers 2 --layout pack_syn/layout.json --out pack_syn/x.nlw", &out) == 3);
+  CHECK(out.find("the model has 16384") != std::string::npos);
+  CHECK(sh(bin + "--synthetic-shape llama2-7b-prosparse --layers 2 --layout pack_syn/layout.json --out pack_syn/x.nlw",
+           &out) == 3);
+  CHECK(out.find("the model has 11008") != std::string::npos);
+  // Bad input: unknown shape, both --model and --synthetic-shape, a layout of the wrong width.
+  CHECK(sh(bin + "--synthetic-shape opt-9b --out pack_syn/x.nlw", &out) == 2);
+  CHECK(out.find("--synthetic-shape opt-9b") != std::string::npos);
+  CHECK(sh(bin + "--synthetic-shape 64x96xsparse --out pack_syn/x.nlw", &out) == 2);
+  CHECK(sh(bin + "--synthetic-shape 64x96 --model pack_syn/a.nlw --out pack_syn/x.nlw", &out) == 2);
+  CHECK(sh(bin + "--synthetic-shape 64x97 --layers 2 --layout pack_syn/layout.json --out pack_syn/x.nlw", &out) == 3);
+  CHECK(out.find("pack_syn/layout.json") != std::string::npos);
+  struct stat st {};
+  CHECK(::stat("pack_syn/x.nlw", &st) != 0);  // nothing written on error
 }
