@@ -22,7 +22,7 @@ case "${1:-}" in
     build
     ;;
   test)
-    build
+    build report train  # headless Chromium for the report screenshot test, PyTorch for the trace-hook test
     cd "$BUILD" && ctest --output-on-failure -j "$(nproc)"
     ;;
   demo)

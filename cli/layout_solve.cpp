@@ -3,7 +3,9 @@
 
 #include "cli/commands.h"
 #include "cli/layout_options.h"
+#include "formats/core/progress.h"
 #include "formats/layout.h"
+#include "formats/trace.h"
 #include "layout/solve.h"
 
 namespace nl::cli {
@@ -56,13 +58,21 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   o.ls.neighbours = a.neighbours;
   o.ls.kicks = a.kicks;
   o.ls.time_budget_s = a.time_budget;
+  uint32_t n_layers = 0;
+  {
+    TraceReader tr(a.trace);
+    n_layers = tr.info().n_layers;
+  }
+  Progress prog("solve " + a.method, n_layers, !g.quiet, "layers");
   Layout l = solve_trace(a.trace, o, [&](uint32_t layer, const LayerSolve& s) {
     char buf[256];
     std::snprintf(buf, sizeof buf, "layer %u: %s path weight %llu, bound %.0f, %.2f s%s", layer, a.method.c_str(),
                   static_cast<unsigned long long>(s.objective), s.upper_bound, s.seconds,
                   s.guard_kept_seed ? " (guard kept the greedy seed)" : "");
-    info(g, buf);
+    prog.note(buf);
+    prog.add(1);
   });
+  prog.finish();
   layout_write(a.out, l);
   if (g.json) {
     nlohmann::json j = {{"out", a.out}, {"method", a.method}, {"layers", l.layers.size()}};

@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "cli/run_flash_options.h"
 #include "formats/core/error.h"
+#include "formats/core/progress.h"
 #include "runtime/model/model.h"
 
 namespace nl::cli {
@@ -75,6 +76,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   std::vector<int> out;
   auto t0 = std::chrono::steady_clock::now();
   int token = prompt[0];
+  Progress prog("generate", uint64_t(total - 1), !g.quiet, "tokens");
   for (int pos = 0; pos + 1 < total; ++pos) {
     const float* logits = model.forward_token(token, pos);
     if (ffn) ffn->end_token();
@@ -84,7 +86,9 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
       token = argmax(logits, c.vocab_size);
       out.push_back(token);
     }
+    prog.add(1);
   }
+  prog.finish();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   nlohmann::json extra = {{"mode", "generate"}, {"select", a.select}, {"prompt_tokens", prompt}, {"generated", out}};
   if (!g.json) {

@@ -5,7 +5,7 @@
 #   demo   + English text corpora (fortunes, jargon-text, bible-kjv) for the bundled default run
 #   cross  + aarch64 cross compiler and qemu-user for the phone build test
 #   report + headless Chromium for the HTML report test
-#   train  + PyTorch (CPU) for datasets/tiny-relu/train.py
+#   train  + PyTorch (CPU) for datasets/tiny-relu/train.py and the trace-hook test (profiler/python)
 set -euo pipefail
 
 declare -A GROUP
