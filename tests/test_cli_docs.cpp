@@ -128,8 +128,16 @@ TEST_CASE("the worked example in docs/cli.md runs as written") {
   INFO(block << "\n--- stdout:\n" << out << "\n--- stderr:\n" << nl::read_file("docs_err.txt"));
   REQUIRE(rc == 0);
   // What the reader is told to expect: a profile, layouts, the eval table with the gate, the report page.
-  for (const char* f : {"profile.h5", "test.h5", "identity.json", "greedy.json", "greedy-ls.json", "report.html"})
+  for (const char* f : {"profile.h5", "test.h5", "identity.json", "greedy.json", "greedy-ls.json", "report.html",
+                        "model.nlw", "model.nlw.json"})
     CHECK_MESSAGE(fs::exists(std::string("docs_ex/root/example/") + f), f);
   CHECK(out.find("gate ok: greedy+ls.io_ms <= identity.io_ms") != std::string::npos);
   CHECK(out.find("wrote report.html") != std::string::npos);
+  // The sentence: the last line, decoded from the ids generated from the flash image.
+  std::string text = out.substr(0, out.size() - 1);
+  text = text.substr(text.rfind('\n') + 1);
+  MESSAGE("generated from the flash image: " << text);
+  size_t letters = 0;
+  for (char ch : text) letters += std::isalpha(static_cast<unsigned char>(ch)) != 0;
+  CHECK(letters >= 20);
 }

@@ -101,6 +101,7 @@ TEST_CASE("every subcommand that prints figures accepts --json and prints JSON")
       {"nl-profile convert", "convert --model " + bin + " --out json_tmp/hf"},
       {"nl-profile generate", "generate --model " + bin + " --tokenizer " + tok + " --steps 8"},
       {"nl-profile inspect", "inspect json_tmp/t.h5"},
+      {"nl-profile decode", "decode --tokenizer " + tok + " --ids \"1 403 407\""},
       {"nl-profile synth", "synth --preset " + std::string(NL_SOURCE_DIR) +
                                "/configs/workloads/opt-350m.json --layers 1 --neurons 256 --tokens-per-sequence 64 "
                                "--profile-sequences 2 --test-sequences 1 --profile-out json_tmp/sp.h5 --test-out "
@@ -115,7 +116,8 @@ TEST_CASE("every subcommand that prints figures accepts --json and prints JSON")
       {"nl-run generate", "generate --image json_tmp/m.nlw --steps 4 --prompt-tokens 1"},
       {"nl-run replay", "replay --image json_tmp/m.nlw --trace json_tmp/rt.h5"},
   };
-  const std::set<std::string> need_model = {"nl-profile run", "nl-profile convert", "nl-profile generate", "nl-layout pack"};
+  const std::set<std::string> need_model = {"nl-profile run", "nl-profile convert", "nl-profile generate",
+                                           "nl-profile decode", "nl-layout pack"};
   std::map<std::string, std::string> known(table.begin(), table.end());
   std::set<std::string> present;
   for (const char* b : {"nl-profile", "nl-layout", "nl-run"})

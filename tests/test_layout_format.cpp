@@ -18,7 +18,7 @@ Layout sample() {
   l.method = "greedy";
   l.parameters = {{"seed", 1}, {"top_k", 32}};
   l.trace_sha256 = std::string(64, 'a');
-  l.trace_model = "m";
+  l.trace_model = std::string("m");  // not a char* assignment: GCC 12 -O3 warns falsely (-Wrestrict) on that
   l.trace_tokens = 100;
   l.layers.resize(2);
   l.layers[0].order = {2, 0, 1};
