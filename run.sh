@@ -22,7 +22,7 @@ case "${1:-}" in
     build
     ;;
   test)
-    build cross fuzz  # tests include the aarch64 build under qemu and the libFuzzer smoke
+    build cross fuzz report train  # tests: aarch64 under qemu, libFuzzer smoke, Chromium screenshot, PyTorch hooks
     cd "$BUILD" && ctest --output-on-failure -j "$(nproc)"
     ;;
   demo)

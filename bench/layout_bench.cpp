@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/core/progress.h"
 #include "layout/evaluate.h"
 #include "layout/solve.h"
 #include "layout/synthetic.h"
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
   std::stringstream ss(methods);
   for (std::string m; std::getline(ss, m, ',');) ms.push_back(m);
   double greedy_io = 0;
+  Progress prog("layout_bench", ms.size(), true, "methods");
   for (const auto& m : ms) {
     SolveOptions o;
     o.method = m;
@@ -118,6 +120,8 @@ int main(int argc, char** argv) {
                   (unsigned long long)s.greedy.candidates, (unsigned long long)s.greedy.accepted, s.greedy.fragments,
                   (unsigned long long)s.greedy.endpoint_links, (unsigned long long)s.greedy.index_links);
     std::fflush(stdout);
+    prog.add(1);
   }
+  prog.finish();
   return 0;
 }

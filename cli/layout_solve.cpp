@@ -3,7 +3,9 @@
 
 #include "cli/commands.h"
 #include "cli/layout_options.h"
+#include "formats/core/progress.h"
 #include "formats/layout.h"
+#include "formats/trace.h"
 #include "layout/solve.h"
 
 namespace nl::cli {
@@ -75,6 +77,12 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   o.ls.neighbours = a.neighbours;
   o.ls.kicks = a.kicks;
   o.ls.time_budget_s = a.time_budget;
+  uint32_t n_layers = 0;
+  {
+    TraceReader tr(a.trace);
+    n_layers = tr.info().n_layers;
+  }
+  Progress prog("solve " + a.method, n_layers, !g.quiet, "layers");
   Layout l = solve_trace(a.trace, o, [&](uint32_t layer, const LayerSolve& s) {
     char buf[512];
     int k = std::snprintf(buf, sizeof buf, "layer %u: %s path weight %llu, bound %.0f, %.2f s (count %.2f, greedy %.2f, search %.2f)%s",
@@ -85,8 +93,10 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
       std::snprintf(buf + k, sizeof buf - size_t(k), "; profile io_ms/tok greedy %.4f, search %.4f, pinned variant %.4f, miss variant %.4f (weight %llu -> %llu); kept %s%s, %llu evaluations",
                     s.io_ms_greedy, s.io_ms_ls, s.io_ms_pinned, s.io_ms_miss, (unsigned long long)s.weight_miss_greedy, (unsigned long long)s.weight_miss, s.cache.admission.empty() ? "greedy" : s.cache.admission.c_str(),
                     s.cache.pinned.empty() ? "" : " + pinned", static_cast<unsigned long long>(s.ls.evaluations));
-    info(g, buf);
+    prog.note(buf);
+    prog.add(1);
   });
+  prog.finish();
   layout_write(a.out, l);
   if (g.json) {
     nlohmann::json j = {{"out", a.out}, {"method", a.method}, {"layers", l.layers.size()}};

@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "cli/run_flash_options.h"
 #include "formats/core/error.h"
+#include "formats/core/progress.h"
 #include "runtime/model/model.h"
 #include "runtime/tokenizer.h"
 #ifdef NL_FULL_BUILD

@@ -12,6 +12,10 @@
 
 namespace nl {
 
+class TraceReader;
+struct Layout;
+class Progress;
+
 struct EvalConfig {
   GapPolicy gap;                 // default auto
   double cache_ratio = 0.0;      // fraction of the layer's FFN bytes held by the cache
@@ -50,9 +54,22 @@ struct LayerCachePolicy {
 // order: slot -> neuron. policy (optional): the layout layer's cache policy, applied on top of cfg.cache.
 LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
                          uint32_t layer_index, const LayerCachePolicy* policy = nullptr,
-                         LayerMask* misses = nullptr);
+                         LayerMask* misses = nullptr, std::vector<uint64_t>* read_lengths = nullptr);
 // misses (optional): set to the miss stream, a mask of the neurons that were active and not resident in the cache
 // when their token came (what the device had to read), over the evaluated tokens.
+// read_lengths (optional): counts of reads by length in bundles (index = length), grown as needed.
+
+// layout_cache: apply each layout layer's own cache policy (LayerCachePolicy). Every layer of a trace under several layouts (checked against the trace by layout_load), layers in
+// parallel: the figures nl-layout eval prints and nl-layout report tabulates. A bundle_bytes of 0 in cfg means
+// default_bundle_bytes of each layer. Read-length histograms are collected for the layers in hist_layers.
+struct TraceEval {
+  std::vector<std::vector<LayerEval>> layers;   // [layout][layer]
+  std::vector<LayerEval> total;                 // [layout], summed over layers
+  std::vector<std::vector<std::vector<uint64_t>>> read_lengths;  // [layout][index in hist_layers][length]
+};
+TraceEval evaluate_trace(const TraceReader& trace, const std::vector<Layout>& layouts,
+                         const EvalConfig& cfg, const std::vector<uint32_t>& hist_layers = {},
+                         Progress* progress = nullptr, bool layout_cache = true);
 
 // Bundle bytes guessed from a layer's FFN width: OPT-style ReLU FFN with d_model = width / 4 in f16 (so 16,384
 // neurons -> 16 KiB, the paper's OPT-6.7B bundles), and the paper's 24 KiB for Llama-2-7B's 11,008.

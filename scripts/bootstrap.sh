@@ -5,7 +5,7 @@
 #   demo   + English text corpora (fortunes, jargon-text, bible-kjv) for the bundled default run
 #   cross  + aarch64 cross compiler and qemu-user for the phone build test
 #   report + headless Chromium for the HTML report test
-#   train  + PyTorch (CPU) for datasets/tiny-relu/train.py
+#   train  + PyTorch (CPU) for datasets/tiny-relu/train.py and the trace-hook test (profiler/python)
 #   fuzz   + clang and libFuzzer for fuzz/ (the fuzz smoke is part of ./run.sh test)
 set -euo pipefail
 
