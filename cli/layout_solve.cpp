@@ -91,7 +91,7 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
                           s.guard_kept_seed ? " (guard kept the greedy seed)" : "");
     if (a.method == "greedy+ls" && k > 0 && size_t(k) < sizeof buf)
       std::snprintf(buf + k, sizeof buf - size_t(k), "; profile io_ms/tok greedy %.4f, search %.4f, pinned variant %.4f, miss variant %.4f (weight %llu -> %llu); kept %s%s, %llu evaluations",
-                    s.io_ms_greedy, s.io_ms_ls, s.io_ms_pinned, s.io_ms_miss, (unsigned long long)s.weight_miss_greedy, (unsigned long long)s.weight_miss, s.cache.admission.empty() ? "greedy" : s.cache.admission.c_str(),
+                    s.io_ms_greedy, s.io_ms_ls, s.io_ms_pinned, s.io_ms_miss, (unsigned long long)s.weight_miss_greedy, (unsigned long long)s.weight_miss, s.guard_kept_seed ? "greedy" : s.cache.admission.empty() ? "ours, paper's cache" : s.cache.admission.c_str(),
                     s.cache.pinned.empty() ? "" : " + pinned", static_cast<unsigned long long>(s.ls.evaluations));
     prog.note(buf);
     prog.add(1);

@@ -53,20 +53,35 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
       const uint32_t cap = cache_capacity_for_ratio(ec.cache_ratio, m.n_neurons);
       const uint32_t n_pin = uint32_t(std::floor(opt.pin_share * cap + 1e-9));
       const uint64_t w_greedy = path_weight(m, r.order);
+      // The guard's device objective runs the planner and cache on the first guard_tokens profile tokens (a
+      // contiguous prefix, so the cache sees real token-to-token persistence): bounded cost at paper scale.
+      EvalConfig eg = ec;
+      eg.token_end = std::min<uint64_t>(m.n_tokens, opt.guard_tokens);
       // The paper's pipeline on the profile trace: greedy + the evaluator's (linking-aligned) cache.
-      LayerEval e_paper = evaluate_layer(m, r.order, ec, layer_index);
+      LayerEval e_paper = evaluate_layer(m, r.order, eg, layer_index);
       r.io_ms_greedy = e_paper.io_ms_per_token();
       double best_io = e_paper.io_seconds;
       Order best = r.order;
       LayerCachePolicy best_policy;
-      // Variant 1: search from the greedy seed, the layout's cache admits every miss.
+      bool kept_ours = false;
+      // Each candidate order is tried with the paper's cache (no recorded policy), with admission `opt.admission`
+      // and, when it has a pinned set, with that set pinned too; the best on the profile prefix is kept.
+      auto try_order = [&](const Order& o, const std::vector<uint32_t>& pins, double& io_ms_out) {
+        if (!(path_weight(m, o) >= w_greedy || !opt.guard_weight)) return;
+        std::vector<LayerCachePolicy> pols = {LayerCachePolicy{}, LayerCachePolicy{opt.admission, {}}};
+        if (!pins.empty()) pols.push_back(LayerCachePolicy{opt.admission, pins});
+        for (const auto& pol : pols) {
+          LayerEval e = evaluate_layer(m, o, eg, layer_index, &pol);
+          double ms = e.io_ms_per_token();
+          if (io_ms_out == 0 || ms < io_ms_out) io_ms_out = ms;
+          if (e.io_seconds < best_io) best_io = e.io_seconds, best = o, best_policy = pol, kept_ours = true;
+        }
+      };
+      // Variant 1: search from the greedy seed.
       {
         lo.hot_count = uint32_t(std::floor(opt.hot_share * cap));
-        LayerCachePolicy pol{opt.admission, {}};
         Order o = local_search(m, g, r.order, lo, &r.ls);
-        LayerEval e = evaluate_layer(m, o, ec, layer_index, &pol);
-        r.io_ms_ls = e.io_ms_per_token();
-        if (e.io_seconds <= best_io && (path_weight(m, o) >= w_greedy || !opt.guard_weight)) best_io = e.io_seconds, best = o, best_policy = pol;
+        try_order(o, {}, r.io_ms_ls);
       }
       // Variant 2: the hottest neurons pinned; the path is solved without them (greedy on the cold neurons' own
       // co-activation, i.e. on the miss stream), and they sit in a block at the end ordered by greedy among
@@ -93,16 +108,14 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
         lp.hot_count = n_pin;
         LsStats st;
         Order o = local_search(m, g, seed, lp, &st);
-        LayerEval e = evaluate_layer(m, o, ec, layer_index, &pol);
-        r.io_ms_pinned = e.io_ms_per_token();
-        if (e.io_seconds < best_io && (path_weight(m, o) >= w_greedy || !opt.guard_weight)) best_io = e.io_seconds, best = o, best_policy = pol;
+        try_order(o, pol.pinned, r.io_ms_pinned);
       }
       // Variant 3: the miss stream (design section 5): simulate the layout's cache on the profile trace, then
       // solve greedy + search on the co-activation of the misses only.
       if (opt.miss_stream) {
         LayerCachePolicy pol{opt.admission, {}};
         LayerMask miss;
-        evaluate_layer(m, r.order, ec, layer_index, &pol, &miss);
+        evaluate_layer(m, r.order, eg, layer_index, &pol, &miss);
         LayerGraph gm = coactivation_count(miss, co);
         Order o = solve_greedy(gm, &miss);
         r.weight_miss_greedy = path_weight(m, o);
@@ -110,14 +123,11 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
         lm.hot_count = 0;
         LsStats st;
         o = local_search(miss, gm, o, lm, &st);
-        LayerEval e = evaluate_layer(m, o, ec, layer_index, &pol);
-        r.io_ms_miss = e.io_ms_per_token();
         r.weight_miss = path_weight(m, o);
-        if (e.io_seconds < best_io && (r.weight_miss >= w_greedy || !opt.guard_weight))
-          best_io = e.io_seconds, best = o, best_policy = pol;
+        try_order(o, {}, r.io_ms_miss);
       }
       r.seconds_ls = lap();
-      r.guard_kept_seed = best_policy.admission.empty();
+      r.guard_kept_seed = !kept_ours;
       r.order = std::move(best);
       r.cache = std::move(best_policy);
     }
@@ -149,6 +159,7 @@ Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,
     p["bundle_bytes"] = opt.eval.bundle_bytes;
     p["admission"] = opt.admission;
     p["pin_share"] = opt.pin_share;
+    p["guard_tokens"] = opt.guard_tokens;
     if (opt.hot_share > 0) p["hot_share"] = opt.hot_share;
     p["max_evaluations"] = opt.ls.max_evaluations;
     p["evaluations_per_neuron"] = opt.evaluations_per_neuron;
