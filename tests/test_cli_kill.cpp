@@ -1,5 +1,5 @@
-// Atomic outputs under SIGKILL: nl-profile run and nl-layout solve are killed mid-write; the final name must then
-// hold either the previous output, byte for byte, or a complete new one, never a partial file. (Issue 9.)
+// Atomic outputs under SIGKILL: nl-profile run, nl-layout solve and nl-layout pack are killed mid-write; the final
+// name must then hold either the previous output, byte for byte, or a complete new one, never a partial file.
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -15,6 +15,7 @@
 
 #include "formats/core/atomic_file.h"
 #include "formats/layout.h"
+#include "formats/llama2c.h"
 #include "formats/trace.h"
 #include "model_test_util.h"
 
@@ -31,6 +32,8 @@ std::string tmp(const std::string& n) {
 pid_t spawn(const std::string& binary, const std::vector<std::string>& args) {
   std::vector<std::string> argv = {std::string(NL_BINARY_DIR) + "/cli/" + binary};
   argv.insert(argv.end(), args.begin(), args.end());
+  std::fflush(stdout);  // else the child flushes a copy of our buffered output when it reopens stdout
+  std::fflush(stderr);
   const pid_t pid = ::fork();
   if (pid == 0) {
     std::vector<char*> p;
@@ -150,4 +153,34 @@ TEST_CASE("SIGKILL at any moment of nl-layout solve: the final name holds the ol
     }
   }
   CHECK(killed_running > 0);
+}
+
+TEST_CASE("SIGKILL during nl-layout pack leaves the previous image and manifest intact") {
+  // A model big enough (about 40 MB of weights) that writing its image takes a while.
+  ModelConfig c = test::small_config();
+  c.dim = 256;
+  c.hidden_dim = 1024;
+  c.n_layers = 8;
+  c.n_heads = 8;
+  c.n_kv_heads = 8;
+  c.vocab_size = 512;
+  write_llama2c(tmp("big.bin"), test::random_weights(c, 7));
+  const std::string img = tmp("big.nlw");
+  REQUIRE(reap(spawn("nl-layout", {"-q", "pack", "--model", tmp("big.bin"), "--out", img})) == 0);
+  const std::string image_before = read_file(img), manifest_before = read_file(img + ".json");
+
+  // Another dtype: a different image under the same names, killed while the image is being written.
+  pid_t pid = spawn("nl-layout", {"-q", "pack", "--model", tmp("big.bin"), "--dtype", "f16", "--out", img});
+  const bool killed = kill_mid_write(pid, img);
+  const int rc = reap(pid);
+  REQUIRE_MESSAGE(killed, "nl-layout pack finished before it could be killed (exit " << rc << ")");
+  CHECK(rc == -SIGKILL);
+  CHECK(read_file(img) == image_before);
+  CHECK(read_file(img + ".json") == manifest_before);
+
+  pid = spawn("nl-layout", {"-q", "pack", "--model", tmp("big.bin"), "--out", tmp("fresh.nlw")});
+  REQUIRE(kill_mid_write(pid, tmp("fresh.nlw")));
+  CHECK(reap(pid) == -SIGKILL);
+  CHECK_FALSE(fs::exists(tmp("fresh.nlw")));
+  CHECK_FALSE(fs::exists(tmp("fresh.nlw.json")));
 }
