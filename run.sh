@@ -22,7 +22,7 @@ case "${1:-}" in
     build
     ;;
   test)
-    build
+    build cross fuzz report train  # tests: aarch64 under qemu, libFuzzer smoke, Chromium screenshot, PyTorch hooks
     cd "$BUILD" && ctest --output-on-failure -j "$(nproc)"
     ;;
   demo)

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/core/progress.h"
 #include "layout/evaluate.h"
 #include "layout/solve.h"
 #include "layout/synthetic.h"
@@ -25,7 +26,8 @@ int main(int argc, char** argv) {
   spec.cluster_rate = 0.027;
   uint64_t test_tokens = 8192;
   std::string methods = "identity,frequency,rcm,greedy,greedy+ls";
-  double hot_share = 0.0;
+  double hot_share = 0.0, pin_share = 1.0;
+  uint64_t max_evaluations = 0;
   uint32_t kicks = 0, sample_tokens = 8192, neighbours = 6;
   bool keep_weight = true;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -38,6 +40,8 @@ int main(int argc, char** argv) {
     else if (k == "--hot-fraction") spec.hot_fraction = std::stod(v);
     else if (k == "--methods") methods = v;
     else if (k == "--hot-share") hot_share = std::stod(v);
+    else if (k == "--pin-share") pin_share = std::stod(v);
+    else if (k == "--max-evaluations") max_evaluations = std::stoull(v);
     else if (k == "--kicks") kicks = uint32_t(std::stoul(v));
     else if (k == "--keep-weight") keep_weight = v != "0";
     else if (k == "--sample-tokens") sample_tokens = uint32_t(std::stoul(v));
@@ -85,18 +89,21 @@ int main(int argc, char** argv) {
   std::stringstream ss(methods);
   for (std::string m; std::getline(ss, m, ',');) ms.push_back(m);
   double greedy_io = 0;
+  Progress prog("layout_bench", ms.size(), true, "methods");
   for (const auto& m : ms) {
     SolveOptions o;
     o.method = m;
     o.eval = e5;
     o.hot_share = hot_share;
+    o.pin_share = pin_share;
+    o.ls.max_evaluations = max_evaluations;
     o.ls.kicks = kicks;
     o.ls.keep_weight = keep_weight;
     o.ls.sample_tokens = sample_tokens;
     o.ls.neighbours = neighbours;
     LayerSolve s = solve_layer(prof, o, 0);
     LayerEval g0 = evaluate_layer(test, s.order, e0, 0);
-    LayerEval g5 = evaluate_layer(test, s.order, e5, 0);
+    LayerEval g5 = evaluate_layer(test, s.order, e5, 0, &s.cache);
     if (m == "greedy") greedy_io = g5.io_ms_per_token();
     std::printf("%-10s %9.2f %12llu %10.4f %14.2f %10.2f %12.4f %9.2f %9.3f\n", m.c_str(), s.seconds,
                 (unsigned long long)s.objective, (s.upper_bound - double(s.objective)) / s.upper_bound,
@@ -113,6 +120,8 @@ int main(int argc, char** argv) {
                   (unsigned long long)s.greedy.candidates, (unsigned long long)s.greedy.accepted, s.greedy.fragments,
                   (unsigned long long)s.greedy.endpoint_links, (unsigned long long)s.greedy.index_links);
     std::fflush(stdout);
+    prog.add(1);
   }
+  prog.finish();
   return 0;
 }

@@ -1,6 +1,6 @@
 // Profiling throughput: tokens/s of the sequence-batched forward (matrix-matrix products) against token by token,
 // for the shared tiny models, forward only and forward + trace writing (nl-profile's inner loop).
-// Usage: profile_bench [--models DIR] [--tokens N] [--synthetic-tokens N] [--seq-len L] [--reps R] [--threads T]
+// Usage: profile_bench [--models DIR] [--tokens N] [--synthetic-tokens N] [--seq-len L] [--reps R] [--threads T] [--quiet]
 // Prints one line per (model, mode) with the median of R runs, and the batched/token-by-token ratio.
 #include <omp.h>
 
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/core/progress.h"
 #include "formats/safetensors.h"
 #include "profiler/profile.h"
 #include "runtime/model/model.h"
@@ -81,8 +82,15 @@ int main(int argc, char** argv) {
   std::string models = NL_MODELS_DIR;
   uint64_t tokens = 4096, synthetic_tokens = 512;
   int seq_len = 256, reps = 3, threads = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--models")) models = argv[i + 1];
+  bool quiet = false;  // --quiet: no progress on stderr
+  for (int i = 1; i < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--quiet")) {
+      quiet = true;
+      --i;
+    } else if (i + 1 >= argc) {
+      std::fprintf(stderr, "option %s needs a value\n", argv[i]);
+      return 2;
+    } else if (!std::strcmp(argv[i], "--models")) models = argv[i + 1];
     else if (!std::strcmp(argv[i], "--tokens")) tokens = std::strtoull(argv[i + 1], nullptr, 10);
     else if (!std::strcmp(argv[i], "--seq-len")) seq_len = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--synthetic-tokens")) synthetic_tokens = std::strtoull(argv[i + 1], nullptr, 10);
@@ -127,6 +135,7 @@ int main(int argc, char** argv) {
     obs.hidden = w.config.hidden_dim;
     m.set_observer(&obs);
     double tps[2][2];  // [forward only / with trace][token by token / batched]
+    Progress prog(std::string("profile_bench ") + rel, uint64_t(2 * reps), !quiet, "runs");
     for (int batched = 0; batched < 2; ++batched) {
       std::vector<double> t_fwd, t_trace;
       for (int r = 0; r < reps; ++r) {
@@ -144,10 +153,12 @@ int main(int argc, char** argv) {
         const ProfileResult pr = profile_corpus(w, L, corpus, out, po);
         t_trace.push_back(pr.seconds);
         std::filesystem::remove(out);
+        prog.add(1);
       }
       tps[0][batched] = double(corpus.n_tokens()) / median(t_fwd);
       tps[1][batched] = double(corpus.n_tokens()) / median(t_trace);
     }
+    prog.finish();
     std::printf("%-40s forward only:  token-by-token %9.0f tok/s, sequence-batched %9.0f tok/s, ratio %.2fx\n", rel,
                 tps[0][0], tps[0][1], tps[0][1] / tps[0][0]);
     std::printf("%-40s + trace write: token-by-token %9.0f tok/s, sequence-batched %9.0f tok/s, ratio %.2fx\n", rel,

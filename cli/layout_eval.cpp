@@ -2,11 +2,11 @@
 // cache; one table with ratios against identity and greedy; optional quality gates (--require).
 #include <cstdio>
 #include <map>
-#include <mutex>
 
 #include "cli/commands.h"
 #include "cli/layout_options.h"
 #include "formats/core/error.h"
+#include "formats/core/progress.h"
 #include "formats/layout.h"
 #include "formats/trace.h"
 #include "layout/evaluate.h"
@@ -18,7 +18,7 @@ namespace {
 struct EvalArgs {
   std::string trace;
   std::vector<std::string> layouts, require;
-  bool per_layer = false;
+  bool per_layer = false, layout_cache = true;
   uint64_t seed = 1;
   DeviceObjectiveArgs dev;
 };
@@ -34,6 +34,9 @@ void add_report_options(CLI::App& c, EvalArgs& a) {
                "Quality gate, e.g. \"greedy+ls.io_ms <= 0.95 * greedy.io_ms\" (metrics: reads, io_ms, avg_len, "
                "max_len, bytes_read, bytes_needed, hit_rate); exit 5 when violated")->group("Report");
   c.add_option("--seed", a.seed, "Seed of the cache's admission draws")->group("Report");
+  c.add_flag("!--same-cache", a.layout_cache,
+             "Ignore the layouts' own cache policies (admission, pinned set): every layout gets the cache set by the "
+             "device options (ablation)")->group("Report");
 }
 
 struct Row {
@@ -71,28 +74,12 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
     if (seen[name]++) name += "#" + std::to_string(seen[name]);
     rows.push_back(Row{name, f, {}, std::vector<LayerEval>(ti.n_layers)});
   }
-  std::mutex mu;
-  std::exception_ptr err;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t l = 0; l < int64_t(ti.n_layers); ++l) {
-    try {
-      LayerMask m;
-      {
-        std::lock_guard<std::mutex> lk(mu);
-        m = tr.read_layer(uint32_t(l));
-      }
-      EvalConfig e = ec;
-      if (e.bundle_bytes == 0) e.bundle_bytes = default_bundle_bytes(m.n_neurons);
-      for (size_t k = 0; k < lays.size(); ++k)
-        rows[k].layers[size_t(l)] = evaluate_layer(m, lays[k].layers[size_t(l)].order, e, uint32_t(l));
-    } catch (...) {
-      std::lock_guard<std::mutex> lk(mu);
-      if (!err) err = std::current_exception();
-    }
+  Progress prog("eval", ti.n_layers, !g.quiet, "layers");
+  TraceEval te = evaluate_trace(tr, lays, ec, {}, &prog, a.layout_cache);
+  for (size_t k = 0; k < rows.size(); ++k) {
+    rows[k].layers = te.layers[k];
+    rows[k].total = te.total[k];
   }
-  if (err) std::rethrow_exception(err);
-  for (auto& r : rows)
-    for (const auto& le : r.layers) r.total.add(le);
 
   auto find = [&](const std::string& n) -> const Row* {
     for (const auto& r : rows)

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/layout_options.h"
 #include "formats/core/error.h"
 #include "formats/core/progress.h"
 #include "formats/trace.h"
@@ -22,38 +23,6 @@ struct GraphArgs {
   bool full = false;
   uint64_t chunk_mib = 512;
 };
-
-// "all" or a comma list of indices and ranges ("0,3,5-7").
-std::vector<uint32_t> parse_layers(const std::string& spec, uint32_t n_layers) {
-  std::vector<uint32_t> out;
-  if (spec == "all") {
-    for (uint32_t l = 0; l < n_layers; ++l) out.push_back(l);
-    return out;
-  }
-  size_t pos = 0;
-  while (pos <= spec.size()) {
-    size_t comma = spec.find(',', pos);
-    std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    size_t dash = item.find('-');
-    try {
-      size_t used = 0;
-      uint64_t a = std::stoull(dash == std::string::npos ? item : item.substr(0, dash), &used);
-      uint64_t b = dash == std::string::npos ? a : std::stoull(item.substr(dash + 1));
-      if (a > b) throw UsageError("--layers: empty range '" + item + "'");
-      if (b >= n_layers)
-        throw UsageError("--layers: layer " + std::to_string(b) + " out of range (trace has " + std::to_string(n_layers) +
-                         " layers)");
-      for (uint64_t l = a; l <= b; ++l) out.push_back(uint32_t(l));
-    } catch (const std::logic_error&) {
-      throw UsageError("--layers: cannot parse '" + item + "' (use all, or e.g. 0,3,5-7)");
-    }
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
-}
 
 void add_input_options(CLI::App* c, GraphArgs& a) {
   c->add_option("--trace", a.trace, "Trace file (HDF5, trace format v1)")->required()->check(CLI::ExistingFile);

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "cli/commands.h"
+#include "formats/core/progress.h"
 #include "graph/graph_file.h"
 
 namespace nl::cli {
@@ -20,7 +21,14 @@ void merge_main(const MergeArgs& a, const GlobalOptions& g) {
   std::optional<uint32_t> k;
   if (a.top_k >= 0) k = static_cast<uint32_t>(a.top_k);
   info(g, "graph-merge: " + std::to_string(a.inputs.size()) + " inputs -> " + a.out);
-  graph_file_merge(a.inputs, a.out, k);
+  uint32_t n_layers = 0;
+  {
+    GraphFileReader first(a.inputs.front());
+    n_layers = uint32_t(first.info().layers.size());
+  }
+  Progress prog("graph-merge", n_layers, !g.quiet, "layers");
+  graph_file_merge(a.inputs, a.out, k, [&prog] { prog.add(1); });
+  prog.finish();
   GraphFileReader r(a.out);
   const GraphFileInfo& gi = r.info();
   if (g.json) {

@@ -1,6 +1,7 @@
 // Option groups shared by nl-layout solve and eval: the device objective (device, gap, cache, bundle size).
 #pragma once
 #include <string>
+#include <vector>
 
 #include "cli/common.h"
 #include "layout/evaluate.h"
@@ -21,5 +22,8 @@ struct DeviceObjectiveArgs {
 void add_device_objective_options(CLI::App& c, DeviceObjectiveArgs& a);
 // Fills eval config from the options (loads the device profile).
 EvalConfig eval_config_from(const DeviceObjectiveArgs& a);
+
+// --layers: "all" or a comma list of indices and ranges ("0,3,5-7"), sorted, unique; UsageError when out of range.
+std::vector<uint32_t> parse_layers(const std::string& spec, uint32_t n_layers);
 
 }  // namespace nl::cli

@@ -9,6 +9,7 @@
 #include "formats/core/image_writer.h"
 #include "formats/layout.h"
 #include "formats/llama2c.h"
+#include "formats/model_source.h"
 #include "formats/safetensors.h"
 
 namespace nl::cli {
@@ -161,6 +162,7 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
   if (a.model.empty() == a.synthetic_shape.empty()) throw UsageError("pack needs --model or --synthetic-shape");
   const bool synthetic = !a.synthetic_shape.empty();
   const std::string dtype = !a.dtype.empty() ? a.dtype : synthetic ? "f16" : "f32";
+  std::unique_ptr<ModelSource> src;  // streams the FFN layer by layer
   ImageSpec spec;
   if (!image_dtype_parse(dtype, &spec.dtype)) throw UsageError("unknown --dtype " + dtype);
   ModelWeights w;
@@ -170,7 +172,8 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
     shape = synthetic_shape_parse(a.synthetic_shape);
     w.config = synthetic_config(shape, a.synthetic_layers);
   } else {
-    w = read_model(a.model);
+    src = open_model_source(a.model);
+    w = src->read_dense();
   }
   spec.tokenizer = a.tokenizer;
   spec.source = synthetic ? "synthetic:" + a.synthetic_shape + " seed " + std::to_string(a.seed) + " (random weights)"
@@ -192,10 +195,12 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
   }
   const auto order = spec.order;
   ImageManifest m = synthetic ? write_synthetic(a.out, shape, a.synthetic_layers, a.seed, std::move(spec))
-                              : image_write_model(a.out, w, std::move(spec));
+                              : image_write_source(a.out, *src, w, std::move(spec));
   info(g, "wrote " + a.out + " (" + std::to_string(m.image_bytes) + " bytes, " + std::to_string(m.regions.size()) +
               " regions, bundle " + std::to_string(m.bundle_bytes) + " bytes) and " + manifest_path_for(a.out));
   if (!a.export_permuted.empty()) {
+    // The export holds the whole model in memory (the image above did not).
+    for (int l = 0; l < w.config.n_layers; ++l) src->read_ffn(l, &w.layers[size_t(l)]);
     if (!order.empty()) permute_ffn(w, order);
     if (is_llama2c(a.model)) write_llama2c(a.export_permuted, w);
     else write_safetensors_model(a.export_permuted, w);

@@ -3,7 +3,9 @@
 
 #include "cli/commands.h"
 #include "cli/layout_options.h"
+#include "formats/core/progress.h"
 #include "formats/layout.h"
+#include "formats/trace.h"
 #include "layout/solve.h"
 
 namespace nl::cli {
@@ -13,7 +15,10 @@ struct SolveArgs {
   std::string trace, out, method = "greedy+ls";
   uint64_t seed = 1;
   uint32_t top_k = 32, rcm_min_count = 1, sample_tokens = 8192, neighbours = 6, kicks = 0;
-  double time_budget = 0, hot_share = 0.0;
+  double time_budget = 0, hot_share = 0.0, pin_share = 1.0;
+  std::string admission = "all";
+  uint64_t max_evaluations = 0;
+  bool miss_stream = false, no_weight_guard = false;  // 0 = the default budget (per neuron, see solve.h)
   DeviceObjectiveArgs dev;
 };
 
@@ -38,6 +43,17 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
   c.add_option("--neighbours", a.neighbours, "Candidate neighbours tried per neuron")->check(CLI::Range(1u, 4096u))->group(grp);
   c.add_option("--hot-share", a.hot_share, "Hot block (neurons the cache will hold, moved to the end) as a share of the cache capacity")
       ->check(CLI::Range(0.0, 1.0))->group(grp);
+  c.add_option("--pin-share", a.pin_share,
+               "Share of the cache capacity pinned with the hottest neurons, which leave the path (0 = S3-FIFO only)")
+      ->check(CLI::Range(0.0, 1.0))->group(grp);
+  c.add_option("--admission", a.admission,
+               "Cache admission the layout is designed for (recorded in the layout; eval uses it): all, linking-aligned")
+      ->check(CLI::IsMember({"all", "linking-aligned"}))->group(grp);
+  c.add_flag("--miss-stream", a.miss_stream, "Also try greedy + search on the co-activation of cache misses")->group(grp);
+  c.add_flag("--no-weight-guard", a.no_weight_guard,
+             "Accept variants with a lower gap-0 path weight than greedy (experiments)")->group(grp);
+  c.add_option("--max-evaluations", a.max_evaluations,
+               "Move evaluations per layer before the search stops (deterministic budget; 0 = default)")->group(grp);
   c.add_option("--kicks", a.kicks, "Random kicks followed by local search, kept when better")->group(grp);
   c.add_option("--time-budget", a.time_budget, "Stop kicking after this many seconds per layer (timing-dependent!)")
       ->check(CLI::Range(0.0, 1e6))->group(grp);
@@ -52,17 +68,35 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   o.rcm_min_count = a.rcm_min_count;
   o.eval = eval_config_from(a.dev);
   o.hot_share = a.hot_share;
+  o.pin_share = a.pin_share;
+  o.admission = a.admission;
+  o.miss_stream = a.miss_stream;
+  o.guard_weight = !a.no_weight_guard;
+  if (a.max_evaluations) o.ls.max_evaluations = a.max_evaluations;
   o.ls.sample_tokens = a.sample_tokens;
   o.ls.neighbours = a.neighbours;
   o.ls.kicks = a.kicks;
   o.ls.time_budget_s = a.time_budget;
+  uint32_t n_layers = 0;
+  {
+    TraceReader tr(a.trace);
+    n_layers = tr.info().n_layers;
+  }
+  Progress prog("solve " + a.method, n_layers, !g.quiet, "layers");
   Layout l = solve_trace(a.trace, o, [&](uint32_t layer, const LayerSolve& s) {
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "layer %u: %s path weight %llu, bound %.0f, %.2f s%s", layer, a.method.c_str(),
-                  static_cast<unsigned long long>(s.objective), s.upper_bound, s.seconds,
-                  s.guard_kept_seed ? " (guard kept the greedy seed)" : "");
-    info(g, buf);
+    char buf[512];
+    int k = std::snprintf(buf, sizeof buf, "layer %u: %s path weight %llu, bound %.0f, %.2f s (count %.2f, greedy %.2f, search %.2f)%s",
+                          layer, a.method.c_str(), static_cast<unsigned long long>(s.objective), s.upper_bound,
+                          s.seconds, s.seconds_count, s.seconds_greedy, s.seconds_ls,
+                          s.guard_kept_seed ? " (guard kept the greedy seed)" : "");
+    if (a.method == "greedy+ls" && k > 0 && size_t(k) < sizeof buf)
+      std::snprintf(buf + k, sizeof buf - size_t(k), "; profile io_ms/tok greedy %.4f, search %.4f, pinned variant %.4f, miss variant %.4f (weight %llu -> %llu); kept %s%s, %llu evaluations",
+                    s.io_ms_greedy, s.io_ms_ls, s.io_ms_pinned, s.io_ms_miss, (unsigned long long)s.weight_miss_greedy, (unsigned long long)s.weight_miss, s.cache.admission.empty() ? "greedy" : s.cache.admission.c_str(),
+                    s.cache.pinned.empty() ? "" : " + pinned", static_cast<unsigned long long>(s.ls.evaluations));
+    prog.note(buf);
+    prog.add(1);
   });
+  prog.finish();
   layout_write(a.out, l);
   if (g.json) {
     nlohmann::json j = {{"out", a.out}, {"method", a.method}, {"layers", l.layers.size()}};

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
                              nl::cli::add_layout_graph_merge(app, g);
                              nl::cli::add_layout_solve(app, g);
                              nl::cli::add_layout_eval(app, g);
+                             nl::cli::add_layout_report(app, g);
                              nl::cli::add_layout_pack(app, g);
                            });
 }

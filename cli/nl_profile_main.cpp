@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
                              nl::cli::add_profile_inspect(app, g);
                              nl::cli::add_profile_convert(app, g);
                              nl::cli::add_profile_generate(app, g);
+                             nl::cli::add_profile_decode(app, g);
                              nl::cli::add_profile_synth(app, g);
                            });
 }

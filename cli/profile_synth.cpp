@@ -1,9 +1,11 @@
 // nl-profile synth: write paper-shaped synthetic traces (a profile split and a held-out test split of the same
 // latent structure) from a workload preset, and optionally print what they measure.
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "formats/core/progress.h"
 #include "profiler/synth.h"
 
 namespace nl::cli {
@@ -116,6 +118,16 @@ void synth_main(const SynthOptions& o, const GlobalOptions& g) {
   SynthRun run;
   run.seed = o.seed;
   run.split = SynthSplit::Profile;
+  auto draw = [&g](const char* stage) {
+    auto prog = std::make_shared<Progress>(stage, 0, !g.quiet, "tokens");
+    return [prog](uint64_t done, uint64_t total) {
+      if (done == 0) return;
+      prog->set_total(total);
+      prog->set(done);
+      if (done == total) prog->finish();
+    };
+  };
+  run.progress = draw("synth profile");
   SynthStats prof = synth_write(p, run, o.profile_out);
   nlohmann::json out = {{"preset", p.name}, {"model", p.model}, {"seed", o.seed}, {"layers", p.layers},
                         {"neurons", p.neurons}, {"profile", stats_json(p, prof, false)}};
@@ -123,6 +135,7 @@ void synth_main(const SynthOptions& o, const GlobalOptions& g) {
   if (!o.test_out.empty()) {
     run.split = SynthSplit::Test;
     for (const auto& c : prof.counts) run.frequency_order.push_back(synth_frequency_order(c));
+    run.progress = draw("synth test");
     SynthStats test = synth_write(p, run, o.test_out);
     out["test"] = stats_json(p, test, true);
     info(g, "synth: wrote " + o.test_out);

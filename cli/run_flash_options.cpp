@@ -39,6 +39,7 @@ void add_flash_plan_options(CLI::App* c, FlashArgs& a) {
   c->add_option("--run-admit-prob", a.run_admit_prob, "Admission probability for neurons read inside longer reads")
       ->check(CLI::Range(0.0, 1.0))
       ->group("Cache");
+  c->add_option("--seed", a.seed, "Seed of the cache's admission draws (as nl-layout eval --seed)")->group("Cache");
 }
 
 void add_flash_metrics_options(CLI::App* c, FlashArgs& a) {
@@ -65,6 +66,7 @@ FlashFfnOptions flash_ffn_options(const FlashArgs& a, SelectMode select) {
   o.cache_ratio = a.cache_ratio;
   o.cache.window_tokens = a.cache_window;
   o.cache.run_admit_prob = a.run_admit_prob;
+  o.cache.seed = a.seed;
   return o;
 }
 

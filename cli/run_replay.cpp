@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/run_flash_options.h"
 #include "formats/core/error.h"
+#include "formats/core/progress.h"
 #include "formats/trace.h"
 
 namespace nl::cli {
@@ -43,6 +44,7 @@ void replay_main(const ReplayArgs& a, const GlobalOptions& g) {
   FlashFfn ffn(*img, flash_ffn_options(a.flash, SelectMode::kReplay));
   std::vector<uint32_t> active;
   auto t0 = std::chrono::steady_clock::now();
+  Progress prog("replay", n, !g.quiet, "tokens");
   for (uint64_t t = 0; t < n; ++t) {
     for (uint32_t l = 0; l < ti.n_layers; ++l) {
       active.clear();
@@ -52,7 +54,9 @@ void replay_main(const ReplayArgs& a, const GlobalOptions& g) {
       ffn.replay_layer(int(l), active);
     }
     ffn.end_token();
+    prog.add(1);
   }
+  prog.finish();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   nlohmann::json extra = {{"mode", "replay"}, {"trace", a.trace}};
   flash_report(a.flash, g, *img, &ffn, wall, n, extra.dump());

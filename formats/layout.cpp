@@ -33,7 +33,9 @@ std::string layout_to_json(const Layout& l) {
     const LayoutLayer& L = l.layers[i];
     s += "    {\"layer\": " + std::to_string(i) + ", \"n_neurons\": " + std::to_string(L.order.size()) +
          ", \"objective\": " + json(L.objective).dump() + ", \"upper_bound\": " + json(L.upper_bound).dump() +
-         ", \"gap\": " + json(L.gap()).dump() + ", \"order\": " + json(L.order).dump() + "}";
+         ", \"gap\": " + json(L.gap()).dump() + ", \"order\": " + json(L.order).dump() +
+         (L.admission.empty() ? std::string() : ", \"admission\": " + json(L.admission).dump()) +
+         (L.pinned.empty() ? std::string() : ", \"pinned\": " + json(L.pinned).dump()) + "}";
     s += i + 1 < l.layers.size() ? ",\n" : "\n";
   }
   s += "  ]\n}\n";
@@ -120,6 +122,25 @@ Layout layout_parse(const std::string& text, const std::string& path, const Trac
         throw InputError(path, where + "order is not a permutation: neuron " + std::to_string(v) + " appears twice");
       seen[size_t(v)] = 1;
       out.order[s] = uint32_t(v);
+    }
+    if (L.contains("admission")) {
+      if (!L["admission"].is_string() || (L["admission"] != "all" && L["admission"] != "linking-aligned"))
+        throw InputError(path, where + "'admission' must be \"all\" or \"linking-aligned\"");
+      out.admission = L["admission"].get<std::string>();
+    }
+    if (L.contains("pinned")) {
+      const json& pj = L["pinned"];
+      if (!pj.is_array()) throw InputError(path, where + "'pinned' must be an array of neuron indices");
+      std::vector<uint8_t> pin_seen(o.size(), 0);
+      for (size_t k = 0; k < pj.size(); ++k) {
+        if (!pj[k].is_number_integer() || pj[k].get<int64_t>() < 0 || pj[k].get<int64_t>() >= int64_t(o.size()))
+          throw InputError(path, where + "pinned[" + std::to_string(k) + "] is not a neuron index in [0, " +
+                                     std::to_string(o.size()) + ")");
+        uint32_t v = pj[k].get<uint32_t>();
+        if (pin_seen[v]) throw InputError(path, where + "pinned lists neuron " + std::to_string(v) + " twice");
+        pin_seen[v] = 1;
+        out.pinned.push_back(v);
+      }
     }
     out.objective = number_or(L, "objective", path, where);
     out.upper_bound = number_or(L, "upper_bound", path, where);

@@ -17,6 +17,10 @@ inline constexpr int64_t kLayoutVersion = 1;
 
 struct LayoutLayer {
   std::vector<uint32_t> order;  // slot -> original neuron index (a permutation of 0..n-1)
+  // The cache policy the layout was designed for (eval and the runtime use it at the same capacity):
+  std::string admission;        // "" = not specified (the evaluator's setting), "all" (plain S3-FIFO) or
+                                // "linking-aligned" (the paper's admission rule)
+  std::vector<uint32_t> pinned; // neurons pinned in DRAM (hottest first), part of the capacity; empty = none
   double objective = 0;         // path weight: sum of co-activation counts of adjacent slots (profile trace)
   double upper_bound = 0;       // 1/2 sum over neurons of their two heaviest co-activation counts
   double gap() const { return upper_bound > 0 ? (upper_bound - objective) / upper_bound : 0.0; }

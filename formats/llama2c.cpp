@@ -12,6 +12,7 @@
 
 #include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
+#include "formats/model_source.h"
 
 namespace nl {
 namespace {
@@ -47,73 +48,135 @@ void read_floats(int fd, const std::string& path, uint64_t& offset, std::vector<
 
 }  // namespace
 
-ModelWeights read_llama2c(const std::string& path) {
-  Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) throw IoError(path, errno_text("cannot open"));
-  struct stat st;
-  if (::fstat(f.fd, &st) != 0) throw IoError(path, errno_text("stat"));
-  const uint64_t file_size = uint64_t(st.st_size);
-  if (S_ISDIR(st.st_mode)) throw InputError(path, "is a directory, expected a llama2.c .bin file");
-  if (file_size < 28) throw InputError(path, "too small for a llama2.c header (" + std::to_string(file_size) + " bytes)");
+namespace {
 
-  int32_t h[7];
-  uint64_t off = 0;
-  read_exact(f.fd, path, off, h, sizeof h);
-  if (uint32_t(h[0]) == kExportMagic)
-    throw InputError(path, "llama2.c versioned export (magic 'ak42', version " + std::to_string(h[1]) +
-                               ") is not supported; export with the legacy format (version 0)");
-  const char* names[7] = {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"};
-  for (int i = 0; i < 7; ++i) {
-    const int64_t v = i == 5 ? std::llabs(int64_t(h[i])) : int64_t(h[i]);
-    const int64_t limit = i == 2 ? kMaxLayers : i == 6 ? kMaxSeq : kMaxDim;
-    if (v <= 0 || v > limit)
-      throw InputError(path, std::string("header field ") + names[i] + " = " + std::to_string(h[i]) +
-                                 " is out of range (1.." + std::to_string(limit) + "); not a llama2.c model?");
+// The file's header, checked against its size, and where each group of tensors starts (llama2.c stores each kind
+// of tensor for all layers together).
+class Llama2cSource : public ModelSource {
+ public:
+  explicit Llama2cSource(const std::string& path) {
+    path_ = path;
+    f_.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (f_.fd < 0) throw IoError(path, errno_text("cannot open"));
+    struct stat st;
+    if (::fstat(f_.fd, &st) != 0) throw IoError(path, errno_text("stat"));
+    const uint64_t file_size = uint64_t(st.st_size);
+    if (S_ISDIR(st.st_mode)) throw InputError(path, "is a directory, expected a llama2.c .bin file");
+    if (file_size < 28) throw InputError(path, "too small for a llama2.c header (" + std::to_string(file_size) + " bytes)");
+
+    int32_t h[7];
+    uint64_t off = 0;
+    read_exact(f_.fd, path, off, h, sizeof h);
+    if (uint32_t(h[0]) == kExportMagic)
+      throw InputError(path, "llama2.c versioned export (magic 'ak42', version " + std::to_string(h[1]) +
+                                 ") is not supported; export with the legacy format (version 0)");
+    const char* names[7] = {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"};
+    for (int i = 0; i < 7; ++i) {
+      const int64_t v = i == 5 ? std::llabs(int64_t(h[i])) : int64_t(h[i]);
+      const int64_t limit = i == 2 ? kMaxLayers : i == 6 ? kMaxSeq : kMaxDim;
+      if (v <= 0 || v > limit)
+        throw InputError(path, std::string("header field ") + names[i] + " = " + std::to_string(h[i]) +
+                                   " is out of range (1.." + std::to_string(limit) + "); not a llama2.c model?");
+    }
+    ModelConfig& c = config_;
+    c.dim = h[0];
+    c.hidden_dim = h[1];
+    c.n_layers = h[2];
+    c.n_heads = h[3];
+    c.n_kv_heads = h[4];
+    c.shared_classifier = h[5] > 0;
+    c.vocab_size = int(std::llabs(int64_t(h[5])));
+    c.seq_len = h[6];
+    c.act = FfnAct::kSilu;
+    if (std::string p = model_config_problem(c); !p.empty()) throw InputError(path, "header: " + p);
+
+    dim_ = uint64_t(c.dim), kv_ = uint64_t(c.kv_dim()), hid_ = uint64_t(c.hidden_dim);
+    const uint64_t voc = uint64_t(c.vocab_size), nl_ = uint64_t(c.n_layers), hd = uint64_t(c.head_dim());
+    const uint64_t per_layer = dim_ + dim_ * dim_ * 2 + kv_ * dim_ * 2 + dim_ + hid_ * dim_ * 3;
+    const uint64_t rope_tables = uint64_t(c.seq_len) * hd;  // freq_cis_real + freq_cis_imag, [seq][hd/2] each
+    const uint64_t floats = voc * dim_ + nl_ * per_layer + dim_ + rope_tables + (c.shared_classifier ? 0 : voc * dim_);
+    const uint64_t expected = 28 + floats * 4;
+    if (expected != file_size)
+      throw InputError(path, "file has " + std::to_string(file_size) + " bytes but its header (dim " +
+                                 std::to_string(c.dim) + ", hidden " + std::to_string(c.hidden_dim) + ", " +
+                                 std::to_string(c.n_layers) + " layers, vocab " + std::to_string(h[5]) + ", seq_len " +
+                                 std::to_string(c.seq_len) + ") implies " + std::to_string(expected) +
+                                 (expected > file_size ? " (truncated)" : " (trailing data)"));
+    uint64_t o = 28;
+    auto group = [&](uint64_t floats_per_layer) {
+      const uint64_t start = o;
+      o += nl_ * floats_per_layer * 4;
+      return start;
+    };
+    embed_ = o;
+    o += voc * dim_ * 4;
+    rms_att_ = group(dim_);
+    wq_ = group(dim_ * dim_);
+    wk_ = group(kv_ * dim_);
+    wv_ = group(kv_ * dim_);
+    wo_ = group(dim_ * dim_);
+    rms_ffn_ = group(dim_);
+    w1_ = group(hid_ * dim_);
+    w2_ = group(dim_ * hid_);
+    w3_ = group(hid_ * dim_);
+    rms_final_ = o;
+    o += dim_ * 4 + rope_tables * 4;  // precomputed RoPE tables: the forward computes its own
+    wcls_ = o;
   }
-  ModelWeights w;
-  w.source = path;
-  ModelConfig& c = w.config;
-  c.dim = h[0];
-  c.hidden_dim = h[1];
-  c.n_layers = h[2];
-  c.n_heads = h[3];
-  c.n_kv_heads = h[4];
-  c.shared_classifier = h[5] > 0;
-  c.vocab_size = int(std::llabs(int64_t(h[5])));
-  c.seq_len = h[6];
-  c.act = FfnAct::kSilu;
-  if (std::string p = model_config_problem(c); !p.empty()) throw InputError(path, "header: " + p);
 
-  const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), hid = uint64_t(c.hidden_dim),
-                 voc = uint64_t(c.vocab_size), nl_ = uint64_t(c.n_layers), hd = uint64_t(c.head_dim());
-  const uint64_t per_layer = dim + dim * dim * 2 + kv * dim * 2 + dim + hid * dim * 3;
-  const uint64_t rope_tables = uint64_t(c.seq_len) * hd;  // freq_cis_real + freq_cis_imag, [seq][hd/2] each
-  const uint64_t floats = voc * dim + nl_ * per_layer + dim + rope_tables + (c.shared_classifier ? 0 : voc * dim);
-  const uint64_t expected = 28 + floats * 4;
-  if (expected != file_size)
-    throw InputError(path, "file has " + std::to_string(file_size) + " bytes but its header (dim " +
-                               std::to_string(c.dim) + ", hidden " + std::to_string(c.hidden_dim) + ", " +
-                               std::to_string(c.n_layers) + " layers, vocab " + std::to_string(h[5]) + ", seq_len " +
-                               std::to_string(c.seq_len) + ") implies " + std::to_string(expected) +
-                               (expected > file_size ? " (truncated)" : " (trailing data)"));
+  ModelWeights read_dense() override {
+    ModelWeights w;
+    w.source = path_;
+    w.config = config_;
+    const uint64_t voc = uint64_t(config_.vocab_size);
+    at(embed_, 0, voc * dim_, w.tok_embeddings);
+    w.layers.resize(size_t(config_.n_layers));
+    for (size_t l = 0; l < w.layers.size(); ++l) {
+      LayerWeights& L = w.layers[l];
+      at(rms_att_, l, dim_, L.rms_att);
+      at(wq_, l, dim_ * dim_, L.wq);
+      at(wk_, l, kv_ * dim_, L.wk);
+      at(wv_, l, kv_ * dim_, L.wv);
+      at(wo_, l, dim_ * dim_, L.wo);
+      at(rms_ffn_, l, dim_, L.rms_ffn);
+    }
+    at(rms_final_, 0, dim_, w.rms_final);
+    if (!config_.shared_classifier) at(wcls_, 0, voc * dim_, w.wcls);
+    return w;
+  }
 
-  read_floats(f.fd, path, off, w.tok_embeddings, voc * dim);
-  w.layers.resize(nl_);
-  // llama2.c stores each kind of tensor for all layers together.
-  for (auto& L : w.layers) read_floats(f.fd, path, off, L.rms_att, dim);
-  for (auto& L : w.layers) read_floats(f.fd, path, off, L.wq, dim * dim);
-  for (auto& L : w.layers) read_floats(f.fd, path, off, L.wk, kv * dim);
-  for (auto& L : w.layers) read_floats(f.fd, path, off, L.wv, kv * dim);
-  for (auto& L : w.layers) read_floats(f.fd, path, off, L.wo, dim * dim);
-  for (auto& L : w.layers) read_floats(f.fd, path, off, L.rms_ffn, dim);
-  for (auto& L : w.layers) read_floats(f.fd, path, off, L.w_gate, hid * dim);
-  for (auto& L : w.layers) read_floats(f.fd, path, off, L.w_down, dim * hid);
-  for (auto& L : w.layers) read_floats(f.fd, path, off, L.w_up, hid * dim);
-  read_floats(f.fd, path, off, w.rms_final, dim);
-  off += rope_tables * 4;  // precomputed RoPE tables: the forward computes its own
-  if (!c.shared_classifier) read_floats(f.fd, path, off, w.wcls, voc * dim);
+  void read_ffn(int layer, LayerWeights* lw) override {
+    at(w1_, size_t(layer), hid_ * dim_, lw->w_gate);
+    at(w2_, size_t(layer), dim_ * hid_, lw->w_down);
+    at(w3_, size_t(layer), hid_ * dim_, lw->w_up);
+  }
+
+ private:
+  Fd f_;
+  uint64_t dim_ = 0, kv_ = 0, hid_ = 0;
+  uint64_t embed_ = 0, rms_att_ = 0, wq_ = 0, wk_ = 0, wv_ = 0, wo_ = 0, rms_ffn_ = 0, w1_ = 0, w2_ = 0, w3_ = 0,
+           rms_final_ = 0, wcls_ = 0;
+
+  // Tensor `layer` of the group starting at `group` (n floats each).
+  void at(uint64_t group, size_t layer, uint64_t n, std::vector<float>& v) {
+    uint64_t off = group + uint64_t(layer) * n * 4;
+    read_floats(f_.fd, path_, off, v, n);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<ModelSource> open_llama2c_source(const std::string& path) { return std::make_unique<Llama2cSource>(path); }
+
+ModelWeights read_model_source(ModelSource& src) {
+  ModelWeights w = src.read_dense();
+  for (int l = 0; l < w.config.n_layers; ++l) src.read_ffn(l, &w.layers[size_t(l)]);
   return w;
+}
+
+ModelWeights read_llama2c(const std::string& path) {
+  Llama2cSource src(path);
+  return read_model_source(src);
 }
 
 void write_llama2c(const std::string& path, const ModelWeights& w) {

@@ -1,11 +1,14 @@
 // Hugging Face Llama checkpoints (config.json + model.safetensors): reader, writer, and the any-model dispatch.
 #include "formats/safetensors.h"
+#include "formats/model_source.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <charconv>
+#include <cmath>
+#include <type_traits>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -94,6 +97,15 @@ T config_get(const json& j, const std::string& path, const char* key, const T* f
   if (!j.contains(key) || j[key].is_null()) {
     if (fallback) return *fallback;
     throw InputError(path, std::string("missing key '") + key + "'");
+  }
+  // Integers must be JSON integers and floats must fit a float: json's get<> would convert 1e300 with UB.
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (!j[key].is_number_integer() || (j[key].is_number_unsigned() && j[key].get<uint64_t>() > uint64_t(INT64_MAX)))
+      throw InputError(path, std::string("key '") + key + "' has the wrong type (an integer is needed)");
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    if (!j[key].is_number() || !(std::fabs(j[key].get<double>()) <= 3.0e38))
+      throw InputError(path, std::string("key '") + key + "' has the wrong type or is out of range (a number is needed)");
   }
   try {
     return j[key].get<T>();
@@ -232,24 +244,65 @@ std::vector<SafetensorsEntry> safetensors_header(const std::string& path, uint64
   return out;
 }
 
-ModelWeights read_safetensors_model(const std::string& path) {
-  const Paths p = checkpoint_paths(path);
-  ModelWeights w;
-  w.source = fs::path(p.tensors).parent_path().string();
-  if (w.source.empty()) w.source = ".";
-  w.config = read_config(p.config);
-  const ModelConfig& c = w.config;
-  uint64_t data_start = 0;
-  std::map<std::string, SafetensorsEntry> entries;
-  for (auto& e : safetensors_header(p.tensors, &data_start)) entries.emplace(e.name, e);
+namespace {
 
-  Fd f;
-  f.fd = ::open(p.tensors.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) throw IoError(p.tensors, errno_text("cannot open"));
-  std::vector<char> raw;
-  auto load = [&](const std::string& name, uint64_t rows, uint64_t cols, std::vector<float>& dst) {
-    auto it = entries.find(name);
-    if (it == entries.end()) throw InputError(p.tensors, "missing tensor '" + name + "'");
+// Tensors by name from the validated header; each read is a pread of just that tensor, converted to fp32.
+class SafetensorsSource : public ModelSource {
+ public:
+  explicit SafetensorsSource(const std::string& path) {
+    const Paths p = checkpoint_paths(path);
+    tensors_ = p.tensors;
+    path_ = fs::path(p.tensors).parent_path().string();
+    if (path_.empty()) path_ = ".";
+    config_ = read_config(p.config);
+    for (auto& e : safetensors_header(p.tensors, &data_start_)) entries_.emplace(e.name, e);
+    f_.fd = ::open(p.tensors.c_str(), O_RDONLY | O_CLOEXEC);
+    if (f_.fd < 0) throw IoError(p.tensors, errno_text("cannot open"));
+  }
+
+  ModelWeights read_dense() override {
+    const ModelConfig& c = config_;
+    ModelWeights w;
+    w.source = path_;
+    w.config = c;
+    const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), voc = uint64_t(c.vocab_size);
+    load("model.embed_tokens.weight", voc, dim, w.tok_embeddings);
+    w.layers.resize(size_t(c.n_layers));
+    for (int i = 0; i < c.n_layers; ++i) {
+      LayerWeights& L = w.layers[size_t(i)];
+      const std::string pre = "model.layers." + std::to_string(i) + ".";
+      load(pre + "input_layernorm.weight", dim, 0, L.rms_att);
+      load(pre + "self_attn.q_proj.weight", dim, dim, L.wq);
+      load(pre + "self_attn.k_proj.weight", kv, dim, L.wk);
+      load(pre + "self_attn.v_proj.weight", kv, dim, L.wv);
+      load(pre + "self_attn.o_proj.weight", dim, dim, L.wo);
+      load(pre + "post_attention_layernorm.weight", dim, 0, L.rms_ffn);
+      L.wq = permute_rope_rows(L.wq, c.n_heads, c.head_dim(), c.dim, false);
+      L.wk = permute_rope_rows(L.wk, c.n_kv_heads, c.head_dim(), c.dim, false);
+    }
+    load("model.norm.weight", dim, 0, w.rms_final);
+    if (!c.shared_classifier) load("lm_head.weight", voc, dim, w.wcls);
+    return w;
+  }
+
+  void read_ffn(int layer, LayerWeights* L) override {
+    const uint64_t dim = uint64_t(config_.dim), hid = uint64_t(config_.hidden_dim);
+    const std::string pre = "model.layers." + std::to_string(layer) + ".";
+    load(pre + "mlp.gate_proj.weight", hid, dim, L->w_gate);
+    load(pre + "mlp.up_proj.weight", hid, dim, L->w_up);
+    load(pre + "mlp.down_proj.weight", dim, hid, L->w_down);
+  }
+
+ private:
+  std::string tensors_;
+  uint64_t data_start_ = 0;
+  std::map<std::string, SafetensorsEntry> entries_;
+  Fd f_;
+  std::vector<char> raw_;
+
+  void load(const std::string& name, uint64_t rows, uint64_t cols, std::vector<float>& dst) {
+    auto it = entries_.find(name);
+    if (it == entries_.end()) throw InputError(tensors_, "missing tensor '" + name + "'");
     const SafetensorsEntry& e = it->second;
     const bool vec = cols == 0;
     const bool shape_ok = vec ? (e.shape.size() == 1 && e.shape[0] == rows)
@@ -257,45 +310,35 @@ ModelWeights read_safetensors_model(const std::string& path) {
     if (!shape_ok) {
       std::string s;
       for (uint64_t d : e.shape) s += (s.empty() ? "" : ", ") + std::to_string(d);
-      throw InputError(p.tensors, "tensor '" + name + "' has shape [" + s + "], config.json implies [" +
-                                      std::to_string(rows) + (vec ? "" : ", " + std::to_string(cols)) + "]");
+      throw InputError(tensors_, "tensor '" + name + "' has shape [" + s + "], config.json implies [" +
+                                     std::to_string(rows) + (vec ? "" : ", " + std::to_string(cols)) + "]");
     }
     const uint64_t numel = vec ? rows : rows * cols;
     dst.resize(numel);
     if (e.dtype == "F32") {
-      pread_exact(f.fd, p.tensors, data_start + e.begin, dst.data(), numel * 4);
+      pread_exact(f_.fd, tensors_, data_start_ + e.begin, dst.data(), numel * 4);
       return;
     }
-    raw.resize(numel * 2);
-    pread_exact(f.fd, p.tensors, data_start + e.begin, raw.data(), numel * 2);
-    const uint16_t* h = reinterpret_cast<const uint16_t*>(raw.data());
+    raw_.resize(numel * 2);
+    pread_exact(f_.fd, tensors_, data_start_ + e.begin, raw_.data(), numel * 2);
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(raw_.data());
     if (e.dtype == "F16") {
       for (uint64_t i = 0; i < numel; ++i) dst[i] = f16_to_f32(h[i]);
     } else {
       for (uint64_t i = 0; i < numel; ++i) dst[i] = bf16_to_f32(h[i]);
     }
-  };
-  const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), hid = uint64_t(c.hidden_dim), voc = uint64_t(c.vocab_size);
-  load("model.embed_tokens.weight", voc, dim, w.tok_embeddings);
-  w.layers.resize(size_t(c.n_layers));
-  for (int i = 0; i < c.n_layers; ++i) {
-    LayerWeights& L = w.layers[size_t(i)];
-    const std::string pre = "model.layers." + std::to_string(i) + ".";
-    load(pre + "input_layernorm.weight", dim, 0, L.rms_att);
-    load(pre + "self_attn.q_proj.weight", dim, dim, L.wq);
-    load(pre + "self_attn.k_proj.weight", kv, dim, L.wk);
-    load(pre + "self_attn.v_proj.weight", kv, dim, L.wv);
-    load(pre + "self_attn.o_proj.weight", dim, dim, L.wo);
-    load(pre + "post_attention_layernorm.weight", dim, 0, L.rms_ffn);
-    load(pre + "mlp.gate_proj.weight", hid, dim, L.w_gate);
-    load(pre + "mlp.up_proj.weight", hid, dim, L.w_up);
-    load(pre + "mlp.down_proj.weight", dim, hid, L.w_down);
-    L.wq = permute_rope_rows(L.wq, c.n_heads, c.head_dim(), c.dim, false);
-    L.wk = permute_rope_rows(L.wk, c.n_kv_heads, c.head_dim(), c.dim, false);
   }
-  load("model.norm.weight", dim, 0, w.rms_final);
-  if (!c.shared_classifier) load("lm_head.weight", voc, dim, w.wcls);
-  return w;
+};
+
+}  // namespace
+
+std::unique_ptr<ModelSource> open_safetensors_source(const std::string& path) {
+  return std::make_unique<SafetensorsSource>(path);
+}
+
+ModelWeights read_safetensors_model(const std::string& path) {
+  SafetensorsSource src(path);
+  return read_model_source(src);
 }
 
 void write_safetensors_model(const std::string& dir, const ModelWeights& w, TensorDtype dtype) {
@@ -378,11 +421,16 @@ void write_safetensors_model(const std::string& dir, const ModelWeights& w, Tens
 }
 
 ModelWeights read_model(const std::string& path) {
+  auto src = open_model_source(path);
+  return read_model_source(*src);
+}
+
+std::unique_ptr<ModelSource> open_model_source(const std::string& path) {
   std::error_code ec;
   const fs::path p(path);
   if (!fs::exists(p, ec)) throw IoError(path, "no such file or folder");
-  if (!fs::is_directory(p, ec) && p.extension() == ".bin") return read_llama2c(path);
-  return read_safetensors_model(path);
+  if (!fs::is_directory(p, ec) && p.extension() == ".bin") return open_llama2c_source(path);
+  return open_safetensors_source(path);
 }
 
 }  // namespace nl

@@ -300,6 +300,18 @@ int64_t read_int_attr(const std::string& path, hid_t obj, const char* name, cons
   return v;
 }
 
+// A dataset's declared extent is only a claim: unwritten chunks cost no bytes, so a few-kilobyte file can declare
+// terabytes. Before allocating, require the bytes the file really stores to account for the extent: deflate
+// expands at most 1032:1, so 1100:1 plus 1 MiB of slack accepts every honest file.
+void check_stored_bytes(const std::string& path, hid_t ds, uint64_t elems, uint64_t elem_bytes, const std::string& what) {
+  constexpr uint64_t kMaxRatio = 1100, kSlack = 1ull << 20;
+  const uint64_t stored = H5Dget_storage_size(ds);
+  if (elems > (~uint64_t(0) - kSlack) / kMaxRatio / elem_bytes ||
+      elems * elem_bytes > stored * kMaxRatio + kSlack)
+    throw InputError(path, what + " declares " + std::to_string(elems) + " elements but the file stores only " +
+                               std::to_string(stored) + " bytes of it (truncated or corrupt file?)");
+}
+
 template <class T>
 std::vector<T> read_1d(const std::string& path, hid_t file, const char* name, hid_t mem_type, uint64_t max_len) {
   Hid ds(H5Dopen2(file, name, H5P_DEFAULT), H5Dclose);
@@ -313,6 +325,7 @@ std::vector<T> read_1d(const std::string& path, hid_t file, const char* name, hi
   if (n > max_len)
     throw InputError(path, std::string("dataset '") + name + "' has " + std::to_string(n) + " entries, expected at most " +
                                std::to_string(max_len));
+  check_stored_bytes(path, ds, n, sizeof(T), std::string("dataset '") + name + "'");
   std::vector<T> v(n);
   if (n > 0 && H5Dread(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
     throw InputError(path, std::string("cannot read dataset '") + name + "' (truncated or corrupt file?)");
@@ -361,6 +374,12 @@ TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>
     info_.n_neurons.push_back(static_cast<uint32_t>(nn));
     if (has_attr(g, "threshold")) {
       Hid attr(H5Aopen(g, "threshold", H5P_DEFAULT), H5Aclose);
+      Hid type(H5Aget_type(attr), H5Tclose);
+      Hid space(H5Aget_space(attr), H5Sclose);
+      // H5Aread writes every element: an array attribute would overrun the one double below.
+      const H5T_class_t cls = H5Tget_class(type);
+      if ((cls != H5T_FLOAT && cls != H5T_INTEGER) || H5Sget_simple_extent_npoints(space) != 1)
+        throw InputError(path, "attribute 'threshold'" + where + " is not a scalar number");
       double th = 0;
       if (H5Aread(attr, H5T_NATIVE_DOUBLE, &th) < 0) throw InputError(path, "cannot read threshold" + where);
       info_.thresholds.push_back(th);
@@ -381,6 +400,7 @@ TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>
       throw InputError(path, "/" + gname + "/mask has shape [" + std::to_string(dims[0]) + "][" + std::to_string(dims[1]) +
                                  "], expected [" + std::to_string(nn) + "][" + std::to_string(words) +
                                  "] for n_tokens " + std::to_string(n_tokens));
+    check_stored_bytes(path, ds, dims[0] * dims[1], 8, "/" + gname + "/mask");
     impl_->masks.push_back(std::move(ds));
   }
   if (!all_thresholds) info_.thresholds.clear();

@@ -344,7 +344,8 @@ LayerGraph GraphFileReader::read_layer(size_t i) const {
 
 // -------------------------------------------------------------------------------------------------- merge
 
-void graph_file_merge(const std::vector<std::string>& inputs, const std::string& out, std::optional<uint32_t> top_k) {
+void graph_file_merge(const std::vector<std::string>& inputs, const std::string& out, std::optional<uint32_t> top_k,
+                      const std::function<void()>& on_layer) {
   if (inputs.empty()) throw UsageError("graph-merge needs at least one input");
   std::vector<std::unique_ptr<GraphFileReader>> rs;
   for (const auto& p : inputs) rs.push_back(std::make_unique<GraphFileReader>(p));
@@ -376,6 +377,7 @@ void graph_file_merge(const std::vector<std::string>& inputs, const std::string&
     }
     coactivation_build_topk(acc, k);
     w.add_layer(first.layers[i], acc);
+    if (on_layer) on_layer();
   }
   w.close();
 }

@@ -3,6 +3,7 @@
 // content is a LayerGraph. Readers validate every attribute and shape and refuse newer versions.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -63,6 +64,8 @@ class GraphFileReader {
 // triangles add, and the top-k lists are rebuilt from the summed matrix (exact). Every input must store the
 // full matrix (top-k lists alone cannot be merged exactly) and have the same layers and neuron counts.
 // top_k: the output's k (default: the inputs' k, which must then agree). The output stores the full matrix.
-void graph_file_merge(const std::vector<std::string>& inputs, const std::string& out, std::optional<uint32_t> top_k);
+// on_layer (optional) is called after each merged layer.
+void graph_file_merge(const std::vector<std::string>& inputs, const std::string& out, std::optional<uint32_t> top_k,
+                      const std::function<void()>& on_layer = {});
 
 }  // namespace nl

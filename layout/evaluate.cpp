@@ -1,9 +1,14 @@
 #include "layout/evaluate.h"
 
 #include <algorithm>
+#include <exception>
+#include <mutex>
 #include <numeric>
 
 #include "formats/core/error.h"
+#include "formats/core/progress.h"
+#include "formats/layout.h"
+#include "formats/trace.h"
 
 namespace nl {
 
@@ -25,7 +30,8 @@ uint64_t default_bundle_bytes(uint32_t n_neurons) {
 }
 
 LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
-                         uint32_t layer_index, const std::vector<uint64_t>* freq) {
+                         uint32_t layer_index, const LayerCachePolicy* policy,
+                         LayerMask* misses, std::vector<uint64_t>* read_lengths) {
   const uint32_t n = m.n_neurons;
   if (order.size() != n) throw InternalError("evaluate: order length does not match the layer");
   PlannerConfig pc;
@@ -37,14 +43,15 @@ LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order,
   ReadPlanner planner(pc);
   CacheConfig cc = cfg.cache;
   cc.capacity = cache_capacity_for_ratio(cfg.cache_ratio, n);
-  cc.seed = cfg.cache.seed * 1000003ull + layer_index;
-  if (cfg.pin_hot && freq) {
+  cc.seed = cache_seed_for_layer(cfg.cache.seed, layer_index);
+  if (policy && !policy->admission.empty()) cc.linking_aligned = policy->admission == "linking-aligned";
+  if (policy && !policy->pinned.empty()) {
     std::vector<uint32_t> slot_of(n);
     for (uint32_t s = 0; s < n; ++s) slot_of[order[s]] = s;
-    std::vector<uint32_t> byf(n);
-    std::iota(byf.begin(), byf.end(), 0u);
-    std::stable_sort(byf.begin(), byf.end(), [&](uint32_t a, uint32_t b) { return (*freq)[a] > (*freq)[b]; });
-    for (uint32_t i = 0; i < std::min(cfg.pin_hot, n); ++i) cc.pinned.push_back(slot_of[byf[i]]);
+    for (uint32_t v : policy->pinned) {
+      if (v >= n) throw InternalError("evaluate: pinned neuron out of range");
+      cc.pinned.push_back(slot_of[v]);
+    }
   }
   bool use_cache = cc.capacity > 0 || cc.window_tokens > 0;
   SlotCache cache(n, cc);
@@ -52,6 +59,7 @@ LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order,
   uint64_t t0 = std::min(cfg.token_begin, m.n_tokens), t1 = std::min(cfg.token_end, m.n_tokens);
   std::vector<std::vector<uint32_t>> act(64);
   TokenPlan plan;
+  if (misses) *misses = LayerMask(n, t1 > t0 ? t1 - t0 : 0);
   for (uint64_t w = t0 / 64; w * 64 < t1; ++w) {
     for (auto& a : act) a.clear();
     // Iterating slots in order makes every token's list ascending.
@@ -65,12 +73,21 @@ LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order,
     for (uint32_t b = 0; b < 64; ++b) {
       uint64_t t = w * 64 + b;
       if (t < t0 || t >= t1) continue;
+      if (misses)
+        for (uint32_t sl : act[b])
+          if (!(use_cache && cache.resident(sl))) misses->set(order[sl], t - t0);
       planner.plan(act[b], use_cache ? &cache : nullptr, plan);
       ++ev.tokens;
       ev.active += plan.active;
       ev.reads += plan.reads.size();
       ev.bundles_read += plan.bundles_read;
-      for (const ReadOp& r : plan.reads) ev.max_read_bundles = std::max<uint64_t>(ev.max_read_bundles, r.bundles());
+      for (const ReadOp& r : plan.reads) {
+        ev.max_read_bundles = std::max<uint64_t>(ev.max_read_bundles, r.bundles());
+        if (read_lengths) {
+          if (read_lengths->size() <= r.bundles()) read_lengths->resize(r.bundles() + 1, 0);
+          ++(*read_lengths)[r.bundles()];
+        }
+      }
       ev.bytes_read += plan.bytes_read;
       ev.bytes_needed += uint64_t(plan.needed) * cfg.bundle_bytes;
       ev.hits += plan.hits.size();
@@ -78,6 +95,47 @@ LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order,
     }
   }
   return ev;
+}
+
+TraceEval evaluate_trace(const TraceReader& trace, const std::vector<Layout>& layouts,
+                         const EvalConfig& cfg, const std::vector<uint32_t>& hist_layers, Progress* progress,
+                         bool layout_cache) {
+  const TraceInfo& ti = trace.info();
+  TraceEval out;
+  out.layers.assign(layouts.size(), std::vector<LayerEval>(ti.n_layers));
+  out.total.assign(layouts.size(), LayerEval{});
+  out.read_lengths.assign(layouts.size(), std::vector<std::vector<uint64_t>>(hist_layers.size()));
+  std::mutex mu;
+  std::exception_ptr err;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t l = 0; l < int64_t(ti.n_layers); ++l) {
+    try {
+      LayerMask m;
+      {
+        std::lock_guard<std::mutex> lk(mu);  // HDF5 is serialised
+        if (err) continue;
+        m = trace.read_layer(uint32_t(l));
+      }
+      EvalConfig e = cfg;
+      if (e.bundle_bytes == 0) e.bundle_bytes = default_bundle_bytes(m.n_neurons);
+      auto h = std::find(hist_layers.begin(), hist_layers.end(), uint32_t(l));
+      for (size_t k = 0; k < layouts.size(); ++k) {
+        std::vector<uint64_t>* hist = h == hist_layers.end() ? nullptr : &out.read_lengths[k][size_t(h - hist_layers.begin())];
+        const LayoutLayer& L = layouts[k].layers[size_t(l)];
+        LayerCachePolicy pol{L.admission, L.pinned};
+        out.layers[k][size_t(l)] = evaluate_layer(m, L.order, e, uint32_t(l), layout_cache ? &pol : nullptr, nullptr, hist);
+      }
+      if (progress) progress->add(1);
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(mu);
+      if (!err) err = std::current_exception();
+    }
+  }
+  if (err) std::rethrow_exception(err);
+  if (progress) progress->finish();
+  for (size_t k = 0; k < layouts.size(); ++k)
+    for (const auto& le : out.layers[k]) out.total[k].add(le);
+  return out;
 }
 
 }  // namespace nl

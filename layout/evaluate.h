@@ -2,6 +2,7 @@
 // the figures nl-layout eval prints and the local search's guard compares. Same code as nl-run's reads.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "formats/core/bitmask.h"
@@ -11,11 +12,14 @@
 
 namespace nl {
 
+class TraceReader;
+struct Layout;
+class Progress;
+
 struct EvalConfig {
   GapPolicy gap;                 // default auto
   double cache_ratio = 0.0;      // fraction of the layer's FFN bytes held by the cache
   CacheConfig cache;             // admission parameters, window, seed (capacity is set from cache_ratio)
-  uint32_t pin_hot = 0;          // pin this many most-frequent neurons (by the profile counts given) — 0 = none
   DeviceModel device;
   uint64_t bundle_bytes = 16384;
   uint64_t token_begin = 0, token_end = UINT64_MAX;  // evaluate tokens [begin, end)
@@ -40,9 +44,32 @@ struct LayerEval {
   double io_ms_per_token() const { return tokens ? 1e3 * io_seconds / double(tokens) : 0; }
 };
 
-// order: slot -> neuron. freq (optional, per neuron) chooses the pinned hot set when cfg.pin_hot > 0.
+// A layout layer's own cache policy (formats/layout.h): admission "" (cfg's), "all" or "linking-aligned", and
+// pinned neurons (hottest first; they count against the capacity, the rest of it runs S3-FIFO).
+struct LayerCachePolicy {
+  std::string admission;
+  std::vector<uint32_t> pinned;
+};
+
+// order: slot -> neuron. policy (optional): the layout layer's cache policy, applied on top of cfg.cache.
 LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
-                         uint32_t layer_index, const std::vector<uint64_t>* freq = nullptr);
+                         uint32_t layer_index, const LayerCachePolicy* policy = nullptr,
+                         LayerMask* misses = nullptr, std::vector<uint64_t>* read_lengths = nullptr);
+// misses (optional): set to the miss stream, a mask of the neurons that were active and not resident in the cache
+// when their token came (what the device had to read), over the evaluated tokens.
+// read_lengths (optional): counts of reads by length in bundles (index = length), grown as needed.
+
+// layout_cache: apply each layout layer's own cache policy (LayerCachePolicy). Every layer of a trace under several layouts (checked against the trace by layout_load), layers in
+// parallel: the figures nl-layout eval prints and nl-layout report tabulates. A bundle_bytes of 0 in cfg means
+// default_bundle_bytes of each layer. Read-length histograms are collected for the layers in hist_layers.
+struct TraceEval {
+  std::vector<std::vector<LayerEval>> layers;   // [layout][layer]
+  std::vector<LayerEval> total;                 // [layout], summed over layers
+  std::vector<std::vector<std::vector<uint64_t>>> read_lengths;  // [layout][index in hist_layers][length]
+};
+TraceEval evaluate_trace(const TraceReader& trace, const std::vector<Layout>& layouts,
+                         const EvalConfig& cfg, const std::vector<uint32_t>& hist_layers = {},
+                         Progress* progress = nullptr, bool layout_cache = true);
 
 // Bundle bytes guessed from a layer's FFN width: OPT-style ReLU FFN with d_model = width / 4 in f16 (so 16,384
 // neurons -> 16 KiB, the paper's OPT-6.7B bundles), and the paper's 24 KiB for Llama-2-7B's 11,008.

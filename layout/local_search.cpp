@@ -260,8 +260,9 @@ struct Search {
     return false;
   }
 
+  bool budget_left() const { return !opt.max_evaluations || st.evaluations < opt.max_evaluations; }
   void descend() {
-    while (!queue.empty()) {
+    while (!queue.empty() && budget_left()) {
       uint32_t v = queue.front();
       queue.pop_front();
       inq[v] = 0;
@@ -272,12 +273,8 @@ struct Search {
   void run(const Order& seed_order, uint32_t hot_count) {
     ord.clear();
     hot.assign(n, 0);
-    if (hot_count) {
-      Order byf(n);
-      std::iota(byf.begin(), byf.end(), 0u);
-      std::stable_sort(byf.begin(), byf.end(), [&](uint32_t a, uint32_t b) { return g.freq[a] > g.freq[b]; });
-      for (uint32_t k = 0; k < std::min(hot_count, n); ++k) hot[byf[k]] = 1;
-    }
+    if (hot_count)
+      for (uint32_t v : hottest(g.freq, hot_count)) hot[v] = 1;
     for (uint32_t v : seed_order)
       if (!hot[v]) ord.push_back(v);
     n_act = uint32_t(ord.size());
@@ -303,7 +300,7 @@ struct Search {
       return z ^ (z >> 31);
     };
     auto t0 = std::chrono::steady_clock::now();
-    for (uint32_t k = 0; k < opt.kicks && n_act > 8; ++k) {
+    for (uint32_t k = 0; k < opt.kicks && n_act > 8 && budget_left(); ++k) {
       if (opt.time_budget_s > 0 &&
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > opt.time_budget_s)
         break;

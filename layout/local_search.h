@@ -24,6 +24,8 @@ struct LsOptions {
   uint32_t hot_count = 0;        // most frequent neurons moved to a block at the end (for the cache); 0 = off
   bool keep_weight = true;       // refuse moves that push the path weight below the seed's (experiments: false)
   uint32_t kicks = 0;            // random segment-reversal kicks followed by local search, kept when better
+  uint64_t max_evaluations = 0; // move evaluations before the search stops (0 = until a local optimum);
+                                 // the deterministic budget (the result depends only on inputs and seed)
   double time_budget_s = 0;      // > 0: stop kicking after this many seconds (non-deterministic timing!)
   uint64_t seed = 1;
 };

@@ -18,6 +18,13 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
   CoactivationOptions co;
   co.top_k = std::max<uint32_t>(opt.top_k, 2);
   LayerGraph g = coactivation_count(m, co);
+  auto lap = [t = t0]() mutable {
+    auto now = std::chrono::steady_clock::now();
+    double d = std::chrono::duration<double>(now - t).count();
+    t = now;
+    return d;
+  };
+  r.seconds_count = lap();
   r.upper_bound = path_upper_bound(g);
   const std::string& meth = opt.method;
   if (meth == "identity") {
@@ -28,6 +35,7 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
     r.order = solve_rcm(g, opt.rcm_min_count);
   } else if (meth == "greedy" || meth == "greedy+ls") {
     r.order = solve_greedy(g, &m, &r.greedy);
+    r.seconds_greedy = lap();
     if (meth == "greedy+ls") {
       EvalConfig ec = opt.eval;
       if (ec.bundle_bytes == 0) ec.bundle_bytes = default_bundle_bytes(m.n_neurons);
@@ -41,16 +49,77 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
       lo.read_us = ec.device.cost.read_latency_us;
       lo.bundle_us = double(ec.bundle_bytes) / ec.device.cost.bandwidth_MBps;  // bytes / (MB/s) = us
       lo.seed = opt.seed * 7919 + layer_index;
-      lo.hot_count = uint32_t(std::floor(opt.hot_share * cache_capacity_for_ratio(ec.cache_ratio, m.n_neurons)));
-      Order ls = local_search(m, g, r.order, lo, &r.ls);
-      // Guard: keep the seed unless the result is at least as good on the profile trace in both the device
-      // objective (eval settings) and gap-0 reads (path weight).
-      LayerEval e_seed = evaluate_layer(m, r.order, ec, layer_index);
-      LayerEval e_ls = evaluate_layer(m, ls, ec, layer_index);
-      if (e_ls.io_seconds <= e_seed.io_seconds && (r.ls.weight_final >= r.ls.weight_seed || !lo.keep_weight))
-        r.order = std::move(ls);
-      else
-        r.guard_kept_seed = true;
+      if (lo.max_evaluations == 0) lo.max_evaluations = uint64_t(opt.evaluations_per_neuron) * m.n_neurons;
+      const uint32_t cap = cache_capacity_for_ratio(ec.cache_ratio, m.n_neurons);
+      const uint32_t n_pin = uint32_t(std::floor(opt.pin_share * cap + 1e-9));
+      const uint64_t w_greedy = path_weight(m, r.order);
+      // The paper's pipeline on the profile trace: greedy + the evaluator's (linking-aligned) cache.
+      LayerEval e_paper = evaluate_layer(m, r.order, ec, layer_index);
+      r.io_ms_greedy = e_paper.io_ms_per_token();
+      double best_io = e_paper.io_seconds;
+      Order best = r.order;
+      LayerCachePolicy best_policy;
+      // Variant 1: search from the greedy seed, the layout's cache admits every miss.
+      {
+        lo.hot_count = uint32_t(std::floor(opt.hot_share * cap));
+        LayerCachePolicy pol{opt.admission, {}};
+        Order o = local_search(m, g, r.order, lo, &r.ls);
+        LayerEval e = evaluate_layer(m, o, ec, layer_index, &pol);
+        r.io_ms_ls = e.io_ms_per_token();
+        if (e.io_seconds <= best_io && (path_weight(m, o) >= w_greedy || !opt.guard_weight)) best_io = e.io_seconds, best = o, best_policy = pol;
+      }
+      // Variant 2: the hottest neurons pinned; the path is solved without them (greedy on the cold neurons' own
+      // co-activation, i.e. on the miss stream), and they sit in a block at the end ordered by greedy among
+      // themselves so that gap-0 reads without a cache stay low too.
+      if (n_pin > 0 && n_pin < m.n_neurons) {
+        LayerCachePolicy pol{opt.admission, hottest(g.freq, n_pin)};
+        std::vector<uint8_t> cold(m.n_neurons, 1);
+        for (uint32_t v : pol.pinned) cold[v] = 0;
+        Order cp = solve_greedy_subset(g, &m, &cold);
+        for (auto& c : cold) c ^= 1;
+        Order hp = solve_greedy_subset(g, &m, &cold);
+        uint64_t bw = 0;
+        int bo = 0;
+        for (int o = 0; o < 4; ++o) {  // orient the two paths for the most co-activated junction
+          uint32_t a = (o & 1) ? cp.front() : cp.back(), b = (o & 2) ? hp.back() : hp.front();
+          uint64_t c = coactivation_pair(m, a, b);
+          if (c > bw) bw = c, bo = o;
+        }
+        if (bo & 1) std::reverse(cp.begin(), cp.end());
+        if (bo & 2) std::reverse(hp.begin(), hp.end());
+        Order seed = cp;
+        seed.insert(seed.end(), hp.begin(), hp.end());
+        LsOptions lp = lo;
+        lp.hot_count = n_pin;
+        LsStats st;
+        Order o = local_search(m, g, seed, lp, &st);
+        LayerEval e = evaluate_layer(m, o, ec, layer_index, &pol);
+        r.io_ms_pinned = e.io_ms_per_token();
+        if (e.io_seconds < best_io && (path_weight(m, o) >= w_greedy || !opt.guard_weight)) best_io = e.io_seconds, best = o, best_policy = pol;
+      }
+      // Variant 3: the miss stream (design section 5): simulate the layout's cache on the profile trace, then
+      // solve greedy + search on the co-activation of the misses only.
+      if (opt.miss_stream) {
+        LayerCachePolicy pol{opt.admission, {}};
+        LayerMask miss;
+        evaluate_layer(m, r.order, ec, layer_index, &pol, &miss);
+        LayerGraph gm = coactivation_count(miss, co);
+        Order o = solve_greedy(gm, &miss);
+        r.weight_miss_greedy = path_weight(m, o);
+        LsOptions lm = lo;
+        lm.hot_count = 0;
+        LsStats st;
+        o = local_search(miss, gm, o, lm, &st);
+        LayerEval e = evaluate_layer(m, o, ec, layer_index, &pol);
+        r.io_ms_miss = e.io_ms_per_token();
+        r.weight_miss = path_weight(m, o);
+        if (e.io_seconds < best_io && (r.weight_miss >= w_greedy || !opt.guard_weight))
+          best_io = e.io_seconds, best = o, best_policy = pol;
+      }
+      r.seconds_ls = lap();
+      r.guard_kept_seed = best_policy.admission.empty();
+      r.order = std::move(best);
+      r.cache = std::move(best_policy);
     }
   } else {
     throw UsageError("unknown method '" + meth + "' (identity, frequency, greedy, greedy+ls, rcm)");
@@ -78,7 +147,11 @@ Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,
     p["cache_ratio"] = opt.eval.cache_ratio;
     p["device"] = opt.eval.device.name;
     p["bundle_bytes"] = opt.eval.bundle_bytes;
-    p["hot_share"] = opt.hot_share;
+    p["admission"] = opt.admission;
+    p["pin_share"] = opt.pin_share;
+    if (opt.hot_share > 0) p["hot_share"] = opt.hot_share;
+    p["max_evaluations"] = opt.ls.max_evaluations;
+    p["evaluations_per_neuron"] = opt.evaluations_per_neuron;
     p["sample_tokens"] = opt.ls.sample_tokens;
     p["neighbours"] = opt.ls.neighbours;
     p["kicks"] = opt.ls.kicks;
@@ -98,6 +171,8 @@ Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,
       }
       LayerSolve s = solve_layer(m, opt, uint32_t(l));
       out.layers[size_t(l)].order = s.order;
+      out.layers[size_t(l)].admission = s.cache.admission;
+      out.layers[size_t(l)].pinned = s.cache.pinned;
       out.layers[size_t(l)].objective = double(s.objective);
       out.layers[size_t(l)].upper_bound = s.upper_bound;
       if (progress) {

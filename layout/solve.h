@@ -21,16 +21,31 @@ struct SolveOptions {
   // The device objective greedy+ls optimises and its guard measures (same settings as nl-layout eval).
   EvalConfig eval;               // gap, cache ratio, device, bundle bytes (0 = default for the layer width)
   LsOptions ls;                  // merge gap / costs are filled in from `eval` by solve_layer
-  double hot_share = 0.0;        // hot block size as a share of the cache capacity (0 = no hot block; see docs)
+  double hot_share = 0.0;        // variant 1: hot block kept at the end for the S3-FIFO cache (rejected experiment)
+  // greedy+ls co-designs the layout with the cache at the same capacity: admission "all" (plain S3-FIFO, which
+  // keeps the neurons of persistent runs; linking-aligned admission rejects them) and, when pin_share > 0, a
+  // variant that pins the hottest pin_share x capacity neurons (they leave the path). The variant that is best on
+  // the profile trace is kept, and the paper's pipeline (greedy + linking-aligned) when neither beats it.
+  std::string admission = "all";
+  double pin_share = 1.0;
+  bool miss_stream = false;      // also try greedy + search on the miss stream's co-activation
+  bool guard_weight = true;      // a variant must keep the greedy path weight (gap-0 reads without a cache)
+  // Deterministic search budget when ls.max_evaluations is 0: this many move evaluations per neuron.
+  uint32_t evaluations_per_neuron = 4;
 };
 
 struct LayerSolve {
   Order order;
+  LayerCachePolicy cache;        // the cache policy the order was designed for (greedy+ls); empty = evaluator's
   uint64_t objective = 0;        // path weight
   double upper_bound = 0;
   GreedyStats greedy;
   LsStats ls;
-  bool guard_kept_seed = false;  // greedy+ls: the search result was not better on the profile trace
+  bool guard_kept_seed = false;
+  // greedy+ls: profile-trace I/O ms/token of the paper's pipeline, of ours, and of the pinned-hot variant (0 = not tried)
+  double io_ms_greedy = 0, io_ms_ls = 0, io_ms_pinned = 0, io_ms_miss = 0;
+  uint64_t weight_miss_greedy = 0, weight_miss = 0;  // miss-stream variant: full-trace path weights
+  double seconds_count = 0, seconds_greedy = 0, seconds_ls = 0;  // time split  // greedy+ls: the search result was not better on the profile trace
   double seconds = 0;
 };
 

@@ -22,6 +22,16 @@ Order solve_frequency(const LayerGraph& g) {
   return o;
 }
 
+Order hottest(const std::vector<uint64_t>& freq, uint32_t count) {
+  Order o(freq.size());
+  std::iota(o.begin(), o.end(), 0u);
+  count = std::min<uint32_t>(count, uint32_t(o.size()));
+  std::partial_sort(o.begin(), o.begin() + count, o.end(),
+                    [&](uint32_t a, uint32_t b) { return freq[a] != freq[b] ? freq[a] > freq[b] : a < b; });
+  o.resize(count);
+  return o;
+}
+
 namespace {
 
 struct Dsu {
@@ -64,17 +74,26 @@ struct PathBuilder {
 }  // namespace
 
 Order solve_greedy(const LayerGraph& g, const LayerMask* mask, GreedyStats* stats, Links* links) {
+  return solve_greedy_subset(g, mask, nullptr, stats, links);
+}
+
+Order solve_greedy_subset(const LayerGraph& g, const LayerMask* mask, const std::vector<uint8_t>* include,
+                          GreedyStats* stats, Links* links) {
   const uint32_t n = g.n_neurons;
   GreedyStats st;
   if (links) links->clear();
-  if (n == 0) return {};
+  if (include && include->size() != n) throw InternalError("greedy: subset mask length does not match the layer");
+  auto in = [&](uint32_t v) { return !include || (*include)[v] != 0; };
+  uint32_t n_in = 0;
+  for (uint32_t v = 0; v < n; ++v) n_in += in(v);
+  if (n_in == 0) return {};
   std::vector<Edge> edges;
   edges.reserve(size_t(n) * g.k);
   for (uint32_t v = 0; v < n; ++v)
-    for (uint32_t e = 0; e < (g.k ? g.nbr_len[v] : 0); ++e) {
+    for (uint32_t e = 0; e < (g.k && in(v) ? g.nbr_len[v] : 0); ++e) {
       uint32_t u = g.nbr[size_t(v) * g.k + e];
       uint64_t c = g.nbr_cnt[size_t(v) * g.k + e];
-      if (u != v && c > 0) edges.push_back({c, std::min(u, v), std::max(u, v)});
+      if (u != v && c > 0 && in(u)) edges.push_back({c, std::min(u, v), std::max(u, v)});
     }
   std::sort(edges.begin(), edges.end(), edge_before);
   edges.erase(std::unique(edges.begin(), edges.end(),
@@ -90,72 +109,71 @@ Order solve_greedy(const LayerGraph& g, const LayerMask* mask, GreedyStats* stat
   // Fragment endpoints (degree < 2). Continue Algorithm 1 over their exact pair counts.
   std::vector<uint32_t> ends;
   for (uint32_t v = 0; v < n; ++v)
-    if (pb.deg[v] < 2) ends.push_back(v);
+    if (pb.deg[v] < 2 && in(v)) ends.push_back(v);
   st.fragments = 0;
   for (uint32_t v : ends) st.fragments += pb.deg[v] == 0 ? 2 : 1;
   st.fragments /= 2;
-  if (mask && ends.size() > 1 && mask->words > 0) {
-    // Keep the endpoint count cost bounded: at most ~1e9 word operations, on a token prefix if needed.
-    double pairs = 0.5 * double(ends.size()) * double(ends.size() - 1);
-    uint64_t words = std::min<uint64_t>(mask->words, std::max<uint64_t>(8, uint64_t(5e8 / std::max(1.0, pairs))));
-    if (pairs <= 2e8) {
-      // Each endpoint keeps its 8 heaviest endpoint partners: bounded memory, the heavy pairs survive.
-      constexpr size_t kKeep = 8;
-      std::vector<Edge> ee;
-#pragma omp parallel
-      {
-        std::vector<Edge> local, row;
-#pragma omp for schedule(dynamic, 8) nowait
-        for (int64_t a = 0; a < int64_t(ends.size()); ++a) {
-          const uint64_t* ra = mask->row(ends[size_t(a)]);
-          row.clear();
-          for (size_t b = 0; b < ends.size(); ++b) {
-            if (b == size_t(a)) continue;
-            const uint64_t* rb = mask->row(ends[b]);
-            uint64_t c = 0;
-            for (uint64_t w = 0; w < words; ++w) c += uint64_t(__builtin_popcountll(ra[w] & rb[w]));
-            if (c) row.push_back({c, std::min(ends[size_t(a)], ends[b]), std::max(ends[size_t(a)], ends[b])});
-          }
-          size_t keep = std::min(kKeep, row.size());
-          std::partial_sort(row.begin(), row.begin() + keep, row.end(), edge_before);
-          local.insert(local.end(), row.begin(), row.begin() + keep);
-        }
-#pragma omp critical
-        ee.insert(ee.end(), local.begin(), local.end());
+  // Fragment joining continues Algorithm 1 over the endpoints' own co-activation counts: the endpoints' rows
+  // (on at most kJoinWords evenly spread words, so the cost stays a fraction of the count at paper scale) go through the same
+  // fast counting kernel with top-kJoinK lists, their pairs are tried by decreasing count; rounds repeat on the
+  // endpoints still free (each round's lists are exact on the sample, so pairs that failed stay failed).
+  if (mask && mask->words > 0) {
+    constexpr uint64_t kJoinWords = 128;
+    constexpr uint32_t kJoinK = 8;
+    const uint64_t W = std::min<uint64_t>(mask->words, kJoinWords);
+    for (int round = 0; round < 3; ++round) {
+      std::vector<uint32_t> ends;
+      for (uint32_t v = 0; v < n; ++v)
+        if (pb.deg[v] < 2 && in(v)) ends.push_back(v);
+      if (ends.size() < 3) break;
+      LayerMask sub(uint32_t(ends.size()), W * 64);
+      for (size_t e = 0; e < ends.size(); ++e) {
+        const uint64_t* r = mask->row(ends[e]);
+        uint64_t* d = sub.row(uint32_t(e));
+        for (uint64_t w = 0; w < W; ++w) d[w] = r[w * mask->words / W];
       }
+      CoactivationOptions co;
+      co.top_k = kJoinK;
+      LayerGraph sg = coactivation_count(sub, co);
+      std::vector<Edge> ee;
+      for (uint32_t a = 0; a < sg.n_neurons; ++a)
+        for (uint32_t e = 0; e < sg.nbr_len[a]; ++e) {
+          uint32_t u = ends[a], v = ends[sg.nbr[size_t(a) * sg.k + e]];
+          if (u != v) ee.push_back({sg.nbr_cnt[size_t(a) * sg.k + e], std::min(u, v), std::max(u, v)});
+        }
       std::sort(ee.begin(), ee.end(), edge_before);
       ee.erase(std::unique(ee.begin(), ee.end(), [](const Edge& x, const Edge& y) { return x.u == y.u && x.v == y.v; }), ee.end());
+      uint64_t got = 0;
       for (const Edge& e : ee)
-        if (pb.try_link(e.u, e.v)) ++st.endpoint_links;
+        if (pb.try_link(e.u, e.v)) ++got;
+      st.endpoint_links += got;
+      if (got == 0) break;
     }
   }
-  // Whatever is left has no (known) co-activation: join in (u, v) index order, as Algorithm 1 would order
-  // its zero-count pairs.
+  // Whatever is left has no (known) co-activation: join in (u, v) index order, as Algorithm 1 orders its
+  // zero-count pairs. For each free u, the first later free v of another fragment is taken (at most one free
+  // node, u's own fragment's other end, is skipped), so this is O(F log F).
   std::set<uint32_t> avail;
   for (uint32_t v = 0; v < n; ++v)
-    if (pb.deg[v] < 2) avail.insert(v);
+    if (pb.deg[v] < 2 && in(v)) avail.insert(v);
   for (auto it = avail.begin(); it != avail.end();) {
     uint32_t u = *it;
-    bool linked = false;
-    for (auto jt = std::next(it); jt != avail.end() && pb.deg[u] < 2; ++jt) {
+    auto jt = std::next(it);
+    while (jt != avail.end() && pb.deg[u] < 2) {
       uint32_t v = *jt;
       if (pb.try_link(u, v)) {
         ++st.index_links;
-        linked = true;
-        if (pb.deg[v] == 2) avail.erase(jt);
-        break;
+        jt = pb.deg[v] == 2 ? avail.erase(jt) : std::next(jt);
+      } else {
+        ++jt;
       }
     }
-    if (pb.deg[u] == 2) {
-      it = avail.erase(it);
-    } else if (!linked) {
-      ++it;  // u cannot link to any later node any more
-    }
+    it = avail.erase(it);  // u is linked twice or cannot link to any later node any more
   }
   // Walk the single path from its smaller-index end.
   uint32_t start = UINT32_MAX;
   for (uint32_t v = 0; v < n && start == UINT32_MAX; ++v)
-    if (pb.deg[v] < 2) start = v;
+    if (pb.deg[v] < 2 && in(v)) start = v;
   if (start == UINT32_MAX) throw InternalError("greedy: no path end (cycle)");
   Order o;
   o.reserve(n);
@@ -169,7 +187,7 @@ Order solve_greedy(const LayerGraph& g, const LayerMask* mask, GreedyStats* stat
     prev = cur;
     cur = next;
   }
-  if (o.size() != n) throw InternalError("greedy: path does not cover every neuron");
+  if (o.size() != n_in) throw InternalError("greedy: path does not cover every neuron");
   if (stats) *stats = st;
   return o;
 }

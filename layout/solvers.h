@@ -16,6 +16,8 @@ using Order = std::vector<uint32_t>;  // slot -> neuron
 Order solve_identity(uint32_t n);
 // By decreasing activation count, ties by index.
 Order solve_frequency(const LayerGraph& g);
+// The `count` most frequent neurons, hottest first (ties by index): the pinned hot set.
+Order hottest(const std::vector<uint64_t>& freq, uint32_t count);
 
 struct GreedyStats {
   uint64_t candidates = 0;      // distinct candidate pairs from the top-k lists
@@ -31,10 +33,14 @@ using Links = std::vector<std::pair<uint32_t, uint32_t>>;
 // Paper's Algorithm 1: candidate pairs (from the top-k lists) by decreasing count, ties by (u, v); accept when
 // both ends have fewer than two links and union-find finds no cycle. Fragments left when neurons exhaust
 // their candidates are joined by the same rule over co-activation counts between fragment endpoints (each
-// endpoint keeps its 8 heaviest endpoint partners)
-// (from `mask`, when given; counted on a token prefix if there are very many endpoints), and finally in index
-// order. Returns the path walked from its smaller-index end.
+// endpoint's 8 heaviest endpoint partners, counted from `mask` when given on at most 8,192 evenly spread
+// tokens with the fast counting kernel, in up to 3 rounds), and finally in index order (O(F log F)). Returns the path walked from its smaller-index end.
 Order solve_greedy(const LayerGraph& g, const LayerMask* mask, GreedyStats* stats = nullptr, Links* links = nullptr);
+
+// The same on the neurons with include[v] != 0 only (the others are left out of the path and of every
+// candidate pair): returns a path over that subset.
+Order solve_greedy_subset(const LayerGraph& g, const LayerMask* mask, const std::vector<uint8_t>* include,
+                          GreedyStats* stats = nullptr, Links* links = nullptr);
 
 // Reverse Cuthill-McKee on the candidate graph thresholded at min_count (pairs from the top-k lists).
 Order solve_rcm(const LayerGraph& g, uint32_t min_count = 1);

@@ -455,6 +455,7 @@ SynthStats synth_write(const SynthPreset& p, const SynthRun& run, const std::str
         writer.add_token(token);
         for (uint32_t l = 0; l < L; ++l) token[l].swap(act[l][i]);
       }
+      if (run.progress) run.progress(uint64_t(s) * p.tokens_per_sequence + t0 + nb, uint64_t(seqs) * p.tokens_per_sequence);
     }
   }
   writer.close();

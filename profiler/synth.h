@@ -16,6 +16,7 @@
 // stationary draw.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,8 @@ struct SynthRun {
   // Optional: per layer, slot → neuron order whose read count is measured (e.g. frequency order from the
   // profile split's counts). Empty = not measured.
   std::vector<std::vector<uint32_t>> frequency_order;
+  // Optional: called after each block of tokens with (tokens done, tokens total); the CLI draws progress.
+  std::function<void(uint64_t, uint64_t)> progress;
 };
 
 // Generates one split of the preset into `path` (trace v1, streamed: memory stays bounded by one block of

@@ -11,6 +11,24 @@ namespace nl {
 using nlohmann::json;
 
 namespace {
+// Optional string key; a present key of another type is an error (json::value would throw a type_error).
+std::string opt_string(const json& j, const char* key, const std::string& fallback, const std::string& path) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_string()) throw InputError(path, std::string("'") + key + "' must be a string");
+  return j[key].get<std::string>();
+}
+
+// Optional integer key in [lo, hi]; floats and out-of-range values are errors, never converted.
+int64_t opt_int(const json& j, const char* key, int64_t fallback, int64_t lo, int64_t hi, const std::string& path) {
+  if (!j.contains(key)) return fallback;
+  const json& v = j[key];
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi)) ||
+      v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+    throw InputError(path, std::string("'") + key + "' must be an integer in [" + std::to_string(lo) + ", " +
+                               std::to_string(hi) + "]");
+  return v.get<int64_t>();
+}
+
 CostFit parse_fit(const json& j, const std::string& path, const std::string& where) {
   CostFit f;
   for (const char* k : {"read_latency_us", "bandwidth_MBps"})
@@ -33,22 +51,22 @@ DeviceModel device_parse(const std::string& text, const std::string& path) {
     throw InputError(path, std::string("not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw InputError(path, "a device profile must be a JSON object");
-  if (j.value("format", std::string()) != "neuralink-device")
+  if (!j.contains("format") || j["format"] != "neuralink-device")
     throw InputError(path, "format must be \"neuralink-device\"");
   if (!j.contains("version") || !j["version"].is_number_integer()) throw InputError(path, "missing integer 'version'");
-  if (j["version"].get<int64_t>() > 1)
-    throw InputError(path, "device profile version " + std::to_string(j["version"].get<int64_t>()) + " is newer than supported (1)");
+  if (j["version"].is_number_unsigned() ? j["version"].get<uint64_t>() > 1 : j["version"].get<int64_t>() > 1)
+    throw InputError(path, "device profile version " + j["version"].dump() + " is newer than supported (1)");
+  if (j["version"].get<int64_t>() < 1) throw InputError(path, "device profile version must be >= 1");
   DeviceModel d;
-  d.name = j.value("name", std::string("unnamed"));
-  d.description = j.value("description", std::string());
+  d.name = opt_string(j, "name", "unnamed", path);
+  d.description = opt_string(j, "description", "", path);
   d.cost = parse_fit(j, path, "");
-  int64_t qd = j.value("queue_depth", int64_t(1));
-  if (qd < 1 || qd > 65536) throw InputError(path, "queue_depth is out of range");
-  d.queue_depth = static_cast<uint32_t>(qd);
-  int64_t bb = j.value("block_bytes", int64_t(4096));
-  if (bb < 1 || bb > (1 << 20) || (bb & (bb - 1)) != 0) throw InputError(path, "block_bytes must be a power of two <= 1 MiB");
+  d.queue_depth = static_cast<uint32_t>(opt_int(j, "queue_depth", 1, 1, 65536, path));
+  int64_t bb = opt_int(j, "block_bytes", 4096, 1, 1 << 20, path);
+  if ((bb & (bb - 1)) != 0) throw InputError(path, "block_bytes must be a power of two <= 1 MiB");
   d.block_bytes = static_cast<uint32_t>(bb);
   if (j.contains("qd1") && !j["qd1"].is_null()) {
+    if (!j["qd1"].is_object()) throw InputError(path, "'qd1' must be an object");
     d.qd1 = parse_fit(j["qd1"], path, "qd1.");
     d.has_qd1 = true;
   }

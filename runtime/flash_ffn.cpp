@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "formats/core/error.h"
 
@@ -37,26 +38,68 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
     pc.gap = o.gap;
     pc.cost = o.cost;
     planners_.emplace_back(pc);
-    CacheConfig cc = o.cache;
-    cc.capacity = cache_capacity_for_ratio(o.cache_ratio, hidden);
-    caches_.push_back(cc.capacity > 0 || cc.window_tokens > 0 ? std::make_unique<SlotCache>(hidden, cc) : nullptr);
     std::vector<uint32_t> inv(hidden);
     for (uint32_t s = 0; s < hidden; ++s) inv[m_.order[size_t(l)][s]] = s;
     slot_of_.push_back(std::move(inv));
   }
-  store_.resize(size_t(c.n_layers));
-  if (o.select == SelectMode::kGate) {
+  make_caches();
+  if (o.select == SelectMode::kLowRank) {
+    if (c.act != FfnAct::kRelu)
+      throw UsageError("--select lowrank predicts ReLU sparsity; this model's FFN activation is SiLU (every neuron fires)");
+    if (o.lowrank_rank < 1) throw UsageError("--select lowrank:R needs R >= 1");
+  }
+  if (o.select == SelectMode::kGate || o.select == SelectMode::kLowRank) {
     if (m_.bundle_kind != BundleKind::kGated)
-      throw UsageError("--select gate needs a gated FFN image (this one has plain bundles)");
+      throw UsageError("--select gate|lowrank needs a gated FFN image (this one has plain bundles)");
     AlignedBuffer buf;
     const size_t dim = size_t(c.dim);
     for (int l = 0; l < c.n_layers; ++l) {
       img_.read_region(size_t(1 + l), &buf);  // checksummed here, once
       std::vector<float> g(size_t(hidden) * dim);
       for (uint32_t s = 0; s < hidden; ++s) image_decode(m_.dtype, buf.data() + s * m_.bundle_bytes, dim, g.data() + s * dim);
+      if (o.select == SelectMode::kLowRank)
+        lowrank_.push_back(lowrank_fit(g.data(), int(hidden), int(dim), o.lowrank_rank, 1 + uint64_t(l)));
       gate_.push_back(std::move(g));
     }
+    threshold_.assign(size_t(c.n_layers), -std::numeric_limits<float>::infinity());
+    calib_.resize(size_t(c.n_layers));
   }
+}
+
+void FlashFfn::make_caches() {
+  const ModelConfig& c = m_.config;
+  const uint32_t hidden = uint32_t(c.hidden_dim);
+  caches_.clear();
+  for (int l = 0; l < c.n_layers; ++l) {
+    CacheConfig cc = opt_.cache;
+    cc.capacity = cache_capacity_for_ratio(opt_.cache_ratio, hidden);
+    cc.seed = cache_seed_for_layer(opt_.cache.seed, uint32_t(l));
+    caches_.push_back(cc.capacity > 0 || cc.window_tokens > 0 ? std::make_unique<SlotCache>(hidden, cc) : nullptr);
+  }
+  store_.assign(size_t(c.n_layers), {});
+}
+
+void FlashFfn::set_phase(LowRankPhase p, double target_recall) {
+  if (opt_.select != SelectMode::kLowRank) throw InternalError("set_phase outside --select lowrank");
+  if (phase_ == LowRankPhase::kCalibrate) {
+    // Per layer: at most floor((1 - target) * n) of the n recorded firing neurons may score below the threshold.
+    for (size_t l = 0; l < calib_.size(); ++l) {
+      auto& v = calib_[l];
+      if (v.empty()) {
+        threshold_[l] = std::numeric_limits<float>::infinity();
+        continue;
+      }
+      std::sort(v.begin(), v.end());
+      const size_t miss = size_t(std::floor((1.0 - target_recall) * double(v.size())));
+      threshold_[l] = v[std::min(miss, v.size() - 1)];
+      v.clear();
+    }
+  }
+  phase_ = p;
+  make_caches();
+  total_ = token_ = FlashCounters{};
+  per_token_.clear();
+  pred_ = PredictorCounters{};
 }
 
 const uint8_t* FlashFfn::bundle(int layer, uint32_t slot) const {
@@ -102,8 +145,7 @@ void FlashFfn::load(int layer) {
   token_.bytes_needed += uint64_t(plan_.needed) * m_.bundle_bytes;
   token_.cache_hits += plan_.hits.size();
   if (cache) {
-    cache->update(active_.data(), active_.size(), plan_);
-    // Keep the bytes of newly resident slots (any slot this token's reads covered may be admitted, gap slots
+    // plan() has already recorded this token in the cache (hits, admissions, window). Keep the bytes of newly resident slots (any slot this token's reads covered may be admitted, gap slots
     // included).
     auto& st = store_[size_t(layer)];
     for (const ReadOp& r : plan_.reads)
@@ -136,15 +178,55 @@ void FlashFfn::end_token() {
 void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out, FfnObserver* observer) {
   (void)pos0;
   (void)observer;
-  if (opt_.select != SelectMode::kGate) throw UsageError("the model forward needs --select gate");
+  if (opt_.select == SelectMode::kReplay) throw UsageError("the model forward needs --select gate or lowrank");
+  const bool predict = opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kPredict;
   const ModelConfig& c = m_.config;
   const int dim = c.dim, hidden = c.hidden_dim;
   const size_t esz = image_dtype_bytes(m_.dtype);
   g_.resize(size_t(hidden));
-  row_.resize(size_t(dim) * 2);
+  row_.resize(size_t(dim) * 3);
   for (int t = 0; t < n_tokens; ++t) {
     const float* xt = x + size_t(t) * dim;
     float* ot = out + size_t(t) * dim;
+    if (predict) {
+      // Measurement only (untimed): the exact gate, to count which predicted neurons really fire.
+      kernels::matmul(g_.data(), xt, gate_[size_t(layer)].data(), 1, dim, hidden);
+      auto t0 = Clock::now();
+      const LowRankFactors& f = lowrank_[size_t(layer)];
+      score_.resize(size_t(hidden));
+      tmp_.resize(size_t(f.rank));
+      f.predict(xt, score_.data(), tmp_.data());
+      const float thr = threshold_[size_t(layer)];
+      active_.clear();
+      for (int s = 0; s < hidden; ++s)
+        if (score_[size_t(s)] >= thr) active_.push_back(uint32_t(s));
+      token_.compute_seconds += since(t0);
+      for (int s = 0; s < hidden; ++s) {
+        const bool fires = g_[size_t(s)] > 0.0f, chosen = score_[size_t(s)] >= thr;
+        pred_.truly_active += fires;
+        pred_.true_positive += fires && chosen;
+      }
+      pred_.predicted += active_.size();
+      load(layer);
+      t0 = Clock::now();
+      std::fill(ot, ot + dim, 0.0f);
+      float* gate = row_.data();
+      float* up = row_.data() + dim;
+      float* down = row_.data() + 2 * dim;
+      for (uint32_t s : active_) {
+        // The exact gate from the bundle's own gate row (same decode and summation order as the dense matmul).
+        const uint8_t* b = bundle(layer, s);
+        image_decode(m_.dtype, b, size_t(dim), gate);
+        const float gv = kernels::dot(gate, xt, dim);
+        if (!(gv > 0.0f)) continue;
+        image_decode(m_.dtype, b + size_t(dim) * esz, size_t(dim), up);
+        image_decode(m_.dtype, b + size_t(dim) * esz * 2, size_t(dim), down);
+        const float h = gv * kernels::dot(up, xt, dim);
+        for (int o = 0; o < dim; ++o) ot[o] += h * down[o];
+      }
+      token_.compute_seconds += since(t0);
+      continue;
+    }
     auto t0 = Clock::now();
     kernels::matmul(g_.data(), xt, gate_[size_t(layer)].data(), 1, dim, hidden);
     active_.clear();
@@ -157,6 +239,14 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
       }
     }
     token_.compute_seconds += since(t0);
+    if (opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kCalibrate) {
+      const LowRankFactors& f = lowrank_[size_t(layer)];
+      score_.resize(size_t(hidden));
+      tmp_.resize(size_t(f.rank));
+      f.predict(xt, score_.data(), tmp_.data());
+      for (uint32_t s : active_) calib_[size_t(layer)].push_back(score_[s]);
+      calib_samples_ += active_.size();
+    }
     load(layer);
     t0 = Clock::now();
     std::fill(ot, ot + dim, 0.0f);

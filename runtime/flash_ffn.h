@@ -2,7 +2,11 @@
 // with the shared planner (runtime/plan/read_plan.h) and cache (runtime/plan/slot_cache.h), issue them through an
 // I/O engine, and compute the FFN over the loaded bundles only. Plugs into runtime/model as an FfnProvider.
 // Selection modes: `gate` (exact: gate rows kept in DRAM; a neuron is read only when its gate fires, relu > 0;
-// for SiLU every neuron fires) and `replay` (the caller names the active neurons per layer; I/O only).
+// for SiLU every neuron fires), `replay` (the caller names the active neurons per layer; I/O only) and `lowrank`
+// (ReLU models: a rank-R truncated SVD of each gate matrix predicts which gates fire, with a per-layer threshold
+// calibrated to a target recall; the predicted bundles are read and their exact gate rows decide each neuron's
+// contribution, so a missed neuron is the only error). Lowrank also keeps the full gate in DRAM, to measure
+// recall and precision against the truth (measurement only: outside the timed compute).
 // Not thread-safe: one instance per generating thread.
 #pragma once
 #include <cstdint>
@@ -12,20 +16,33 @@
 #include <vector>
 
 #include "runtime/flash_image.h"
+#include "runtime/lowrank.h"
 #include "runtime/model/model.h"
 #include "runtime/plan/read_plan.h"
 #include "runtime/plan/slot_cache.h"
 
 namespace nl {
 
-enum class SelectMode { kGate, kReplay };
+enum class SelectMode { kGate, kReplay, kLowRank };
+
+// Lowrank phases: exact (as gate: the reference run), calibrate (exact, and records the predictor's scores of the
+// neurons that really fire), predict (reads what the predictor selects).
+enum class LowRankPhase { kExact, kCalibrate, kPredict };
+
+// Predictor quality, summed over layer-tokens of the predict phase.
+struct PredictorCounters {
+  uint64_t truly_active = 0, predicted = 0, true_positive = 0;
+  double recall() const { return truly_active ? double(true_positive) / double(truly_active) : 1.0; }
+  double precision() const { return predicted ? double(true_positive) / double(predicted) : 1.0; }
+};
 
 struct FlashFfnOptions {
   SelectMode select = SelectMode::kGate;
   GapPolicy gap{GapMode::Off, 0};
   CostFit cost;               // device cost model (--gap auto)
   double cache_ratio = 0;     // fraction of each layer's FFN bytes held in DRAM
-  CacheConfig cache;          // admission parameters, window (capacity is set from cache_ratio)
+  CacheConfig cache;          // admission parameters, window, seed (capacity and per-layer seed are derived)
+  int lowrank_rank = 0;       // lowrank: R
 };
 
 // Totals (and, per token, the same figures summed over layers).
@@ -52,6 +69,13 @@ class FlashFfn : public FfnProvider {
   // Marks the end of a token (per-token metrics).
   void end_token();
 
+  // Lowrank: switches phase and starts afresh (counters, caches). Leaving kCalibrate sets every layer's threshold
+  // so that `target_recall` of the recorded firing neurons score at or above it.
+  void set_phase(LowRankPhase p, double target_recall = 0.99);
+  const PredictorCounters& predictor() const { return pred_; }
+  const std::vector<float>& thresholds() const { return threshold_; }
+  uint64_t calibration_samples() const { return calib_samples_; }
+
   const FlashCounters& totals() const { return total_; }
   const std::vector<FlashCounters>& per_token() const { return per_token_; }
   const ReadPlanner& planner(int layer) const { return planners_[size_t(layer)]; }
@@ -77,6 +101,16 @@ class FlashFfn : public FfnProvider {
   void load(int layer);
   const uint8_t* bundle(int layer, uint32_t slot) const;
   std::vector<uint64_t> read_pos_;  // staging position of each read of the current plan
+  // Lowrank predictor.
+  LowRankPhase phase_ = LowRankPhase::kExact;
+  std::vector<LowRankFactors> lowrank_;         // per layer, rows in slot order
+  std::vector<float> threshold_;                // per layer
+  std::vector<std::vector<float>> calib_;       // per layer: scores of neurons that fired during calibration
+  uint64_t calib_samples_ = 0;
+  PredictorCounters pred_;
+  std::vector<float> score_, tmp_;
+
+  void make_caches();
 };
 
 }  // namespace nl

@@ -5,7 +5,8 @@
 #   demo   + English text corpora (fortunes, jargon-text, bible-kjv) for the bundled default run
 #   cross  + aarch64 cross compiler and qemu-user for the phone build test
 #   report + headless Chromium for the HTML report test
-#   train  + PyTorch (CPU) for datasets/tiny-relu/train.py
+#   train  + PyTorch (CPU) for datasets/tiny-relu/train.py and the trace-hook test (profiler/python)
+#   fuzz   + clang and libFuzzer for fuzz/ (the fuzz smoke is part of ./run.sh test)
 set -euo pipefail
 
 declare -A GROUP
@@ -14,12 +15,13 @@ GROUP[demo]="fortunes fortunes-min jargon-text bible-kjv"
 GROUP[cross]="g++-aarch64-linux-gnu qemu-user-static"
 GROUP[report]="chromium"
 GROUP[train]="python3-torch libopenblas0-pthread python3-sentencepiece"
+GROUP[fuzz]="clang libclang-rt-14-dev"
 
 groups=("$@")
 [ ${#groups[@]} -eq 0 ] && groups=(build)
 want=()
 for g in "${groups[@]}"; do
-  [ -n "${GROUP[$g]+x}" ] || { echo "bootstrap: unknown group '$g' (build, demo, cross, report, train)" >&2; exit 2; }
+  [ -n "${GROUP[$g]+x}" ] || { echo "bootstrap: unknown group '$g' (build, demo, cross, report, train, fuzz)" >&2; exit 2; }
   # shellcheck disable=SC2206
   want+=(${GROUP[$g]})
 done

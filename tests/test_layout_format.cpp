@@ -18,13 +18,15 @@ Layout sample() {
   l.method = "greedy";
   l.parameters = {{"seed", 1}, {"top_k", 32}};
   l.trace_sha256 = std::string(64, 'a');
-  l.trace_model = "m";
+  l.trace_model = std::string("m");  // not a char* assignment: GCC 12 -O3 warns falsely (-Wrestrict) on that
   l.trace_tokens = 100;
   l.layers.resize(2);
   l.layers[0].order = {2, 0, 1};
   l.layers[0].objective = 10;
   l.layers[0].upper_bound = 12.5;
   l.layers[1].order = {1, 0};
+  l.layers[1].admission = "all";
+  l.layers[1].pinned = {1};
   return l;
 }
 
@@ -71,6 +73,10 @@ TEST_CASE("layout JSON round trip; writes are byte-identical") {
   CHECK(r.layers[0].upper_bound == 12.5);
   CHECK(r.layers[0].gap() == doctest::Approx(0.2));
   CHECK(r.trace_sha256 == l.trace_sha256);
+  CHECK(r.layers[0].admission.empty());
+  CHECK(r.layers[0].pinned.empty());
+  CHECK(r.layers[1].admission == "all");
+  CHECK(r.layers[1].pinned == std::vector<uint32_t>{1});
   CHECK(layout_to_json(r) == a);
   layout_write("lay_rt.json", l);
   CHECK(read_file("lay_rt.json") == a);
@@ -90,6 +96,10 @@ TEST_CASE("malformed layouts: one clear error each") {
   expect_error(replace(ok, "\"n_neurons\": 3", "\"n_neurons\": 4"), "n_neurons does not match");
   expect_error(replace(ok, "\"n_layers\": 2", "\"n_layers\": 3"), "n_layers does not match");
   expect_error(replace(ok, "\"layers\": [", "\"layerz\": ["), "missing array 'layers'");
+  expect_error(replace(ok, "\"admission\": \"all\"", "\"admission\": \"lru\""), "layer 1: 'admission' must be");
+  expect_error(replace(ok, "\"pinned\": [1]", "\"pinned\": [2]"), "layer 1: pinned[0] is not a neuron index in [0, 2)");
+  expect_error(replace(ok, "\"pinned\": [1]", "\"pinned\": [1,1]"), "pinned lists neuron 1 twice");
+  expect_error(replace(ok, "\"pinned\": [1]", "\"pinned\": 1"), "'pinned' must be an array");
   TraceInfo ti;
   ti.path = "t.h5";
   ti.n_layers = 2;

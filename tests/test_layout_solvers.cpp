@@ -130,8 +130,10 @@ TEST_CASE("greedy+ls never has a lower path weight than its greedy seed and is d
     CHECK(ls.objective >= gr.objective);
     CHECK(ls.order == ls2.order);
     // Never worse than greedy on the profile trace's device objective (the guard).
-    LayerEval eg = evaluate_layer(m, gr.order, o.eval, 0), el = evaluate_layer(m, ls.order, o.eval, 0);
+    // (greedy+ls with its own cache policy against greedy with the paper's linking-aligned cache.)
+    LayerEval eg = evaluate_layer(m, gr.order, o.eval, 0), el = evaluate_layer(m, ls.order, o.eval, 0, &ls.cache);
     CHECK(el.io_seconds <= eg.io_seconds);
+    CHECK(ls.guard_kept_seed == ls.cache.admission.empty());  // kept greedy = kept the paper's cache too
   }
 }
 
@@ -154,4 +156,83 @@ TEST_CASE("the search objective equals the planner's I/O time (fixed gap, block-
     double want_us = (lo.read_us + lo.bundle_us) * double(e.active) - ls_objective(m, o, lo);
     CHECK(e.io_seconds * 1e6 == doctest::Approx(want_us).epsilon(1e-9));
   }
+}
+
+TEST_CASE("greedy on a subset equals Algorithm 1 on the induced subgraph") {
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    const uint32_t n = 40;
+    LayerMask m = small_layer(n, 400, seed + 20);
+    std::vector<uint8_t> in(n, 0);
+    std::vector<uint32_t> ids;
+    for (uint32_t v = 0; v < n; ++v)
+      if ((v * 7 + seed) % 3 != 0) in[v] = 1, ids.push_back(v);
+    LayerMask sub(uint32_t(ids.size()), m.n_tokens);
+    for (size_t k = 0; k < ids.size(); ++k)
+      for (uint64_t w = 0; w < m.words; ++w) sub.row(uint32_t(k))[w] = m.row(ids[k])[w];
+    CoactivationOptions co;
+    co.top_k = n;
+    LayerGraph g = coactivation_count(m, co);
+    Links got;
+    Order o = solve_greedy_subset(g, &m, &in, nullptr, &got);
+    Links want = brute_force_links(sub);
+    for (auto& [a, b] : want) a = ids[a], b = ids[b];  // ids ascending: (u < v) is kept
+    CHECK(got == want);
+    REQUIRE(o.size() == ids.size());
+    for (uint32_t v : o) CHECK(in[v] == 1);
+  }
+}
+
+TEST_CASE("greedy's fragment join links by endpoint co-activation, and the result is one path") {
+  // Candidate lists of 2 leave many fragments; the join must still give a permutation, deterministically, and
+  // link some fragments by their endpoints' counts before falling back to index order.
+  LayerMask m = small_layer(3000, 2000, 13);
+  CoactivationOptions co;
+  co.top_k = 2;
+  LayerGraph g = coactivation_count(m, co);
+  GreedyStats st;
+  Order a = solve_greedy(g, &m, &st), b = solve_greedy(g, &m);
+  CHECK(is_perm(a, 3000));
+  CHECK(a == b);
+  CHECK(st.fragments > 10);
+  CHECK(st.endpoint_links > 0);
+  CHECK(st.accepted + st.endpoint_links + st.index_links == 2999);
+}
+
+TEST_CASE("the search stops at its evaluation budget and stays deterministic") {
+  LayerMask m = small_layer(600, 1500, 17);
+  CoactivationOptions co;
+  co.top_k = 16;
+  LayerGraph g = coactivation_count(m, co);
+  Order seed = solve_greedy(g, &m);
+  LsOptions lo;
+  lo.max_evaluations = 500;
+  LsStats st;
+  Order a = local_search(m, g, seed, lo, &st), b = local_search(m, g, seed, lo);
+  CHECK(a == b);
+  CHECK(st.evaluations >= 500);
+  CHECK(st.evaluations < 500 + 200);  // stops after the neuron being improved when the budget ran out
+  CHECK(is_perm(a, 600));
+}
+
+TEST_CASE("the miss stream: without a cache it is the trace; with one it drops the hits") {
+  LayerMask m = small_layer(300, 900, 19);
+  Order o = solve_identity(300);
+  std::reverse(o.begin(), o.end());
+  EvalConfig ec;
+  ec.device = default_device();
+  ec.bundle_bytes = 4096;
+  LayerMask miss;
+  evaluate_layer(m, o, ec, 0, nullptr, &miss);
+  CHECK(miss.bits == m.bits);
+  ec.cache_ratio = 0.1;
+  LayerCachePolicy pol{"all", {}};
+  LayerEval e = evaluate_layer(m, o, ec, 0, &pol, &miss);
+  uint64_t n_miss = 0;
+  for (uint32_t v = 0; v < 300; ++v) {
+    n_miss += miss.count(v);
+    for (uint64_t w = 0; w < m.words; ++w) CHECK((miss.row(v)[w] & ~m.row(v)[w]) == 0);
+  }
+  // Every active slot not resident is inside a read (the planner trims only resident slots): misses = needed.
+  CHECK(n_miss == e.bytes_needed / 4096);
+  CHECK(n_miss < e.active);
 }

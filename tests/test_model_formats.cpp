@@ -251,6 +251,18 @@ TEST_CASE("malformed safetensors checkpoints: one clear error each") {
   edit_header(tensors, d + "/model.safetensors", [](json& h) { h["model.norm.weight"]["shape"] = {25}; });
   check_error(input_error(d, read), d + "/model.safetensors", "shape and dtype need");
 
+  d = copy_checkpoint(good, "st-negative-dim");
+  edit_header(tensors, d + "/model.safetensors", [](json& h) { h["model.norm.weight"]["shape"] = {-24}; });
+  check_error(input_error(d, read), d + "/model.safetensors", "negative");
+
+  d = copy_checkpoint(good, "st-absurd-dims");  // 2^40 x 2^40 elements: must not overflow into a small size
+  edit_header(tensors, d + "/model.safetensors", [](json& h) { h["model.norm.weight"]["shape"] = {1ull << 40, 1ull << 40}; });
+  check_error(input_error(d, read), d + "/model.safetensors", "absurdly large");
+
+  d = copy_checkpoint(good, "st-not-object");
+  edit_header(tensors, d + "/model.safetensors", [](json& h) { h["model.norm.weight"] = 5; });
+  check_error(input_error(d, read), d + "/model.safetensors", "entry needs dtype");
+
   d = copy_checkpoint(good, "st-missing");
   edit_header(tensors, d + "/model.safetensors", [](json& h) { h.erase("model.layers.1.mlp.up_proj.weight"); });
   check_error(input_error(d, read), d + "/model.safetensors", "missing tensor 'model.layers.1.mlp.up_proj.weight'");
@@ -275,6 +287,11 @@ TEST_CASE("malformed safetensors checkpoints: one clear error each") {
   d = with_config("cfg-type", [](json& c) { c["num_hidden_layers"] = "two"; });
   check_error(input_error(d, read), d + "/config.json", "wrong type");
   d = with_config("cfg-negative", [](json& c) { c["intermediate_size"] = -5; });
+  check_error(input_error(d, read), d + "/config.json", "out of range");
+  // Found by fuzz review: json's get<int64_t>/get<float> converted 1e300 (undefined behaviour) instead of refusing.
+  d = with_config("cfg-float-int", [](json& c) { c["hidden_size"] = 1e300; });
+  check_error(input_error(d, read), d + "/config.json", "an integer is needed");
+  d = with_config("cfg-huge-eps", [](json& c) { c["rms_norm_eps"] = 1e300; });
   check_error(input_error(d, read), d + "/config.json", "out of range");
   d = with_config("cfg-model-type", [](json& c) { c["model_type"] = "gpt2"; });
   check_error(input_error(d, read), d + "/config.json", "model_type 'gpt2'");

@@ -12,6 +12,7 @@
 #include "formats/core/atomic_file.h"
 #include "formats/layout.h"
 #include "formats/llama2c.h"
+#include "formats/safetensors.h"
 #include "runtime/flash_image.h"
 #include "runtime/model/model.h"
 
@@ -92,6 +93,55 @@ TEST_CASE("pack: deterministic image, function-preserving permuted export (stori
   std::string out;
   CHECK(sh(bin + "nl-layout pack --model " + model + " --layout pack_test/bad_layout.json --out pack_test/x.nlw", &out) == 3);
   CHECK(out.find("pack_test/bad_layout.json: ") != std::string::npos);
+}
+
+TEST_CASE("pack streams from safetensors: same image as from llama2.c; permuted safetensors export preserves the function") {
+  const std::string model = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/stories260K.bin";
+  struct stat st {};
+  if (::stat(model.c_str(), &st) != 0) {
+    MESSAGE("skipped: " << model << " is absent");
+    return;
+  }
+  ::mkdir("pack_st", 0755);
+  ModelWeights w = read_llama2c(model);
+  write_safetensors_model("pack_st/hf", w);
+  Layout lay;
+  lay.method = "greedy";
+  std::mt19937_64 rng(5);
+  for (int l = 0; l < w.config.n_layers; ++l) {
+    LayoutLayer L;
+    L.order.resize(size_t(w.config.hidden_dim));
+    for (uint32_t i = 0; i < L.order.size(); ++i) L.order[i] = i;
+    std::shuffle(L.order.begin(), L.order.end(), rng);
+    lay.layers.push_back(L);
+  }
+  layout_write("pack_st/layout.json", lay);
+  const std::string bin = std::string(NL_BINARY_DIR) + "/cli/";
+  std::string out;
+  REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --model " + model + " --layout pack_st/layout.json --dtype bf16 --out pack_st/a.nlw", &out) == 0, out);
+  REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --model pack_st/hf --layout pack_st/layout.json --dtype bf16 --out pack_st/b.nlw "
+                           "--export-permuted pack_st/hf_perm",
+                     &out) == 0,
+                  out);
+  // The FFN regions (everything but the manifest's source fields) are the same bytes.
+  CHECK(read_file("pack_st/a.nlw") == read_file("pack_st/b.nlw"));
+
+  ModelWeights p = read_safetensors_model("pack_st/hf_perm");
+  CHECK(p.layers[1].w_gate != w.layers[1].w_gate);
+  Model m0(w), m1(p);
+  int t0 = 1, t1 = 1;
+  float max_diff = 0;
+  for (int pos = 0; pos < 16; ++pos) {
+    const float* a = m0.forward_token(t0, pos);
+    std::vector<float> la(a, a + w.config.vocab_size);
+    const float* b = m1.forward_token(t1, pos);
+    for (int i = 0; i < w.config.vocab_size; ++i) max_diff = std::max(max_diff, std::fabs(la[size_t(i)] - b[i]));
+    t0 = int(std::max_element(la.begin(), la.end()) - la.begin());
+    t1 = int(std::max_element(b, b + w.config.vocab_size) - b);
+    REQUIRE(t0 == t1);
+  }
+  MESSAGE("safetensors permuted export: max |logit difference| over 16 positions " << max_diff);
+  CHECK(max_diff <= 1e-5f);
 }
 
 // --synthetic-shape: random FFN weights of a given shape (I/O benchmarks, no model file). Byte-identical for equal

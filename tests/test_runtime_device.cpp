@@ -47,4 +47,16 @@ TEST_CASE("malformed device profiles are rejected with the file named") {
   bad(R"({"format":"neuralink-device","version":1,"read_latency_us":1,"bandwidth_MBps":-3})", "positive");
   bad(R"({"format":"neuralink-device","version":1,"read_latency_us":1,"bandwidth_MBps":3,"queue_depth":0})", "queue_depth");
   bad(R"({"format":"neuralink-device","version":1,"read_latency_us":1,"bandwidth_MBps":3,"block_bytes":3000})", "block_bytes");
+  // Wrong types and out-of-range numbers were json exceptions (exit 1) or a float->int conversion (UB).
+  const std::string ok = R"("format":"neuralink-device","version":1,"read_latency_us":1,"bandwidth_MBps":3)";
+  bad("{" + ok + R"(,"name":7})", "'name' must be a string");
+  bad("{" + ok + R"(,"description":[]})", "'description' must be a string");
+  bad("{" + ok + R"(,"queue_depth":"8"})", "queue_depth");
+  bad("{" + ok + R"(,"queue_depth":1e300})", "queue_depth");
+  bad("{" + ok + R"(,"block_bytes":18446744073709551615})", "block_bytes");
+  bad("{" + ok + R"(,"qd1":5})", "'qd1' must be an object");
+  bad(R"({"format":7,"version":1})", "format");
+  bad(R"({"format":"neuralink-device","version":18446744073709551615})", "newer");
+  bad(R"({"format":"neuralink-device","version":0})", ">= 1");
+  CHECK_NOTHROW(device_parse("{" + ok + R"(,"queue_depth":4,"name":"x"})", "dev.json"));
 }

@@ -279,6 +279,22 @@ TEST_CASE("malformed manifests and images are refused with one clear line each")
   expect_refused(img, {"edited checksum", false, "does not match its region table"});
   with_manifest([](json& j) { j["dtype"] = "q4"; });
   expect_refused(img, {"unknown dtype", false, "unknown dtype 'q4'"});
+  // Found by fuzz/fuzz_manifest: the version was narrowed to 32 bits before the check (2^32 + 1 read as 1),
+  // and a model float beyond FLT_MAX was converted regardless.
+  with_manifest([](json& j) { j["version"] = (1ull << 32) + 1; });
+  expect_refused(img, {"version wraps to 1", false, "format version 4294967297 is newer"});
+  with_manifest([](json& j) { j["version_minor"] = 1ull << 40; });
+  expect_refused(img, {"absurd minor version", false, "version_minor"});
+  with_manifest([](json& j) { j["model"]["rope_theta"] = 1e300; });
+  expect_refused(img, {"rope_theta beyond float", false, "model.rope_theta is out of range"});
+  with_manifest([](json& j) { j["regions"][1]["offset"] = -4096; });
+  expect_refused(img, {"negative offset", false, "non-negative integer"});
+  with_manifest([](json& j) { j["regions"].erase(2); });
+  expect_refused(img, {"region missing", false, "has 2 regions"});
+  with_manifest([](json& j) { j["image"]["bytes"] = j["image"]["bytes"].get<uint64_t>() + 100; });
+  expect_refused(img, {"image size not aligned", false, "not a multiple of 4096"});
+  with_manifest([](json& j) { j["model"]["hidden_dim"] = 1u << 29; });
+  expect_refused(img, {"region size vs config", false, "expected hidden_dim"});
 
   // Image-side problems: the manifest is fine, the image is not the one it describes.
   with_manifest([](json&) {});

@@ -2,6 +2,7 @@
 #include <hdf5.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <random>
@@ -81,6 +82,40 @@ struct H5Edit {
   }
   void del_attr(const char* obj, const char* name) { H5Adelete_by_name(f, obj, name, H5P_DEFAULT); }
   void del_link(const char* name) { H5Ldelete(f, name, H5P_DEFAULT); }
+  void set_double_array(const char* obj, const char* name, size_t n) {
+    hid_t o = H5Oopen(f, obj, H5P_DEFAULT);
+    H5Adelete(o, name);
+    hsize_t d[1] = {n};
+    std::vector<double> v(n, 0.5);
+    hid_t s = H5Screate_simple(1, d, nullptr);
+    hid_t a = H5Acreate2(o, name, H5T_IEEE_F64LE, s, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, H5T_NATIVE_DOUBLE, v.data());
+    H5Aclose(a);
+    H5Sclose(s);
+    H5Oclose(o);
+  }
+  // Replaces `name` with a chunked dataset of the given extent whose chunks are never written: the file stays
+  // small while the extent claims anything.
+  void replace_unwritten(const char* name, hid_t type, std::vector<hsize_t> dims) {
+    H5Ldelete(f, name, H5P_DEFAULT);
+    hid_t s = H5Screate_simple(int(dims.size()), dims.data(), nullptr);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    std::vector<hsize_t> chunk(dims.size(), 1);
+    H5Pset_chunk(dcpl, int(chunk.size()), chunk.data());
+    hid_t ds = H5Dcreate2(f, name, type, s, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    H5Dclose(ds);
+    H5Pclose(dcpl);
+    H5Sclose(s);
+  }
+  void write_tokens(std::vector<int32_t> v) {
+    H5Ldelete(f, "tokens", H5P_DEFAULT);
+    hsize_t d[1] = {v.size()};
+    hid_t s = H5Screate_simple(1, d, nullptr);
+    hid_t ds = H5Dcreate2(f, "tokens", H5T_STD_I32LE, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+    H5Dclose(ds);
+    H5Sclose(s);
+  }
   void write_sequences(std::vector<int64_t> v) {
     H5Ldelete(f, "sequences", H5P_DEFAULT);
     hsize_t d[1] = {v.size()};
@@ -185,6 +220,30 @@ TEST_CASE("malformed traces: one clear error naming the file") {
       {"seq_first", [](H5Edit& e) { e.write_sequences({5}); }, "must start with 0"},
       {"missing_sequences", [](H5Edit& e) { e.del_link("sequences"); }, "missing dataset /sequences"},
       {"negative_tokens", [](H5Edit& e) { e.set_int("/", "n_tokens", -5); }, "out of range"},
+      {"missing_format", [](H5Edit& e) { e.del_attr("/", "format"); }, "missing attribute 'format'"},
+      {"format_not_string", [](H5Edit& e) { e.set_int("/", "format", 1); }, "'format' is not a string"},
+      {"version_not_int", [](H5Edit& e) { e.set_str("/", "version", "1"); }, "'version' is not a scalar integer"},
+      {"missing_layers_group", [](H5Edit& e) { e.del_link("layers"); }, "missing layer group /layers/0"},
+      {"missing_mask", [](H5Edit& e) { e.del_link("layers/0/mask"); }, "missing dataset /layers/0/mask"},
+      {"tokens_short", [](H5Edit& e) { e.write_tokens({1, 2, 3}); }, "/tokens has 3 entries"},
+      // Regression: an array 'threshold' made H5Aread write 100 doubles into one (stack overflow).
+      {"threshold_array", [](H5Edit& e) { e.set_double_array("/layers/0", "threshold", 100); }, "not a scalar number"},
+      // Allocation bound: a mask whose extent claims 2^26 x 2^34 words that the file does not store must be
+      // refused before anything is allocated (it used to ask for 2^63 bytes).
+      {"mask_unwritten_huge",
+       [](H5Edit& e) {
+         e.set_int("/", "n_tokens", int64_t(1) << 40);
+         e.set_int("/layers/0", "n_neurons", int64_t(1) << 26);
+         e.replace_unwritten("layers/0/mask", H5T_STD_U64LE, {hsize_t(1) << 26, hsize_t(1) << 34});
+       },
+       "declares"},
+      {"sequences_unwritten_huge",
+       [](H5Edit& e) {
+         e.set_int("/", "n_tokens", int64_t(1) << 40);  // masks now mismatch: checked first, so give layer 0 none
+         e.set_int("/", "n_layers", 0);
+         e.replace_unwritten("sequences", H5T_STD_I64LE, {hsize_t(1) << 36});
+       },
+       "declares"},
   };
   for (auto& c : cases) {
     std::string p = std::string("bad_") + c.name + ".h5";
@@ -201,6 +260,12 @@ TEST_CASE("malformed traces: one clear error naming the file") {
   std::string bytes = read_file("trunc_src.h5");
   write_file_atomic("bad_truncated.h5", bytes.substr(0, bytes.size() / 2));
   expect_input_error("bad_truncated.h5");
+  // Reproducers the fuzzer found (fuzz/regressions): each must be refused with an InputError, not crash.
+  for (const auto& e : std::filesystem::directory_iterator(std::string(NL_SOURCE_DIR) + "/fuzz/regressions")) {
+    if (e.path().filename().string().rfind("trace-", 0) != 0) continue;
+    INFO(e.path().string());
+    expect_input_error(e.path().string());
+  }
   // Not HDF5 at all.
   write_file_atomic("bad_text.h5", "hello, I am not HDF5\n");
   CHECK(expect_input_error("bad_text.h5").find("not an HDF5 file") != std::string::npos);

@@ -295,16 +295,18 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=60)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--ckpt-every", type=int, default=50)
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
     ap.add_argument("--bench", type=int, default=0, help="time N steps and exit (no checkpoint, no export)")
     ap.add_argument("--export-only", action="store_true", help="export the last checkpoint and stop")
+    ap.add_argument("--eval-windows", type=int, default=256,
+                    help="final losses on this many evenly spaced windows per split (0 = all)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -391,8 +393,11 @@ def main():
     export(model, cfg, sp_path, args.out, dtype, {"steps": str(step), "seed": str(args.seed)})
     model, _ = load_exported(args.out)  # measure what was written, not the training copy
     torch.set_num_threads(args.threads)
+    if args.eval_windows and args.eval_windows < len(valid_wins):
+        valid_wins = valid_wins[:: len(valid_wins) // args.eval_windows][: args.eval_windows]
     vl, active = evaluate(model, valid_wins, args.batch, record_active=True)
-    train_wins = windows(train_ids[: len(valid_ids)], args.seq_len, 1)
+    train_wins = windows(train_ids, args.seq_len, 1)
+    train_wins = train_wins[:: len(train_wins) // len(valid_wins)][: len(valid_wins)]
     tl, _ = evaluate(model, train_wins, args.batch)
     per_layer = active.mean(dim=1).tolist()
     never = (active == 0).sum(dim=1).tolist()

@@ -4,6 +4,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -274,12 +276,15 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
   if (opt_str(j, "format") != "neuralink-image")
     bad(path, "not a flash image manifest (format is '" + opt_str(j, "format") + "', expected 'neuralink-image')");
   ImageManifest m;
-  m.version_major = uint32_t(need_u64(j, "version", path));
-  if (m.version_major > kImageVersionMajor)
-    bad(path, "format version " + std::to_string(m.version_major) + " is newer than this build reads (" +
+  const uint64_t major = need_u64(j, "version", path);  // compared before narrowing: 2^32 + 1 is not version 1
+  if (major > kImageVersionMajor)
+    bad(path, "format version " + std::to_string(major) + " is newer than this build reads (" +
                   std::to_string(kImageVersionMajor) + "); use a newer nl-run or re-pack");
-  if (m.version_major < 1) bad(path, "format version 0 does not exist");
-  m.version_minor = j.contains("version_minor") ? uint32_t(need_u64(j, "version_minor", path)) : 0;
+  if (major < 1) bad(path, "format version 0 does not exist");
+  m.version_major = uint32_t(major);
+  const uint64_t minor = j.contains("version_minor") ? need_u64(j, "version_minor", path) : 0;
+  if (minor > 0xffffffffu) bad(path, "version_minor " + std::to_string(minor) + " is out of range");
+  m.version_minor = uint32_t(minor);
   try {
     const json& img = need(j, "image", path);
     m.image_file = need_str(img, "file", path, "image.");
@@ -296,6 +301,10 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
     c.seq_len = need_int(mc, "seq_len", path, "model.");
     if (!need(mc, "rope_theta", path, "model.").is_number() || !need(mc, "norm_eps", path, "model.").is_number())
       bad(path, "model.rope_theta and model.norm_eps must be numbers");
+    // Narrowed only when a float holds them (a double beyond FLT_MAX does not convert).
+    for (const char* k : {"rope_theta", "norm_eps"})
+      if (!(std::fabs(mc.at(k).get<double>()) <= double(std::numeric_limits<float>::max())))
+        bad(path, std::string("model.") + k + " is out of range");
     c.rope_theta = mc.at("rope_theta").get<float>();
     c.norm_eps = mc.at("norm_eps").get<float>();
     std::string act = need_str(mc, "ffn_act", path, "model.");

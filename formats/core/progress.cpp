@@ -46,11 +46,24 @@ void Progress::set(uint64_t d) {
   maybe_draw(false);
 }
 
+void Progress::set_total(uint64_t total) {
+  std::lock_guard<std::mutex> lock(mu_);
+  total_ = total;
+}
+
 void Progress::finish() {
   if (finished_) return;
   maybe_draw(true);
   finished_ = true;
   if (enabled_ && tty_) std::fputc('\n', stderr);
+}
+
+void Progress::note(const std::string& line) {
+  if (!enabled_) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  // On a terminal, clear the bar's line; the next update redraws it below the note.
+  std::fprintf(stderr, "%s%s\n", tty_ && !finished_ ? "\r\033[K" : "", line.c_str());
+  std::fflush(stderr);
 }
 
 void Progress::maybe_draw(bool force) {
@@ -61,9 +74,12 @@ void Progress::maybe_draw(bool force) {
   if (!lock.owns_lock()) lock.lock();
   double since_last = std::chrono::duration<double>(now - last_).count();
   if (!force && since_last < (tty_ ? 0.1 : 5.0)) return;
+  uint64_t shown = done_.load(std::memory_order_relaxed);
+  if (force && !tty_ && shown == drawn_) return;  // the last plain line already says it
+  drawn_ = shown;
   last_ = now;
   double el = std::chrono::duration<double>(now - start_).count();
-  uint64_t d = done_.load(std::memory_order_relaxed);
+  uint64_t d = shown;
   double rate = el > 0 ? double(d) / el : 0;
   char line[256];
   if (total_ > 0) {

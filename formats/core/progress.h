@@ -20,7 +20,10 @@ class Progress {
 
   void add(uint64_t n = 1);   // n more items done
   void set(uint64_t done);    // absolute count
+  void set_total(uint64_t total);  // when the total becomes known after construction
   void finish();              // final line with the total time
+  // An informational line that does not garble the bar (printed above it on a terminal); silent when disabled.
+  void note(const std::string& line);
 
   // Global default for `enabled` (set once from --quiet by the binaries).
   static void set_quiet(bool quiet);
@@ -32,6 +35,7 @@ class Progress {
   uint64_t total_;
   bool enabled_, tty_, finished_ = false;
   std::atomic<uint64_t> done_{0};
+  uint64_t drawn_ = UINT64_MAX;  // count shown by the last plain line (finish() does not repeat it)
   std::chrono::steady_clock::time_point start_, last_;
   std::mutex mu_;
 };

@@ -7,8 +7,11 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <csetjmp>
+#include <csignal>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "formats/core/error.h"
@@ -274,11 +277,42 @@ class UringEngine final : public VectoredEngine {
 };
 #endif
 
+// A file truncated under a mapping raises SIGBUS on the first touch of a page past the new end. The mmap engine
+// turns that into the same truncation error the other engines give: a thread-local jump target is set around its
+// memcpy, and a SIGBUS handler, installed while any mmap engine exists, jumps back there. Any other SIGBUS goes to
+// the handler that was there before (restored when the last mmap engine closes).
+thread_local sigjmp_buf* volatile t_sigbus_target = nullptr;  // volatile: the stores around memcpy must stay
+std::mutex g_sigbus_mu;
+int g_sigbus_users = 0;
+struct sigaction g_sigbus_prev {};
+
+void on_sigbus(int sig, siginfo_t*, void*) {
+  if (t_sigbus_target) siglongjmp(*t_sigbus_target, 1);
+  ::sigaction(SIGBUS, &g_sigbus_prev, nullptr);
+  ::raise(sig);
+}
+
+void sigbus_handler_acquire() {
+  std::lock_guard<std::mutex> lk(g_sigbus_mu);
+  if (g_sigbus_users++ > 0) return;
+  struct sigaction sa {};
+  sa.sa_sigaction = on_sigbus;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGBUS, &sa, &g_sigbus_prev);
+}
+
+void sigbus_handler_release() {
+  std::lock_guard<std::mutex> lk(g_sigbus_mu);
+  if (--g_sigbus_users == 0) ::sigaction(SIGBUS, &g_sigbus_prev, nullptr);
+}
+
 class MmapEngine final : public IoEngine {
  public:
   MmapEngine(const std::string& path, const IoOptions& o) : IoEngine(IoKind::kMmap, path, o) {}
   ~MmapEngine() override {
     if (map_) ::munmap(map_, size_);
+    if (handler_) sigbus_handler_release();
   }
   void map() {
     struct stat st {};
@@ -288,6 +322,8 @@ class MmapEngine final : public IoEngine {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd_, 0);
     if (p == MAP_FAILED) throw IoError(path_, errno_text("cannot mmap"));
     map_ = static_cast<uint8_t*>(p);
+    sigbus_handler_acquire();
+    handler_ = true;
   }
   void read(const ReadSpan* s, size_t n) override {
     for (size_t i = 0; i < n; ++i) {
@@ -296,7 +332,7 @@ class MmapEngine final : public IoEngine {
       int64_t res = observe(s[i].offset, s[i].bytes, int64_t(avail));
       if (res < 0) fail(int(-res), s[i].offset, s[i].bytes);
       if (uint64_t(res) < s[i].bytes) fail_eof(s[i].offset, s[i].bytes, uint64_t(res));
-      std::memcpy(s[i].dst, map_ + s[i].offset, s[i].bytes);  // page faults are the reads
+      copy(s[i]);  // page faults are the reads
       counters_.bytes += s[i].bytes;
     }
   }
@@ -304,6 +340,21 @@ class MmapEngine final : public IoEngine {
  private:
   uint8_t* map_ = nullptr;
   uint64_t size_ = 0;
+  bool handler_ = false;
+
+  void copy(const ReadSpan& s) {
+    sigjmp_buf target;
+    if (sigsetjmp(target, 1) != 0) {
+      t_sigbus_target = nullptr;
+      struct stat st {};
+      const uint64_t now = ::fstat(fd_, &st) == 0 ? uint64_t(st.st_size) : 0;
+      throw InputError(path_, "truncated: the file shrank to " + std::to_string(now) + " bytes under the mapping (SIGBUS in a read of " +
+                                  std::to_string(s.bytes) + " bytes at offset " + std::to_string(s.offset) + ")");
+    }
+    t_sigbus_target = &target;
+    std::memcpy(s.dst, map_ + s.offset, s.bytes);
+    t_sigbus_target = nullptr;
+  }
 };
 
 }  // namespace

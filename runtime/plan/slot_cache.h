@@ -24,6 +24,9 @@ struct CacheConfig {
   uint64_t seed = 0;               // admission draws
 };
 
+// Admission seed of layer `layer` in a run seeded with `seed`: nl-layout eval and nl-run draw the same numbers.
+inline uint64_t cache_seed_for_layer(uint64_t seed, uint32_t layer) { return seed * 1000003ull + layer; }
+
 // Capacity in bundles for a cache holding `ratio` of the layer's FFN bytes.
 uint32_t cache_capacity_for_ratio(double ratio, uint32_t n_slots);
 

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The phone build: cross-builds a static aarch64 nl-run (cmake/aarch64-linux-gnu.cmake, runtime only, nl-run target
+# only, in its own build folder), packs the bundled tiny ReLU model and stories260K, and checks that the aarch64
+# binary under qemu-aarch64-static generates exactly the native build's tokens (gate, dense and lowrank selection,
+# f16 and f32 images, a text prompt through the llama2.c tokenizer).
+# Usage: check_cross_aarch64.sh SRC_DIR NATIVE_BUILD_DIR CROSS_BUILD_DIR MODELS_DIR. Exit 77 = skipped.
+set -euo pipefail
+src=$1; native=$2; cross=$3; models=$4
+fail() { echo "cross aarch64: $*" >&2; exit 1; }
+skip() { echo "cross aarch64: SKIPPED: $*" >&2; exit 77; }
+command -v aarch64-linux-gnu-g++ >/dev/null || skip "no aarch64-linux-gnu-g++ (scripts/bootstrap.sh cross)"
+command -v qemu-aarch64-static >/dev/null || skip "no qemu-aarch64-static (scripts/bootstrap.sh cross)"
+model=$models/llama2c-stories260K/stories260K.bin
+[ -f "$model" ] || skip "$model is absent"
+
+# 1. Cross build: configure once, then only the nl-run target (incremental on later runs).
+if [ ! -f "$cross/CMakeCache.txt" ]; then
+  gen=()
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  cmake -S "$src" -B "$cross" "${gen[@]}" -DCMAKE_TOOLCHAIN_FILE="$src/cmake/aarch64-linux-gnu.cmake" \
+    -DNL_RUNTIME_ONLY=ON -DNL_STATIC=ON -DNL_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release >"$cross.configure.log" 2>&1 ||
+    { cat "$cross.configure.log"; rm -f "$cross/CMakeCache.txt"; fail "configure failed"; }
+fi
+cmake --build "$cross" --target nl-run -j "$(nproc)" >"$cross.build.log" 2>&1 || { tail -50 "$cross.build.log"; fail "build failed"; }
+arm=$cross/cli/nl-run
+file_out=$(file -b "$arm" 2>/dev/null || true)
+if [ -n "$file_out" ]; then
+  case "$file_out" in
+    *aarch64*static*|*ARM\ aarch64*statically*) ;;
+    *) fail "$arm is not a static aarch64 executable: $file_out" ;;
+  esac
+fi
+qemu-aarch64-static "$arm" --version
+
+# 2. Pack and compare tokens, native vs qemu: the bundled tiny ReLU model (gate, dense, lowrank predictor) and
+#    stories260K (SiLU; f16 and f32).
+work=$native/tests/cross_aarch64
+rm -rf "$work"; mkdir -p "$work"
+same_tokens() {  # image, label, nl-run generate options...
+  local img=$1 label=$2; shift 2
+  local args=(generate --image "$img" "$@") n a
+  n=$("$native/cli/nl-run" --quiet "${args[@]}" | grep -E '^(tokens|lowrank):')
+  a=$(qemu-aarch64-static "$arm" --quiet "${args[@]}" | grep -E '^(tokens|lowrank):')
+  echo "$n" | grep -q '^tokens: [0-9]' || fail "native nl-run printed no tokens ($label)"
+  [ "$n" = "$a" ] || fail "tokens differ ($label): native '$n', aarch64 '$a'"
+  echo "cross aarch64: $label: same $(echo "$n" | head -1)"
+}
+relu=$src/datasets/tiny-relu/model
+if [ -f "$relu/model.safetensors" ]; then
+  "$native/cli/nl-layout" --quiet pack --model "$relu" --dtype f16 --out "$work/relu.nlw"
+  for sel in gate dense lowrank:32; do
+    same_tokens "$work/relu.nlw" "tiny-relu f16 --select $sel" --prompt-tokens 1,100,200 --steps 24 --select "$sel" \
+      --gap 2 --cache-ratio 0.1 --calibrate-steps 32
+  done
+else
+  echo "cross aarch64: $relu is absent: stories260K only"
+fi
+for dt in f16 f32; do
+  "$native/cli/nl-layout" --quiet pack --model "$model" --dtype "$dt" --out "$work/m_$dt.nlw" \
+    --tokenizer "$models/llama2c-stories260K/tok512.bin"
+  for sel in gate dense; do
+    same_tokens "$work/m_$dt.nlw" "stories260K $dt --select $sel" --prompt-tokens 1,403,407 --steps 24 --select "$sel" \
+      --gap 2 --cache-ratio 0.1
+  done
+done
+# Text prompt through the runtime's llama2.c tokenizer (the manifest's reference): same tokens and text.
+args=(generate --image "$work/m_f16.nlw" --prompt "Once upon a time, a little" --steps 20)
+n=$("$native/cli/nl-run" --quiet "${args[@]}" | grep -E '^(tokens|text):')
+a=$(qemu-aarch64-static "$arm" --quiet "${args[@]}" | grep -E '^(tokens|text):')
+echo "$n" | grep -q '^text: Once upon a time, a little' || fail "native nl-run printed no text: $n"
+[ "$n" = "$a" ] || fail "text prompt: native '$n', aarch64 '$a'"
+echo "cross aarch64: text prompt: same $(echo "$n" | tail -1)"
+echo "cross aarch64: OK (static aarch64 nl-run under qemu generates the native tokens)"

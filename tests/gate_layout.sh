@@ -1,0 +1,53 @@
+#!/bin/sh
+# CI quality gate for the layout solvers: profiles a real model from NL_MODELS_DIR over the repository's own
+# English docs (no package needed) and a scaled-down paper-shaped synthetic trace, solves each with greedy (the
+# paper's pipeline) and greedy+ls (ours), and runs nl-layout eval --require on the held-out traces, so that a
+# regression (greedy+ls worse than greedy, or above a recorded floor) fails the suite.
+# Recorded floors (docs/solvers.md): synthetic greedy+ls/greedy io_ms measured 0.771 -> gate 0.85; stories260K
+# measured 0.992 (its 172-neuron layers fit in one read at the default bundle size) -> gate 1.0, i.e. never worse.
+#   gate_layout.sh SOURCE_DIR BINARY_DIR MODELS_DIR     exit 77 (CTest: skipped) when the model is absent
+set -eu
+src=$1 bin=$2 models=$3
+work=$bin/tests/gate_layout_tmp
+rm -rf "$work" && mkdir -p "$work"
+L="$bin/cli/nl-layout" P="$bin/cli/nl-profile"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+
+# 1. Paper-shaped synthetic trace (OPT-6.7B preset, scaled down to 2,048 neurons and 1 layer).
+"$P" synth --preset "$src/configs/workloads/opt-6.7b.json" --neurons 2048 --layers 1 --profile-sequences 48 \
+  --test-sequences 16 --profile-out "$work/syn_p.h5" --test-out "$work/syn_t.h5"
+for m in greedy greedy+ls; do
+  "$L" solve --quiet --trace "$work/syn_p.h5" --method "$m" --bundle-bytes 16384 --out "$work/syn_$m.json"
+done
+echo "== synthetic opt-6.7b (2,048 neurons): UFS 4.0, auto gap, 5 % cache"
+"$L" eval --trace "$work/syn_t.h5" --layout "$work/syn_greedy.json" --layout "$work/syn_greedy+ls.json" \
+  --bundle-bytes 16384 --require "greedy+ls.io_ms <= 0.85 * greedy.io_ms"
+echo "== synthetic: gap 0, no cache"
+"$L" eval --trace "$work/syn_t.h5" --layout "$work/syn_greedy.json" --layout "$work/syn_greedy+ls.json" \
+  --bundle-bytes 16384 --gap off --cache-ratio 0 --require "greedy+ls.reads <= greedy.reads"
+
+# 2. A real model's held-out trace.
+model="$models/llama2c-stories260K/stories260K.bin"
+if [ ! -f "$model" ]; then
+  echo "SKIP: $model not found (set NL_MODELS_DIR); the synthetic gate above passed"
+  exit 77
+fi
+"$P" run --quiet --model "$model" --tokenizer "$models/llama2c-stories260K/tok512.bin" \
+  --text "$src"/docs/*.md "$src/README.md" --seq-len 256 --max-tokens 12000 --test-fraction 0.25 \
+  --out "$work/real_p.h5" --test-out "$work/real_t.h5"
+for m in greedy greedy+ls; do
+  "$L" solve --quiet --trace "$work/real_p.h5" --method "$m" --out "$work/real_$m.json"
+done
+echo "== stories260K: UFS 4.0, auto gap, 5 % cache"
+"$L" eval --trace "$work/real_t.h5" --layout "$work/real_greedy.json" --layout "$work/real_greedy+ls.json" \
+  --require "greedy+ls.io_ms <= 1.0 * greedy.io_ms"
+for m in greedy greedy+ls; do
+  "$L" solve --quiet --trace "$work/real_p.h5" --method "$m" --bundle-bytes 16384 --out "$work/real16_$m.json"
+done
+echo "== stories260K with 16 KiB bundles (paper-sized reads): UFS 4.0, auto gap, 5 % cache"
+"$L" eval --trace "$work/real_t.h5" --layout "$work/real16_greedy.json" --layout "$work/real16_greedy+ls.json" \
+  --bundle-bytes 16384 --require "greedy+ls.io_ms <= 1.0 * greedy.io_ms"
+echo "== stories260K: gap 0, no cache"
+"$L" eval --trace "$work/real_t.h5" --layout "$work/real_greedy.json" --layout "$work/real_greedy+ls.json" \
+  --gap off --cache-ratio 0 --require "greedy+ls.reads <= greedy.reads"
+rm -rf "$work"
