@@ -439,6 +439,7 @@ def main():
     ap.add_argument("--shapes", default="opt-6.7b,llama2-7b-prosparse")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--methods", default=",".join(METHODS), help="layouts to compare (identity is required)")
     ap.add_argument("--engines", default="uring,pread")
     ap.add_argument("--gaps", default="off,auto")
     ap.add_argument("--cache", type=float, default=0.05)
@@ -461,6 +462,7 @@ def main():
         a.shapes, a.layers, a.test_sequences, a.profile_sequences = "opt-6.7b", 2, 1, 32
         a.model_tokens, a.offline_sequences = 20000, 32
         a.engines = "uring"
+    METHODS[:] = [m for m in a.methods.split(",") if m]
     a.engines = a.engines.split(",")
     a.gaps = a.gaps.split(",")
     build = os.path.abspath(a.build)
