@@ -73,10 +73,17 @@ int main(int argc, char** argv) {
   l.trace_sha256 = std::string(64, 'a');
   l.trace_model = "tiny";
   l.trace_tokens = 100;
-  l.layers = {{{2, 0, 1}, 3.0, 4.0}, {{1, 0}, 1.0, 1.0}};
+  auto layer = [](std::vector<uint32_t> order, double objective, double upper_bound) {
+    LayoutLayer x;  // named fields: LayoutLayer gained cache-policy members (admission, pinned)
+    x.order = std::move(order);
+    x.objective = objective;
+    x.upper_bound = upper_bound;
+    return x;
+  };
+  l.layers = {layer({2, 0, 1}, 3.0, 4.0), layer({1, 0}, 1.0, 1.0)};
   layout_write((out / "layout/greedy.json").string(), l);
   l.method = "identity";
-  l.layers = {{{0, 1, 2}, 0, 0}};
+  l.layers = {layer({0, 1, 2}, 0, 0)};
   layout_write((out / "layout/identity_1layer.json").string(), l);
 
   // Traces: two layers, two sequences, tokens; and one without tokens, deflate off.
