@@ -125,7 +125,9 @@ int argmax(const float* x, int n) {
 }
 
 // Feeds the prompt, then `steps` greedy tokens; returns the generated tokens. Ends each token on `ffn` (may be null).
-std::vector<int> generate_greedy(Model& model, FlashFfn* ffn, const std::vector<int>& prompt, int steps) {
+// `prog` (may be null) counts forward passes.
+std::vector<int> generate_greedy(Model& model, FlashFfn* ffn, const std::vector<int>& prompt, int steps,
+                                 Progress* prog = nullptr) {
   const int vocab = model.config().vocab_size;
   const int total = int(prompt.size()) + steps;
   std::vector<int> out;
@@ -139,7 +141,9 @@ std::vector<int> generate_greedy(Model& model, FlashFfn* ffn, const std::vector<
       token = argmax(logits, vocab);
       out.push_back(token);
     }
+    if (prog) prog->add(1);
   }
+  if (prog) prog->finish();
   return out;
 }
 
@@ -203,7 +207,8 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   Model model(w, total);
   if (ffn) model.set_ffn(ffn.get());
   auto t0 = std::chrono::steady_clock::now();
-  std::vector<int> out = generate_greedy(model, ffn.get(), prompt, a.steps);
+  Progress prog("generate", uint64_t(total - 1), !g.quiet, "tokens");
+  std::vector<int> out = generate_greedy(model, ffn.get(), prompt, a.steps, &prog);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   extra["generated"] = out;
   std::string text;

@@ -59,7 +59,7 @@ std::set<std::string> options(const std::string& text) {
     size_t p = tok.find("--");
     if (p == std::string::npos) continue;
     std::string name = tok.substr(p);
-    name = name.substr(0, name.find_first_of(",=:"));
+    name = name.substr(0, name.find_first_of(",=:{"));  // CLI11 prints negated flags as --flag{false}
     out.insert(name);
   }
   for (const char* g : {"--help", "--quiet", "--json", "--threads", "--version"}) out.erase(g);
