@@ -30,8 +30,14 @@ class UsageError : public Error {
 // A file whose content is wrong. The message names the file: "<path>: <what is wrong>".
 class InputError : public Error {
  public:
-  InputError(const std::string& path, const std::string& what) : Error(path + ": " + what) {}
+  InputError(const std::string& path, const std::string& what) : Error(one_line(path + ": " + what)) {}
   int exit_code() const override { return kExitInput; }
+  // File content quoted in a message (an attribute, a key) may hold control characters; the error stays one line.
+  static std::string one_line(std::string s) {
+    for (char& c : s)
+      if (c == '\n' || c == '\r') c = ' ';
+    return s;
+  }
 };
 
 // The OS failed us (open, read, write, fsync, rename). The message names the file and errno text.
