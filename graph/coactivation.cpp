@@ -15,6 +15,8 @@
 namespace nl {
 namespace {
 
+using detail::kParallelMin;
+
 constexpr uint32_t kTile = 128;      // neurons per tile side: 2 x 128 rows x kSegWords words stay in L2
 constexpr uint64_t kSegWords = 512;  // words (32768 tokens) per kernel call within a tile
 
@@ -71,7 +73,7 @@ void merge_topk(LayerGraph& g, std::vector<TopKHeaps>& heaps) {
   g.nbr.assign(size_t(n) * k, 0);
   g.nbr_cnt.assign(size_t(n) * k, 0);
   g.nbr_len.assign(n, 0);
-#pragma omp parallel
+#pragma omp parallel if (n >= kParallelMin)
   {
     std::vector<std::pair<uint32_t, uint32_t>> cand;  // (count, index)
 #pragma omp for schedule(dynamic, 256)
@@ -122,7 +124,7 @@ void dense_chunk(const uint64_t* bits, uint32_t n, uint64_t stride, uint64_t nw,
                  const detail::TileSink& sink) {
   if (n < 2 || nw == 0) return;
   const auto tiles = tile_list(n);
-#pragma omp parallel
+#pragma omp parallel if (n >= kParallelMin)
   {
     std::vector<uint32_t> cnt(size_t(kTile) * kTile);
     const int tid = omp_get_thread_num();
@@ -166,7 +168,7 @@ void count_chunk(const uint64_t* bits, uint32_t n, uint64_t stride, uint64_t nw,
 
 // Offers every pair of a complete upper triangle to per-thread heaps (row blocks in parallel).
 void offer_upper(const std::vector<uint32_t>& upper, uint32_t n, std::vector<TopKHeaps>& heaps) {
-#pragma omp parallel
+#pragma omp parallel if (n >= kParallelMin)
   {
     const int tid = omp_get_thread_num();
 #pragma omp for schedule(dynamic, 64)
@@ -196,7 +198,7 @@ double active_fraction(const std::vector<uint64_t>& freq, uint32_t n, uint64_t t
 // Hardware popcnt where the CPU has it (the portable build would call libgcc's bit-twiddling popcount).
 __attribute__((target("popcnt"))) void row_freq_popcnt(const uint64_t* bits, uint32_t n, uint64_t stride,
                                                        uint64_t nw, std::vector<uint64_t>& freq) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t v = 0; v < int64_t(n); ++v) {
     const uint64_t* r = bits + size_t(v) * stride;
     uint64_t c = 0;
@@ -207,7 +209,7 @@ __attribute__((target("popcnt"))) void row_freq_popcnt(const uint64_t* bits, uin
 
 void row_freq(const uint64_t* bits, uint32_t n, uint64_t stride, uint64_t nw, std::vector<uint64_t>& freq) {
   if (__builtin_cpu_supports("popcnt")) return row_freq_popcnt(bits, n, stride, nw, freq);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t v = 0; v < int64_t(n); ++v) {
     const uint64_t* r = bits + size_t(v) * stride;
     uint64_t c = 0;

@@ -12,6 +12,9 @@
 
 namespace nl::detail {
 
+// Layers with fewer neurons are counted on one thread: a parallel region costs more than their work.
+inline constexpr uint32_t kParallelMin = 256;
+
 using DenseTileFn = void (*)(const uint64_t* a, uint32_t na, const uint64_t* b, uint32_t nb, uint64_t stride,
                              uint64_t nwords, uint32_t* cnt, uint32_t ld, bool upper);
 

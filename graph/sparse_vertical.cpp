@@ -51,7 +51,7 @@ NL_SPARSE void build_lists(const uint64_t* bits, uint32_t n, uint64_t stride, ui
   tl.nb = (nw + kTokBlockWords - 1) / kTokBlockWords;
   const uint64_t nb = tl.nb;
   tl.start.assign(uint64_t(n) * nb + 1, 0);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t v = 0; v < int64_t(n); ++v) {
     const uint64_t* r = bits + size_t(v) * stride;
     for (uint64_t b = 0; b < nb; ++b) {
@@ -65,7 +65,7 @@ NL_SPARSE void build_lists(const uint64_t* bits, uint32_t n, uint64_t stride, ui
   tl.list.resize(tl.start.back());
   const __m512i iota = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12,
                                         11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t v = 0; v < int64_t(n); ++v) {
     const uint64_t* r = bits + size_t(v) * stride;
     uint16_t* out = tl.list.data() + tl.start[size_t(v) * nb];
@@ -195,7 +195,7 @@ void sparse_vertical_chunk(const uint64_t* bits, uint32_t n, uint64_t stride, ui
   build_lists(bits, n, stride, nw, tl);
   const uint32_t ncb = (n + kColBlock - 1) / kColBlock;
   alignas(64) static const uint64_t zero[8] = {};
-#pragma omp parallel
+#pragma omp parallel if (n >= kParallelMin)
   {
     std::vector<uint64_t> tt(kTokBlockWords * 64 * 8);
     std::vector<uint32_t> acc;
