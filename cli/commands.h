@@ -9,6 +9,11 @@ void add_run_probe(CLI::App& app, GlobalOptions& g);
 void add_layout_graph(CLI::App& app, GlobalOptions& g);
 void add_layout_graph_merge(CLI::App& app, GlobalOptions& g);
 // (subcommands arrive with their modules: graph, solve, eval, pack)
+void add_layout_solve(CLI::App& app, GlobalOptions& g);
+void add_layout_eval(CLI::App& app, GlobalOptions& g);
 // nl-profile
 void add_profile_inspect(CLI::App& app, GlobalOptions& g);
+void add_profile_run(CLI::App& app, GlobalOptions& g);
+void add_profile_convert(CLI::App& app, GlobalOptions& g);
+void add_profile_generate(CLI::App& app, GlobalOptions& g);
 }  // namespace nl::cli

@@ -9,5 +9,7 @@ int main(int argc, char** argv) {
                              nl::cli::add_global_options(app, g);
                              nl::cli::add_layout_graph(app, g);
                              nl::cli::add_layout_graph_merge(app, g);
+                             nl::cli::add_layout_solve(app, g);
+                             nl::cli::add_layout_eval(app, g);
                            });
 }

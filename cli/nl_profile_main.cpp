@@ -7,6 +7,9 @@ int main(int argc, char** argv) {
                            argv, [](CLI::App& app) {
                              static nl::cli::GlobalOptions g;
                              nl::cli::add_global_options(app, g);
+                             nl::cli::add_profile_run(app, g);
                              nl::cli::add_profile_inspect(app, g);
+                             nl::cli::add_profile_convert(app, g);
+                             nl::cli::add_profile_generate(app, g);
                            });
 }

@@ -95,6 +95,22 @@ void AtomicWriter::pad_to(uint64_t alignment) {
   write(zeros.data(), zeros.size());
 }
 
+void AtomicWriter::write_at(uint64_t offset, const void* data, size_t n) {
+  if (offset + n > offset_) throw InternalError("AtomicWriter::write_at past the bytes written");
+  flush_buffer();
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw IoError(path_.final_path(), errno_text("write failed"));
+    }
+    p += w;
+    offset += static_cast<uint64_t>(w);
+    n -= static_cast<size_t>(w);
+  }
+}
+
 void AtomicWriter::commit() {
   flush_buffer();
   if (::close(fd_) != 0) {

@@ -40,6 +40,8 @@ class AtomicWriter {
   // Pads with zero bytes up to a multiple of `alignment`.
   void pad_to(uint64_t alignment);
   uint64_t offset() const { return offset_; }
+  // Overwrites bytes already written (e.g. a header whose checksums are known only at the end).
+  void write_at(uint64_t offset, const void* data, size_t n);
   void commit();
 
  private:

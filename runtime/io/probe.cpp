@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "formats/core/error.h"
+#include "runtime/io/file.h"
 #ifdef NL_HAVE_URING
 #include <liburing.h>
 #endif
@@ -23,18 +24,6 @@ namespace nl {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-struct AlignedFree {
-  void operator()(void* p) const { std::free(p); }
-};
-using AlignedBuf = std::unique_ptr<uint8_t, AlignedFree>;
-
-AlignedBuf aligned_alloc_bytes(size_t n) {
-  void* p = nullptr;
-  if (posix_memalign(&p, 4096, n) != 0) throw InternalError("out of memory for probe buffers");
-  std::memset(p, 0, n);
-  return AlignedBuf(static_cast<uint8_t*>(p));
-}
 
 void create_probe_file(const std::string& path, uint64_t bytes) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -69,13 +58,13 @@ std::vector<uint64_t> random_offsets(uint64_t file_bytes, uint32_t size, size_t 
 // One read in flight. Each read is timed; the median resists stalls caused by other work on the machine.
 ProbePoint measure_qd1(int fd, uint64_t file_bytes, uint32_t size, const ProbeOptions& o, uint64_t seed) {
   auto offs = random_offsets(file_bytes, size, o.max_reads_per_point, seed);
-  AlignedBuf buf = aligned_alloc_bytes(size);
+  AlignedBuffer buf(size);
   std::vector<double> times;
   times.reserve(offs.size());
   auto t0 = Clock::now();
   for (uint64_t off : offs) {
     auto a = Clock::now();
-    ssize_t r = ::pread(fd, buf.get(), size, static_cast<off_t>(off));
+    ssize_t r = ::pread(fd, buf.data(), size, static_cast<off_t>(off));
     if (r != static_cast<ssize_t>(size)) throw IoError(o.file, errno_text("probe read failed"));
     auto b = Clock::now();
     times.push_back(std::chrono::duration<double>(b - a).count());
@@ -90,13 +79,13 @@ bool measure_uring(int fd, uint64_t file_bytes, uint32_t size, const ProbeOption
   io_uring ring;
   if (io_uring_queue_init(o.queue_depth, &ring, 0) != 0) return false;
   auto offs = random_offsets(file_bytes, size, o.max_reads_per_point, seed);
-  AlignedBuf buf = aligned_alloc_bytes(size_t(size) * o.queue_depth);
+  AlignedBuffer buf(size_t(size) * o.queue_depth);
   size_t next = 0, inflight = 0, done = 0;
   bool stop = false;
   auto t0 = Clock::now();
   auto submit_one = [&](uint32_t slot) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-    io_uring_prep_read(sqe, fd, buf.get() + size_t(slot) * size, size, offs[next++]);
+    io_uring_prep_read(sqe, fd, buf.data() + size_t(slot) * size, size, offs[next++]);
     io_uring_sqe_set_data64(sqe, slot);
     ++inflight;
   };
@@ -141,11 +130,11 @@ ProbePoint measure_threads(int fd, uint64_t file_bytes, uint32_t size, const Pro
   std::vector<std::thread> th;
   for (uint32_t i = 0; i < o.queue_depth; ++i)
     th.emplace_back([&] {
-      AlignedBuf buf = aligned_alloc_bytes(size);
+      AlignedBuffer buf(size);
       for (;;) {
         size_t k = next.fetch_add(1);
         if (k >= offs.size() || stop.load()) return;
-        if (::pread(fd, buf.get(), size, static_cast<off_t>(offs[k])) != static_cast<ssize_t>(size)) failed = true;
+        if (::pread(fd, buf.data(), size, static_cast<off_t>(offs[k])) != static_cast<ssize_t>(size)) failed = true;
         if (std::chrono::duration<double>(Clock::now() - t0).count() > o.seconds_per_point) stop = true;
       }
     });
@@ -177,14 +166,13 @@ ProbeResult probe_run(const ProbeOptions& o, const std::function<void(const std:
     ::stat(o.file.c_str(), &st);
   }
   uint64_t file_bytes = static_cast<uint64_t>(st.st_size) & ~uint64_t(4095);
-  int fd = ::open(o.file.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-  if (fd < 0 && errno == EINVAL) {
+  OpenedFile opened = open_for_reading(o.file, true);
+  int fd = opened.fd;
+  if (!opened.direct) {
     say("warning: O_DIRECT refused on " + o.file + "; measuring buffered reads after dropping the file's cache");
     res.direct = false;
-    fd = ::open(o.file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // advisory
   }
-  if (fd < 0) throw IoError(o.file, errno_text("cannot open probe file"));
   std::unique_ptr<int, void (*)(int*)> guard(&fd, [](int* f) { ::close(*f); });
 
   uint64_t seed = o.seed;

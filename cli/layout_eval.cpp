@@ -1,0 +1,191 @@
+// nl-layout eval: held-out figures for one or more layouts on a trace, through the runtime's read planner and
+// cache; one table with ratios against identity and greedy; optional quality gates (--require).
+#include <cstdio>
+#include <map>
+#include <mutex>
+
+#include "cli/commands.h"
+#include "cli/layout_options.h"
+#include "formats/core/error.h"
+#include "formats/layout.h"
+#include "formats/trace.h"
+#include "layout/evaluate.h"
+#include "layout/gate.h"
+
+namespace nl::cli {
+namespace {
+
+struct EvalArgs {
+  std::string trace;
+  std::vector<std::string> layouts, require;
+  bool per_layer = false;
+  uint64_t seed = 1;
+  DeviceObjectiveArgs dev;
+};
+
+void add_input_options(CLI::App& c, EvalArgs& a) {
+  c.add_option("--trace", a.trace, "Held-out trace (HDF5, trace v1)")->required()->check(CLI::ExistingFile)->group("Input");
+  c.add_option("--layout", a.layouts, "Layout JSON (repeat for several)")->required()->check(CLI::ExistingFile)->group("Input");
+}
+
+void add_report_options(CLI::App& c, EvalArgs& a) {
+  c.add_flag("--per-layer", a.per_layer, "Also print per-layer figures")->group("Report");
+  c.add_option("--require", a.require,
+               "Quality gate, e.g. \"greedy+ls.io_ms <= 0.95 * greedy.io_ms\" (metrics: reads, io_ms, avg_len, "
+               "max_len, bytes_read, bytes_needed, hit_rate); exit 5 when violated")->group("Report");
+  c.add_option("--seed", a.seed, "Seed of the cache's admission draws")->group("Report");
+}
+
+struct Row {
+  std::string name, file;
+  LayerEval total;
+  std::vector<LayerEval> layers;
+  double metric(const std::string& m, bool& ok) const {
+    ok = true;
+    const LayerEval& t = total;
+    double tok = t.tokens ? double(t.tokens) : 1.0;
+    if (m == "reads") return t.reads_per_token();
+    if (m == "io_ms") return t.io_ms_per_token();
+    if (m == "avg_len") return t.avg_read_bundles();
+    if (m == "max_len") return double(t.max_read_bundles);
+    if (m == "bytes_read") return double(t.bytes_read) / tok;
+    if (m == "bytes_needed") return double(t.bytes_needed) / tok;
+    if (m == "hit_rate") return t.hit_rate();
+    ok = false;
+    return 0;
+  }
+};
+
+void eval_main(const EvalArgs& a, const GlobalOptions& g) {
+  apply_global_options(g);
+  TraceReader tr(a.trace);
+  const TraceInfo& ti = tr.info();
+  EvalConfig ec = eval_config_from(a.dev);
+  ec.cache.seed = a.seed;
+  std::vector<Layout> lays;
+  std::vector<Row> rows;
+  std::map<std::string, int> seen;
+  for (const auto& f : a.layouts) {
+    lays.push_back(layout_load(f, &ti));
+    std::string name = lays.back().method;
+    if (seen[name]++) name += "#" + std::to_string(seen[name]);
+    rows.push_back(Row{name, f, {}, std::vector<LayerEval>(ti.n_layers)});
+  }
+  std::mutex mu;
+  std::exception_ptr err;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t l = 0; l < int64_t(ti.n_layers); ++l) {
+    try {
+      LayerMask m;
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        m = tr.read_layer(uint32_t(l));
+      }
+      EvalConfig e = ec;
+      if (e.bundle_bytes == 0) e.bundle_bytes = default_bundle_bytes(m.n_neurons);
+      for (size_t k = 0; k < lays.size(); ++k)
+        rows[k].layers[size_t(l)] = evaluate_layer(m, lays[k].layers[size_t(l)].order, e, uint32_t(l));
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(mu);
+      if (!err) err = std::current_exception();
+    }
+  }
+  if (err) std::rethrow_exception(err);
+  for (auto& r : rows)
+    for (const auto& le : r.layers) r.total.add(le);
+
+  auto find = [&](const std::string& n) -> const Row* {
+    for (const auto& r : rows)
+      if (r.name == n) return &r;
+    return nullptr;
+  };
+  const Row* ident = find("identity");
+  const Row* greedy = find("greedy");
+  uint64_t bb = ec.bundle_bytes ? ec.bundle_bytes : default_bundle_bytes(ti.n_neurons.empty() ? 0 : ti.n_neurons[0]);
+
+  std::vector<GateResult> gates;
+  for (const auto& expr : a.require)
+    gates.push_back(gate_check(expr, [&](const std::string& lay, const std::string& met, double& v) {
+      const Row* r = find(lay);
+      if (!r) return false;
+      bool ok;
+      v = r->metric(met, ok);
+      return ok;
+    }));
+
+  if (g.json) {
+    nlohmann::json j = {{"trace", a.trace},       {"tokens", ti.n_tokens},   {"gap", ec.gap.to_string()},
+                        {"cache_ratio", ec.cache_ratio}, {"device", ec.device.name}, {"bundle_bytes", bb},
+                        {"window", ec.cache.window_tokens}};
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& r : rows) {
+      bool ok;
+      nlohmann::json x = {{"name", r.name}, {"file", r.file}};
+      for (const char* m : {"reads", "io_ms", "avg_len", "max_len", "bytes_read", "bytes_needed", "hit_rate"})
+        x[m] = r.metric(m, ok);
+      if (ident) x["io_vs_identity"] = r.total.io_seconds / ident->total.io_seconds;
+      if (greedy) x["io_vs_greedy"] = r.total.io_seconds / greedy->total.io_seconds;
+      if (ident) x["reads_vs_identity"] = double(r.total.reads) / double(ident->total.reads);
+      if (greedy) x["reads_vs_greedy"] = double(r.total.reads) / double(greedy->total.reads);
+      if (a.per_layer) {
+        nlohmann::json pl = nlohmann::json::array();
+        for (const auto& le : r.layers)
+          pl.push_back({{"reads", le.reads_per_token()}, {"io_ms", le.io_ms_per_token()}, {"avg_len", le.avg_read_bundles()},
+                        {"max_len", le.max_read_bundles}, {"hit_rate", le.hit_rate()}});
+        x["per_layer"] = pl;
+      }
+      arr.push_back(x);
+    }
+    j["layouts"] = arr;
+    nlohmann::json gj = nlohmann::json::array();
+    for (const auto& gr : gates) gj.push_back({{"require", gr.text}, {"ok", gr.ok}});
+    j["gates"] = gj;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("%s: %llu tokens, %u layers; gap %s, cache %.3g of FFN bytes%s, device %s, bundle %llu B\n",
+                a.trace.c_str(), static_cast<unsigned long long>(ti.n_tokens), ti.n_layers, ec.gap.to_string().c_str(),
+                ec.cache_ratio, ec.cache.window_tokens ? (", window " + std::to_string(ec.cache.window_tokens)).c_str() : "",
+                ec.device.name.c_str(), static_cast<unsigned long long>(bb));
+    std::printf("%-14s %10s %8s %8s %11s %9s %6s %10s %8s %8s %8s %8s\n", "layout", "reads/tok", "avg_len", "max_len",
+                "KiB_rd/tok", "rd/need", "hit%", "io_ms/tok", "rd/idn", "io/idn", "rd/grd", "io/grd");
+    for (const auto& r : rows) {
+      const LayerEval& t = r.total;
+      auto ratio = [](double x, double y) { return y > 0 ? x / y : 0.0; };
+      std::printf("%-14s %10.2f %8.2f %8llu %11.1f %9.3f %6.2f %10.4f", r.name.c_str(), t.reads_per_token(),
+                  t.avg_read_bundles(), static_cast<unsigned long long>(t.max_read_bundles),
+                  double(t.bytes_read) / 1024.0 / double(std::max<uint64_t>(1, t.tokens)),
+                  ratio(double(t.bytes_read), double(t.bytes_needed)), 100.0 * t.hit_rate(), t.io_ms_per_token());
+      if (ident)
+        std::printf(" %8.3f %8.3f", ratio(double(t.reads), double(ident->total.reads)), ratio(t.io_seconds, ident->total.io_seconds));
+      else
+        std::printf(" %8s %8s", "-", "-");
+      if (greedy)
+        std::printf(" %8.3f %8.3f\n", ratio(double(t.reads), double(greedy->total.reads)), ratio(t.io_seconds, greedy->total.io_seconds));
+      else
+        std::printf(" %8s %8s\n", "-", "-");
+    }
+    if (a.per_layer)
+      for (const auto& r : rows)
+        for (size_t l = 0; l < r.layers.size(); ++l)
+          std::printf("  %-14s layer %3zu: reads/tok %.2f, io_ms/tok %.4f, avg_len %.2f, hit%% %.2f\n", r.name.c_str(), l,
+                      r.layers[l].reads_per_token(), r.layers[l].io_ms_per_token(), r.layers[l].avg_read_bundles(),
+                      100.0 * r.layers[l].hit_rate());
+    for (const auto& gr : gates) std::printf("gate %s: %s\n", gr.ok ? "ok" : "VIOLATED", gr.text.c_str());
+  }
+  std::fflush(stdout);
+  for (const auto& gr : gates)
+    if (!gr.ok) throw GateError("quality gate violated: " + gr.text);
+}
+
+}  // namespace
+
+void add_layout_eval(CLI::App& app, GlobalOptions& g) {
+  static EvalArgs a;
+  CLI::App* c = app.add_subcommand("eval", "Held-out reads, bytes, cache hits and estimated I/O time of layouts");
+  add_input_options(*c, a);
+  add_device_objective_options(*c, a.dev);
+  add_report_options(*c, a);
+  c->callback([&g] { eval_main(a, g); });
+}
+
+}  // namespace nl::cli

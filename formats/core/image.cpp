@@ -1,0 +1,397 @@
+// Flash image manifest: JSON form, validation, header checks, checksums, dtype conversion.
+#include "formats/core/image.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "formats/core/atomic_file.h"
+#include "formats/core/error.h"
+#include "formats/core/half.h"
+
+namespace nl {
+
+using json = nlohmann::json;
+
+const char* image_dtype_name(ImageDtype d) {
+  switch (d) {
+    case ImageDtype::kF32: return "f32";
+    case ImageDtype::kF16: return "f16";
+    case ImageDtype::kBF16: return "bf16";
+  }
+  return "?";
+}
+
+bool image_dtype_parse(const std::string& s, ImageDtype* out) {
+  if (s == "f32") *out = ImageDtype::kF32;
+  else if (s == "f16") *out = ImageDtype::kF16;
+  else if (s == "bf16") *out = ImageDtype::kBF16;
+  else return false;
+  return true;
+}
+
+const char* bundle_kind_name(BundleKind k) { return k == BundleKind::kGated ? "gated" : "plain"; }
+
+const DenseTensor* ImageManifest::find_tensor(const std::string& name) const {
+  for (const auto& t : dense_tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+std::vector<DenseTensor> image_dense_tensor_list(const ModelConfig& c) {
+  const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), vocab = uint64_t(c.vocab_size);
+  std::vector<DenseTensor> v;
+  auto add = [&](std::string name, uint64_t rows, uint64_t cols) { v.push_back({std::move(name), 0, rows, cols}); };
+  add("tok_embeddings", vocab, dim);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    add(p + "rms_att", 1, dim);
+    add(p + "wq", dim, dim);
+    add(p + "wk", kv, dim);
+    add(p + "wv", kv, dim);
+    add(p + "wo", dim, dim);
+    add(p + "rms_ffn", 1, dim);
+  }
+  add("rms_final", 1, dim);
+  if (!c.shared_classifier) add("wcls", vocab, dim);
+  return v;
+}
+
+// ---- checksums -------------------------------------------------------------------------------------------
+
+Xxh64::Xxh64() : state_(XXH64_createState()) {
+  if (!state_) throw InternalError("out of memory for a checksum state");
+  XXH64_reset(static_cast<XXH64_state_t*>(state_), 0);
+}
+Xxh64::~Xxh64() { XXH64_freeState(static_cast<XXH64_state_t*>(state_)); }
+void Xxh64::update(const void* p, size_t n) { XXH64_update(static_cast<XXH64_state_t*>(state_), p, n); }
+uint64_t Xxh64::digest() const { return XXH64_digest(static_cast<const XXH64_state_t*>(state_)); }
+uint64_t xxh64_of(const void* p, size_t n) { return XXH64(p, n, 0); }
+
+std::string hex64(uint64_t v) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+uint64_t image_id_of(const std::vector<ImageRegion>& regions) {
+  Xxh64 h;
+  for (const auto& r : regions) {
+    h.update(r.name.data(), r.name.size());
+    uint64_t f[3] = {r.offset, r.bytes, r.xxh64};
+    h.update(f, sizeof f);
+  }
+  return h.digest();
+}
+
+// ---- dtype -----------------------------------------------------------------------------------------------
+
+void image_encode(ImageDtype d, const float* src, size_t n, void* dst) {
+  if (d == ImageDtype::kF32) {
+    std::memcpy(dst, src, n * 4);
+    return;
+  }
+  auto* o = static_cast<uint16_t*>(dst);
+  if (d == ImageDtype::kF16)
+    for (size_t i = 0; i < n; ++i) o[i] = f32_to_f16(src[i]);
+  else
+    for (size_t i = 0; i < n; ++i) o[i] = f32_to_bf16(src[i]);
+}
+
+void image_decode(ImageDtype d, const void* src, size_t n, float* dst) {
+  if (d == ImageDtype::kF32) {
+    std::memcpy(dst, src, n * 4);
+    return;
+  }
+  const auto* s = static_cast<const uint16_t*>(src);
+  if (d == ImageDtype::kF16)
+    for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+  else
+    for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+}
+
+// ---- JSON ------------------------------------------------------------------------------------------------
+
+std::string manifest_to_json(const ImageManifest& m) {
+  const ModelConfig& c = m.config;
+  json j;
+  j["format"] = "neuralink-image";
+  j["version"] = m.version_major;
+  j["version_minor"] = m.version_minor;
+  j["image"] = {{"file", m.image_file}, {"bytes", m.image_bytes}, {"id", hex64(m.image_id)}};
+  j["model"] = {{"dim", c.dim},
+                {"hidden_dim", c.hidden_dim},
+                {"n_layers", c.n_layers},
+                {"n_heads", c.n_heads},
+                {"n_kv_heads", c.n_kv_heads},
+                {"vocab_size", c.vocab_size},
+                {"seq_len", c.seq_len},
+                {"rope_theta", double(c.rope_theta)},
+                {"norm_eps", double(c.norm_eps)},
+                {"ffn_act", ffn_act_name(c.act)},
+                {"shared_classifier", c.shared_classifier}};
+  j["dtype"] = image_dtype_name(m.dtype);
+  j["bundle"] = {{"kind", bundle_kind_name(m.bundle_kind)}, {"bytes", m.bundle_bytes}};
+  j["tokenizer"] = m.tokenizer;
+  j["source"] = {{"path", m.source}, {"format", m.source_format}};
+  j["layout"] = {{"path", m.layout}, {"method", m.layout_method}};
+  json regions = json::array();
+  for (const auto& r : m.regions) {
+    json e = {{"name", r.name}, {"offset", r.offset}, {"bytes", r.bytes}, {"xxh64", hex64(r.xxh64)}};
+    if (r.layer >= 0) e["layer"] = r.layer;
+    regions.push_back(std::move(e));
+  }
+  j["regions"] = std::move(regions);
+  json tensors = json::array();
+  for (const auto& t : m.dense_tensors)
+    tensors.push_back({{"name", t.name}, {"offset", t.offset}, {"shape", {t.rows, t.cols}}});
+  j["dense_tensors"] = std::move(tensors);
+  j["order"] = m.order;
+  return j.dump(1) + "\n";
+}
+
+namespace {
+
+[[noreturn]] void bad(const std::string& path, const std::string& what) { throw InputError(path, what); }
+
+const json& need(const json& obj, const char* key, const std::string& path, const char* where = "") {
+  if (!obj.is_object() || !obj.contains(key)) bad(path, std::string("missing key '") + where + key + "'");
+  return obj.at(key);
+}
+
+uint64_t need_u64(const json& obj, const char* key, const std::string& path, const char* where = "") {
+  const json& v = need(obj, key, path, where);
+  if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
+    bad(path, std::string("key '") + where + key + "' must be a non-negative integer");
+  return v.get<uint64_t>();
+}
+
+int need_int(const json& obj, const char* key, const std::string& path, const char* where) {
+  uint64_t v = need_u64(obj, key, path, where);
+  if (v > (1u << 30)) bad(path, std::string("key '") + where + key + "' is implausibly large (" + std::to_string(v) + ")");
+  return int(v);
+}
+
+std::string need_str(const json& obj, const char* key, const std::string& path, const char* where = "") {
+  const json& v = need(obj, key, path, where);
+  if (!v.is_string()) bad(path, std::string("key '") + where + key + "' must be a string");
+  return v.get<std::string>();
+}
+
+std::string opt_str(const json& obj, const char* key) {
+  if (obj.is_object() && obj.contains(key) && obj.at(key).is_string()) return obj.at(key).get<std::string>();
+  return "";
+}
+
+uint64_t parse_hex64(const std::string& s, const std::string& path, const std::string& what) {
+  if (s.size() != 16 || s.find_first_not_of("0123456789abcdef") != std::string::npos)
+    bad(path, what + " must be 16 lowercase hex digits, got '" + s + "'");
+  return std::stoull(s, nullptr, 16);
+}
+
+uint64_t align_up(uint64_t v) { return (v + kImageAlign - 1) / kImageAlign * kImageAlign; }
+
+void check_manifest(const ImageManifest& m, const std::string& path) {
+  const ModelConfig& c = m.config;
+  if (std::string p = model_config_problem(c); !p.empty()) bad(path, "model config: " + p);
+  const uint64_t want_bundle = uint64_t(bundle_parts(m.bundle_kind)) * uint64_t(c.dim) * image_dtype_bytes(m.dtype);
+  if (m.bundle_bytes != want_bundle)
+    bad(path, "bundle size " + std::to_string(m.bundle_bytes) + " bytes is inconsistent with the model (" +
+                  std::to_string(bundle_parts(m.bundle_kind)) + " x dim " + std::to_string(c.dim) + " x " +
+                  std::to_string(image_dtype_bytes(m.dtype)) + " bytes = " + std::to_string(want_bundle) + ")");
+  if (m.image_bytes % kImageAlign != 0)
+    bad(path, "image size " + std::to_string(m.image_bytes) + " is not a multiple of " + std::to_string(kImageAlign));
+  if (m.regions.size() != size_t(c.n_layers) + 1)
+    bad(path, "has " + std::to_string(m.regions.size()) + " regions, expected 1 dense + " +
+                  std::to_string(c.n_layers) + " FFN layers");
+  for (size_t i = 0; i < m.regions.size(); ++i) {
+    const ImageRegion& r = m.regions[i];
+    const std::string want_name = i == 0 ? "dense" : "ffn." + std::to_string(i - 1);
+    if (r.name != want_name || r.layer != int(i) - 1)
+      bad(path, "region " + std::to_string(i) + " is '" + r.name + "', expected '" + want_name + "'");
+    if (r.offset % kImageAlign != 0)
+      bad(path, "region '" + r.name + "' offset " + std::to_string(r.offset) + " is not " +
+                    std::to_string(kImageAlign) + "-aligned");
+    if (r.offset < kImageAlign) bad(path, "region '" + r.name + "' overlaps the image header");
+    if (r.offset > m.image_bytes || r.bytes > m.image_bytes - r.offset)
+      bad(path, "region '" + r.name + "' [" + std::to_string(r.offset) + ", +" + std::to_string(r.bytes) +
+                    ") runs past the end of the image (" + std::to_string(m.image_bytes) + " bytes)");
+    if (i > 0 && r.bytes != uint64_t(c.hidden_dim) * m.bundle_bytes)
+      bad(path, "region '" + r.name + "' is " + std::to_string(r.bytes) + " bytes, expected hidden_dim " +
+                    std::to_string(c.hidden_dim) + " x bundle " + std::to_string(m.bundle_bytes) + " bytes");
+  }
+  std::vector<const ImageRegion*> sorted;
+  for (const auto& r : m.regions) sorted.push_back(&r);
+  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < sorted.size(); ++i)
+    if (sorted[i]->offset < sorted[i - 1]->offset + align_up(sorted[i - 1]->bytes))
+      bad(path, "regions '" + sorted[i - 1]->name + "' and '" + sorted[i]->name + "' overlap");
+  // Dense tensors: exactly the list the config implies, each inside the dense region.
+  auto want = image_dense_tensor_list(c);
+  if (m.dense_tensors.size() != want.size())
+    bad(path, "lists " + std::to_string(m.dense_tensors.size()) + " dense tensors, the model config implies " +
+                  std::to_string(want.size()));
+  const uint64_t esz = image_dtype_bytes(m.dtype);
+  for (size_t i = 0; i < want.size(); ++i) {
+    const DenseTensor& t = m.dense_tensors[i];
+    if (t.name != want[i].name || t.rows != want[i].rows || t.cols != want[i].cols)
+      bad(path, "dense tensor " + std::to_string(i) + " is '" + t.name + "' [" + std::to_string(t.rows) + "][" +
+                    std::to_string(t.cols) + "], expected '" + want[i].name + "' [" + std::to_string(want[i].rows) +
+                    "][" + std::to_string(want[i].cols) + "]");
+    if (t.offset > m.dense().bytes || t.elems() * esz > m.dense().bytes - t.offset)
+      bad(path, "dense tensor '" + t.name + "' runs past the end of the dense region");
+  }
+  if (m.order.size() != size_t(c.n_layers))
+    bad(path, "has " + std::to_string(m.order.size()) + " layer orders, expected " + std::to_string(c.n_layers));
+  for (size_t l = 0; l < m.order.size(); ++l) {
+    const auto& o = m.order[l];
+    if (o.size() != size_t(c.hidden_dim))
+      bad(path, "order of layer " + std::to_string(l) + " has " + std::to_string(o.size()) + " entries, expected " +
+                    std::to_string(c.hidden_dim));
+    std::vector<char> seen(o.size(), 0);
+    for (uint32_t n : o) {
+      if (n >= o.size() || seen[n]) bad(path, "order of layer " + std::to_string(l) + " is not a permutation");
+      seen[n] = 1;
+    }
+  }
+  if (image_id_of(m.regions) != m.image_id)
+    bad(path, "image id " + hex64(m.image_id) + " does not match its region table (edited by hand?)");
+}
+
+}  // namespace
+
+ImageManifest manifest_parse(const std::string& text, const std::string& path) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    bad(path, std::string("not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) bad(path, "not a JSON object");
+  if (opt_str(j, "format") != "neuralink-image")
+    bad(path, "not a flash image manifest (format is '" + opt_str(j, "format") + "', expected 'neuralink-image')");
+  ImageManifest m;
+  m.version_major = uint32_t(need_u64(j, "version", path));
+  if (m.version_major > kImageVersionMajor)
+    bad(path, "format version " + std::to_string(m.version_major) + " is newer than this build reads (" +
+                  std::to_string(kImageVersionMajor) + "); use a newer nl-run or re-pack");
+  if (m.version_major < 1) bad(path, "format version 0 does not exist");
+  m.version_minor = j.contains("version_minor") ? uint32_t(need_u64(j, "version_minor", path)) : 0;
+  try {
+    const json& img = need(j, "image", path);
+    m.image_file = need_str(img, "file", path, "image.");
+    m.image_bytes = need_u64(img, "bytes", path, "image.");
+    m.image_id = parse_hex64(need_str(img, "id", path, "image."), path, "image.id");
+    const json& mc = need(j, "model", path);
+    ModelConfig& c = m.config;
+    c.dim = need_int(mc, "dim", path, "model.");
+    c.hidden_dim = need_int(mc, "hidden_dim", path, "model.");
+    c.n_layers = need_int(mc, "n_layers", path, "model.");
+    c.n_heads = need_int(mc, "n_heads", path, "model.");
+    c.n_kv_heads = need_int(mc, "n_kv_heads", path, "model.");
+    c.vocab_size = need_int(mc, "vocab_size", path, "model.");
+    c.seq_len = need_int(mc, "seq_len", path, "model.");
+    if (!need(mc, "rope_theta", path, "model.").is_number() || !need(mc, "norm_eps", path, "model.").is_number())
+      bad(path, "model.rope_theta and model.norm_eps must be numbers");
+    c.rope_theta = mc.at("rope_theta").get<float>();
+    c.norm_eps = mc.at("norm_eps").get<float>();
+    std::string act = need_str(mc, "ffn_act", path, "model.");
+    if (act == "relu") c.act = FfnAct::kRelu;
+    else if (act == "silu") c.act = FfnAct::kSilu;
+    else bad(path, "model.ffn_act '" + act + "' is not relu or silu");
+    if (!need(mc, "shared_classifier", path, "model.").is_boolean())
+      bad(path, "model.shared_classifier must be true or false");
+    c.shared_classifier = mc.at("shared_classifier").get<bool>();
+    std::string dt = need_str(j, "dtype", path);
+    if (!image_dtype_parse(dt, &m.dtype)) bad(path, "unknown dtype '" + dt + "' (f32, f16, bf16)");
+    const json& b = need(j, "bundle", path);
+    std::string kind = need_str(b, "kind", path, "bundle.");
+    if (kind == "gated") m.bundle_kind = BundleKind::kGated;
+    else if (kind == "plain") m.bundle_kind = BundleKind::kPlain;
+    else bad(path, "unknown bundle kind '" + kind + "' (gated, plain)");
+    m.bundle_bytes = need_u64(b, "bytes", path, "bundle.");
+    m.tokenizer = opt_str(j, "tokenizer");
+    if (j.contains("source")) {
+      m.source = opt_str(j["source"], "path");
+      m.source_format = opt_str(j["source"], "format");
+    }
+    if (j.contains("layout")) {
+      m.layout = opt_str(j["layout"], "path");
+      m.layout_method = opt_str(j["layout"], "method");
+    }
+    const json& regions = need(j, "regions", path);
+    if (!regions.is_array()) bad(path, "'regions' must be an array");
+    for (const json& r : regions) {
+      ImageRegion reg;
+      reg.name = need_str(r, "name", path, "regions[].");
+      reg.offset = need_u64(r, "offset", path, "regions[].");
+      reg.bytes = need_u64(r, "bytes", path, "regions[].");
+      reg.xxh64 = parse_hex64(need_str(r, "xxh64", path, "regions[]."), path, "regions[].xxh64");
+      reg.layer = r.contains("layer") ? need_int(r, "layer", path, "regions[].") : -1;
+      m.regions.push_back(std::move(reg));
+    }
+    const json& tensors = need(j, "dense_tensors", path);
+    if (!tensors.is_array()) bad(path, "'dense_tensors' must be an array");
+    for (const json& t : tensors) {
+      DenseTensor d;
+      d.name = need_str(t, "name", path, "dense_tensors[].");
+      d.offset = need_u64(t, "offset", path, "dense_tensors[].");
+      const json& s = need(t, "shape", path, "dense_tensors[].");
+      if (!s.is_array() || s.size() != 2 || !s[0].is_number_unsigned() || !s[1].is_number_unsigned())
+        bad(path, "dense tensor '" + d.name + "' shape must be [rows, cols]");
+      d.rows = s[0].get<uint64_t>();
+      d.cols = s[1].get<uint64_t>();
+      m.dense_tensors.push_back(std::move(d));
+    }
+    const json& order = need(j, "order", path);
+    if (!order.is_array()) bad(path, "'order' must be an array of arrays");
+    for (const json& o : order) {
+      if (!o.is_array()) bad(path, "'order' must be an array of arrays");
+      std::vector<uint32_t> v;
+      v.reserve(o.size());
+      for (const json& x : o) {
+        if (!x.is_number_unsigned() || x.get<uint64_t>() > 0xffffffffu)
+          bad(path, "order entries must be neuron indices");
+        v.push_back(x.get<uint32_t>());
+      }
+      m.order.push_back(std::move(v));
+    }
+  } catch (const json::exception& e) {  // a key of the wrong type somewhere we did not check by hand
+    bad(path, std::string("malformed manifest: ") + e.what());
+  }
+  check_manifest(m, path);
+  return m;
+}
+
+ImageManifest manifest_load(const std::string& path) { return manifest_parse(read_file(path, 1ull << 32), path); }
+
+std::string image_path_from_manifest(const std::string& manifest_path, const ImageManifest& m) {
+  if (!m.image_file.empty() && m.image_file[0] == '/') return m.image_file;
+  auto pos = manifest_path.find_last_of('/');
+  return pos == std::string::npos ? m.image_file : manifest_path.substr(0, pos + 1) + m.image_file;
+}
+
+void image_check_header(const std::string& path, const ImageManifest& m, const ImageHeader& h, uint64_t file_bytes) {
+  if (file_bytes < kImageHeaderBytes) bad(path, "truncated: " + std::to_string(file_bytes) + " bytes, no header");
+  if (std::memcmp(h.magic, kImageMagic, sizeof kImageMagic) != 0) bad(path, "not a flash image (bad magic)");
+  if (h.version_major > kImageVersionMajor)
+    bad(path, "image format version " + std::to_string(h.version_major) + " is newer than this build reads (" +
+                  std::to_string(kImageVersionMajor) + ")");
+  if (h.header_bytes < kImageHeaderBytes || h.header_bytes > kImageAlign || h.alignment != kImageAlign)
+    bad(path, "malformed header (header size " + std::to_string(h.header_bytes) + ", alignment " +
+                  std::to_string(h.alignment) + ")");
+  if (file_bytes < m.image_bytes)
+    bad(path, "truncated: the file has " + std::to_string(file_bytes) + " bytes, its manifest expects " +
+                  std::to_string(m.image_bytes));
+  if (file_bytes != m.image_bytes || h.image_bytes != m.image_bytes)
+    bad(path, "is " + std::to_string(file_bytes) + " bytes (header says " + std::to_string(h.image_bytes) +
+                  "), its manifest expects " + std::to_string(m.image_bytes) + ": not the image this manifest describes");
+  if (h.image_id != m.image_id || h.n_regions != m.regions.size())
+    bad(path, "does not match its manifest (image id " + hex64(h.image_id) + ", manifest says " + hex64(m.image_id) +
+                  "): re-pack, or use the manifest written with this image");
+}
+
+}  // namespace nl

@@ -1,0 +1,137 @@
+// The flash image (`model.nlw`) and its manifest (`model.nlw.json`), format version 1 (docs/formats.md).
+// The image is a 4096-byte header block, a dense region (embeddings, attention, norms, classifier) and one region
+// per FFN layer, each 4096-aligned; an FFN region holds that layer's neuron bundles in layout order. The manifest
+// says where everything is, its checksum, and which original neuron each bundle slot holds. This file owns the
+// manifest structure, its JSON form, the header, and every consistency check made when a pair is opened; the
+// writer is formats/core/image_writer.h, the runtime reads through runtime/io.
+#pragma once
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "formats/core/model_weights.h"
+
+namespace nl {
+
+inline constexpr uint32_t kImageVersionMajor = 1;
+inline constexpr uint32_t kImageVersionMinor = 0;
+inline constexpr uint64_t kImageAlign = 4096;       // region alignment and the image's total size granularity
+inline constexpr uint32_t kImageHeaderBytes = 64;   // meaningful header bytes; the header block is kImageAlign
+inline constexpr char kImageMagic[8] = {'N', 'L', 'W', 'I', 'M', 'G', '\r', '\n'};
+
+enum class ImageDtype : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+const char* image_dtype_name(ImageDtype d);
+// "f32" | "f16" | "bf16"; returns false for anything else.
+bool image_dtype_parse(const std::string& s, ImageDtype* out);
+inline size_t image_dtype_bytes(ImageDtype d) { return d == ImageDtype::kF32 ? 4 : 2; }
+
+// What one neuron's bundle holds, in this order, each `dim` elements long.
+enum class BundleKind : int {
+  kGated = 0,  // gate row, up row, down column (SwiGLU / ReLU-gated FFNs)
+  kPlain = 1,  // up row, down column (plain ReLU FFNs: h = relu(up x))
+};
+const char* bundle_kind_name(BundleKind k);
+inline int bundle_parts(BundleKind k) { return k == BundleKind::kGated ? 3 : 2; }
+
+// On-disk header, little endian, at offset 0 (the rest of the first 4096 bytes is zero).
+struct ImageHeader {
+  char magic[8];
+  uint32_t version_major;
+  uint32_t version_minor;
+  uint32_t header_bytes;     // kImageHeaderBytes: readers skip fields they do not know
+  uint32_t alignment;        // kImageAlign
+  uint64_t image_bytes;      // total file size
+  uint64_t image_id;         // xxh64 over the region table; the manifest repeats it, so a mismatched pair is caught
+  uint32_t n_regions;
+  uint32_t reserved0;
+  uint64_t reserved1[2];
+};
+static_assert(sizeof(ImageHeader) == kImageHeaderBytes, "header layout");
+static_assert(std::endian::native == std::endian::little, "images are little endian; add byte swapping first");
+
+struct ImageRegion {
+  std::string name;          // "dense" or "ffn.<layer>"
+  int layer = -1;            // FFN layer, -1 for the dense region
+  uint64_t offset = 0;       // from the start of the image, multiple of kImageAlign
+  uint64_t bytes = 0;        // payload bytes (the region is zero-padded to the next alignment boundary)
+  uint64_t xxh64 = 0;        // of the payload bytes
+};
+
+// A tensor inside the dense region (row-major [rows][cols], stored in the image dtype).
+struct DenseTensor {
+  std::string name;          // "tok_embeddings", "rms_final", "wcls", "layers.<l>.{rms_att,wq,wk,wv,wo,rms_ffn}"
+  uint64_t offset = 0;       // relative to the dense region
+  uint64_t rows = 0, cols = 0;
+  uint64_t elems() const { return rows * cols; }
+};
+
+struct ImageManifest {
+  uint32_t version_major = kImageVersionMajor, version_minor = kImageVersionMinor;
+  std::string image_file;    // the image's file name, relative to the manifest's folder
+  uint64_t image_bytes = 0;
+  uint64_t image_id = 0;
+  ModelConfig config;
+  ImageDtype dtype = ImageDtype::kF32;
+  BundleKind bundle_kind = BundleKind::kGated;
+  uint64_t bundle_bytes = 0;  // bundle_parts * dim * dtype bytes, no padding between bundles
+  std::string tokenizer;      // reference to the tokenizer file (as given to pack; may be empty)
+  std::string source;         // the model file the image was packed from (free text)
+  std::string source_format;  // "llama2c" | "safetensors" | "" (what --export-permuted writes)
+  std::string layout;         // the layout file the order came from (free text; empty = identity)
+  std::string layout_method;
+  std::vector<ImageRegion> regions;        // regions[0] = dense, regions[1 + l] = ffn layer l
+  std::vector<DenseTensor> dense_tensors;
+  std::vector<std::vector<uint32_t>> order;  // per layer: slot -> original neuron index
+
+  const ImageRegion& dense() const { return regions[0]; }
+  const ImageRegion& ffn(int layer) const { return regions[size_t(1 + layer)]; }
+  uint64_t bundle_elems() const { return uint64_t(bundle_parts(bundle_kind)) * uint64_t(config.dim); }
+  const DenseTensor* find_tensor(const std::string& name) const;
+};
+
+// The dense tensors a model with this config stores, in image order (names as in DenseTensor::name).
+std::vector<DenseTensor> image_dense_tensor_list(const ModelConfig& c);
+
+// xxh64 over the region table (name, offset, bytes, checksum of every region): the image id.
+uint64_t image_id_of(const std::vector<ImageRegion>& regions);
+
+// JSON text of a manifest: sorted keys, fixed number formatting, so equal manifests are equal bytes.
+std::string manifest_to_json(const ImageManifest& m);
+// Parses and checks a manifest on its own (structure, version, config, sizes, alignment, overlaps, permutations).
+// Throws InputError naming `path` with the first problem found. Unknown keys are ignored.
+ImageManifest manifest_parse(const std::string& text, const std::string& path);
+ImageManifest manifest_load(const std::string& path);
+
+// "<image>.json": where pack writes the manifest of an image.
+inline std::string manifest_path_for(const std::string& image_path) { return image_path + ".json"; }
+// The image path a manifest points to (its image_file, resolved against the manifest's folder).
+std::string image_path_from_manifest(const std::string& manifest_path, const ImageManifest& m);
+
+// Checks an image file's size and header against its manifest (no region payloads are read).
+// Throws InputError naming `image_path` (truncated, wrong size, bad magic, future version, id mismatch).
+void image_check_header(const std::string& image_path, const ImageManifest& m, const ImageHeader& h,
+                        uint64_t file_bytes);
+
+// Incremental xxh64 (libxxhash), so writers and verifiers hash regions as they stream.
+class Xxh64 {
+ public:
+  Xxh64();
+  ~Xxh64();
+  Xxh64(const Xxh64&) = delete;
+  Xxh64& operator=(const Xxh64&) = delete;
+  void update(const void* p, size_t n);
+  uint64_t digest() const;
+
+ private:
+  void* state_;
+};
+uint64_t xxh64_of(const void* p, size_t n);
+std::string hex64(uint64_t v);
+
+// Element conversion between fp32 and the image dtype (round to nearest even, formats/core/half.h).
+void image_encode(ImageDtype d, const float* src, size_t n, void* dst);
+void image_decode(ImageDtype d, const void* src, size_t n, float* dst);
+
+}  // namespace nl

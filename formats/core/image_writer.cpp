@@ -1,0 +1,187 @@
+// Streaming flash image writer: fixed layout computed up front, payload hashed as it is written, header last.
+#include "formats/core/image_writer.h"
+
+#include <cstring>
+
+#include "formats/core/error.h"
+
+namespace nl {
+
+namespace {
+uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+constexpr uint64_t kTensorAlign = 64;  // dense tensors start on cache lines inside their region
+
+std::string base_name(const std::string& p) {
+  auto pos = p.find_last_of('/');
+  return pos == std::string::npos ? p : p.substr(pos + 1);
+}
+}  // namespace
+
+ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_path_(image_path) {
+  const ModelConfig& c = spec.config;
+  if (std::string p = model_config_problem(c); !p.empty()) throw UsageError("cannot pack: model config: " + p);
+  m_.image_file = base_name(image_path);
+  m_.config = c;
+  m_.dtype = spec.dtype;
+  m_.bundle_kind = spec.bundle_kind;
+  m_.bundle_bytes = uint64_t(bundle_parts(spec.bundle_kind)) * uint64_t(c.dim) * image_dtype_bytes(spec.dtype);
+  m_.tokenizer = spec.tokenizer;
+  m_.source = spec.source;
+  m_.source_format = spec.source_format;
+  m_.layout = spec.layout;
+  m_.layout_method = spec.layout_method;
+  if (spec.order.empty()) {
+    spec.order.resize(size_t(c.n_layers));
+    for (auto& o : spec.order) {
+      o.resize(size_t(c.hidden_dim));
+      for (uint32_t i = 0; i < o.size(); ++i) o[i] = i;
+    }
+  }
+  if (spec.order.size() != size_t(c.n_layers)) throw UsageError("cannot pack: the layout has a different layer count");
+  for (size_t l = 0; l < spec.order.size(); ++l) {
+    std::vector<char> seen(size_t(c.hidden_dim), 0);
+    if (spec.order[l].size() != seen.size())
+      throw UsageError("cannot pack: layout layer " + std::to_string(l) + " has " +
+                       std::to_string(spec.order[l].size()) + " neurons, the model has " + std::to_string(c.hidden_dim));
+    for (uint32_t n : spec.order[l]) {
+      if (n >= seen.size() || seen[n]) throw UsageError("cannot pack: layout layer " + std::to_string(l) + " is not a permutation");
+      seen[n] = 1;
+    }
+  }
+  m_.order = std::move(spec.order);
+
+  // Fixed layout: header block, dense region, one region per layer, each aligned.
+  const uint64_t esz = image_dtype_bytes(m_.dtype);
+  m_.dense_tensors = image_dense_tensor_list(c);
+  uint64_t off = 0;
+  for (auto& t : m_.dense_tensors) {
+    off = align_up(off, kTensorAlign);
+    t.offset = off;
+    off += t.elems() * esz;
+  }
+  m_.regions.push_back({"dense", -1, kImageAlign, off, 0});
+  for (int l = 0; l < c.n_layers; ++l) {
+    const ImageRegion& prev = m_.regions.back();
+    m_.regions.push_back({"ffn." + std::to_string(l), l, align_up(prev.offset + prev.bytes, kImageAlign),
+                          uint64_t(c.hidden_dim) * m_.bundle_bytes, 0});
+  }
+  m_.image_bytes = align_up(m_.regions.back().offset + m_.regions.back().bytes, kImageAlign);
+
+  out_ = std::make_unique<AtomicWriter>(image_path);
+  std::vector<char> header_block(kImageAlign, 0);  // real header written at commit, when checksums are known
+  out_->write(header_block.data(), header_block.size());
+  dense_hash_ = new Xxh64();
+}
+
+ImageWriter::~ImageWriter() { delete dense_hash_; }
+
+void ImageWriter::add_dense(const std::string& name, const float* data, size_t elems) {
+  if (next_tensor_ >= m_.dense_tensors.size() || m_.dense_tensors[next_tensor_].name != name)
+    throw InternalError("ImageWriter: dense tensor '" + name + "' out of order");
+  const DenseTensor& t = m_.dense_tensors[next_tensor_++];
+  if (elems != t.elems())
+    throw InternalError("ImageWriter: dense tensor '" + name + "' has " + std::to_string(elems) + " elements, expected " +
+                        std::to_string(t.elems()));
+  const uint64_t region_pos = out_->offset() - m_.regions[0].offset;
+  std::vector<char> pad(t.offset - region_pos, 0);
+  out_->write(pad.data(), pad.size());
+  dense_hash_->update(pad.data(), pad.size());
+  scratch_.resize(elems * image_dtype_bytes(m_.dtype));
+  image_encode(m_.dtype, data, elems, scratch_.data());
+  out_->write(scratch_.data(), scratch_.size());
+  dense_hash_->update(scratch_.data(), scratch_.size());
+  if (next_tensor_ == m_.dense_tensors.size()) m_.regions[0].xxh64 = dense_hash_->digest();
+}
+
+void ImageWriter::add_layer(int layer, const float* gate, const float* up, const float* down) {
+  if (next_tensor_ != m_.dense_tensors.size()) throw InternalError("ImageWriter: FFN layer before all dense tensors");
+  if (layer != next_layer_ || layer >= m_.config.n_layers)
+    throw InternalError("ImageWriter: FFN layer " + std::to_string(layer) + " out of order");
+  if ((m_.bundle_kind == BundleKind::kGated) != (gate != nullptr))
+    throw InternalError("ImageWriter: gate matrix presence does not match the bundle kind");
+  ++next_layer_;
+  ImageRegion& r = m_.regions[size_t(1 + layer)];
+  out_->pad_to(kImageAlign);
+  if (out_->offset() != r.offset) throw InternalError("ImageWriter: region offset drifted");
+  const size_t dim = size_t(m_.config.dim), hidden = size_t(m_.config.hidden_dim);
+  // Down columns are strided in [dim][hidden]: transpose once so each bundle copies contiguous rows.
+  std::vector<float> down_t(hidden * dim);
+  for (size_t o = 0; o < dim; ++o)
+    for (size_t n = 0; n < hidden; ++n) down_t[n * dim + o] = down[o * hidden + n];
+  const size_t esz = image_dtype_bytes(m_.dtype);
+  Xxh64 h;
+  // A few hundred bundles per write keeps syscalls few and memory flat.
+  const size_t per_chunk = std::max<size_t>(1, (1u << 20) / m_.bundle_bytes);
+  std::vector<char> chunk(per_chunk * m_.bundle_bytes);
+  const auto& order = m_.order[size_t(layer)];
+  for (size_t s0 = 0; s0 < hidden; s0 += per_chunk) {
+    const size_t s1 = std::min(hidden, s0 + per_chunk);
+    char* p = chunk.data();
+    for (size_t s = s0; s < s1; ++s) {
+      const size_t n = order[s];
+      if (gate) {
+        image_encode(m_.dtype, gate + n * dim, dim, p);
+        p += dim * esz;
+      }
+      image_encode(m_.dtype, up + n * dim, dim, p);
+      p += dim * esz;
+      image_encode(m_.dtype, down_t.data() + n * dim, dim, p);
+      p += dim * esz;
+    }
+    const size_t bytes = size_t(p - chunk.data());
+    out_->write(chunk.data(), bytes);
+    h.update(chunk.data(), bytes);
+  }
+  r.xxh64 = h.digest();
+}
+
+ImageManifest ImageWriter::commit() {
+  if (next_tensor_ != m_.dense_tensors.size() || next_layer_ != m_.config.n_layers)
+    throw InternalError("ImageWriter: commit before every tensor and layer was written");
+  out_->pad_to(kImageAlign);
+  if (out_->offset() != m_.image_bytes) throw InternalError("ImageWriter: image size drifted");
+  m_.image_id = image_id_of(m_.regions);
+  ImageHeader h{};
+  std::memcpy(h.magic, kImageMagic, sizeof h.magic);
+  h.version_major = kImageVersionMajor;
+  h.version_minor = kImageVersionMinor;
+  h.header_bytes = kImageHeaderBytes;
+  h.alignment = uint32_t(kImageAlign);
+  h.image_bytes = m_.image_bytes;
+  h.image_id = m_.image_id;
+  h.n_regions = uint32_t(m_.regions.size());
+  out_->write_at(0, &h, sizeof h);
+  out_->commit();
+  write_file_atomic(manifest_path_for(image_path_), manifest_to_json(m_));
+  return m_;
+}
+
+ImageManifest image_write_model(const std::string& image_path, const ModelWeights& w, ImageSpec spec) {
+  spec.config = w.config;
+  ImageWriter iw(image_path, std::move(spec));
+  auto put = [&](const std::string& name, const std::vector<float>& v) { iw.add_dense(name, v.data(), v.size()); };
+  put("tok_embeddings", w.tok_embeddings);
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    const LayerWeights& lw = w.layers[l];
+    put(p + "rms_att", lw.rms_att);
+    put(p + "wq", lw.wq);
+    put(p + "wk", lw.wk);
+    put(p + "wv", lw.wv);
+    put(p + "wo", lw.wo);
+    put(p + "rms_ffn", lw.rms_ffn);
+  }
+  put("rms_final", w.rms_final);
+  if (!w.config.shared_classifier) put("wcls", w.wcls);
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const LayerWeights& lw = w.layers[l];
+    const size_t mat = size_t(w.config.hidden_dim) * size_t(w.config.dim);
+    const bool gated = !lw.w_gate.empty();
+    if ((gated && lw.w_gate.size() != mat) || lw.w_up.size() != mat || lw.w_down.size() != mat)
+      throw InternalError("image_write_model: layer " + std::to_string(l) + " FFN matrices have the wrong size");
+    iw.add_layer(int(l), gated ? lw.w_gate.data() : nullptr, lw.w_up.data(), lw.w_down.data());
+  }
+  return iw.commit();
+}
+
+}  // namespace nl

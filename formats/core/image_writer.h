@@ -1,0 +1,54 @@
+// Streaming writer of a flash image + manifest (format in formats/core/image.h, docs/formats.md). The caller hands
+// it the dense tensors and then one FFN layer at a time, so a model larger than RAM packs while holding only one
+// layer's FFN. Both outputs are atomic (temporary file, fsync, rename); the image is renamed first and the manifest
+// second, so a crash in between leaves a pair whose image id disagrees, which readers refuse. Same inputs give
+// byte-identical outputs (no timestamps, sorted JSON keys). Not thread-safe.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "formats/core/atomic_file.h"
+#include "formats/core/image.h"
+
+namespace nl {
+
+struct ImageSpec {
+  ModelConfig config;
+  ImageDtype dtype = ImageDtype::kF32;
+  BundleKind bundle_kind = BundleKind::kGated;
+  std::string tokenizer, source, source_format, layout, layout_method;
+  std::vector<std::vector<uint32_t>> order;  // per layer slot -> original neuron; empty = identity everywhere
+};
+
+class ImageWriter {
+ public:
+  // Manifest goes to manifest_path_for(image_path). Throws UsageError on a bad spec (config, order).
+  ImageWriter(const std::string& image_path, ImageSpec spec);
+  ~ImageWriter();
+
+  // Dense tensors, fp32, exactly in image_dense_tensor_list(config) order.
+  void add_dense(const std::string& name, const float* data, size_t elems);
+  // FFN layer `layer` (layers in order 0, 1, ...), original neuron order, fp32, row-major:
+  // gate [hidden][dim] (nullptr for plain bundles), up [hidden][dim], down [dim][hidden].
+  void add_layer(int layer, const float* gate, const float* up, const float* down);
+  // Writes the header and the manifest and renames both into place. Returns the manifest written.
+  ImageManifest commit();
+
+ private:
+  std::string image_path_;
+  ImageManifest m_;
+  std::unique_ptr<AtomicWriter> out_;
+  size_t next_tensor_ = 0;
+  int next_layer_ = 0;
+  Xxh64* dense_hash_ = nullptr;
+  std::vector<char> scratch_;
+
+  void start_region(size_t index);
+};
+
+// Packs weights already in memory (every FFN matrix present): dense tensors, then each layer. spec.config is
+// taken from `w`. Used by tests and by pack for models that fit in RAM.
+ImageManifest image_write_model(const std::string& image_path, const ModelWeights& w, ImageSpec spec);
+
+}  // namespace nl

@@ -1,0 +1,135 @@
+#include "formats/layout.h"
+
+#include <algorithm>
+
+#include "formats/core/atomic_file.h"
+#include "formats/core/error.h"
+#include "formats/trace.h"
+
+namespace nl {
+
+using nlohmann::json;
+
+const std::vector<std::string>& layout_methods() {
+  static const std::vector<std::string> m = {"identity", "frequency", "greedy", "greedy+ls", "rcm"};
+  return m;
+}
+
+std::string layout_to_json(const Layout& l) {
+  // One layer per line keeps 16k-entry orders readable in a diff; keys in a fixed order for byte identity.
+  std::string s = "{\n";
+  s += "  \"format\": " + json(kLayoutFormat).dump() + ",\n";
+  s += "  \"version\": " + std::to_string(kLayoutVersion) + ",\n";
+  json tr = json::object();
+  tr["sha256"] = l.trace_sha256;
+  tr["model"] = l.trace_model;
+  tr["n_tokens"] = l.trace_tokens;
+  s += "  \"trace\": " + tr.dump() + ",\n";
+  s += "  \"method\": " + json(l.method).dump() + ",\n";
+  s += "  \"parameters\": " + l.parameters.dump() + ",\n";
+  s += "  \"n_layers\": " + std::to_string(l.layers.size()) + ",\n";
+  s += "  \"layers\": [\n";
+  for (size_t i = 0; i < l.layers.size(); ++i) {
+    const LayoutLayer& L = l.layers[i];
+    s += "    {\"layer\": " + std::to_string(i) + ", \"n_neurons\": " + std::to_string(L.order.size()) +
+         ", \"objective\": " + json(L.objective).dump() + ", \"upper_bound\": " + json(L.upper_bound).dump() +
+         ", \"gap\": " + json(L.gap()).dump() + ", \"order\": " + json(L.order).dump() + "}";
+    s += i + 1 < l.layers.size() ? ",\n" : "\n";
+  }
+  s += "  ]\n}\n";
+  return s;
+}
+
+void layout_write(const std::string& path, const Layout& l) { write_file_atomic(path, layout_to_json(l)); }
+
+namespace {
+double number_or(const json& j, const char* key, const std::string& path, const std::string& where) {
+  if (!j.contains(key)) return 0.0;
+  if (!j[key].is_number()) throw InputError(path, where + "'" + key + "' must be a number");
+  return j[key].get<double>();
+}
+}  // namespace
+
+Layout layout_parse(const std::string& text, const std::string& path, const TraceInfo* trace) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw InputError(path, std::string("not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw InputError(path, "a layout must be a JSON object");
+  if (!j.contains("format") || j["format"] != kLayoutFormat)
+    throw InputError(path, "format must be \"" + std::string(kLayoutFormat) + "\"");
+  if (!j.contains("version") || !j["version"].is_number_integer()) throw InputError(path, "missing integer 'version'");
+  int64_t ver = j["version"].get<int64_t>();
+  if (ver > kLayoutVersion)
+    throw InputError(path, "layout version " + std::to_string(ver) + " is newer than supported (" +
+                               std::to_string(kLayoutVersion) + ")");
+  if (ver < 1) throw InputError(path, "layout version must be >= 1");
+  Layout l;
+  if (!j.contains("method") || !j["method"].is_string()) throw InputError(path, "missing string 'method'");
+  l.method = j["method"].get<std::string>();
+  const auto& ms = layout_methods();
+  if (std::find(ms.begin(), ms.end(), l.method) == ms.end())
+    throw InputError(path, "unknown method '" + l.method + "'");
+  if (j.contains("parameters")) {
+    if (!j["parameters"].is_object()) throw InputError(path, "'parameters' must be an object");
+    l.parameters = j["parameters"];
+  }
+  if (j.contains("trace")) {
+    const json& t = j["trace"];
+    if (!t.is_object()) throw InputError(path, "'trace' must be an object");
+    if (t.contains("sha256")) {
+      if (!t["sha256"].is_string()) throw InputError(path, "trace.sha256 must be a string");
+      l.trace_sha256 = t["sha256"].get<std::string>();
+    }
+    if (t.contains("model") && t["model"].is_string()) l.trace_model = t["model"].get<std::string>();
+    if (t.contains("n_tokens") && t["n_tokens"].is_number_unsigned()) l.trace_tokens = t["n_tokens"].get<uint64_t>();
+  }
+  if (!j.contains("layers") || !j["layers"].is_array()) throw InputError(path, "missing array 'layers'");
+  const json& layers = j["layers"];
+  if (j.contains("n_layers") && (!j["n_layers"].is_number_integer() || j["n_layers"].get<int64_t>() != int64_t(layers.size())))
+    throw InputError(path, "n_layers does not match the number of entries in 'layers'");
+  if (trace && layers.size() != trace->n_layers)
+    throw InputError(path, "has " + std::to_string(layers.size()) + " layers but trace " + trace->path + " has " +
+                               std::to_string(trace->n_layers));
+  for (size_t li = 0; li < layers.size(); ++li) {
+    const json& L = layers[li];
+    std::string where = "layer " + std::to_string(li) + ": ";
+    if (!L.is_object()) throw InputError(path, where + "must be an object");
+    if (L.contains("layer") && (!L["layer"].is_number_integer() || L["layer"].get<int64_t>() != int64_t(li)))
+      throw InputError(path, where + "'layer' must equal its position " + std::to_string(li));
+    if (!L.contains("order") || !L["order"].is_array()) throw InputError(path, where + "missing array 'order'");
+    const json& o = L["order"];
+    if (L.contains("n_neurons") &&
+        (!L["n_neurons"].is_number_integer() || L["n_neurons"].get<int64_t>() != int64_t(o.size())))
+      throw InputError(path, where + "n_neurons does not match the length of 'order'");
+    if (trace && o.size() != trace->n_neurons[li])
+      throw InputError(path, where + "order has " + std::to_string(o.size()) + " neurons but the trace layer has " +
+                                 std::to_string(trace->n_neurons[li]));
+    LayoutLayer out;
+    out.order.resize(o.size());
+    std::vector<uint8_t> seen(o.size(), 0);
+    for (size_t s = 0; s < o.size(); ++s) {
+      if (!o[s].is_number_integer()) throw InputError(path, where + "order[" + std::to_string(s) + "] is not an integer");
+      int64_t v = o[s].get<int64_t>();
+      if (v < 0 || v >= int64_t(o.size()))
+        throw InputError(path, where + "order[" + std::to_string(s) + "] = " + std::to_string(v) +
+                                   " is out of range [0, " + std::to_string(o.size()) + ")");
+      if (seen[size_t(v)])
+        throw InputError(path, where + "order is not a permutation: neuron " + std::to_string(v) + " appears twice");
+      seen[size_t(v)] = 1;
+      out.order[s] = uint32_t(v);
+    }
+    out.objective = number_or(L, "objective", path, where);
+    out.upper_bound = number_or(L, "upper_bound", path, where);
+    l.layers.push_back(std::move(out));
+  }
+  return l;
+}
+
+Layout layout_load(const std::string& path, const TraceInfo* trace) {
+  return layout_parse(read_file(path, 1ull << 32), path, trace);
+}
+
+}  // namespace nl

@@ -1,0 +1,43 @@
+// Layout JSON, version 1: one neuron order per FFN layer (slot -> original neuron index), the trace it was
+// learned from (sha256), the method and its parameters, and per layer the solver's objective, the upper bound
+// and the gap between them. Schema in docs/formats.md "Layout". Written byte-identically for equal inputs.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace nl {
+
+struct TraceInfo;
+
+inline constexpr const char* kLayoutFormat = "neuralink-layout";
+inline constexpr int64_t kLayoutVersion = 1;
+
+struct LayoutLayer {
+  std::vector<uint32_t> order;  // slot -> original neuron index (a permutation of 0..n-1)
+  double objective = 0;         // path weight: sum of co-activation counts of adjacent slots (profile trace)
+  double upper_bound = 0;       // 1/2 sum over neurons of their two heaviest co-activation counts
+  double gap() const { return upper_bound > 0 ? (upper_bound - objective) / upper_bound : 0.0; }
+};
+
+struct Layout {
+  std::string method;           // one of layout_methods()
+  nlohmann::json parameters = nlohmann::json::object();  // method parameters (seed, top_k, ...)
+  std::string trace_sha256;     // of the profile trace file
+  std::string trace_model;
+  uint64_t trace_tokens = 0;
+  std::vector<LayoutLayer> layers;
+};
+
+// Methods a layout file may name.
+const std::vector<std::string>& layout_methods();
+
+std::string layout_to_json(const Layout& l);
+void layout_write(const std::string& path, const Layout& l);  // atomic
+// Parses and validates; when `trace` is given, layer and neuron counts must match it. InputError naming `path`.
+Layout layout_parse(const std::string& text, const std::string& path, const TraceInfo* trace = nullptr);
+Layout layout_load(const std::string& path, const TraceInfo* trace = nullptr);
+
+}  // namespace nl

@@ -1,0 +1,388 @@
+// Hugging Face Llama checkpoints (config.json + model.safetensors): reader, writer, and the any-model dispatch.
+#include "formats/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "formats/core/atomic_file.h"
+#include "formats/core/error.h"
+#include "formats/core/half.h"
+#include "formats/llama2c.h"
+
+namespace nl {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the format's own limit is 100 MB
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+void pread_exact(int fd, const std::string& path, uint64_t offset, void* dst, uint64_t n) {
+  char* p = static_cast<char*>(dst);
+  while (n > 0) {
+    ssize_t r = ::pread(fd, p, n > (1u << 30) ? (1u << 30) : n, off_t(offset));
+    if (r < 0) throw IoError(path, errno_text("read"));
+    if (r == 0) throw InputError(path, "file ends early (truncated)");
+    p += r;
+    n -= uint64_t(r);
+    offset += uint64_t(r);
+  }
+}
+
+uint64_t dtype_bytes(const std::string& d) {
+  if (d == "F32") return 4;
+  if (d == "F16" || d == "BF16") return 2;
+  return 0;
+}
+
+// HF q/k rows (rotate_half: head h, half s, pair j at row h*hd + s*hd/2 + j) <-> canonical interleaved rows
+// (h*hd + 2j + s). to_hf = false un-permutes (reading), true permutes (writing).
+std::vector<float> permute_rope_rows(const std::vector<float>& w, int n_heads, int head_dim, int cols, bool to_hf) {
+  std::vector<float> out(w.size());
+  const int half = head_dim / 2;
+  for (int h = 0; h < n_heads; ++h)
+    for (int j = 0; j < half; ++j)
+      for (int s = 0; s < 2; ++s) {
+        const size_t canon = size_t(h) * head_dim + 2 * j + s, hf = size_t(h) * head_dim + size_t(s) * half + j;
+        const size_t src = to_hf ? canon : hf, dst = to_hf ? hf : canon;
+        std::copy_n(w.data() + src * cols, cols, out.data() + dst * cols);
+      }
+  return out;
+}
+
+struct Paths {
+  std::string config, tensors;
+};
+
+Paths checkpoint_paths(const std::string& path) {
+  fs::path p(path);
+  std::error_code ec;
+  fs::path dir;
+  if (fs::is_directory(p, ec)) {
+    dir = p;
+  } else if (p.filename() == "config.json" || p.extension() == ".safetensors") {
+    dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  } else {
+    throw InputError(path, "not a Hugging Face checkpoint (expected a folder, config.json or model.safetensors)");
+  }
+  Paths out{(dir / "config.json").string(), p.extension() == ".safetensors" ? p.string() : (dir / "model.safetensors").string()};
+  if (!fs::exists(out.config, ec)) throw InputError(out.config, "missing: a checkpoint needs config.json");
+  if (!fs::exists(out.tensors, ec)) {
+    if (fs::exists(dir / "model.safetensors.index.json", ec))
+      throw InputError(out.tensors, "missing: sharded checkpoints (model.safetensors.index.json) are not supported");
+    throw InputError(out.tensors, "missing: a checkpoint needs model.safetensors");
+  }
+  return out;
+}
+
+template <class T>
+T config_get(const json& j, const std::string& path, const char* key, const T* fallback) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (fallback) return *fallback;
+    throw InputError(path, std::string("missing key '") + key + "'");
+  }
+  try {
+    return j[key].get<T>();
+  } catch (const json::exception&) {
+    throw InputError(path, std::string("key '") + key + "' has the wrong type");
+  }
+}
+
+ModelConfig read_config(const std::string& path) {
+  json j;
+  try {
+    j = json::parse(read_file(path, 16u << 20));
+  } catch (const json::parse_error& e) {
+    throw InputError(path, std::string("not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw InputError(path, "not a JSON object");
+  const std::string llama = "llama";
+  const std::string type = config_get<std::string>(j, path, "model_type", &llama);
+  if (type != "llama") throw InputError(path, "model_type '" + type + "' is not supported (Llama family only)");
+  const std::string silu = "silu";
+  const std::string act = config_get<std::string>(j, path, "hidden_act", &silu);
+  ModelConfig c;
+  if (act == "silu" || act == "swish") {
+    c.act = FfnAct::kSilu;
+  } else if (act == "relu") {
+    c.act = FfnAct::kRelu;
+  } else {
+    throw InputError(path, "hidden_act '" + act + "' is not supported (silu or relu)");
+  }
+  auto get_int = [&](const char* key, const int64_t* fb) {
+    const int64_t v = config_get<int64_t>(j, path, key, fb);
+    if (v <= 0 || v > (1 << 24)) throw InputError(path, std::string("key '") + key + "' = " + std::to_string(v) + " is out of range");
+    return int(v);
+  };
+  c.dim = get_int("hidden_size", nullptr);
+  c.hidden_dim = get_int("intermediate_size", nullptr);
+  c.n_layers = get_int("num_hidden_layers", nullptr);
+  c.n_heads = get_int("num_attention_heads", nullptr);
+  const int64_t heads = c.n_heads, max_pos = 2048;
+  c.n_kv_heads = get_int("num_key_value_heads", &heads);
+  c.vocab_size = get_int("vocab_size", nullptr);
+  c.seq_len = get_int("max_position_embeddings", &max_pos);
+  const double eps = 1e-6, theta = 10000.0;
+  c.norm_eps = float(config_get<double>(j, path, "rms_norm_eps", &eps));
+  c.rope_theta = float(config_get<double>(j, path, "rope_theta", &theta));
+  const bool no = false;
+  c.shared_classifier = config_get<bool>(j, path, "tie_word_embeddings", &no);
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+    throw InputError(path, "rope_scaling is not supported");
+  if (config_get<bool>(j, path, "attention_bias", &no) || config_get<bool>(j, path, "mlp_bias", &no))
+    throw InputError(path, "attention_bias / mlp_bias are not supported");
+  if (std::string p = model_config_problem(c); !p.empty()) throw InputError(path, p);
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+    const int64_t hd = config_get<int64_t>(j, path, "head_dim", nullptr);
+    if (hd != c.head_dim())
+      throw InputError(path, "head_dim " + std::to_string(hd) + " != hidden_size / num_attention_heads (" +
+                                 std::to_string(c.head_dim()) + "); not supported");
+  }
+  return c;
+}
+
+// The shortest decimal that reads back as the same float (1e-05 rather than 9.999999747378752e-06).
+double float_for_json(float f) {
+  char buf[32];
+  auto r = std::to_chars(buf, buf + sizeof buf, f);
+  return std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
+}
+
+}  // namespace
+
+TensorDtype tensor_dtype_from_name(const std::string& name) {
+  if (name == "f32") return TensorDtype::kF32;
+  if (name == "f16") return TensorDtype::kF16;
+  if (name == "bf16") return TensorDtype::kBF16;
+  throw UsageError("unknown dtype '" + name + "' (f32, f16, bf16)");
+}
+
+std::vector<SafetensorsEntry> safetensors_header(const std::string& path, uint64_t* data_start) {
+  Fd f;
+  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd < 0) throw IoError(path, errno_text("cannot open"));
+  struct stat st;
+  if (::fstat(f.fd, &st) != 0) throw IoError(path, errno_text("stat"));
+  const uint64_t size = uint64_t(st.st_size);
+  if (size < 8) throw InputError(path, "too small for a safetensors header (" + std::to_string(size) + " bytes)");
+  uint64_t n = 0;
+  pread_exact(f.fd, path, 0, &n, 8);  // little-endian u64 (x86 and aarch64 are little-endian)
+  if (n > kMaxHeaderBytes || n > size - 8)
+    throw InputError(path, "header length " + std::to_string(n) + " exceeds the file (" + std::to_string(size) +
+                               " bytes) or the 100 MB limit");
+  std::string text(n, '\0');
+  pread_exact(f.fd, path, 8, text.data(), n);
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw InputError(path, std::string("header is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw InputError(path, "header is not a JSON object");
+  const uint64_t data_size = size - 8 - n;
+  std::vector<SafetensorsEntry> out;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    const json& e = it.value();
+    const std::string where = "tensor '" + it.key() + "'";
+    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets") ||
+        !e["dtype"].is_string() || !e["shape"].is_array() || !e["data_offsets"].is_array() ||
+        e["data_offsets"].size() != 2)
+      throw InputError(path, where + ": entry needs dtype, shape and data_offsets [begin, end]");
+    SafetensorsEntry t;
+    t.name = it.key();
+    t.dtype = e["dtype"].get<std::string>();
+    const uint64_t esize = dtype_bytes(t.dtype);
+    if (esize == 0) throw InputError(path, where + ": unknown or unsupported dtype '" + t.dtype + "' (F32, F16, BF16)");
+    uint64_t numel = 1;
+    for (const json& d : e["shape"]) {
+      if (!d.is_number_unsigned()) throw InputError(path, where + ": shape holds a non-integer or negative value");
+      const uint64_t v = d.get<uint64_t>();
+      if (v != 0 && numel > (uint64_t(1) << 48) / v) throw InputError(path, where + ": shape is absurdly large");
+      numel *= v;
+      t.shape.push_back(v);
+    }
+    for (const json& d : e["data_offsets"])
+      if (!d.is_number_unsigned()) throw InputError(path, where + ": data_offsets must be non-negative integers");
+    t.begin = e["data_offsets"][0].get<uint64_t>();
+    t.end = e["data_offsets"][1].get<uint64_t>();
+    if (t.begin > t.end || t.end > data_size)
+      throw InputError(path, where + ": data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
+                                 "] out of range (data section has " + std::to_string(data_size) + " bytes)");
+    if (t.end - t.begin != numel * esize)
+      throw InputError(path, where + ": data_offsets span " + std::to_string(t.end - t.begin) + " bytes, shape and dtype need " +
+                                 std::to_string(numel * esize));
+    out.push_back(std::move(t));
+  }
+  if (data_start) *data_start = 8 + n;
+  return out;
+}
+
+ModelWeights read_safetensors_model(const std::string& path) {
+  const Paths p = checkpoint_paths(path);
+  ModelWeights w;
+  w.source = fs::path(p.tensors).parent_path().string();
+  if (w.source.empty()) w.source = ".";
+  w.config = read_config(p.config);
+  const ModelConfig& c = w.config;
+  uint64_t data_start = 0;
+  std::map<std::string, SafetensorsEntry> entries;
+  for (auto& e : safetensors_header(p.tensors, &data_start)) entries.emplace(e.name, e);
+
+  Fd f;
+  f.fd = ::open(p.tensors.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd < 0) throw IoError(p.tensors, errno_text("cannot open"));
+  std::vector<char> raw;
+  auto load = [&](const std::string& name, uint64_t rows, uint64_t cols, std::vector<float>& dst) {
+    auto it = entries.find(name);
+    if (it == entries.end()) throw InputError(p.tensors, "missing tensor '" + name + "'");
+    const SafetensorsEntry& e = it->second;
+    const bool vec = cols == 0;
+    const bool shape_ok = vec ? (e.shape.size() == 1 && e.shape[0] == rows)
+                              : (e.shape.size() == 2 && e.shape[0] == rows && e.shape[1] == cols);
+    if (!shape_ok) {
+      std::string s;
+      for (uint64_t d : e.shape) s += (s.empty() ? "" : ", ") + std::to_string(d);
+      throw InputError(p.tensors, "tensor '" + name + "' has shape [" + s + "], config.json implies [" +
+                                      std::to_string(rows) + (vec ? "" : ", " + std::to_string(cols)) + "]");
+    }
+    const uint64_t numel = vec ? rows : rows * cols;
+    dst.resize(numel);
+    if (e.dtype == "F32") {
+      pread_exact(f.fd, p.tensors, data_start + e.begin, dst.data(), numel * 4);
+      return;
+    }
+    raw.resize(numel * 2);
+    pread_exact(f.fd, p.tensors, data_start + e.begin, raw.data(), numel * 2);
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(raw.data());
+    if (e.dtype == "F16") {
+      for (uint64_t i = 0; i < numel; ++i) dst[i] = f16_to_f32(h[i]);
+    } else {
+      for (uint64_t i = 0; i < numel; ++i) dst[i] = bf16_to_f32(h[i]);
+    }
+  };
+  const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), hid = uint64_t(c.hidden_dim), voc = uint64_t(c.vocab_size);
+  load("model.embed_tokens.weight", voc, dim, w.tok_embeddings);
+  w.layers.resize(size_t(c.n_layers));
+  for (int i = 0; i < c.n_layers; ++i) {
+    LayerWeights& L = w.layers[size_t(i)];
+    const std::string pre = "model.layers." + std::to_string(i) + ".";
+    load(pre + "input_layernorm.weight", dim, 0, L.rms_att);
+    load(pre + "self_attn.q_proj.weight", dim, dim, L.wq);
+    load(pre + "self_attn.k_proj.weight", kv, dim, L.wk);
+    load(pre + "self_attn.v_proj.weight", kv, dim, L.wv);
+    load(pre + "self_attn.o_proj.weight", dim, dim, L.wo);
+    load(pre + "post_attention_layernorm.weight", dim, 0, L.rms_ffn);
+    load(pre + "mlp.gate_proj.weight", hid, dim, L.w_gate);
+    load(pre + "mlp.up_proj.weight", hid, dim, L.w_up);
+    load(pre + "mlp.down_proj.weight", dim, hid, L.w_down);
+    L.wq = permute_rope_rows(L.wq, c.n_heads, c.head_dim(), c.dim, false);
+    L.wk = permute_rope_rows(L.wk, c.n_kv_heads, c.head_dim(), c.dim, false);
+  }
+  load("model.norm.weight", dim, 0, w.rms_final);
+  if (!c.shared_classifier) load("lm_head.weight", voc, dim, w.wcls);
+  return w;
+}
+
+void write_safetensors_model(const std::string& dir, const ModelWeights& w, TensorDtype dtype) {
+  const ModelConfig& c = w.config;
+  for (const auto& L : w.layers)
+    if (L.w_gate.empty()) throw UsageError(dir + ": the model's FFN weights are not in memory");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw IoError(dir, "cannot create folder: " + ec.message());
+
+  // Tensors in a fixed order; offsets follow it, so the file is deterministic.
+  std::vector<std::pair<std::string, std::pair<std::vector<uint64_t>, std::vector<float>>>> tensors;
+  const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), hid = uint64_t(c.hidden_dim), voc = uint64_t(c.vocab_size);
+  auto add = [&tensors](std::string name, std::vector<uint64_t> shape, std::vector<float> data) {
+    tensors.push_back({std::move(name), {std::move(shape), std::move(data)}});
+  };
+  add("model.embed_tokens.weight", {voc, dim}, w.tok_embeddings);
+  for (int i = 0; i < c.n_layers; ++i) {
+    const LayerWeights& L = w.layers[size_t(i)];
+    const std::string pre = "model.layers." + std::to_string(i) + ".";
+    add(pre + "input_layernorm.weight", {dim}, L.rms_att);
+    add(pre + "self_attn.q_proj.weight", {dim, dim}, permute_rope_rows(L.wq, c.n_heads, c.head_dim(), c.dim, true));
+    add(pre + "self_attn.k_proj.weight", {kv, dim}, permute_rope_rows(L.wk, c.n_kv_heads, c.head_dim(), c.dim, true));
+    add(pre + "self_attn.v_proj.weight", {kv, dim}, L.wv);
+    add(pre + "self_attn.o_proj.weight", {dim, dim}, L.wo);
+    add(pre + "post_attention_layernorm.weight", {dim}, L.rms_ffn);
+    add(pre + "mlp.gate_proj.weight", {hid, dim}, L.w_gate);
+    add(pre + "mlp.up_proj.weight", {hid, dim}, L.w_up);
+    add(pre + "mlp.down_proj.weight", {dim, hid}, L.w_down);
+  }
+  add("model.norm.weight", {dim}, w.rms_final);
+  if (!c.shared_classifier) add("lm_head.weight", {voc, dim}, w.wcls);
+
+  const uint64_t esize = dtype == TensorDtype::kF32 ? 4 : 2;
+  const char* dname = dtype == TensorDtype::kF32 ? "F32" : dtype == TensorDtype::kF16 ? "F16" : "BF16";
+  json header = json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  uint64_t off = 0;
+  for (const auto& [name, t] : tensors) {
+    const uint64_t bytes = t.second.size() * esize;
+    header[name] = {{"dtype", dname}, {"shape", t.first}, {"data_offsets", {off, off + bytes}}};
+    off += bytes;
+  }
+  std::string htext = header.dump();
+  while (htext.size() % 8) htext += ' ';  // data section 8-byte aligned, as the reference writer does
+  AtomicWriter out((fs::path(dir) / "model.safetensors").string());
+  const uint64_t hlen = htext.size();
+  out.write(&hlen, 8);
+  out.write(htext);
+  std::vector<uint16_t> half;
+  for (const auto& [name, t] : tensors) {
+    const std::vector<float>& v = t.second;
+    if (dtype == TensorDtype::kF32) {
+      out.write(v.data(), v.size() * 4);
+      continue;
+    }
+    half.resize(v.size());
+    for (size_t i = 0; i < v.size(); ++i) half[i] = dtype == TensorDtype::kF16 ? f32_to_f16(v[i]) : f32_to_bf16(v[i]);
+    out.write(half.data(), half.size() * 2);
+  }
+
+  const json cfg = {{"architectures", {"LlamaForCausalLM"}},
+                    {"model_type", "llama"},
+                    {"hidden_size", c.dim},
+                    {"intermediate_size", c.hidden_dim},
+                    {"num_hidden_layers", c.n_layers},
+                    {"num_attention_heads", c.n_heads},
+                    {"num_key_value_heads", c.n_kv_heads},
+                    {"vocab_size", c.vocab_size},
+                    {"max_position_embeddings", c.seq_len},
+                    {"rms_norm_eps", float_for_json(c.norm_eps)},
+                    {"rope_theta", float_for_json(c.rope_theta)},
+                    {"hidden_act", ffn_act_name(c.act)},
+                    {"tie_word_embeddings", c.shared_classifier},
+                    {"bos_token_id", 1},
+                    {"eos_token_id", 2},
+                    {"torch_dtype", dtype == TensorDtype::kF32 ? "float32" : dtype == TensorDtype::kF16 ? "float16" : "bfloat16"}};
+  out.commit();
+  write_file_atomic((fs::path(dir) / "config.json").string(), cfg.dump(2) + "\n");
+}
+
+ModelWeights read_model(const std::string& path) {
+  std::error_code ec;
+  const fs::path p(path);
+  if (!fs::exists(p, ec)) throw IoError(path, "no such file or folder");
+  if (!fs::is_directory(p, ec) && p.extension() == ".bin") return read_llama2c(path);
+  return read_safetensors_model(path);
+}
+
+}  // namespace nl

@@ -1,0 +1,373 @@
+#include "layout/local_search.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <numeric>
+
+#include "formats/core/error.h"
+
+namespace nl {
+
+namespace {
+
+constexpr uint32_t kNone = UINT32_MAX;
+constexpr uint32_t kMaxWindow = 15;  // g + 1 is capped: tiny bundles would otherwise make windows huge
+
+struct Move {
+  enum Kind : uint8_t { Reverse, Shift } kind;
+  int64_t i, j;  // Reverse: positions [i, j]; Shift: segment [i, j]
+  int64_t p = 0; // Shift: insert after position p (-1 = front); p < i - 1 or p > j
+  bool rev = false;
+};
+
+struct Search {
+  const LayerMask& m;
+  const LayerGraph& g;
+  LsOptions opt;
+  uint32_t n = 0, n_act = 0, g1 = 1, W = 0;
+  double sd[kMaxWindow + 1] = {};
+  std::vector<uint64_t> R;  // sampled rows, (n + 1) * W; row n is the all-zero sentinel
+  std::vector<uint32_t> ord, pos;
+  std::vector<uint8_t> hot;
+  uint64_t w_cur = 0, w_floor = 0;
+  double saving = 0;
+  LsStats st;
+  std::vector<uint32_t> zbuf[4];
+
+  Search(const LayerMask& mask, const LayerGraph& graph, const LsOptions& o) : m(mask), g(graph), opt(o) {
+    n = m.n_neurons;
+    g1 = std::min<uint32_t>(opt.merge_gap + 1, kMaxWindow);
+    for (uint32_t d = 1; d <= g1; ++d) sd[d] = opt.read_us - double(d - 1) * opt.bundle_us;
+    uint64_t want = std::max<uint64_t>(1, (uint64_t(opt.sample_tokens) + 63) / 64);
+    W = uint32_t(std::min<uint64_t>(m.words, want));
+    R.assign(size_t(n + 1) * W, 0);
+    for (uint32_t v = 0; v < n; ++v)
+      for (uint32_t k = 0; k < W; ++k) R[size_t(v) * W + k] = m.row(v)[uint64_t(k) * m.words / W];
+  }
+  const uint64_t* row(uint32_t v) const { return R.data() + size_t(v == kNone ? n : v) * W; }
+
+  // Saving (us) of every window term (p < q <= p + g + 1) inside the sequence.
+  double zone(const std::vector<uint32_t>& seq) const {
+    size_t len = seq.size();
+    if (len < 2) return 0;
+    uint64_t cnt[kMaxWindow + 1] = {};
+    const uint64_t* rp[64];
+    if (len > 64) throw InternalError("local search: zone longer than 64 slots");
+    size_t L = len;
+    for (size_t q = 0; q < L; ++q) rp[q] = row(seq[q]);
+    for (size_t q = 1; q < L; ++q) {
+      uint32_t dmax = uint32_t(std::min<size_t>(g1, q));
+      const uint64_t* rq = rp[q];
+      for (uint32_t w = 0; w < W; ++w) {
+        uint64_t x = rq[w];
+        if (!x) continue;
+        uint64_t msk = 0;
+        for (uint32_t d = 1; d <= dmax; ++d) {
+          uint64_t y = rp[q - d][w];
+          cnt[d] += uint64_t(__builtin_popcountll(x & y & ~msk));
+          msk |= y;
+          if (!(x & ~msk)) break;
+        }
+      }
+    }
+    double s = 0;
+    for (uint32_t d = 1; d <= g1; ++d) s += sd[d] * double(cnt[d]);
+    return s;
+  }
+  double total() const {
+    double s = 0;
+    std::vector<uint32_t> seq;
+    for (uint32_t b = 0; b < n_act; b += 40) {  // overlapping chunks: each term counted once by its q
+      int64_t lo = std::max<int64_t>(0, int64_t(b) - g1);
+      seq.assign(ord.begin() + lo, ord.begin() + std::min<uint32_t>(n_act, b + 40));
+      double full = zone(seq);
+      seq.resize(size_t(int64_t(b) - lo));
+      s += full - zone(seq);
+    }
+    return s;
+  }
+
+  void app(std::vector<uint32_t>& v, int64_t a, int64_t b) const {
+    a = std::max<int64_t>(a, 0);
+    b = std::min<int64_t>(b, int64_t(n_act) - 1);
+    for (int64_t k = a; k <= b; ++k) v.push_back(ord[size_t(k)]);
+  }
+  void app_rev(std::vector<uint32_t>& v, int64_t a, int64_t b) const {
+    a = std::max<int64_t>(a, 0);
+    b = std::min<int64_t>(b, int64_t(n_act) - 1);
+    for (int64_t k = b; k >= a; --k) v.push_back(ord[size_t(k)]);
+  }
+  void app_seg(std::vector<uint32_t>& v, const Move& mv) const {
+    if (mv.rev)
+      app_rev(v, mv.i, mv.j);
+    else
+      app(v, mv.i, mv.j);
+  }
+
+  double delta(const Move& mv) {
+    for (auto& z : zbuf) z.clear();
+    auto &o1 = zbuf[0], &o2 = zbuf[1], &n1 = zbuf[2], &n2 = zbuf[3];
+    const int64_t G = g1, i = mv.i, j = mv.j;
+    if (mv.kind == Move::Reverse) {
+      if (j - i + 1 >= 2 * G) {
+        app(o1, i - G, i + G - 1);
+        app(o2, j - G + 1, j + G);
+        app(n1, i - G, i - 1);
+        app_rev(n1, j - G + 1, j);
+        app_rev(n2, i, i + G - 1);
+        app(n2, j + 1, j + G);
+      } else {
+        app(o1, i - G, j + G);
+        app(n1, i - G, i - 1);
+        app_rev(n1, i, j);
+        app(n1, j + 1, j + G);
+      }
+    } else {
+      const int64_t p = mv.p;
+      bool far = p < i ? (i - p > 2 * G) : (p - j >= 2 * G);
+      if (far) {
+        app(o1, i - G, j + G);
+        app(o2, p - G + 1, p + G);
+        app(n1, i - G, i - 1);
+        app(n1, j + 1, j + G);
+        app(n2, p - G + 1, p);
+        app_seg(n2, mv);
+        app(n2, p + 1, p + G);
+      } else if (p < i) {
+        app(o1, p - G + 1, j + G);
+        app(n1, p - G + 1, p);
+        app_seg(n1, mv);
+        app(n1, p + 1, i - 1);
+        app(n1, j + 1, j + G);
+      } else {
+        app(o1, i - G, p + G);
+        app(n1, i - G, i - 1);
+        app(n1, j + 1, p);
+        app_seg(n1, mv);
+        app(n1, p + 1, p + G);
+      }
+    }
+    ++st.evaluations;
+    return zone(n1) + zone(n2) - zone(o1) - zone(o2);
+  }
+
+  uint32_t at(int64_t k) const { return k >= 0 && k < int64_t(n) ? ord[size_t(k)] : kNone; }
+  int64_t pw(uint32_t a, uint32_t b) const {
+    return (a == kNone || b == kNone) ? 0 : int64_t(coactivation_pair(m, a, b));
+  }
+  // Change of the exact (full-trace) path weight.
+  int64_t weight_delta(const Move& mv) const {
+    const int64_t i = mv.i, j = mv.j;
+    if (mv.kind == Move::Reverse)
+      return pw(at(i - 1), at(j)) + pw(at(i), at(j + 1)) - pw(at(i - 1), at(i)) - pw(at(j), at(j + 1));
+    uint32_t first = mv.rev ? at(j) : at(i), last = mv.rev ? at(i) : at(j);
+    const int64_t p = mv.p;
+    return pw(at(p), first) + pw(last, at(p + 1)) + pw(at(i - 1), at(j + 1)) - pw(at(p), at(p + 1)) -
+           pw(at(i - 1), at(i)) - pw(at(j), at(j + 1));
+  }
+
+  void apply(const Move& mv) {
+    int64_t lo, hi;
+    if (mv.kind == Move::Reverse) {
+      lo = mv.i;
+      hi = mv.j;
+      std::reverse(ord.begin() + lo, ord.begin() + hi + 1);
+    } else {
+      if (mv.rev) std::reverse(ord.begin() + mv.i, ord.begin() + mv.j + 1);
+      if (mv.p < mv.i) {
+        lo = mv.p + 1;
+        hi = mv.j;
+        std::rotate(ord.begin() + lo, ord.begin() + mv.i, ord.begin() + mv.j + 1);
+      } else {
+        lo = mv.i;
+        hi = mv.p;
+        std::rotate(ord.begin() + mv.i, ord.begin() + mv.j + 1, ord.begin() + mv.p + 1);
+      }
+    }
+    for (int64_t k = lo; k <= hi; ++k) pos[ord[size_t(k)]] = uint32_t(k);
+  }
+
+  std::deque<uint32_t> queue;
+  std::vector<uint8_t> inq;
+  void push(int64_t k) {
+    if (k < 0 || k >= int64_t(n_act)) return;
+    uint32_t v = ord[size_t(k)];
+    if (!inq[v]) {
+      inq[v] = 1;
+      queue.push_back(v);
+    }
+  }
+  void push_around(int64_t k) {
+    for (int64_t d = -1; d <= 1; ++d) push(k + d);
+  }
+
+  bool try_move(const Move& mv) {
+    double d = delta(mv);
+    if (!(d > 1e-6)) return false;
+    int64_t dw = weight_delta(mv);
+    bool ok = int64_t(w_cur) + dw >= int64_t(w_floor) || dw >= 0;
+    if (!ok) {
+      ++st.refused_by_weight;
+      return false;
+    }
+    // Junction positions before the move (the neurons there get their don't-look bits cleared).
+    int64_t js[4] = {mv.i, mv.j, mv.kind == Move::Shift ? mv.p : mv.i, mv.kind == Move::Shift ? mv.p + 1 : mv.j};
+    uint32_t vs[4];
+    for (int q = 0; q < 4; ++q) vs[q] = at(js[q]);
+    apply(mv);
+    w_cur = uint64_t(int64_t(w_cur) + dw);
+    saving += d;
+    ++st.moves;
+    for (uint32_t v : vs)
+      if (v != kNone && pos[v] < n_act) push_around(pos[v]);
+    return true;
+  }
+
+  bool improve(uint32_t v) {
+    int64_t i = pos[v];
+    if (i >= int64_t(n_act)) return false;
+    const uint32_t K = g.k ? std::min(g.nbr_len[v], opt.neighbours) : 0;
+    for (uint32_t e = 0; e < K; ++e) {
+      uint32_t u = g.nbr[size_t(v) * g.k + e];
+      if (hot[u]) continue;
+      int64_t j = pos[u];
+      if (j > i) {
+        if (j > i + 1 && try_move({Move::Reverse, i + 1, j})) return true;
+        if (j - 1 > i && try_move({Move::Reverse, i, j - 1})) return true;
+      } else {
+        if (i > j + 1 && try_move({Move::Reverse, j + 1, i})) return true;
+        if (i - 1 > j && try_move({Move::Reverse, j, i - 1})) return true;
+      }
+      for (int64_t L = 1; L <= 3; ++L) {
+        for (int anchor = 0; anchor < (L == 1 ? 1 : 2); ++anchor) {
+          int64_t a = anchor == 0 ? j : j - L + 1, b = a + L - 1;  // anchor 0: u first; 1: u last
+          if (a < 0 || b >= int64_t(n_act) || (i >= a && i <= b)) continue;
+          bool u_first = anchor == 0;
+          // After v: u must come first; before v: u must come last.
+          Move after{Move::Shift, a, b, i, !u_first};
+          Move before{Move::Shift, a, b, i - 1, u_first};
+          for (const Move& mv : {after, before}) {
+            if (mv.p >= mv.i - 1 && mv.p <= mv.j) continue;
+            if (try_move(mv)) return true;
+          }
+        }
+      }
+    }
+    if (i >= 2 && try_move({Move::Reverse, 0, i - 1})) return true;
+    if (i + 2 < int64_t(n_act) && try_move({Move::Reverse, i + 1, int64_t(n_act) - 1})) return true;
+    return false;
+  }
+
+  void descend() {
+    while (!queue.empty()) {
+      uint32_t v = queue.front();
+      queue.pop_front();
+      inq[v] = 0;
+      if (improve(v)) push(pos[v]);
+    }
+  }
+
+  void run(const Order& seed_order, uint32_t hot_count) {
+    ord.clear();
+    hot.assign(n, 0);
+    if (hot_count) {
+      Order byf(n);
+      std::iota(byf.begin(), byf.end(), 0u);
+      std::stable_sort(byf.begin(), byf.end(), [&](uint32_t a, uint32_t b) { return g.freq[a] > g.freq[b]; });
+      for (uint32_t k = 0; k < std::min(hot_count, n); ++k) hot[byf[k]] = 1;
+    }
+    for (uint32_t v : seed_order)
+      if (!hot[v]) ord.push_back(v);
+    n_act = uint32_t(ord.size());
+    for (uint32_t v : seed_order)
+      if (hot[v]) ord.push_back(v);
+    pos.assign(n, 0);
+    for (uint32_t k = 0; k < n; ++k) pos[ord[k]] = k;
+    // Hot neurons' sampled rows are zero: the cache serves them, so they need no reads.
+    for (uint32_t v = 0; v < n; ++v)
+      if (hot[v]) std::fill(R.begin() + size_t(v) * W, R.begin() + size_t(v + 1) * W, 0);
+    w_floor = path_weight(m, seed_order);
+    w_cur = path_weight(m, ord);
+    saving = total();
+    inq.assign(n, 0);
+    for (uint32_t k = 0; k < n_act; ++k) push(k);
+    descend();
+    // Kicks: a random segment reversal, local search, kept only when the objective improved.
+    uint64_t rng = opt.seed * 0x9E3779B97F4A7C15ull + 1;
+    auto next = [&] {
+      uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      return z ^ (z >> 31);
+    };
+    auto t0 = std::chrono::steady_clock::now();
+    for (uint32_t k = 0; k < opt.kicks && n_act > 8; ++k) {
+      if (opt.time_budget_s > 0 &&
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > opt.time_budget_s)
+        break;
+      Order keep_ord = ord;
+      std::vector<uint32_t> keep_pos = pos;
+      double keep_saving = saving;
+      uint64_t keep_w = w_cur;
+      int64_t a = int64_t(next() % (n_act - 4)), len = 2 + int64_t(next() % 30);
+      int64_t b = std::min<int64_t>(a + len, n_act - 1);
+      Move kick{Move::Reverse, a, b};
+      int64_t dw = weight_delta(kick);
+      saving += delta(kick);
+      apply(kick);
+      w_cur = uint64_t(int64_t(w_cur) + dw);
+      push_around(a);
+      push_around(b);
+      descend();
+      if (saving > keep_saving + 1e-6 && w_cur >= w_floor) {
+        ++st.kicks_kept;
+      } else {
+        ord.swap(keep_ord);
+        pos.swap(keep_pos);
+        saving = keep_saving;
+        w_cur = keep_w;
+      }
+    }
+  }
+};
+
+}  // namespace
+
+double ls_objective(const LayerMask& m, const Order& order, const LsOptions& opt) {
+  LayerGraph empty;
+  empty.n_neurons = m.n_neurons;
+  Search s(m, empty, opt);
+  s.ord = order;
+  s.n_act = m.n_neurons;
+  return s.total();
+}
+
+Order local_search(const LayerMask& m, const LayerGraph& g, const Order& seed, const LsOptions& opt, LsStats* stats) {
+  if (seed.size() != m.n_neurons) throw InternalError("local search: seed order length does not match the layer");
+  if (m.n_neurons < 3) return seed;
+  Search s(m, g, opt);
+  s.run(seed, opt.hot_count);
+  bool fell_back = false;
+  if (s.w_cur < s.w_floor) {  // the hot block cost more path weight than the search won back
+    Search plain(m, g, opt);
+    plain.run(seed, 0);
+    plain.st.fell_back = true;
+    std::swap(s.ord, plain.ord);
+    s.w_cur = plain.w_cur;
+    s.st = plain.st;
+    fell_back = true;
+  }
+  if (stats) {
+    *stats = s.st;
+    stats->fell_back = fell_back;
+    stats->saving_seed = ls_objective(m, seed, opt);
+    stats->saving_final = ls_objective(m, s.ord, opt);
+    stats->weight_seed = s.w_floor;
+    stats->weight_final = s.w_cur;
+  }
+  return s.ord;
+}
+
+}  // namespace nl

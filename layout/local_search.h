@@ -1,0 +1,43 @@
+// greedy+ls: local search from the greedy path on what the device pays per token — reads and bytes under gap
+// merging (a pair of active slots d apart with nothing active between is read as one when d-1 <= g, saving
+// a - (d-1)*b/B of a separate read), with the neurons the cache will hold treated as not needing reads.
+// Moves: 2-opt (segment reversal, including prefix/suffix), Or-opt (segments of 1-3, both orientations),
+// driven by top-k neighbour lists and don't-look bits; optional kicks. The path weight (gap-0 reads on the full
+// profile trace) never drops below the seed's: a move that would push it below is refused.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "formats/core/bitmask.h"
+#include "graph/coactivation.h"
+#include "layout/solvers.h"
+
+namespace nl {
+
+struct LsOptions {
+  uint32_t merge_gap = 2;        // g: largest gap (bundles) the planner merges
+  double read_us = 8.14;         // a: cost of one read
+  double bundle_us = 3.84;       // bundle_bytes / B: transfer cost of one bundle
+  uint32_t sample_tokens = 8192; // tokens of the profile trace the objective is measured on (evenly spread)
+  uint32_t neighbours = 6;       // candidates per neuron from its top-k list
+  uint32_t hot_count = 0;        // most frequent neurons moved to a block at the end (for the cache); 0 = off
+  uint32_t kicks = 0;            // random segment-reversal kicks followed by local search, kept when better
+  double time_budget_s = 0;      // > 0: stop kicking after this many seconds (non-deterministic timing!)
+  uint64_t seed = 1;
+};
+
+struct LsStats {
+  double saving_seed = 0, saving_final = 0;  // objective (us saved on the sample) before / after
+  uint64_t weight_seed = 0, weight_final = 0;
+  uint64_t moves = 0, evaluations = 0, refused_by_weight = 0, kicks_kept = 0;
+  bool fell_back = false;        // the hot block could not keep the seed's path weight: seed order kept
+};
+
+Order local_search(const LayerMask& m, const LayerGraph& g, const Order& seed, const LsOptions& opt,
+                   LsStats* stats = nullptr);
+
+// The objective local_search maximises, for reports and tests: microseconds saved on the sampled tokens
+// relative to one read per active neuron.
+double ls_objective(const LayerMask& m, const Order& order, const LsOptions& opt);
+
+}  // namespace nl

@@ -1,0 +1,47 @@
+// Ordering solvers for one FFN layer: slot -> neuron permutations from a layer's co-activation graph.
+// identity, frequency (Neuralink-S), greedy (the paper's Algorithm 1 over top-k candidate pairs), rcm
+// (reverse Cuthill-McKee, Boost.Graph). The local search (greedy+ls) lives in layout/local_search.h.
+#pragma once
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "formats/core/bitmask.h"
+#include "graph/coactivation.h"
+
+namespace nl {
+
+using Order = std::vector<uint32_t>;  // slot -> neuron
+
+Order solve_identity(uint32_t n);
+// By decreasing activation count, ties by index.
+Order solve_frequency(const LayerGraph& g);
+
+struct GreedyStats {
+  uint64_t candidates = 0;      // distinct candidate pairs from the top-k lists
+  uint64_t accepted = 0;        // links accepted from candidates
+  uint64_t endpoint_links = 0;  // links accepted when joining fragments by exact endpoint counts
+  uint64_t index_links = 0;     // links accepted by the deterministic index-order join (count 0 or unknown)
+  uint32_t fragments = 0;       // paths left after the candidate pass
+};
+
+// The links Algorithm 1 accepts, in acceptance order, as (u, v) with u < v.
+using Links = std::vector<std::pair<uint32_t, uint32_t>>;
+
+// Paper's Algorithm 1: candidate pairs (from the top-k lists) by decreasing count, ties by (u, v); accept when
+// both ends have fewer than two links and union-find finds no cycle. Fragments left when neurons exhaust
+// their candidates are joined by the same rule over exact co-activation counts between fragment endpoints
+// (from `mask`, when given; counted on a token prefix if there are very many endpoints), and finally in index
+// order. Returns the path walked from its smaller-index end.
+Order solve_greedy(const LayerGraph& g, const LayerMask* mask, GreedyStats* stats = nullptr, Links* links = nullptr);
+
+// Reverse Cuthill-McKee on the candidate graph thresholded at min_count (pairs from the top-k lists).
+Order solve_rcm(const LayerGraph& g, uint32_t min_count = 1);
+
+// Sum of co-activation counts of adjacent slots (exact, from the mask). With gap 0 and no cache the reads over
+// the trace are sum_v f(v) - path_weight.
+uint64_t path_weight(const LayerMask& m, const Order& order);
+// 1/2 sum over neurons of their two heaviest co-activation counts (from the top-k lists; needs k >= 2).
+double path_upper_bound(const LayerGraph& g);
+
+}  // namespace nl

@@ -1,0 +1,127 @@
+// Opening a flash image: manifest, header, region checksums, dense weights (runtime/flash_image.h).
+#include "runtime/flash_image.h"
+
+#include <sys/stat.h>
+
+#include <cstring>
+
+#include "formats/core/atomic_file.h"
+#include "formats/core/error.h"
+
+namespace nl {
+
+namespace {
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+}  // namespace
+
+FlashImage::FlashImage(const std::string& path, const IoOptions& io) {
+  if (ends_with(path, ".json")) {
+    manifest_path_ = path;
+    m_ = manifest_load(manifest_path_);
+    image_path_ = image_path_from_manifest(manifest_path_, m_);
+  } else {
+    image_path_ = path;
+    manifest_path_ = manifest_path_for(path);
+    m_ = manifest_load(manifest_path_);
+  }
+  struct stat st {};
+  if (::stat(image_path_.c_str(), &st) != 0) throw IoError(image_path_, errno_text("cannot open image"));
+  const uint64_t file_bytes = uint64_t(st.st_size);
+  io_ = io_open(image_path_, io);
+  ImageHeader h{};
+  if (file_bytes < kImageAlign) {
+    if (file_bytes >= sizeof h) {  // a header without the rest: read it buffered for a precise message
+      std::string head = read_file(image_path_, kImageAlign);
+      std::memcpy(&h, head.data(), sizeof h);
+    }
+    image_check_header(image_path_, m_, h, file_bytes);
+    throw InputError(image_path_, "truncated: " + std::to_string(file_bytes) + " bytes");
+  }
+  AlignedBuffer block(kImageAlign);
+  ReadSpan span{0, kImageAlign, block.data()};
+  io_->read(&span, 1);
+  std::memcpy(&h, block.data(), sizeof h);
+  image_check_header(image_path_, m_, h, file_bytes);
+  verified_.assign(m_.regions.size(), 0);
+}
+
+void FlashImage::read_region(size_t index, AlignedBuffer* buf) {
+  const ImageRegion& r = m_.regions.at(index);
+  const uint64_t bytes = io_align_up(r.bytes);  // regions are padded to the alignment, so this stays in the file
+  buf->resize(bytes);
+  // Large regions in 8 MiB pieces: the engines see reads of a realistic size.
+  constexpr uint64_t kPiece = 8u << 20;
+  std::vector<ReadSpan> spans;
+  for (uint64_t o = 0; o < bytes; o += kPiece) spans.push_back({r.offset + o, std::min(kPiece, bytes - o), buf->data() + o});
+  io_->read(spans.data(), spans.size());
+  const uint64_t got = xxh64_of(buf->data(), r.bytes);
+  if (got != r.xxh64)
+    throw InputError(image_path_, "checksum mismatch in region '" + r.name + "' (xxh64 " + hex64(got) +
+                                      ", manifest says " + hex64(r.xxh64) + "): the image is corrupt");
+  verified_[index] = 1;
+}
+
+void FlashImage::verify_all() {
+  AlignedBuffer buf;
+  for (size_t i = 0; i < m_.regions.size(); ++i)
+    if (!verified_[i]) read_region(i, &buf);
+}
+
+ModelWeights FlashImage::load_dense() {
+  AlignedBuffer buf;
+  read_region(0, &buf);
+  const ModelConfig& c = m_.config;
+  ModelWeights w;
+  w.config = c;
+  w.source = image_path_;
+  auto get = [&](const std::string& name, std::vector<float>* out) {
+    const DenseTensor* t = m_.find_tensor(name);
+    if (!t) throw InputError(manifest_path_, "dense tensor '" + name + "' missing");
+    out->resize(t->elems());
+    image_decode(m_.dtype, buf.data() + t->offset, t->elems(), out->data());
+  };
+  get("tok_embeddings", &w.tok_embeddings);
+  w.layers.resize(size_t(c.n_layers));
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    LayerWeights& lw = w.layers[size_t(l)];
+    get(p + "rms_att", &lw.rms_att);
+    get(p + "wq", &lw.wq);
+    get(p + "wk", &lw.wk);
+    get(p + "wv", &lw.wv);
+    get(p + "wo", &lw.wo);
+    get(p + "rms_ffn", &lw.rms_ffn);
+  }
+  get("rms_final", &w.rms_final);
+  if (!c.shared_classifier) get("wcls", &w.wcls);
+  return w;
+}
+
+void FlashImage::load_ffn_layer(int layer, LayerWeights* lw) {
+  AlignedBuffer buf;
+  read_region(size_t(1 + layer), &buf);
+  const size_t dim = size_t(m_.config.dim), hidden = size_t(m_.config.hidden_dim);
+  const size_t esz = image_dtype_bytes(m_.dtype);
+  const bool gated = m_.bundle_kind == BundleKind::kGated;
+  lw->w_gate.assign(gated ? hidden * dim : 0, 0.0f);
+  lw->w_up.assign(hidden * dim, 0.0f);
+  lw->w_down.assign(dim * hidden, 0.0f);
+  std::vector<float> col(dim);
+  const auto& order = m_.order[size_t(layer)];
+  for (size_t s = 0; s < hidden; ++s) {
+    const uint8_t* b = buf.data() + s * m_.bundle_bytes;
+    const size_t n = order[s];
+    if (gated) {
+      image_decode(m_.dtype, b, dim, lw->w_gate.data() + n * dim);
+      b += dim * esz;
+    }
+    image_decode(m_.dtype, b, dim, lw->w_up.data() + n * dim);
+    b += dim * esz;
+    image_decode(m_.dtype, b, dim, col.data());
+    for (size_t o = 0; o < dim; ++o) lw->w_down[o * hidden + n] = col[o];
+  }
+}
+
+}  // namespace nl

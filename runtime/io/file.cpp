@@ -1,0 +1,39 @@
+// Aligned buffers and direct-or-buffered opening (runtime/io/file.h).
+#include "runtime/io/file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "formats/core/error.h"
+
+namespace nl {
+
+void AlignedBuffer::resize(size_t bytes) {
+  if (bytes <= size_ && p_) return;
+  void* p = nullptr;
+  const size_t n = (bytes + kIoBlock - 1) / kIoBlock * kIoBlock;
+  if (posix_memalign(&p, kIoBlock, n ? n : kIoBlock) != 0) throw std::bad_alloc();
+  std::memset(p, 0, n ? n : kIoBlock);
+  p_.reset(static_cast<uint8_t*>(p));
+  size_ = n;
+}
+
+OpenedFile open_for_reading(const std::string& path, bool want_direct) {
+  OpenedFile f;
+  if (want_direct) {
+    f.fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (f.fd >= 0) {
+      f.direct = true;
+      return f;
+    }
+    if (errno != EINVAL) throw IoError(path, errno_text("cannot open"));
+  }
+  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd < 0) throw IoError(path, errno_text("cannot open"));
+  return f;
+}
+
+}  // namespace nl

@@ -1,0 +1,111 @@
+// fp32 kernels of the forward pass. Every dot product uses one fixed summation order (8 lane-wise partial sums,
+// a fixed reduction tree, then the scalar tail), whatever the tile shape or SIMD width, so the single-token and
+// the sequence paths, x86 and aarch64, give bitwise identical results (this file is built with
+// -ffp-contract=off: no FMA contraction).
+#include <cmath>
+#include <cstring>
+
+#include "runtime/model/model.h"
+
+// The 8-lane helpers below are always inlined into their (possibly AVX) callers; no ABI crosses a call.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace nl::kernels {
+namespace {
+
+typedef float v8f __attribute__((vector_size(32)));
+
+__attribute__((always_inline)) inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+__attribute__((always_inline)) inline float reduce8(v8f a) {
+  float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
+  return (s0 + s2) + (s1 + s3);
+}
+
+// A TB x OB tile of y = x w^T: TB tokens against OB weight rows, all accumulators in registers.
+template <int TB, int OB>
+__attribute__((always_inline)) inline void tile(float* y, const float* x, const float* w, int in, int out, int t0,
+                                                int o0) {
+  v8f acc[TB][OB];
+  for (int t = 0; t < TB; ++t)
+    for (int o = 0; o < OB; ++o) acc[t][o] = v8f{0, 0, 0, 0, 0, 0, 0, 0};
+  int i = 0;
+  for (; i + 8 <= in; i += 8) {
+    v8f xv[TB], wv[OB];
+    for (int t = 0; t < TB; ++t) xv[t] = load8(x + size_t(t0 + t) * in + i);
+    for (int o = 0; o < OB; ++o) wv[o] = load8(w + size_t(o0 + o) * in + i);
+    for (int t = 0; t < TB; ++t)
+      for (int o = 0; o < OB; ++o) acc[t][o] += xv[t] * wv[o];
+  }
+  for (int t = 0; t < TB; ++t)
+    for (int o = 0; o < OB; ++o) {
+      const float* xr = x + size_t(t0 + t) * in;
+      const float* wr = w + size_t(o0 + o) * in;
+      float tail = 0.0f;
+      for (int j = i; j < in; ++j) tail += xr[j] * wr[j];
+      y[size_t(t0 + t) * out + o0 + o] = reduce8(acc[t][o]) + tail;
+    }
+}
+
+constexpr int kTB = 4;  // tokens per tile
+constexpr int kOB = 2;  // weight rows per tile (4 x 2 accumulators + 6 operands fit in 16 vector registers)
+
+#if defined(__x86_64__)
+#define NL_KERNEL_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define NL_KERNEL_CLONES
+#endif
+
+NL_KERNEL_CLONES
+void matmul_impl(float* y, const float* x, const float* w, int n, int in, int out) {
+  const int tb = (n + kTB - 1) / kTB, ob = (out + kOB - 1) / kOB;
+  const long work = long(n) * in * out;
+  // Below ~2M multiply-adds (tiny layers) waking the team costs more than it saves, badly so on a loaded machine.
+#pragma omp parallel for collapse(2) schedule(static) if (work > (1L << 21))
+  for (int bo = 0; bo < ob; ++bo)
+    for (int bt = 0; bt < tb; ++bt) {
+      const int t0 = bt * kTB, o0 = bo * kOB;
+      const bool full_t = t0 + kTB <= n, full_o = o0 + kOB <= out;
+      if (full_t && full_o) {
+        tile<kTB, kOB>(y, x, w, in, out, t0, o0);
+      } else {
+        for (int t = t0; t < n && t < t0 + kTB; ++t)
+          for (int o = o0; o < out && o < o0 + kOB; ++o) tile<1, 1>(y, x, w, in, out, t, o);
+      }
+    }
+}
+
+}  // namespace
+
+void matmul(float* y, const float* x, const float* w, int n, int in, int out) { matmul_impl(y, x, w, n, in, out); }
+
+float dot(const float* a, const float* b, int n) {
+  float y;
+  tile<1, 1>(&y, a, b, n, 1, 0, 0);
+  return y;
+}
+
+void rmsnorm(float* out, const float* x, const float* g, int n, float eps) {
+  float ss = 0.0f;
+  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float scale = 1.0f / std::sqrt(ss / float(n) + eps);
+  for (int i = 0; i < n; ++i) out[i] = g[i] * (scale * x[i]);
+}
+
+void softmax(float* x, int n) {
+  float mx = x[0];
+  for (int i = 1; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
+  float sum = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = 1.0f / sum;
+  for (int i = 0; i < n; ++i) x[i] *= inv;
+}
+
+}  // namespace nl::kernels

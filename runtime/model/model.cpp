@@ -1,0 +1,203 @@
+// The Llama-family forward pass over ModelWeights: one implementation for a block of n tokens, so the
+// single-token path (n = 1) and the sequence path compute each token with exactly the same operations.
+#include "runtime/model/model.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "formats/core/error.h"
+
+namespace nl {
+
+namespace {
+
+inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
+
+std::string size_problem(const char* name, size_t have, size_t want) {
+  if (have == want) return "";
+  return std::string(name) + " has " + std::to_string(have) + " values, expected " + std::to_string(want);
+}
+
+}  // namespace
+
+std::string model_weights_problem(const ModelWeights& w, bool need_ffn) {
+  const ModelConfig& c = w.config;
+  if (std::string p = model_config_problem(c); !p.empty()) return p;
+  const size_t dim = size_t(c.dim), kv = size_t(c.kv_dim()), hid = size_t(c.hidden_dim), voc = size_t(c.vocab_size);
+  std::string p;
+  auto chk = [&p](const char* name, size_t have, size_t want) {
+    if (p.empty()) p = size_problem(name, have, want);
+  };
+  chk("token embedding", w.tok_embeddings.size(), voc * dim);
+  chk("final norm", w.rms_final.size(), dim);
+  if (!c.shared_classifier) chk("classifier", w.wcls.size(), voc * dim);
+  if (w.layers.size() != size_t(c.n_layers))
+    return "has " + std::to_string(w.layers.size()) + " layers, config says " + std::to_string(c.n_layers);
+  for (const LayerWeights& l : w.layers) {
+    chk("attention norm", l.rms_att.size(), dim);
+    chk("wq", l.wq.size(), dim * dim);
+    chk("wk", l.wk.size(), kv * dim);
+    chk("wv", l.wv.size(), kv * dim);
+    chk("wo", l.wo.size(), dim * dim);
+    chk("ffn norm", l.rms_ffn.size(), dim);
+    const bool empty_ffn = l.w_gate.empty() && l.w_up.empty() && l.w_down.empty();
+    if (need_ffn || !empty_ffn) {
+      chk("gate", l.w_gate.size(), hid * dim);
+      chk("up", l.w_up.size(), hid * dim);
+      chk("down", l.w_down.size(), dim * hid);
+    }
+  }
+  return p;
+}
+
+void DenseFfn::ffn(int layer, int pos0, int n, const float* x, float* out, FfnObserver* observer) {
+  const ModelConfig& c = w_.config;
+  const LayerWeights& L = w_.layers[size_t(layer)];
+  const size_t hid = size_t(c.hidden_dim), total = size_t(n) * hid;
+  if (gate_.size() < total) {
+    gate_.resize(total);
+    up_.resize(total);
+  }
+  kernels::matmul(gate_.data(), x, L.w_gate.data(), n, c.dim, c.hidden_dim);
+  kernels::matmul(up_.data(), x, L.w_up.data(), n, c.dim, c.hidden_dim);
+  if (c.act == FfnAct::kRelu) {
+    for (size_t i = 0; i < total; ++i) gate_[i] = gate_[i] > 0.0f ? gate_[i] : 0.0f;
+  } else {
+    for (size_t i = 0; i < total; ++i) gate_[i] = silu(gate_[i]);
+  }
+  for (size_t i = 0; i < total; ++i) up_[i] *= gate_[i];  // up_ now holds h
+  if (observer) observer->on_ffn(layer, pos0, n, gate_.data(), up_.data());
+  kernels::matmul(out, up_.data(), L.w_down.data(), n, c.hidden_dim, c.dim);
+}
+
+Model::Model(const ModelWeights& w, int max_seq) : w_(w), dense_(w), ffn_(&dense_) {
+  if (std::string p = model_weights_problem(w, false); !p.empty()) throw InputError(w.source, p);
+  const ModelConfig& c = w.config;
+  has_dense_ffn_ = model_weights_problem(w, true).empty();
+  max_seq_ = max_seq > 0 ? std::min(max_seq, c.seq_len) : c.seq_len;
+  const size_t kv_total = size_t(c.n_layers) * size_t(max_seq_) * size_t(c.kv_dim());
+  key_cache_.assign(kv_total, 0.0f);
+  value_cache_.assign(kv_total, 0.0f);
+  // RoPE angles as llama2.c computes them: pair j of a head turns by pos * theta^(-2j/head_dim).
+  const int hd = c.head_dim(), half = hd / 2;
+  rope_cos_.resize(size_t(max_seq_) * half);
+  rope_sin_.resize(size_t(max_seq_) * half);
+  for (int pos = 0; pos < max_seq_; ++pos)
+    for (int j = 0; j < half; ++j) {
+      const float freq = 1.0f / std::pow(c.rope_theta, float(2 * j) / float(hd));
+      const float val = float(pos) * freq;
+      rope_cos_[size_t(pos) * half + j] = std::cos(val);
+      rope_sin_[size_t(pos) * half + j] = std::sin(val);
+    }
+}
+
+void Model::ensure_scratch(int n) {
+  const ModelConfig& c = w_.config;
+  const size_t need = size_t(n) * c.dim;
+  if (x_.size() >= need) return;
+  x_.resize(need);
+  xb_.resize(need);
+  q_.resize(need);
+  att_out_.resize(need);
+  tmp_.resize(need);
+  k_.resize(size_t(n) * c.kv_dim());
+  v_.resize(size_t(n) * c.kv_dim());
+}
+
+void Model::check_token(int token) const {
+  if (token < 0 || token >= w_.config.vocab_size)
+    throw UsageError("token id " + std::to_string(token) + " is outside the vocabulary (0.." +
+                     std::to_string(w_.config.vocab_size - 1) + ")");
+}
+
+const float* Model::forward_token(int token, int pos) {
+  logits_.resize(size_t(w_.config.vocab_size));
+  forward_sequence(&token, 1, pos, logits_.data());
+  return logits_.data();
+}
+
+void Model::forward_sequence(const int* tokens, int n, int pos0, float* logits) {
+  const ModelConfig& c = w_.config;
+  if (n <= 0) return;
+  if (pos0 < 0 || pos0 + n > max_seq_)
+    throw UsageError("positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + n - 1) +
+                     " exceed the context of " + std::to_string(max_seq_));
+  for (int t = 0; t < n; ++t) check_token(tokens[t]);
+  ensure_scratch(n);
+  const int dim = c.dim, kv_dim = c.kv_dim(), hd = c.head_dim(), half = hd / 2;
+  const int group = c.n_heads / c.n_kv_heads;
+  const float att_scale = 1.0f / std::sqrt(float(hd));
+
+  for (int t = 0; t < n; ++t)
+    std::copy_n(w_.tok_embeddings.data() + size_t(tokens[t]) * dim, dim, x_.data() + size_t(t) * dim);
+
+  if (ffn_ == &dense_ && !has_dense_ffn_)
+    throw UsageError(w_.source + ": the model has no FFN weights in memory and no FFN provider is set");
+  const size_t att_stride = size_t(pos0 + n);
+  att_.resize(size_t(omp_get_max_threads()) * att_stride);
+
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = w_.layers[size_t(l)];
+    for (int t = 0; t < n; ++t)
+      kernels::rmsnorm(xb_.data() + size_t(t) * dim, x_.data() + size_t(t) * dim, L.rms_att.data(), dim, c.norm_eps);
+    kernels::matmul(q_.data(), xb_.data(), L.wq.data(), n, dim, dim);
+    kernels::matmul(k_.data(), xb_.data(), L.wk.data(), n, dim, kv_dim);
+    kernels::matmul(v_.data(), xb_.data(), L.wv.data(), n, dim, kv_dim);
+
+    // RoPE on interleaved pairs, then append k and v to the cache.
+    float* kc = key_cache_.data() + size_t(l) * max_seq_ * kv_dim;
+    float* vc = value_cache_.data() + size_t(l) * max_seq_ * kv_dim;
+    for (int t = 0; t < n; ++t) {
+      const float* cs = rope_cos_.data() + size_t(pos0 + t) * half;
+      const float* sn = rope_sin_.data() + size_t(pos0 + t) * half;
+      auto rotate = [&](float* vec, int width) {
+        for (int i = 0; i < width; i += 2) {
+          const int j = (i % hd) / 2;
+          const float v0 = vec[i], v1 = vec[i + 1];
+          vec[i] = v0 * cs[j] - v1 * sn[j];
+          vec[i + 1] = v0 * sn[j] + v1 * cs[j];
+        }
+      };
+      rotate(q_.data() + size_t(t) * dim, dim);
+      rotate(k_.data() + size_t(t) * kv_dim, kv_dim);
+      std::copy_n(k_.data() + size_t(t) * kv_dim, kv_dim, kc + size_t(pos0 + t) * kv_dim);
+      std::copy_n(v_.data() + size_t(t) * kv_dim, kv_dim, vc + size_t(pos0 + t) * kv_dim);
+    }
+
+    // Causal grouped-query attention: query t sees positions 0 .. pos0+t.
+    const long att_work = long(n) * c.n_heads * (pos0 + n) * hd;
+#pragma omp parallel for collapse(2) schedule(static) if (att_work > (1L << 20))
+    for (int t = 0; t < n; ++t)
+      for (int h = 0; h < c.n_heads; ++h) {
+        float* att = att_.data() + size_t(omp_get_thread_num()) * att_stride;
+        const float* q = q_.data() + size_t(t) * dim + size_t(h) * hd;
+        const int kvh = h / group, n_pos = pos0 + t + 1;
+        for (int p = 0; p < n_pos; ++p) att[p] = kernels::dot(q, kc + size_t(p) * kv_dim + size_t(kvh) * hd, hd) * att_scale;
+        kernels::softmax(att, n_pos);
+        float* o = att_out_.data() + size_t(t) * dim + size_t(h) * hd;
+        std::fill_n(o, hd, 0.0f);
+        for (int p = 0; p < n_pos; ++p) {
+          const float* vr = vc + size_t(p) * kv_dim + size_t(kvh) * hd;
+          const float a = att[p];
+          for (int i = 0; i < hd; ++i) o[i] += a * vr[i];
+        }
+      }
+    kernels::matmul(tmp_.data(), att_out_.data(), L.wo.data(), n, dim, dim);
+    for (size_t i = 0; i < size_t(n) * dim; ++i) x_[i] += tmp_[i];
+
+    for (int t = 0; t < n; ++t)
+      kernels::rmsnorm(xb_.data() + size_t(t) * dim, x_.data() + size_t(t) * dim, L.rms_ffn.data(), dim, c.norm_eps);
+    ffn_->ffn(l, pos0, n, xb_.data(), tmp_.data(), observer_);
+    for (size_t i = 0; i < size_t(n) * dim; ++i) x_[i] += tmp_[i];
+  }
+
+  if (!logits) return;
+  for (int t = 0; t < n; ++t)
+    kernels::rmsnorm(xb_.data() + size_t(t) * dim, x_.data() + size_t(t) * dim, w_.rms_final.data(), dim, c.norm_eps);
+  kernels::matmul(logits, xb_.data(), w_.classifier(), n, dim, c.vocab_size);
+}
+
+}  // namespace nl

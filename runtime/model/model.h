@@ -1,0 +1,102 @@
+// The Llama-family forward pass (RMSNorm, RoPE, grouped-query attention with a KV cache, gated FFN with SiLU or
+// ReLU), fp32, OpenMP. Two paths with identical arithmetic: forward_token() for generation and
+// forward_sequence() for profiling, which runs whole sequences through matrix-matrix products.
+//
+// The FFN is pluggable: an FfnProvider computes a layer's FFN (the default is the dense one over the weights in
+// DRAM; the flash runtime substitutes a sparse one), and an FfnObserver sees the gate activations that decide
+// which neurons fire. Weights are a plain struct (formats/core/model_weights.h) filled by any reader.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "formats/core/model_weights.h"
+
+namespace nl {
+
+// Sees each layer's FFN activations. `gate_act` is act(gate x), `h` is act(gate x) * (up x), both
+// [n_tokens][hidden_dim] row-major; `pos0` is the position of the first token. A neuron with gate_act == 0
+// contributes nothing (exact ReLU sparsity); CATS-style rules threshold |gate_act|. Called from the forward's
+// thread, never concurrently.
+class FfnObserver {
+ public:
+  virtual ~FfnObserver() = default;
+  virtual void on_ffn(int layer, int pos0, int n_tokens, const float* gate_act, const float* h) = 0;
+};
+
+// Computes one layer's FFN for a block of tokens. `x` is the RMS-normalised input [n_tokens][dim]; the result goes
+// to `out` [n_tokens][dim] (overwritten; the caller adds the residual). Providers may call `observer` (may be
+// null) with their activations. Called from the forward's thread; implementations may use OpenMP inside.
+class FfnProvider {
+ public:
+  virtual ~FfnProvider() = default;
+  virtual void ffn(int layer, int pos0, int n_tokens, const float* x, float* out, FfnObserver* observer) = 0;
+};
+
+// The dense gated FFN over ModelWeights (w_gate, w_up, w_down of every layer must be present).
+class DenseFfn : public FfnProvider {
+ public:
+  explicit DenseFfn(const ModelWeights& w) : w_(w) {}
+  void ffn(int layer, int pos0, int n_tokens, const float* x, float* out, FfnObserver* observer) override;
+
+ private:
+  const ModelWeights& w_;
+  std::vector<float> gate_, up_;
+};
+
+// Checks that every array has the size the config implies; returns "" or what is wrong.
+// `need_ffn` = false accepts empty FFN matrices (a runtime serving the FFN from flash).
+std::string model_weights_problem(const ModelWeights& w, bool need_ffn = true);
+
+// A model instance: weights (borrowed, must outlive it), KV cache and scratch buffers.
+// Not thread-safe: one instance per generating thread; the math inside uses OpenMP.
+class Model {
+ public:
+  // Throws InputError (naming w.source) when the weights do not match the config.
+  // `max_seq` bounds the KV cache (0 = config.seq_len).
+  explicit Model(const ModelWeights& w, int max_seq = 0);
+
+  const ModelConfig& config() const { return w_.config; }
+  int max_seq() const { return max_seq_; }
+
+  // nullptr restores the dense FFN. The provider must outlive its use.
+  void set_ffn(FfnProvider* ffn) { ffn_ = ffn ? ffn : &dense_; }
+  void set_observer(FfnObserver* obs) { observer_ = obs; }
+
+  // One token at position `pos` (0 <= pos < max_seq; positions before it must be in the KV cache).
+  // Returns the logits [vocab], valid until the next call.
+  const float* forward_token(int token, int pos);
+
+  // `n` tokens at positions pos0 .. pos0+n-1 in one pass (matrix-matrix products, causal attention).
+  // Writes logits [n][vocab] into `logits` when it is non-null (profiling passes null and skips the classifier).
+  // Arithmetic per token is identical to forward_token(), so both paths give the same numbers.
+  void forward_sequence(const int* tokens, int n, int pos0, float* logits);
+
+ private:
+  const ModelWeights& w_;
+  int max_seq_;
+  DenseFfn dense_;
+  FfnProvider* ffn_;
+  FfnObserver* observer_ = nullptr;
+  bool has_dense_ffn_ = false;
+  std::vector<float> att_;                      // attention scores, one row per OpenMP thread
+  std::vector<float> key_cache_, value_cache_;  // [layer][max_seq][kv_dim]
+  std::vector<float> x_, xb_, q_, k_, v_, att_out_, tmp_, logits_;
+  std::vector<float> rope_cos_, rope_sin_;      // [max_seq][head_dim/2]
+
+  void ensure_scratch(int n);
+  void check_token(int token) const;
+};
+
+// Low-level kernels shared by the model and the sparse runtime (runtime/model/kernels.cpp).
+namespace kernels {
+// y[t][o] = sum_i x[t][i] * w[o][i] for t < n, o < out. Same summation order for every n (bitwise stable).
+void matmul(float* y, const float* x, const float* w, int n, int in, int out);
+// Dot product with the fixed summation order matmul uses.
+float dot(const float* a, const float* b, int n);
+// out[i] = x[i] / rms(x) * g[i].
+void rmsnorm(float* out, const float* x, const float* g, int n, float eps);
+void softmax(float* x, int n);
+}  // namespace kernels
+
+}  // namespace nl

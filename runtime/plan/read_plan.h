@@ -1,0 +1,92 @@
+// The read planner: one token's active slots of one FFN layer -> the reads to issue. Shared by nl-run (real
+// reads) and nl-layout eval (simulated reads), so simulated and real read counts come from the same code.
+//
+// Steps: active slots (ascending positions in the layout) -> maximal runs of consecutive active slots ->
+// cached slots at the ends of a run are served from DRAM (cache hits), cached slots inside a run are read with
+// it (a lookup never fragments a run) -> runs are merged across small gaps (off | at most N bundles | auto from
+// the device cost model) -> byte ranges aligned to the device block.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/device.h"
+
+namespace nl {
+
+class SlotCache;
+
+enum class GapMode : uint8_t {
+  Off,    // never merge: one read per maximal run
+  Fixed,  // merge two reads when at most `bundles` slots lie between them
+  Auto,   // merge when the extra (block-aligned) bytes cost less than one more read: gap_bytes / B < a
+};
+
+struct GapPolicy {
+  GapMode mode = GapMode::Auto;
+  uint32_t bundles = 0;  // Fixed only
+  // "off", "auto" or a non-negative integer N (0 is the same as off). UsageError otherwise.
+  static GapPolicy parse(const std::string& text);
+  std::string to_string() const;
+};
+
+struct PlannerConfig {
+  uint32_t n_slots = 0;        // neurons (bundles) in the layer
+  uint64_t bundle_bytes = 0;   // bytes of one neuron bundle on flash
+  uint64_t region_offset = 0;  // byte offset of slot 0 in the image (the layer region's start)
+  uint32_t block_bytes = 4096; // reads start and end on multiples of this (power of two)
+  GapPolicy gap;
+  CostFit cost;                // device cost model, used by GapMode::Auto
+};
+
+// One read: slots [slot_begin, slot_end) and the block-aligned byte range that covers them.
+struct ReadOp {
+  uint32_t slot_begin = 0, slot_end = 0;
+  uint32_t needed = 0;         // slots inside that are active and not served by the cache
+  uint64_t offset = 0;         // aligned byte offset in the image
+  uint64_t length = 0;         // aligned byte length
+  uint32_t bundles() const { return slot_end - slot_begin; }
+};
+
+// What one token needs from one layer. Reused across calls (plan() clears it) to avoid allocations.
+struct TokenPlan {
+  std::vector<ReadOp> reads;   // ascending, non-overlapping in slots
+  std::vector<uint32_t> hits;  // active slots served from the cache (inside no read), ascending
+  uint32_t active = 0;         // active slots this token
+  uint32_t needed = 0;         // active slots read from flash (= active - hits - cached_in_reads)
+  uint32_t cached_in_reads = 0;// active slots resident in the cache but read anyway (inside a read)
+  uint64_t bytes_read = 0;     // sum of aligned read lengths
+  uint64_t bundles_read = 0;   // sum of slot spans of the reads (unaligned)
+
+  void clear();
+  // Estimated I/O seconds for this plan: reads * a + bytes / B (a and B at the device's queue depth).
+  double io_seconds(const CostFit& cost) const;
+};
+
+// Plans reads for one layer. Holds only the configuration: thread-compatible (one planner per thread, or
+// const use from many threads). The cache, when given, is consulted and then updated with this token.
+class ReadPlanner {
+ public:
+  explicit ReadPlanner(const PlannerConfig& cfg);
+  const PlannerConfig& config() const { return cfg_; }
+
+  // active: ascending, unique slots < n_slots (InternalError otherwise). cache: may be null.
+  void plan(const uint32_t* active, size_t n, SlotCache* cache, TokenPlan& out) const;
+  void plan(const std::vector<uint32_t>& active, SlotCache* cache, TokenPlan& out) const {
+    plan(active.data(), active.size(), cache, out);
+  }
+  // Largest gap (in slots) the policy would merge, ignoring block alignment; for reports and solvers.
+  uint32_t merge_gap_bundles() const;
+
+ private:
+  PlannerConfig cfg_;
+  double merge_below_bytes_ = 0;  // Auto: merge while aligned gap bytes < this (a * B)
+  bool should_merge(uint32_t prev_end, uint32_t next_begin) const;
+  uint64_t aligned_begin(uint32_t slot) const;
+  uint64_t aligned_end(uint32_t slot_end) const;
+};
+
+// Largest gap g (in bundles) with g * bundle_bytes / B < a: what --gap auto merges when bundles fill blocks.
+uint32_t auto_gap_bundles(const CostFit& cost, uint64_t bundle_bytes);
+
+}  // namespace nl

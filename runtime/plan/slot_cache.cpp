@@ -1,0 +1,153 @@
+#include "runtime/plan/slot_cache.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "formats/core/error.h"
+#include "runtime/plan/read_plan.h"
+
+namespace nl {
+
+uint32_t cache_capacity_for_ratio(double ratio, uint32_t n_slots) {
+  if (!(ratio >= 0) || ratio > 1) throw UsageError("cache ratio must be in [0, 1]");
+  return static_cast<uint32_t>(std::floor(ratio * double(n_slots) + 1e-9));
+}
+
+SlotCache::SlotCache(uint32_t n_slots, const CacheConfig& cfg)
+    : cfg_(cfg), n_slots_(n_slots), state_(n_slots, kNone), freq_(n_slots, 0), ghost_stamp_(n_slots, 0),
+      last_active_(cfg.window_tokens ? n_slots : 0, 0), rng_(cfg.seed ^ 0x9E3779B97F4A7C15ull) {
+  if (!(cfg_.small_fraction > 0 && cfg_.small_fraction < 1)) throw UsageError("cache: small_fraction must be in (0, 1)");
+  if (!(cfg_.run_admit_prob >= 0 && cfg_.run_admit_prob <= 1)) throw UsageError("cache: run_admit_prob must be in [0, 1]");
+  cfg_.capacity = std::min(cfg_.capacity, n_slots);
+  for (uint32_t s : cfg_.pinned) {
+    if (s >= n_slots) throw UsageError("cache: pinned slot out of range");
+    if (state_[s] == kPinned) continue;
+    if (pinned_ >= cfg_.capacity) break;  // pinned beyond capacity are not held: capacity is a hard bound
+    state_[s] = kPinned;
+    ++pinned_;
+  }
+  uint32_t rest = cfg_.capacity - pinned_;
+  small_cap_ = rest ? std::max<uint32_t>(1, uint32_t(std::lround(cfg_.small_fraction * rest))) : 0;
+  if (small_cap_ > rest) small_cap_ = rest;
+  main_cap_ = rest - small_cap_;
+}
+
+double SlotCache::next_uniform() {
+  // splitmix64: defined output on every platform (std distributions are not).
+  uint64_t z = (rng_ += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return double(z >> 11) * (1.0 / 9007199254740992.0);
+}
+
+uint32_t SlotCache::window_resident() const {
+  if (!cfg_.window_tokens) return 0;
+  uint32_t c = 0;
+  for (uint32_t s = 0; s < n_slots_; ++s)
+    if (state_[s] == kNone && last_active_[s] && last_active_[s] + cfg_.window_tokens >= now_) ++c;
+  return c;
+}
+
+void SlotCache::ghost_add(uint32_t slot) {
+  if (main_cap_ == 0) return;
+  ghost_stamp_[slot] = ++ghost_clock_;
+  ghost_.emplace_back(slot, ghost_clock_);
+  while (ghost_.size() > main_cap_) {
+    auto [s, st] = ghost_.front();
+    ghost_.pop_front();
+    if (ghost_stamp_[s] == st) ghost_stamp_[s] = 0;
+  }
+}
+
+void SlotCache::evict_main() {
+  while (!main_.empty()) {
+    uint32_t s = main_.front();
+    main_.pop_front();
+    if (freq_[s] > 0) {  // reinsertion: recently used objects get another lap
+      --freq_[s];
+      main_.push_back(s);
+    } else {
+      state_[s] = kNone;
+      --main_size_;
+      return;
+    }
+  }
+}
+
+void SlotCache::evict_small() {
+  while (!small_.empty()) {
+    uint32_t s = small_.front();
+    small_.pop_front();
+    --small_size_;
+    if (freq_[s] > 0 && main_cap_ > 0) {  // used again while in the small FIFO: promote
+      freq_[s] = 0;
+      state_[s] = kMain;
+      main_.push_back(s);
+      ++main_size_;
+      while (main_size_ > main_cap_) evict_main();
+    } else {  // one-hit wonder: remember it in the ghost FIFO only
+      state_[s] = kNone;
+      ghost_add(s);
+      return;
+    }
+  }
+}
+
+void SlotCache::evict_one() {
+  if (small_size_ >= small_cap_ || main_size_ == 0)
+    evict_small();
+  else
+    evict_main();
+}
+
+void SlotCache::admit(uint32_t s) {
+  uint32_t rest = small_cap_ + main_cap_;
+  if (rest == 0) return;
+  while (small_size_ + main_size_ >= rest) {
+    uint32_t before = small_size_ + main_size_;
+    evict_one();
+    if (small_size_ + main_size_ == before) evict_main();  // small was all promotions; make room in main
+  }
+  freq_[s] = 0;
+  if (ghost_stamp_[s] && main_cap_ > 0) {  // seen recently: straight into main
+    ghost_stamp_[s] = 0;
+    state_[s] = kMain;
+    main_.push_back(s);
+    ++main_size_;
+  } else {
+    state_[s] = kSmall;
+    small_.push_back(s);
+    ++small_size_;
+  }
+}
+
+void SlotCache::update(const uint32_t* active, size_t n, const TokenPlan& plan) {
+  // Admission first looks at which read fetched each miss (the read's length decides the probability).
+  size_t r = 0;
+  for (size_t k = 0; k < n; ++k) {
+    uint32_t s = active[k];
+    uint8_t st = state_[s];
+    if (st == kSmall || st == kMain) {
+      if (freq_[s] < 3) ++freq_[s];
+      continue;
+    }
+    if (st == kPinned) continue;
+    while (r < plan.reads.size() && plan.reads[r].slot_end <= s) ++r;
+    bool fetched = r < plan.reads.size() && plan.reads[r].slot_begin <= s;
+    if (!fetched) continue;  // served by the window: nothing to admit
+    double p = 1.0;
+    if (cfg_.linking_aligned && plan.reads[r].bundles() > cfg_.isolated_max_bundles) p = cfg_.run_admit_prob;
+    if (p >= 1.0 || next_uniform() < p) {
+      admit(s);
+      ++admissions_;
+    } else {
+      ++rejections_;
+    }
+  }
+  if (cfg_.window_tokens)
+    for (size_t k = 0; k < n; ++k) last_active_[active[k]] = now_;
+  ++now_;
+}
+
+}  // namespace nl

@@ -1,0 +1,73 @@
+// The neuron cache of one FFN layer, keyed by slot (position in the layout): S3-FIFO (small FIFO, main FIFO
+// with reinsertion, ghost FIFO) with the paper's linking-aligned admission — a neuron read alone (a short
+// read) is admitted normally, a neuron read inside a long read is admitted only with a lower probability,
+// because caching it would not save a read. Options: a pinned hot set, and a sliding window of the neurons
+// active in the last k tokens (LLM in a flash). Deterministic: admission draws from a seeded generator.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+namespace nl {
+
+struct TokenPlan;
+
+struct CacheConfig {
+  uint32_t capacity = 0;           // bundles held by S3-FIFO + pinned (window residency is extra, reported)
+  double small_fraction = 0.10;    // share of the S3-FIFO capacity given to the small FIFO
+  bool linking_aligned = true;     // false: admit every miss (plain S3-FIFO)
+  uint32_t isolated_max_bundles = 1;  // a miss fetched by a read of at most this many bundles counts as isolated
+  double run_admit_prob = 0.125;   // admission probability for misses fetched by longer reads
+  uint32_t window_tokens = 0;      // > 0: slots active in the last k tokens are resident (LLM in a flash)
+  std::vector<uint32_t> pinned;    // always-resident slots (count against capacity)
+  uint64_t seed = 0;               // admission draws
+};
+
+// Capacity in bundles for a cache holding `ratio` of the layer's FFN bytes.
+uint32_t cache_capacity_for_ratio(double ratio, uint32_t n_slots);
+
+// Not thread-safe: one cache per layer per runtime thread.
+class SlotCache {
+ public:
+  SlotCache(uint32_t n_slots, const CacheConfig& cfg);
+
+  bool resident(uint32_t slot) const {
+    return state_[slot] != kNone ||
+           (cfg_.window_tokens && last_active_[slot] && last_active_[slot] + cfg_.window_tokens >= now_);
+  }
+  // Records one token: hits raise S3-FIFO frequencies, misses fetched by `plan` are offered for admission,
+  // the window advances. `active` is the same ascending slot list given to the planner.
+  void update(const uint32_t* active, size_t n, const TokenPlan& plan);
+
+  uint32_t size() const { return small_size_ + main_size_ + pinned_; }  // S3-FIFO + pinned bundles held
+  uint32_t capacity() const { return cfg_.capacity; }
+  uint32_t window_resident() const;   // slots resident only through the window (O(n_slots))
+  uint64_t admissions() const { return admissions_; }
+  uint64_t rejections() const { return rejections_; }
+
+ private:
+  enum : uint8_t { kNone = 0, kSmall = 1, kMain = 2, kPinned = 3 };
+  CacheConfig cfg_;
+  uint32_t n_slots_;
+  uint32_t small_cap_ = 0, main_cap_ = 0, pinned_ = 0;
+  uint32_t small_size_ = 0, main_size_ = 0;
+  std::vector<uint8_t> state_, freq_;
+  std::vector<uint64_t> ghost_stamp_;  // insertion stamp of the slot's live ghost entry, 0 = not a ghost
+  std::deque<uint32_t> small_, main_;
+  std::deque<std::pair<uint32_t, uint64_t>> ghost_;
+  uint64_t ghost_clock_ = 0;
+  std::vector<uint64_t> last_active_;  // window: value of now_ at the slot's last activity (0 = never)
+  uint64_t now_ = 1;                   // 1 + tokens seen so far (the current token's index + 1)
+  uint64_t rng_;
+  uint64_t admissions_ = 0, rejections_ = 0;
+
+  double next_uniform();
+  void admit(uint32_t slot);
+  void evict_one();
+  void evict_small();
+  void evict_main();
+  void ghost_add(uint32_t slot);
+};
+
+}  // namespace nl

@@ -1,0 +1,126 @@
+// The sequence (matrix-matrix) forward equals the token-by-token forward bitwise, in one block or in chunks;
+// the FFN observer sees the same activations on both paths; an FfnProvider replaces the dense FFN.
+#include <doctest/doctest.h>
+
+#include "formats/core/error.h"
+#include "formats/llama2c.h"
+#include "model_test_util.h"
+
+using namespace nl;
+
+namespace {
+
+// Records every gate activation it sees, per layer, in token order.
+struct Recorder : FfnObserver {
+  std::vector<std::vector<float>> gate, h;
+  explicit Recorder(int layers) : gate(size_t(layers)), h(size_t(layers)) {}
+  void on_ffn(int layer, int, int n, const float* g, const float* hh) override {
+    (void)n;
+    const size_t count = size_t(n) * size_width;
+    gate[size_t(layer)].insert(gate[size_t(layer)].end(), g, g + count);
+    h[size_t(layer)].insert(h[size_t(layer)].end(), hh, hh + count);
+  }
+  size_t size_width = 0;
+};
+
+void check_paths_agree(const ModelWeights& w, const std::vector<int>& tokens) {
+  const int vocab = w.config.vocab_size, n = int(tokens.size());
+  Model a(w), b(w), c(w);
+  Recorder ra(w.config.n_layers), rb(w.config.n_layers);
+  ra.size_width = rb.size_width = size_t(w.config.hidden_dim);
+  a.set_observer(&ra);
+  b.set_observer(&rb);
+  std::vector<float> one;
+  for (int p = 0; p < n; ++p) {
+    const float* l = a.forward_token(tokens[size_t(p)], p);
+    one.insert(one.end(), l, l + vocab);
+  }
+  std::vector<float> seq(size_t(n) * vocab);
+  b.forward_sequence(tokens.data(), n, 0, seq.data());
+  CHECK(test::max_abs_diff(one, seq) == 0.0f);
+  for (int l = 0; l < w.config.n_layers; ++l) {
+    CHECK(ra.gate[size_t(l)] == rb.gate[size_t(l)]);
+    CHECK(ra.h[size_t(l)] == rb.h[size_t(l)]);
+  }
+  // Chunks continue from the KV cache: 1 + 7 + rest.
+  std::vector<float> chunked(size_t(n) * vocab);
+  c.forward_sequence(tokens.data(), 1, 0, chunked.data());
+  c.forward_sequence(tokens.data() + 1, 7, 1, chunked.data() + vocab);
+  c.forward_sequence(tokens.data() + 8, n - 8, 8, chunked.data() + size_t(8) * vocab);
+  CHECK(test::max_abs_diff(one, chunked) == 0.0f);
+}
+
+}  // namespace
+
+TEST_CASE("sequence forward equals token-by-token on the shared models") {
+  for (const char* rel : {"llama2c-stories260K/stories260K.bin", "babyllama-tok105/model5000.bin"}) {
+    const std::string p = test::model_file(rel);
+    if (p.empty()) continue;
+    const ModelWeights w = read_llama2c(p);
+    std::vector<int> tokens;
+    for (int i = 0; i < 70; ++i) tokens.push_back((i * 37 + 1) % w.config.vocab_size);
+    check_paths_agree(w, tokens);
+  }
+}
+
+TEST_CASE("sequence forward equals token-by-token on a random ReLU model with odd widths") {
+  const ModelWeights w = test::random_weights(test::small_config(FfnAct::kRelu, false), 21);
+  std::vector<int> tokens;
+  for (int i = 0; i < 41; ++i) tokens.push_back((i * 7 + 3) % w.config.vocab_size);
+  check_paths_agree(w, tokens);
+}
+
+TEST_CASE("an FfnProvider replaces the dense FFN: a sparse ReLU FFN over active neurons gives the same logits") {
+  const ModelWeights w = test::random_weights(test::small_config(FfnAct::kRelu), 4);
+  // Computes only the neurons whose gate fires, as the flash runtime will.
+  struct SparseRelu : FfnProvider {
+    const ModelWeights& w;
+    size_t skipped = 0, total = 0;
+    explicit SparseRelu(const ModelWeights& ww) : w(ww) {}
+    void ffn(int layer, int pos0, int n, const float* x, float* out, FfnObserver*) override {
+      (void)pos0;
+      const ModelConfig& c = w.config;
+      const LayerWeights& L = w.layers[size_t(layer)];
+      for (int t = 0; t < n; ++t) {
+        std::vector<float> acc(size_t(c.dim), 0.0f);
+        const float* xt = x + size_t(t) * c.dim;
+        for (int j = 0; j < c.hidden_dim; ++j) {
+          ++total;
+          const float g = kernels::dot(L.w_gate.data() + size_t(j) * c.dim, xt, c.dim);
+          if (g <= 0.0f) {
+            ++skipped;
+            continue;
+          }
+          const float hj = g * kernels::dot(L.w_up.data() + size_t(j) * c.dim, xt, c.dim);
+          for (int i = 0; i < c.dim; ++i) acc[size_t(i)] += L.w_down[size_t(i) * c.hidden_dim + j] * hj;
+        }
+        std::copy(acc.begin(), acc.end(), out + size_t(t) * c.dim);
+      }
+    }
+  } sparse(w);
+  const std::vector<int> tokens = {1, 4, 8, 15, 16, 3, 2, 11};
+  Model dense(w), mine(w);
+  mine.set_ffn(&sparse);
+  std::vector<float> a(tokens.size() * size_t(w.config.vocab_size)), b(a.size());
+  dense.forward_sequence(tokens.data(), int(tokens.size()), 0, a.data());
+  mine.forward_sequence(tokens.data(), int(tokens.size()), 0, b.data());
+  CHECK(sparse.skipped > 0);
+  CHECK(sparse.skipped < sparse.total);
+  CHECK(test::max_abs_diff(a, b) < 1e-4f);  // only the summation order of the down projection differs
+  // Weights without FFN matrices run only with a provider.
+  ModelWeights no_ffn = w;
+  for (auto& L : no_ffn.layers) L.w_gate.clear(), L.w_up.clear(), L.w_down.clear();
+  Model flash(no_ffn);
+  CHECK_THROWS_AS(flash.forward_token(1, 0), UsageError);
+  flash.set_ffn(&sparse);
+  CHECK(flash.forward_token(1, 0)[0] == doctest::Approx(a[0]).epsilon(1e-5));
+}
+
+TEST_CASE("positions beyond the context and bad token ids are refused") {
+  const ModelWeights w = test::random_weights(test::small_config(), 2);
+  Model m(w, 16);
+  CHECK(m.max_seq() == 16);
+  CHECK_THROWS_AS(m.forward_token(1, 16), UsageError);
+  CHECK_THROWS_AS(m.forward_token(w.config.vocab_size, 0), UsageError);
+  CHECK_THROWS_AS(m.forward_token(-1, 0), UsageError);
+}

@@ -1,0 +1,313 @@
+// Flash image + manifest: dtype conversion against reference conversions, bundle round trip for every dtype and
+// bundle kind, byte-identical output, and one clear error per kind of malformed manifest or image.
+#include <doctest/doctest.h>
+#include <sys/stat.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "formats/core/error.h"
+#include "formats/core/half.h"
+#include "formats/core/image.h"
+#include "formats/core/image_writer.h"
+#include "image_test_util.h"
+#include "runtime/flash_image.h"
+
+using namespace nl;
+using nlohmann::json;
+
+namespace {
+
+// Reference bf16 rounding, computed independently: pick the nearer of the two bf16 neighbours in double
+// arithmetic, ties to the even one. The largest finite bf16's upper neighbour is infinity, valued 2^128 by IEEE.
+uint16_t ref_bf16(float f) {
+  uint32_t u = f32_to_bits(f);
+  if (std::isnan(f)) return 0;  // not compared
+  const uint32_t sign = u & 0x80000000u, a = u & 0x7fffffffu;
+  const uint32_t lo = a & 0xffff0000u, hi = lo + 0x10000u;
+  if (a == lo) return uint16_t((sign | lo) >> 16);
+  auto val = [](uint32_t bits) { return bits >= 0x7f800000u ? std::ldexp(1.0, 128) : double(bits_to_f32(bits)); };
+  const double x = double(bits_to_f32(a)), dl = x - val(lo), dh = val(hi) - x;
+  uint32_t pick = dl < dh ? lo : dh < dl ? hi : (((lo >> 16) & 1u) ? hi : lo);
+  return uint16_t((sign | pick) >> 16);
+}
+
+#if defined(__FLT16_MAX__)
+uint16_t ref_f16(float f) {
+  _Float16 h = static_cast<_Float16>(f);  // the compiler's IEEE conversion (round to nearest even)
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+float ref_f16_to_f32(uint16_t b) {
+  _Float16 h;
+  std::memcpy(&h, &b, 2);
+  return static_cast<float>(h);
+}
+#endif
+
+float reference_round(ImageDtype d, float x) {
+  switch (d) {
+    case ImageDtype::kF32: return x;
+    case ImageDtype::kBF16: return bf16_to_f32(ref_bf16(x));
+    case ImageDtype::kF16:
+#if defined(__FLT16_MAX__)
+      return ref_f16_to_f32(ref_f16(x));
+#else
+      return f16_to_f32(f32_to_f16(x));
+#endif
+  }
+  return x;
+}
+
+bool same_bits(float a, float b) { return f32_to_bits(a) == f32_to_bits(b); }
+
+std::string tmpdir(const std::string& name) {
+  std::string d = "image_test_" + name;
+  ::mkdir(d.c_str(), 0755);
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 conversion rounds to nearest even, as the independent reference does") {
+  std::mt19937_64 rng(7);
+  uint64_t checked = 0;
+  for (uint32_t top = 0; top < 0x10000u; ++top) {
+    const uint32_t lows[] = {0u, 1u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu, uint32_t(rng() & 0xffffu)};
+    for (uint32_t low : lows) {
+      const float f = bits_to_f32((top << 16) | low);
+      if (std::isnan(f)) {
+        CHECK(std::isnan(bf16_to_f32(f32_to_bf16(f))));
+        continue;
+      }
+      if (f32_to_bf16(f) != ref_bf16(f)) {
+        FAIL_CHECK("bf16 of bits " << std::hex << ((top << 16) | low) << ": " << f32_to_bf16(f) << " vs " << ref_bf16(f));
+        return;
+      }
+      ++checked;
+    }
+  }
+  CHECK(checked > 400000);
+  for (uint32_t h = 0; h < 0x10000u; ++h) CHECK_EQ(f32_to_bits(bf16_to_f32(uint16_t(h))), uint32_t(h) << 16);
+}
+
+#if defined(__FLT16_MAX__)
+TEST_CASE("f16 conversion matches the compiler's IEEE binary16 conversion") {
+  // Every half value decodes exactly.
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    const float a = f16_to_f32(uint16_t(h)), b = ref_f16_to_f32(uint16_t(h));
+    if (std::isnan(b)) CHECK(std::isnan(a));
+    else if (!same_bits(a, b)) FAIL_CHECK("f16 decode of " << h);
+  }
+  // Around every half value: itself, the midpoints to its neighbours and one f32 ulp either side (ties, carries,
+  // subnormals, overflow), then random bit patterns.
+  uint64_t bad = 0;
+  auto check = [&](float f) {
+    if (std::isnan(f)) return;
+    if (f32_to_f16(f) != ref_f16(f) && ++bad < 5) FAIL_CHECK("f16 of " << f << " bits " << std::hex << f32_to_bits(f));
+  };
+  for (uint32_t h = 0; h < 0x7c00u; ++h) {
+    const double v = ref_f16_to_f32(uint16_t(h)), up = ref_f16_to_f32(uint16_t(h + 1));
+    const float mid = float((v + up) / 2);  // exact in f32: halves have 11 significant bits
+    for (float f : {float(v), mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e30f)}) {
+      check(f);
+      check(-f);
+    }
+  }
+  std::mt19937_64 rng(11);
+  for (int i = 0; i < 2000000; ++i) check(bits_to_f32(uint32_t(rng())));
+  CHECK(bad == 0);
+  CHECK(f32_to_f16(65520.0f) == 0x7c00);  // the first value that rounds to infinity
+  CHECK(f32_to_f16(65519.0f) == 0x7bff);
+}
+#endif
+
+TEST_CASE("every bundle reads back through the manifest as the source rows and columns, for each dtype") {
+  const std::string dir = tmpdir("roundtrip");
+  for (bool gated : {true, false}) {
+    for (ImageDtype dt : {ImageDtype::kF32, ImageDtype::kF16, ImageDtype::kBF16}) {
+      CAPTURE(gated);
+      CAPTURE(image_dtype_name(dt));
+      ModelConfig c = test::small_config();
+      ModelWeights w = test::random_weights(c, 42, gated);
+      ImageSpec spec;
+      spec.dtype = dt;
+      spec.bundle_kind = gated ? BundleKind::kGated : BundleKind::kPlain;
+      spec.order = test::random_order(c, 5);
+      const std::string img = dir + "/m_" + image_dtype_name(dt) + (gated ? "_g" : "_p") + ".nlw";
+      image_write_model(img, w, spec);
+
+      FlashImage fi(img, IoOptions{});
+      const ImageManifest& m = fi.manifest();
+      CHECK(m.bundle_bytes == uint64_t(gated ? 3 : 2) * 64 * image_dtype_bytes(dt));
+      CHECK(m.order == spec.order);
+      const size_t dim = size_t(c.dim), hidden = size_t(c.hidden_dim);
+      uint64_t mismatches = 0;
+      AlignedBuffer buf;
+      for (int l = 0; l < c.n_layers; ++l) {
+        fi.read_region(size_t(1 + l), &buf);  // also checks the region's xxh64
+        const LayerWeights& src = w.layers[size_t(l)];
+        std::vector<float> part(dim);
+        for (uint32_t s = 0; s < hidden; ++s) {
+          const uint32_t n = m.order[size_t(l)][s];
+          const uint8_t* b = buf.data() + uint64_t(s) * m.bundle_bytes;
+          auto expect_row = [&](const float* want_row, size_t stride) {
+            image_decode(dt, b, dim, part.data());
+            for (size_t i = 0; i < dim; ++i)
+              if (!same_bits(part[i], reference_round(dt, want_row[i * stride]))) ++mismatches;
+            b += dim * image_dtype_bytes(dt);
+          };
+          if (gated) expect_row(src.w_gate.data() + n * dim, 1);
+          expect_row(src.w_up.data() + n * dim, 1);
+          expect_row(src.w_down.data() + n, hidden);  // the down column of neuron n
+        }
+      }
+      CHECK(mismatches == 0);
+      // Dense tensors decode to the rounded source as well.
+      ModelWeights d = fi.load_dense();
+      REQUIRE(d.tok_embeddings.size() == w.tok_embeddings.size());
+      for (size_t i = 0; i < w.tok_embeddings.size(); ++i)
+        if (!same_bits(d.tok_embeddings[i], reference_round(dt, w.tok_embeddings[i]))) ++mismatches;
+      for (size_t i = 0; i < w.wcls.size(); ++i)
+        if (!same_bits(d.wcls[i], reference_round(dt, w.wcls[i]))) ++mismatches;
+      for (size_t i = 0; i < w.layers[1].wk.size(); ++i)
+        if (!same_bits(d.layers[1].wk[i], reference_round(dt, w.layers[1].wk[i]))) ++mismatches;
+      CHECK(mismatches == 0);
+      LayerWeights back;
+      fi.load_ffn_layer(1, &back);
+      for (size_t i = 0; i < back.w_down.size(); ++i)
+        if (!same_bits(back.w_down[i], reference_round(dt, w.layers[1].w_down[i]))) ++mismatches;
+      CHECK(mismatches == 0);
+      fi.verify_all();
+      for (size_t r = 0; r < m.regions.size(); ++r) CHECK(fi.region_verified(r));
+    }
+  }
+}
+
+TEST_CASE("same inputs give byte-identical image and manifest") {
+  const std::string a = tmpdir("det_a"), b = tmpdir("det_b");
+  ModelConfig c = test::small_config();
+  ModelWeights w = test::random_weights(c, 3);
+  for (const std::string& d : {a, b}) {
+    ImageSpec spec;
+    spec.dtype = ImageDtype::kF16;
+    spec.order = test::random_order(c, 9);
+    spec.tokenizer = "tok.bin";
+    image_write_model(d + "/model.nlw", w, spec);
+  }
+  CHECK(read_file(a + "/model.nlw") == read_file(b + "/model.nlw"));
+  CHECK(read_file(a + "/model.nlw.json") == read_file(b + "/model.nlw.json"));
+  // Regions are 4096-aligned and the file is a whole number of blocks.
+  ImageManifest m = manifest_load(a + "/model.nlw.json");
+  for (const auto& r : m.regions) CHECK(r.offset % 4096 == 0);
+  CHECK(read_file(a + "/model.nlw").size() == m.image_bytes);
+  CHECK(m.image_bytes % 4096 == 0);
+}
+
+namespace {
+
+struct Case {
+  const char* name;
+  bool image_blamed;      // the error names the image (else the manifest)
+  const char* phrase;     // what the one line must say
+};
+
+// Opens the pair, expects InputError naming the right file with the phrase, on one line.
+void expect_refused(const std::string& img, const Case& k, bool verify = false) {
+  CAPTURE(k.name);
+  std::string msg;
+  try {
+    FlashImage fi(img, IoOptions{});
+    if (verify) fi.verify_all();
+  } catch (const InputError& e) {
+    msg = e.what();
+  }
+  CHECK_MESSAGE(!msg.empty(), "accepted a malformed pair");
+  const std::string blamed = k.image_blamed ? img : img + ".json";
+  CHECK_MESSAGE(msg.rfind(blamed + ": ", 0) == 0, msg);
+  CHECK_MESSAGE(msg.find(k.phrase) != std::string::npos, msg);
+  CHECK(msg.find('\n') == std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("malformed manifests and images are refused with one clear line each") {
+  const std::string dir = tmpdir("bad");
+  ModelConfig c = test::small_config();
+  ModelWeights w = test::random_weights(c, 1);
+  ImageSpec spec;
+  spec.order = test::random_order(c, 2);
+  const std::string good = dir + "/good.nlw";
+  image_write_model(good, w, spec);
+  ImageSpec spec2 = spec;
+  spec2.order = test::random_order(c, 3);
+  image_write_model(dir + "/other.nlw", w, spec2);  // same sizes, other order: a different image id
+  const json base = json::parse(read_file(good + ".json"));
+  const std::string img = dir + "/bad.nlw";
+
+  auto with_manifest = [&](const std::function<void(json&)>& edit) {
+    test::copy_file(good, img);
+    json j = base;
+    edit(j);
+    test::write_text(img + ".json", j.dump());
+  };
+  auto with_text = [&](const std::string& text) {
+    test::copy_file(good, img);
+    test::write_text(img + ".json", text);
+  };
+
+  with_text("{ \"format\": \"neuralink-image\", ");
+  expect_refused(img, {"not JSON", false, "not valid JSON"});
+  with_manifest([](json& j) { j["format"] = "neuralink-layout"; });
+  expect_refused(img, {"wrong format", false, "not a flash image manifest"});
+  with_manifest([](json& j) { j["version"] = 2; });
+  expect_refused(img, {"future major version", false, "format version 2 is newer"});
+  with_manifest([](json& j) { j["model"].erase("dim"); });
+  expect_refused(img, {"missing key", false, "missing key 'model.dim'"});
+  with_manifest([](json& j) { j["regions"][2]["offset"] = j["image"]["bytes"].get<uint64_t>() + 4096; });
+  expect_refused(img, {"offset past EOF", false, "runs past the end of the image"});
+  with_manifest([](json& j) { j["regions"][2]["offset"] = j["regions"][1]["offset"]; });
+  expect_refused(img, {"overlapping regions", false, "overlap"});
+  with_manifest([](json& j) { j["regions"][1]["offset"] = j["regions"][1]["offset"].get<uint64_t>() + 8; });
+  expect_refused(img, {"misaligned region", false, "is not 4096-aligned"});
+  with_manifest([](json& j) { j["bundle"]["bytes"] = j["bundle"]["bytes"].get<uint64_t>() + 4; });
+  expect_refused(img, {"bundle size", false, "inconsistent with the model"});
+  with_manifest([](json& j) { j["order"][0][0] = j["order"][0][1]; });
+  expect_refused(img, {"order not a permutation", false, "not a permutation"});
+  with_manifest([](json& j) { j["regions"][1]["xxh64"] = "0123456789abcdef"; });
+  expect_refused(img, {"edited checksum", false, "does not match its region table"});
+  with_manifest([](json& j) { j["dtype"] = "q4"; });
+  expect_refused(img, {"unknown dtype", false, "unknown dtype 'q4'"});
+
+  // Image-side problems: the manifest is fine, the image is not the one it describes.
+  with_manifest([](json&) {});
+  test::truncate_to(img, base["image"]["bytes"].get<uint64_t>() - 4096);
+  expect_refused(img, {"truncated image", true, "truncated"});
+  with_manifest([](json&) {});
+  test::truncate_to(img, 100);
+  expect_refused(img, {"image cut inside its header block", true, "truncated"});
+  with_manifest([](json&) {});
+  test::flip_byte(img, 0);
+  expect_refused(img, {"bad magic", true, "bad magic"});
+  test::copy_file(dir + "/other.nlw", img);
+  test::write_text(img + ".json", base.dump());
+  expect_refused(img, {"image of another pack", true, "does not match its manifest"});
+  with_manifest([](json&) {});
+  test::flip_byte(img, base["regions"][2]["offset"].get<uint64_t>() + 77);
+  {
+    FlashImage fi(img, IoOptions{});  // opening reads no FFN payload ...
+    CHECK_THROWS_AS(fi.verify_all(), InputError);  // ... verifying does
+  }
+  expect_refused(img, {"checksum mismatch", true, "checksum mismatch in region 'ffn.1'"}, true);
+
+  // Forward compatibility: unknown keys are ignored, a newer minor version is accepted.
+  with_manifest([](json& j) {
+    j["future_key"] = {{"anything", 1}};
+    j["model"]["future_model_key"] = true;
+    j["version_minor"] = 7;
+  });
+  FlashImage ok(img, IoOptions{});
+  ok.verify_all();
+  CHECK(ok.manifest().version_minor == 7);
+}

@@ -1,0 +1,174 @@
+// Read planner: runs, gap merging (off / fixed / auto), cache trimming that never fragments a run, alignment.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <random>
+#include <set>
+
+#include "formats/core/error.h"
+#include "runtime/plan/read_plan.h"
+#include "runtime/plan/slot_cache.h"
+
+using namespace nl;
+
+namespace {
+
+CostFit ufs40() {
+  CostFit c;
+  c.read_latency_us = 8.14;
+  c.bandwidth_MBps = 4267;
+  return c;
+}
+
+PlannerConfig cfg(uint32_t n, uint64_t bundle, GapPolicy gap, uint32_t block = 4096) {
+  PlannerConfig c;
+  c.n_slots = n;
+  c.bundle_bytes = bundle;
+  c.block_bytes = block;
+  c.gap = gap;
+  c.cost = ufs40();
+  return c;
+}
+
+std::vector<std::pair<uint32_t, uint32_t>> spans(const TokenPlan& p) {
+  std::vector<std::pair<uint32_t, uint32_t>> v;
+  for (const auto& r : p.reads) v.emplace_back(r.slot_begin, r.slot_end);
+  return v;
+}
+
+using Spans = std::vector<std::pair<uint32_t, uint32_t>>;
+
+}  // namespace
+
+TEST_CASE("gap policy parsing") {
+  CHECK(GapPolicy::parse("off").mode == GapMode::Off);
+  CHECK(GapPolicy::parse("auto").mode == GapMode::Auto);
+  CHECK(GapPolicy::parse("0").mode == GapMode::Off);
+  GapPolicy g = GapPolicy::parse("3");
+  CHECK(g.mode == GapMode::Fixed);
+  CHECK(g.bundles == 3);
+  CHECK(g.to_string() == "3");
+  CHECK_THROWS_AS(GapPolicy::parse("-1"), UsageError);
+  CHECK_THROWS_AS(GapPolicy::parse("two"), UsageError);
+  CHECK_THROWS_AS(GapPolicy::parse(""), UsageError);
+}
+
+TEST_CASE("maximal runs without merging, and fixed gaps") {
+  std::vector<uint32_t> act = {1, 2, 3, 7, 9, 10};
+  TokenPlan p;
+  ReadPlanner(cfg(16, 4096, GapPolicy::parse("off"))).plan(act, nullptr, p);
+  CHECK(spans(p) == Spans{{1, 4}, {7, 8}, {9, 11}});
+  CHECK(p.needed == 6);
+  CHECK(p.bytes_read == 6 * 4096);
+  CHECK(p.reads[0].offset == 4096);
+  CHECK(p.reads[0].length == 3 * 4096);
+
+  ReadPlanner(cfg(16, 4096, GapPolicy::parse("1"))).plan(act, nullptr, p);
+  CHECK(spans(p) == Spans{{1, 4}, {7, 11}});
+  CHECK(p.bundles_read == 3 + 4);
+  CHECK(p.reads[1].needed == 3);
+  ReadPlanner(cfg(16, 4096, GapPolicy::parse("3"))).plan(act, nullptr, p);
+  CHECK(spans(p) == Spans{{1, 11}});
+  CHECK(p.needed == 6);
+}
+
+TEST_CASE("auto gap merges while the gap costs less than one read (a*B bytes)") {
+  // UFS 4.0: a*B = 8.14 us * 4267 MB/s = 34,733 bytes: with 16 KiB bundles gaps of up to 2 bundles merge.
+  CHECK(auto_gap_bundles(ufs40(), 16384) == 2);
+  CHECK(auto_gap_bundles(ufs40(), 24576) == 1);
+  CHECK(auto_gap_bundles(ufs40(), 40000) == 0);
+  ReadPlanner pl(cfg(64, 16384, GapPolicy::parse("auto")));
+  CHECK(pl.merge_gap_bundles() == 2);
+  TokenPlan p;
+  pl.plan({0, 3}, nullptr, p);  // gap of 2 bundles = 32 KiB < 34.7 KB
+  CHECK(spans(p) == Spans{{0, 4}});
+  pl.plan({0, 4}, nullptr, p);  // gap of 3 bundles = 48 KiB
+  CHECK(spans(p) == Spans{{0, 1}, {4, 5}});
+  CHECK(p.io_seconds(ufs40()) == doctest::Approx(2 * 8.14e-6 + 2 * 16384 / 4267e6));
+}
+
+TEST_CASE("reads are block aligned; small bundles sharing a block merge under auto") {
+  PlannerConfig c = cfg(100, 1000, GapPolicy::parse("off"));
+  c.region_offset = 8192;
+  TokenPlan p;
+  ReadPlanner(c).plan({0, 1, 5}, nullptr, p);
+  REQUIRE(p.reads.size() == 2);
+  CHECK(p.reads[0].offset == 8192);
+  CHECK(p.reads[0].length == 4096);        // bytes 8192..10192 -> one block
+  CHECK(p.reads[1].offset == 8192 + 4096); // slot 5 = bytes 13192..14192
+  CHECK(p.reads[1].length == 4096);
+  c.gap = GapPolicy::parse("auto");
+  ReadPlanner(c).plan({0, 1, 5}, nullptr, p);
+  CHECK(spans(p) == Spans{{0, 6}});  // aligned gap is zero bytes: merging is free
+  CHECK(p.bytes_read == 8192);
+}
+
+TEST_CASE("planner rejects unsorted or out-of-range input") {
+  ReadPlanner pl(cfg(8, 4096, GapPolicy::parse("off")));
+  TokenPlan p;
+  CHECK_THROWS_AS(pl.plan({3, 2}, nullptr, p), InternalError);
+  CHECK_THROWS_AS(pl.plan({2, 2}, nullptr, p), InternalError);
+  CHECK_THROWS_AS(pl.plan({8}, nullptr, p), InternalError);
+  CHECK_THROWS_AS(ReadPlanner(cfg(8, 0, GapPolicy::parse("off"))), UsageError);
+}
+
+TEST_CASE("cache hits trim run ends but never split a run") {
+  CacheConfig cc;
+  cc.capacity = 8;
+  cc.pinned = {2, 4, 10, 11, 20};
+  SlotCache cache(32, cc);
+  ReadPlanner pl(cfg(32, 4096, GapPolicy::parse("off")));
+  TokenPlan p;
+  // Runs: [2..5) -> 2 trimmed (hit), 4 inside (read anyway); [10..12) all cached -> no read; [20] hit; [25] miss.
+  pl.plan({2, 3, 4, 5, 10, 11, 20, 25}, &cache, p);
+  CHECK(spans(p) == Spans{{3, 6}, {25, 26}});
+  CHECK(p.hits == std::vector<uint32_t>{2, 10, 11, 20});
+  CHECK(p.cached_in_reads == 1);
+  CHECK(p.needed == 3);
+  CHECK(p.active == 8);
+}
+
+TEST_CASE("random plans: every needed slot in exactly one read; gap off gives one read per maximal run") {
+  std::mt19937_64 rng(7);
+  for (int iter = 0; iter < 200; ++iter) {
+    uint32_t n = 1 + rng() % 300;
+    std::vector<uint32_t> act;
+    double p_on = double(rng() % 100) / 100.0;
+    for (uint32_t s = 0; s < n; ++s)
+      if (double(rng() % 1000) / 1000.0 < p_on) act.push_back(s);
+    for (const char* gap : {"off", "1", "4", "auto"}) {
+      CacheConfig cc;
+      cc.capacity = n / 4;
+      for (uint32_t s = 0; s < n; s += 7) cc.pinned.push_back(s);
+      SlotCache cache(n, cc);
+      uint64_t bundle = 1 + rng() % 20000;
+      ReadPlanner pl(cfg(n, bundle, GapPolicy::parse(gap)));
+      for (bool with_cache : {false, true}) {
+        std::vector<bool> res_before(n);
+        for (uint32_t s = 0; s < n; ++s) res_before[s] = cache.resident(s);
+        TokenPlan p;
+        pl.plan(act, with_cache ? &cache : nullptr, p);
+        uint32_t covered = 0;
+        for (size_t r = 0; r < p.reads.size(); ++r) {
+          CHECK(p.reads[r].slot_begin < p.reads[r].slot_end);
+          if (r) CHECK(p.reads[r - 1].slot_end < p.reads[r].slot_begin);
+          CHECK(p.reads[r].offset % 4096 == 0);
+          CHECK(p.reads[r].length % 4096 == 0);
+          CHECK(p.reads[r].offset <= uint64_t(p.reads[r].slot_begin) * bundle);
+          CHECK(p.reads[r].offset + p.reads[r].length >= uint64_t(p.reads[r].slot_end) * bundle);
+          covered += p.reads[r].needed;
+        }
+        CHECK(covered == p.needed);
+        CHECK(p.needed + p.hits.size() + p.cached_in_reads == act.size());
+        for (uint32_t h : p.hits) CHECK((with_cache && res_before[h]));
+        if (std::string(gap) == "off" && !with_cache) {
+          size_t runs = 0;
+          for (size_t i = 0; i < act.size(); ++i)
+            if (i == 0 || act[i] != act[i - 1] + 1) ++runs;
+          CHECK(p.reads.size() == runs);
+          CHECK(p.needed == act.size());
+        }
+      }
+    }
+  }
+}

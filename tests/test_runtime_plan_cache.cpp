@@ -1,0 +1,151 @@
+// SlotCache: S3-FIFO bounds and scan resistance, linking-aligned admission, pinned set, sliding window,
+// determinism for a seed.
+#include <doctest/doctest.h>
+
+#include <random>
+
+#include "formats/core/error.h"
+#include "runtime/plan/read_plan.h"
+#include "runtime/plan/slot_cache.h"
+
+using namespace nl;
+
+namespace {
+
+ReadPlanner planner(uint32_t n, const char* gap = "off") {
+  PlannerConfig c;
+  c.n_slots = n;
+  c.bundle_bytes = 4096;
+  c.gap = GapPolicy::parse(gap);
+  c.cost.read_latency_us = 8.14;
+  c.cost.bandwidth_MBps = 4267;
+  return ReadPlanner(c);
+}
+
+// Feeds random tokens; returns the total hits, checking the capacity bound after each token.
+uint64_t drive(SlotCache& cache, const ReadPlanner& pl, uint32_t n, uint64_t seed, int tokens) {
+  std::mt19937_64 rng(seed);
+  TokenPlan p;
+  uint64_t hits = 0;
+  for (int t = 0; t < tokens; ++t) {
+    std::vector<uint32_t> act;
+    for (uint32_t s = 0; s < n; ++s)
+      if (rng() % 100 < (s < n / 10 ? 60u : 5u)) act.push_back(s);  // a hot tenth
+    pl.plan(act, &cache, p);
+    hits += p.hits.size();
+    REQUIRE(cache.size() <= cache.capacity());
+  }
+  return hits;
+}
+
+}  // namespace
+
+TEST_CASE("capacity from a ratio of FFN bytes") {
+  CHECK(cache_capacity_for_ratio(0.05, 16384) == 819);
+  CHECK(cache_capacity_for_ratio(0.0, 100) == 0);
+  CHECK(cache_capacity_for_ratio(0.1, 10) == 1);
+  CHECK_THROWS_AS(cache_capacity_for_ratio(1.5, 10), UsageError);
+}
+
+TEST_CASE("S3-FIFO never exceeds capacity, serves hits, and is deterministic for a seed") {
+  const uint32_t n = 400;
+  ReadPlanner pl = planner(n);
+  CacheConfig cc;
+  cc.capacity = 40;
+  cc.seed = 3;
+  SlotCache a(n, cc), b(n, cc);
+  uint64_t ha = drive(a, pl, n, 11, 300), hb = drive(b, pl, n, 11, 300);
+  CHECK(ha > 0);
+  CHECK(ha == hb);
+  CHECK(a.admissions() == b.admissions());
+  cc.capacity = 0;
+  SlotCache none(n, cc);
+  CHECK(drive(none, pl, n, 11, 50) == 0);
+  CHECK(none.size() == 0);
+}
+
+TEST_CASE("S3-FIFO keeps a reused slot through a scan of one-hit slots") {
+  const uint32_t n = 1000;
+  ReadPlanner pl = planner(n);
+  CacheConfig cc;
+  cc.capacity = 20;
+  cc.linking_aligned = false;
+  SlotCache c(n, cc);
+  TokenPlan p;
+  // Slot 0 is used by every token; slots 2, 4, 6, ... are each used once (a scan).
+  for (uint32_t t = 0; t < 400; ++t) pl.plan({0, 2 + 2 * t}, &c, p);
+  CHECK(c.resident(0));
+  pl.plan({0}, &c, p);
+  CHECK(p.hits == std::vector<uint32_t>{0});
+}
+
+TEST_CASE("linking-aligned admission: isolated misses admitted, misses inside long reads held back") {
+  const uint32_t n = 100;
+  ReadPlanner pl = planner(n);
+  CacheConfig cc;
+  cc.capacity = 50;
+  cc.run_admit_prob = 0.0;
+  SlotCache c(n, cc);
+  TokenPlan p;
+  pl.plan({10, 20, 21, 22, 23, 40}, &c, p);
+  CHECK(c.resident(10));
+  CHECK(c.resident(40));
+  for (uint32_t s = 20; s < 24; ++s) CHECK_FALSE(c.resident(s));
+  CHECK(c.admissions() == 2);
+  CHECK(c.rejections() == 4);
+
+  cc.isolated_max_bundles = 4;  // reads of up to 4 bundles count as isolated
+  SlotCache d(n, cc);
+  pl.plan({20, 21, 22, 23}, &d, p);
+  CHECK(d.resident(21));
+
+  cc.isolated_max_bundles = 1;
+  cc.run_admit_prob = 0.5;  // probabilistic: some but not all, same answer for the same seed
+  int admitted[2] = {0, 0};
+  for (int rep = 0; rep < 2; ++rep) {
+    SlotCache e(n, cc);
+    std::vector<uint32_t> run;
+    for (uint32_t s = 0; s < 40; ++s) run.push_back(s);
+    pl.plan(run, &e, p);
+    admitted[rep] = int(e.admissions());
+  }
+  CHECK(admitted[0] > 5);
+  CHECK(admitted[0] < 35);
+  CHECK(admitted[0] == admitted[1]);
+}
+
+TEST_CASE("pinned slots stay resident and count against capacity") {
+  const uint32_t n = 100;
+  ReadPlanner pl = planner(n);
+  CacheConfig cc;
+  cc.capacity = 5;
+  cc.pinned = {1, 3, 5};
+  SlotCache c(n, cc);
+  CHECK(c.size() == 3);
+  TokenPlan p;
+  for (uint32_t t = 0; t < 200; ++t) pl.plan({1, 10 + (t % 80)}, &c, p);
+  CHECK(c.resident(1));
+  CHECK(c.resident(3));
+  CHECK(c.resident(5));
+  CHECK(c.size() <= 5);
+  CHECK_THROWS_AS(SlotCache(n, CacheConfig{.capacity = 2, .pinned = {200}}), UsageError);
+}
+
+TEST_CASE("sliding window keeps the last k tokens' neurons resident") {
+  const uint32_t n = 50;
+  ReadPlanner pl = planner(n);
+  CacheConfig cc;
+  cc.window_tokens = 2;
+  SlotCache c(n, cc);
+  TokenPlan p;
+  pl.plan({7}, &c, p);      // token 0: miss
+  CHECK(p.needed == 1);
+  pl.plan({7}, &c, p);      // token 1: in the window
+  CHECK(p.hits == std::vector<uint32_t>{7});
+  pl.plan({8}, &c, p);      // token 2: 7 still within the last 2 tokens
+  CHECK(c.resident(7));
+  CHECK(c.window_resident() == 2);
+  pl.plan({9}, &c, p);      // token 3: 7 last active at token 1 -> out
+  CHECK_FALSE(c.resident(7));
+  CHECK(c.resident(8));
+}
