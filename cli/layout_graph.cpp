@@ -18,7 +18,7 @@ namespace nl::cli {
 namespace {
 
 struct GraphArgs {
-  std::string trace, out, layers = "all", kernel = "auto";
+  std::string trace, out, layers = "all", kernel = "auto", method = "auto";
   uint32_t top_k = 32;
   bool full = false;
   uint64_t chunk_mib = 512;
@@ -41,6 +41,10 @@ void add_compute_options(CLI::App* c, GraphArgs& a) {
   c->add_option("--kernel", a.kernel, "Popcount kernel")
       ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512"}))
       ->capture_default_str();
+  c->add_option("--method", a.method, "Counting method: dense (AND+popcount per pair), sparse (per active token; "
+                                      "AVX-512), auto (sparse below 20 % active)")
+      ->check(CLI::IsMember({"auto", "dense", "sparse"}))
+      ->capture_default_str();
   c->add_option("--chunk-mib", a.chunk_mib, "Mask words held per token chunk, MiB")
       ->check(CLI::Range(uint64_t(1), uint64_t(1) << 20))
       ->capture_default_str();
@@ -56,6 +60,8 @@ void graph_main(const GraphArgs& a, const GlobalOptions& g) {
   o.full_matrix = a.full;
   o.kernel = popcount_kernel_resolve(popcount_kernel_parse(a.kernel));
   o.chunk_bytes = a.chunk_mib << 20;
+  o.method = count_method_parse(a.method);
+  if (!count_method_supported(o.method)) throw UsageError("--method sparse needs AVX-512 F/BW/VBMI2, which this CPU lacks");
   info(g, "graph: " + a.trace + ": " + std::to_string(layers.size()) + " layers, " + std::to_string(ti.n_tokens) +
               " tokens, kernel " + popcount_kernel_name(o.kernel) + ", " + std::to_string(omp_get_max_threads()) +
               " threads");

@@ -15,6 +15,8 @@
 namespace nl {
 namespace {
 
+using detail::kParallelMin;
+
 constexpr uint32_t kTile = 128;      // neurons per tile side: 2 x 128 rows x kSegWords words stay in L2
 constexpr uint64_t kSegWords = 512;  // words (32768 tokens) per kernel call within a tile
 
@@ -71,7 +73,7 @@ void merge_topk(LayerGraph& g, std::vector<TopKHeaps>& heaps) {
   g.nbr.assign(size_t(n) * k, 0);
   g.nbr_cnt.assign(size_t(n) * k, 0);
   g.nbr_len.assign(n, 0);
-#pragma omp parallel
+#pragma omp parallel if (n >= kParallelMin)
   {
     std::vector<std::pair<uint32_t, uint32_t>> cand;  // (count, index)
 #pragma omp for schedule(dynamic, 256)
@@ -117,13 +119,12 @@ std::vector<std::pair<uint32_t, uint32_t>> tile_list(uint32_t n) {
   return tiles;
 }
 
-// Counts one chunk of tokens (rows of `stride` words, the first `nw` used) for all pairs; adds into `upper`
-// when given, offers to `heaps` (one per thread) when given.
+// Counts one chunk of tokens (rows of `stride` words, the first `nw` used) for all pairs, block by block.
 void dense_chunk(const uint64_t* bits, uint32_t n, uint64_t stride, uint64_t nw, detail::DenseTileFn fn,
-                 uint32_t* upper, std::vector<TopKHeaps>* heaps) {
+                 const detail::TileSink& sink) {
   if (n < 2 || nw == 0) return;
   const auto tiles = tile_list(n);
-#pragma omp parallel
+#pragma omp parallel if (n >= kParallelMin)
   {
     std::vector<uint32_t> cnt(size_t(kTile) * kTile);
     const int tid = omp_get_thread_num();
@@ -135,23 +136,39 @@ void dense_chunk(const uint64_t* bits, uint32_t n, uint64_t stride, uint64_t nw,
       for (uint64_t w0 = 0; w0 < nw; w0 += kSegWords)
         fn(bits + size_t(i0) * stride + w0, ni, bits + size_t(j0) * stride + w0, nj, stride,
            std::min(kSegWords, nw - w0), cnt.data(), kTile, i0 == j0);
-      if (upper)
-        for (uint32_t r = 0; r < ni; ++r) {
-          const uint32_t i = i0 + r;
-          const uint32_t cstart = j0 > i ? 0 : i - j0 + 1;
-          if (cstart >= nj) continue;
-          uint32_t* dst = upper + LayerGraph::upper_index(n, i, j0 + cstart);
-          const uint32_t* src = cnt.data() + size_t(r) * kTile + cstart;
-          for (uint32_t c = 0; c < nj - cstart; ++c) dst[c] += src[c];
-        }
-      if (heaps) offer_tile((*heaps)[size_t(tid)], i0, ni, j0, nj, cnt.data(), kTile);
+      sink(tid, i0, ni, j0, nj, cnt.data(), kTile);
     }
   }
 }
 
+// A sink that adds blocks into the packed upper triangle and/or offers them to per-thread heaps.
+detail::TileSink make_sink(uint32_t n, uint32_t* upper, std::vector<TopKHeaps>* heaps) {
+  return [=](int tid, uint32_t i0, uint32_t ni, uint32_t j0, uint32_t nj, const uint32_t* cnt, uint64_t ld) {
+    if (upper)
+      for (uint32_t r = 0; r < ni; ++r) {
+        const uint32_t i = i0 + r;
+        const uint32_t cstart = j0 > i ? 0 : i - j0 + 1;
+        if (cstart >= nj) continue;
+        uint32_t* dst = upper + LayerGraph::upper_index(n, i, j0 + cstart);
+        const uint32_t* src = cnt + size_t(r) * ld + cstart;
+        for (uint32_t c = 0; c < nj - cstart; ++c) dst[c] += src[c];
+      }
+    if (heaps) offer_tile((*heaps)[size_t(tid)], i0, ni, j0, nj, cnt, ld);
+  };
+}
+
+// Counts one chunk with the resolved method.
+void count_chunk(const uint64_t* bits, uint32_t n, uint64_t stride, uint64_t nw, CountMethod method,
+                 detail::DenseTileFn fn, uint32_t* upper, std::vector<TopKHeaps>* heaps) {
+  if (!upper && !heaps) return;
+  const auto sink = make_sink(n, upper, heaps);
+  if (method == CountMethod::Sparse) detail::sparse_vertical_chunk(bits, n, stride, nw, sink);
+  else dense_chunk(bits, n, stride, nw, fn, sink);
+}
+
 // Offers every pair of a complete upper triangle to per-thread heaps (row blocks in parallel).
 void offer_upper(const std::vector<uint32_t>& upper, uint32_t n, std::vector<TopKHeaps>& heaps) {
-#pragma omp parallel
+#pragma omp parallel if (n >= kParallelMin)
   {
     const int tid = omp_get_thread_num();
 #pragma omp for schedule(dynamic, 64)
@@ -172,8 +189,27 @@ void check_tokens(uint64_t n_tokens) {
     throw UsageError("co-activation counts are uint32: split traces of more than 2^32-1 tokens into shards");
 }
 
+double active_fraction(const std::vector<uint64_t>& freq, uint32_t n, uint64_t tokens) {
+  uint64_t s = 0;
+  for (uint64_t f : freq) s += f;
+  return n && tokens ? double(s) / (double(n) * double(tokens)) : 0.0;
+}
+
+// Hardware popcnt where the CPU has it (the portable build would call libgcc's bit-twiddling popcount).
+__attribute__((target("popcnt"))) void row_freq_popcnt(const uint64_t* bits, uint32_t n, uint64_t stride,
+                                                       uint64_t nw, std::vector<uint64_t>& freq) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t v = 0; v < int64_t(n); ++v) {
+    const uint64_t* r = bits + size_t(v) * stride;
+    uint64_t c = 0;
+    for (uint64_t w = 0; w < nw; ++w) c += static_cast<uint64_t>(__builtin_popcountll(r[w]));
+    freq[size_t(v)] += c;
+  }
+}
+
 void row_freq(const uint64_t* bits, uint32_t n, uint64_t stride, uint64_t nw, std::vector<uint64_t>& freq) {
-#pragma omp parallel for schedule(static)
+  if (__builtin_cpu_supports("popcnt")) return row_freq_popcnt(bits, n, stride, nw, freq);
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t v = 0; v < int64_t(n); ++v) {
     const uint64_t* r = bits + size_t(v) * stride;
     uint64_t c = 0;
@@ -216,6 +252,33 @@ const char* popcount_kernel_name(PopcountKernel k) {
   return "?";
 }
 
+bool count_method_supported(CountMethod m) {
+  return m != CountMethod::Sparse || detail::sparse_vertical_supported();
+}
+
+CountMethod count_method_resolve(CountMethod m, double density) {
+  if (m == CountMethod::Auto)
+    return detail::sparse_vertical_supported() && density < kSparseMaxDensity ? CountMethod::Sparse : CountMethod::Dense;
+  if (!count_method_supported(m))
+    throw UsageError(std::string("count method '") + count_method_name(m) + "' is not supported by this CPU");
+  return m;
+}
+
+const char* count_method_name(CountMethod m) {
+  switch (m) {
+    case CountMethod::Auto: return "auto";
+    case CountMethod::Dense: return "dense";
+    case CountMethod::Sparse: return "sparse";
+  }
+  return "?";
+}
+
+CountMethod count_method_parse(const std::string& s) {
+  for (auto m : {CountMethod::Auto, CountMethod::Dense, CountMethod::Sparse})
+    if (s == count_method_name(m)) return m;
+  throw UsageError("unknown count method '" + s + "' (auto, dense, sparse)");
+}
+
 PopcountKernel popcount_kernel_parse(const std::string& s) {
   for (auto k : {PopcountKernel::Auto, PopcountKernel::Scalar, PopcountKernel::Avx2, PopcountKernel::Avx512})
     if (s == popcount_kernel_name(k)) return k;
@@ -251,10 +314,11 @@ LayerGraph coactivation_count(const LayerMask& m, const CoactivationOptions& opt
   g.k = opt.top_k;
   g.freq.assign(n, 0);
   row_freq(m.bits.data(), n, m.words, m.words, g.freq);
+  const CountMethod method = count_method_resolve(opt.method, active_fraction(g.freq, n, m.n_tokens));
   if (opt.full_matrix && n >= 2) g.upper.assign(uint64_t(n) * (n - 1) / 2, 0);
   std::vector<TopKHeaps> heaps;
   if (g.k > 0) heaps = make_heaps(n, g.k);
-  dense_chunk(m.bits.data(), n, m.words, m.words, fn, g.upper.empty() ? nullptr : g.upper.data(),
+  count_chunk(m.bits.data(), n, m.words, m.words, method, fn, g.upper.empty() ? nullptr : g.upper.data(),
               g.k > 0 ? &heaps : nullptr);
   if (g.k > 0) merge_topk(g, heaps);
   return g;
@@ -284,8 +348,12 @@ LayerGraph coactivation_count_trace(const TraceReader& trace, uint32_t layer, co
   for (uint64_t w0 = 0; w0 < words; w0 += cw) {
     const uint64_t nw = std::min(cw, words - w0);
     std::vector<uint64_t> chunk = trace.read_layer_words(layer, w0, nw);
-    row_freq(chunk.data(), n, nw, nw, g.freq);
-    dense_chunk(chunk.data(), n, nw, nw, fn, g.upper.empty() ? nullptr : g.upper.data(),
+    std::vector<uint64_t> cf(n, 0);
+    row_freq(chunk.data(), n, nw, nw, cf);
+    for (uint32_t v = 0; v < n; ++v) g.freq[v] += cf[v];
+    // The method is chosen per chunk from that chunk's density (both are exact).
+    const CountMethod method = count_method_resolve(opt.method, active_fraction(cf, n, std::min(nw * 64, ti.n_tokens - w0 * 64)));
+    count_chunk(chunk.data(), n, nw, nw, method, fn, g.upper.empty() ? nullptr : g.upper.data(),
                 direct_topk ? &heaps : nullptr);
   }
   if (direct_topk) merge_topk(g, heaps);

@@ -81,7 +81,7 @@ TEST_CASE("nl-layout graph writes the library's counts; graph-merge of shards eq
   write_trace("cli_g_s0.h5", {slice(masks[0], 0, 400), slice(masks[1], 0, 400), slice(masks[2], 0, 400)});
   write_trace("cli_g_s1.h5", {slice(masks[0], 400, 900), slice(masks[1], 400, 900), slice(masks[2], 400, 900)});
   REQUIRE(run("graph --trace cli_g_s0.h5 --out cli_g_p0.h5 --full --chunk-mib 1 -q").code == 0);
-  REQUIRE(run("graph --trace cli_g_s1.h5 --out cli_g_p1.h5 --full --kernel scalar -q").code == 0);
+  REQUIRE(run("graph --trace cli_g_s1.h5 --out cli_g_p1.h5 --full --kernel scalar --method dense -q").code == 0);
   REQUIRE(run("graph --trace cli_g_trace.h5 --out cli_g_all.h5 --full -q").code == 0);
   REQUIRE(run("graph-merge cli_g_p0.h5 cli_g_p1.h5 --out cli_g_m.h5 -q").code == 0);
   {

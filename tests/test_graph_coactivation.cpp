@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "formats/core/error.h"
 #include "formats/trace.h"
@@ -83,6 +84,15 @@ std::vector<PopcountKernel> supported_kernels() {
   return ks;
 }
 
+// Every supported (method, kernel) combination: dense with each kernel, and sparse.
+std::vector<std::pair<CountMethod, PopcountKernel>> supported_configs() {
+  std::vector<std::pair<CountMethod, PopcountKernel>> cs;
+  for (auto k : supported_kernels()) cs.emplace_back(CountMethod::Dense, k);
+  if (count_method_supported(CountMethod::Sparse)) cs.emplace_back(CountMethod::Sparse, PopcountKernel::Auto);
+  else MESSAGE("sparse counting not supported on this CPU (needs AVX-512 F/BW/VBMI2): not tested here");
+  return cs;
+}
+
 struct Shape {
   uint32_t n;
   uint64_t tokens;
@@ -99,12 +109,13 @@ TEST_CASE("every kernel equals a naive double loop on random layers") {
   for (const Shape& s : shapes) {
     LayerMask m = random_mask(s.n, s.tokens, s.p, seed++);
     Naive ref(m);
-    for (PopcountKernel kern : supported_kernels())
+    for (auto [method, kern] : supported_configs())
       for (uint32_t k : {0u, 1u, 4u, 300u})
         for (bool full : {false, true}) {
           CAPTURE(s.n);
           CAPTURE(s.tokens);
           CAPTURE(s.p);
+          CAPTURE(count_method_name(method));
           CAPTURE(popcount_kernel_name(kern));
           CAPTURE(k);
           CAPTURE(full);
@@ -112,6 +123,7 @@ TEST_CASE("every kernel equals a naive double loop on random layers") {
           o.top_k = k;
           o.full_matrix = full;
           o.kernel = kern;
+          o.method = method;
           check_against(coactivation_count(m, o), ref, k, full);
         }
   }
@@ -125,8 +137,9 @@ TEST_CASE("kernels agree with each other and with the pair reference on a larger
   LayerGraph ref = coactivation_count(m, o);
   for (uint32_t i = 0; i < 300; i += 7)
     for (uint32_t j = i + 1; j < 300; j += 3) REQUIRE(ref.pair(i, j) == coactivation_pair(m, i, j));
-  for (PopcountKernel kern : supported_kernels()) {
+  for (auto [method, kern] : supported_configs()) {
     o.kernel = kern;
+    o.method = method;
     LayerGraph g = coactivation_count(m, o);
     CHECK(g.upper == ref.upper);
     CHECK(g.nbr == ref.nbr);
@@ -135,7 +148,41 @@ TEST_CASE("kernels agree with each other and with the pair reference on a larger
     CHECK(g.freq == ref.freq);
   }
   o.kernel = PopcountKernel::Auto;
+  o.method = CountMethod::Auto;
   CHECK(coactivation_count(m, o).upper == ref.upper);
+}
+
+TEST_CASE("sparse equals dense across column-block (512) and token-block (16,384) boundaries") {
+  if (!count_method_supported(CountMethod::Sparse)) {
+    MESSAGE("sparse counting not supported on this CPU: skipped");
+    return;
+  }
+  // Skewed rates: some rows have far more than 16 x 14 active tokens per block (byte-counter widening).
+  for (auto [n, tokens, p] : {std::tuple<uint32_t, uint64_t, double>{600, 40001, 0.01}, {515, 3000, 0.9}}) {
+    LayerMask m = random_mask(n, tokens, p, n);
+    CoactivationOptions o;
+    o.full_matrix = true;
+    o.top_k = 16;
+    o.method = CountMethod::Dense;
+    LayerGraph d = coactivation_count(m, o);
+    o.method = CountMethod::Sparse;
+    LayerGraph s = coactivation_count(m, o);
+    CHECK(d.upper == s.upper);
+    CHECK(d.nbr == s.nbr);
+    CHECK(d.nbr_cnt == s.nbr_cnt);
+    for (uint32_t i = 0; i < n; i += 97)
+      for (uint32_t j = i + 1; j < n; j += 89) REQUIRE(s.pair(i, j) == coactivation_pair(m, i, j));
+  }
+}
+
+TEST_CASE("method dispatch") {
+  for (auto m : {CountMethod::Auto, CountMethod::Dense, CountMethod::Sparse})
+    CHECK(count_method_parse(count_method_name(m)) == m);
+  CHECK_THROWS_AS(count_method_parse("magic"), UsageError);
+  CHECK(count_method_resolve(CountMethod::Auto, 0.9) == CountMethod::Dense);
+  CHECK(count_method_resolve(CountMethod::Dense, 0.01) == CountMethod::Dense);
+  if (count_method_supported(CountMethod::Sparse)) CHECK(count_method_resolve(CountMethod::Auto, 0.03) == CountMethod::Sparse);
+  else CHECK_THROWS_AS(count_method_resolve(CountMethod::Sparse, 0.03), UsageError);
 }
 
 TEST_CASE("kernel dispatch: names round-trip, Auto resolves to a supported kernel") {
