@@ -2,6 +2,9 @@
 // the FFN observer sees the same activations on both paths; an FfnProvider replaces the dense FFN.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <random>
+
 #include "formats/core/error.h"
 #include "formats/llama2c.h"
 #include "model_test_util.h"
@@ -114,6 +117,47 @@ TEST_CASE("an FfnProvider replaces the dense FFN: a sparse ReLU FFN over active 
   CHECK_THROWS_AS(flash.forward_token(1, 0), UsageError);
   flash.set_ffn(&sparse);
   CHECK(flash.forward_token(1, 0)[0] == doctest::Approx(a[0]).epsilon(1e-5));
+}
+
+TEST_CASE("matmul_acc64: the double-accumulated product, whatever the tile shape; reordering `in` changes nothing") {
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int in : {7, 8, 172, 1409}) {
+    const int out = 13, n = 5;
+    std::vector<float> x(size_t(n) * in), w(size_t(out) * in);
+    for (float& v : x) v = nd(rng);
+    for (float& v : w) v = nd(rng);
+    std::vector<float> all(static_cast<size_t>(n * out)), one(static_cast<size_t>(out));
+    kernels::matmul_acc64(all.data(), x.data(), w.data(), n, in, out);
+    // Permuting the summed dimension of x and w alike (what a layout does to a down projection).
+    std::vector<int> perm(static_cast<size_t>(in));
+    for (int i = 0; i < in; ++i) perm[size_t(i)] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<float> xp(x.size()), wp(w.size()), allp(all.size());
+    for (int i = 0; i < in; ++i) {
+      for (int t = 0; t < n; ++t) xp[size_t(t) * in + i] = x[size_t(t) * in + perm[size_t(i)]];
+      for (int o = 0; o < out; ++o) wp[size_t(o) * in + i] = w[size_t(o) * in + perm[size_t(i)]];
+    }
+    kernels::matmul_acc64(allp.data(), xp.data(), wp.data(), n, in, out);
+    int fp32_differs = 0;
+    std::vector<float> f(all.size()), fp(all.size());
+    kernels::matmul(f.data(), x.data(), w.data(), n, in, out);
+    kernels::matmul(fp.data(), xp.data(), wp.data(), n, in, out);
+    for (int t = 0; t < n; ++t) {
+      kernels::matmul_acc64(one.data(), x.data() + size_t(t) * in, w.data(), 1, in, out);  // single-token tiles
+      for (int o = 0; o < out; ++o) {
+        const size_t k = size_t(t) * out + o;
+        double ref = 0;
+        for (int i = 0; i < in; ++i) ref += double(x[size_t(t) * in + i]) * double(w[size_t(o) * in + i]);
+        INFO("in " << in << " t " << t << " o " << o);
+        CHECK(one[size_t(o)] == all[k]);
+        CHECK(all[k] == float(ref));  // exact products, double sums: the same fp32 value as a plain double loop
+        CHECK(allp[k] == all[k]);
+        fp32_differs += f[k] != fp[k];
+      }
+    }
+    if (in >= 172) CHECK(fp32_differs > 0);  // fp32 accumulation does depend on the order
+  }
 }
 
 TEST_CASE("positions beyond the context and bad token ids are refused") {

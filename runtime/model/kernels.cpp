@@ -1,7 +1,7 @@
 // fp32 kernels of the forward pass. Every dot product uses one fixed summation order (8 lane-wise partial sums,
 // a fixed reduction tree, then the scalar tail), whatever the tile shape or SIMD width, so the single-token and
 // the sequence paths, x86 and aarch64, give bitwise identical results (this file is built with
-// -ffp-contract=off: no FMA contraction).
+// -ffp-contract=off: no FMA contraction). matmul_acc64 keeps the same order with double accumulators.
 #include <cmath>
 #include <cstring>
 
@@ -51,6 +51,53 @@ __attribute__((always_inline)) inline void tile(float* y, const float* x, const 
     }
 }
 
+typedef float v4f __attribute__((vector_size(16)));
+typedef double v4d __attribute__((vector_size(32)));
+
+// 4 floats widened to double (exact).
+__attribute__((always_inline)) inline v4d load4d(const float* p) {
+  v4f v;
+  std::memcpy(&v, p, sizeof v);
+  return __builtin_convertvector(v, v4d);
+}
+
+// tile() with double accumulators: the 8 lanes are held as two 4-lane halves (lanes 0-3, 4-7; GCC spills 8-lane
+// double vectors), each fp32 product is exact in double, only the sums round, and y is rounded to fp32 once.
+template <int TB, int OB>
+__attribute__((always_inline)) inline void tile64(float* y, const float* x, const float* w, int in, int out, int t0,
+                                                  int o0) {
+  v4d lo[TB][OB], hi[TB][OB];
+  for (int t = 0; t < TB; ++t)
+    for (int o = 0; o < OB; ++o) lo[t][o] = hi[t][o] = v4d{0, 0, 0, 0};
+  int i = 0;
+  for (; i + 8 <= in; i += 8) {
+    v4d xl[TB], xh[TB], wl[OB], wh[OB];
+    for (int t = 0; t < TB; ++t) {
+      xl[t] = load4d(x + size_t(t0 + t) * in + i);
+      xh[t] = load4d(x + size_t(t0 + t) * in + i + 4);
+    }
+    for (int o = 0; o < OB; ++o) {
+      wl[o] = load4d(w + size_t(o0 + o) * in + i);
+      wh[o] = load4d(w + size_t(o0 + o) * in + i + 4);
+    }
+    for (int t = 0; t < TB; ++t)
+      for (int o = 0; o < OB; ++o) {
+        lo[t][o] += xl[t] * wl[o];
+        hi[t][o] += xh[t] * wh[o];
+      }
+  }
+  for (int t = 0; t < TB; ++t)
+    for (int o = 0; o < OB; ++o) {
+      const float* xr = x + size_t(t0 + t) * in;
+      const float* wr = w + size_t(o0 + o) * in;
+      double tail = 0.0;
+      for (int j = i; j < in; ++j) tail += double(xr[j]) * double(wr[j]);
+      const v4d a = lo[t][o], b = hi[t][o];
+      const double s0 = a[0] + b[0], s1 = a[1] + b[1], s2 = a[2] + b[2], s3 = a[3] + b[3];  // as reduce8
+      y[size_t(t0 + t) * out + o0 + o] = float(((s0 + s2) + (s1 + s3)) + tail);
+    }
+}
+
 constexpr int kTB = 4;  // tokens per tile
 constexpr int kOB = 2;  // weight rows per tile (4 x 2 accumulators + 6 operands fit in 16 vector registers)
 
@@ -79,9 +126,47 @@ void matmul_impl(float* y, const float* x, const float* w, int n, int in, int ou
     }
 }
 
+// Double tiles: 2 tokens x 2 rows (8 accumulators + 8 operands in 16 vector registers); a single token (the
+// generation path) runs 1 x 4 tiles instead.
+constexpr int kTB64 = 2, kOB64 = 2, kOB64Row = 4;
+
+NL_KERNEL_CLONES
+void matmul_acc64_impl(float* y, const float* x, const float* w, int n, int in, int out) {
+  const long work = long(n) * in * out;
+  if (n < kTB64) {
+    const int ob = (out + kOB64Row - 1) / kOB64Row;
+#pragma omp parallel for schedule(static) if (work > (1L << 21))
+    for (int bo = 0; bo < ob; ++bo) {
+      const int o0 = bo * kOB64Row;
+      if (o0 + kOB64Row <= out) {
+        tile64<1, kOB64Row>(y, x, w, in, out, 0, o0);
+      } else {
+        for (int o = o0; o < out; ++o) tile64<1, 1>(y, x, w, in, out, 0, o);
+      }
+    }
+    return;
+  }
+  const int tb = (n + kTB64 - 1) / kTB64, ob = (out + kOB64 - 1) / kOB64;
+#pragma omp parallel for collapse(2) schedule(static) if (work > (1L << 21))
+  for (int bo = 0; bo < ob; ++bo)
+    for (int bt = 0; bt < tb; ++bt) {
+      const int t0 = bt * kTB64, o0 = bo * kOB64;
+      if (t0 + kTB64 <= n && o0 + kOB64 <= out) {
+        tile64<kTB64, kOB64>(y, x, w, in, out, t0, o0);
+      } else {
+        for (int t = t0; t < n && t < t0 + kTB64; ++t)
+          for (int o = o0; o < out && o < o0 + kOB64; ++o) tile64<1, 1>(y, x, w, in, out, t, o);
+      }
+    }
+}
+
 }  // namespace
 
 void matmul(float* y, const float* x, const float* w, int n, int in, int out) { matmul_impl(y, x, w, n, in, out); }
+
+void matmul_acc64(float* y, const float* x, const float* w, int n, int in, int out) {
+  matmul_acc64_impl(y, x, w, n, in, out);
+}
 
 float dot(const float* a, const float* b, int n) {
   float y;

@@ -70,7 +70,8 @@ void DenseFfn::ffn(int layer, int pos0, int n, const float* x, float* out, FfnOb
   }
   for (size_t i = 0; i < total; ++i) up_[i] *= gate_[i];  // up_ now holds h
   if (observer) observer->on_ffn(layer, pos0, n, gate_.data(), up_.data());
-  kernels::matmul(out, up_.data(), L.w_down.data(), n, c.hidden_dim, c.dim);
+  // The sum over neurons in double: a permuted model (nl-layout pack --export-permuted) gives the same numbers.
+  kernels::matmul_acc64(out, up_.data(), L.w_down.data(), n, c.hidden_dim, c.dim);
 }
 
 Model::Model(const ModelWeights& w, int max_seq) : w_(w), dense_(w), ffn_(&dense_) {

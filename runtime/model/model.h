@@ -33,7 +33,8 @@ class FfnProvider {
   virtual void ffn(int layer, int pos0, int n_tokens, const float* x, float* out, FfnObserver* observer) = 0;
 };
 
-// The dense gated FFN over ModelWeights (w_gate, w_up, w_down of every layer must be present).
+// The dense gated FFN over ModelWeights (w_gate, w_up, w_down of every layer must be present). The down projection
+// sums over neurons with double accumulators (kernels::matmul_acc64), so the neuron order does not matter.
 class DenseFfn : public FfnProvider {
  public:
   explicit DenseFfn(const ModelWeights& w) : w_(w) {}
@@ -92,6 +93,11 @@ class Model {
 namespace kernels {
 // y[t][o] = sum_i x[t][i] * w[o][i] for t < n, o < out. Same summation order for every n (bitwise stable).
 void matmul(float* y, const float* x, const float* w, int n, int in, int out);
+// As matmul, but every product (exact) and sum in double, rounded to fp32 once. Reordering the `in` dimension then
+// changes y only when the double sums straddle an fp32 rounding boundary (rarely, by one ulp), instead of by
+// fp32 rounding at every step: the dense FFN's down projection uses it, so permuting a layer's neurons (a layout)
+// leaves the forward pass unchanged in practice.
+void matmul_acc64(float* y, const float* x, const float* w, int n, int in, int out);
 // Dot product with the fixed summation order matmul uses.
 float dot(const float* a, const float* b, int n);
 // out[i] = x[i] / rms(x) * g[i].
