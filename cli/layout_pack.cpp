@@ -5,8 +5,11 @@
 #include <map>
 
 #include "cli/commands.h"
+#include <nlohmann/json.hpp>
+
 #include "formats/core/error.h"
 #include "formats/core/image_writer.h"
+#include "formats/core/progress.h"
 #include "formats/layout.h"
 #include "formats/llama2c.h"
 #include "formats/model_source.h"
@@ -100,24 +103,6 @@ void add_pack_output_options(CLI::App* c, PackArgs& a) {
 
 bool is_llama2c(const std::string& p) { return p.size() > 4 && p.compare(p.size() - 4, 4, ".bin") == 0; }
 
-// Permuting gate/up rows and down columns with the same order leaves the function unchanged.
-void permute_ffn(ModelWeights& w, const std::vector<std::vector<uint32_t>>& order) {
-  const size_t dim = size_t(w.config.dim), hid = size_t(w.config.hidden_dim);
-  for (size_t l = 0; l < w.layers.size(); ++l) {
-    LayerWeights& L = w.layers[l];
-    std::vector<float> g(L.w_gate.size()), u(L.w_up.size()), d(L.w_down.size());
-    for (size_t s = 0; s < hid; ++s) {
-      const size_t n = order[l][s];
-      std::copy_n(L.w_gate.data() + n * dim, dim, g.data() + s * dim);
-      std::copy_n(L.w_up.data() + n * dim, dim, u.data() + s * dim);
-      for (size_t o = 0; o < dim; ++o) d[o * hid + s] = L.w_down[o * hid + n];
-    }
-    L.w_gate.swap(g);
-    L.w_up.swap(u);
-    L.w_down.swap(d);
-  }
-}
-
 // Only what replay reads has the paper's shape and random values: the FFN bundles. The dense part (never read by
 // nl-run replay) is a small stand-in: vocabulary 256, one KV head, zero attention weights, unit norms.
 ModelConfig synthetic_config(const SyntheticShape& s, int layers) {
@@ -134,11 +119,12 @@ ModelConfig synthetic_config(const SyntheticShape& s, int layers) {
 }
 
 ImageManifest write_synthetic(const std::string& out, const SyntheticShape& s, int layers, uint64_t seed,
-                              ImageSpec spec) {
+                              ImageSpec spec, const ProgressFn& progress) {
   spec.config = synthetic_config(s, layers);
   spec.bundle_kind = s.kind;
   const ModelConfig& c = spec.config;
   ImageWriter iw(out, std::move(spec));
+  iw.set_progress(progress);
   for (const DenseTensor& t : image_dense_tensor_list(c)) {
     const bool norm = t.name.find("rms_") != std::string::npos;
     std::vector<float> v(t.elems(), norm ? 1.0f : 0.0f);
@@ -194,21 +180,36 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
     spec.layout_method = lay.method;
   }
   const auto order = spec.order;
-  ImageManifest m = synthetic ? write_synthetic(a.out, shape, a.synthetic_layers, a.seed, std::move(spec))
-                              : image_write_source(a.out, *src, w, std::move(spec));
+  ImageManifest m;
+  {
+    // Per FFN layer, as the image is written (the dense region comes first).
+    Progress prog("pack", uint64_t(w.config.n_layers), !g.quiet, "layers");
+    const ProgressFn on_layer = [&prog](uint64_t done, uint64_t) { prog.set(done); };
+    m = synthetic ? write_synthetic(a.out, shape, a.synthetic_layers, a.seed, std::move(spec), on_layer)
+                  : image_write_source(a.out, *src, w, std::move(spec), on_layer);
+    prog.finish();
+  }
+  w = ModelWeights{};  // the dense weights are not needed by the export, which streams
   info(g, "wrote " + a.out + " (" + std::to_string(m.image_bytes) + " bytes, " + std::to_string(m.regions.size()) +
               " regions, bundle " + std::to_string(m.bundle_bytes) + " bytes) and " + manifest_path_for(a.out));
   if (!a.export_permuted.empty()) {
-    // The export holds the whole model in memory (the image above did not).
-    for (int l = 0; l < w.config.n_layers; ++l) src->read_ffn(l, &w.layers[size_t(l)]);
-    if (!order.empty()) permute_ffn(w, order);
-    if (is_llama2c(a.model)) write_llama2c(a.export_permuted, w);
-    else write_safetensors_model(a.export_permuted, w);
+    // Streams like the image: one FFN matrix in memory at a time, other tensors copied through in chunks.
+    Progress prog("export", 3 * uint64_t(m.config.n_layers), !g.quiet, "FFN matrices");
+    src->write_permuted(a.export_permuted, order, [&prog](uint64_t done, uint64_t) { prog.set(done); });
+    prog.finish();
     info(g, "wrote the permuted model " + a.export_permuted);
   }
-  if (g.json)
-    std::printf("{\"image\": \"%s\", \"image_bytes\": %llu, \"bundle_bytes\": %llu}\n", a.out.c_str(),
-                static_cast<unsigned long long>(m.image_bytes), static_cast<unsigned long long>(m.bundle_bytes));
+  if (g.json) {
+    nlohmann::json j = {{"image", a.out},
+                        {"manifest", manifest_path_for(a.out)},
+                        {"image_bytes", m.image_bytes},
+                        {"bundle_bytes", m.bundle_bytes},
+                        {"regions", m.regions.size()},
+                        {"layers", m.config.n_layers},
+                        {"dtype", image_dtype_name(m.dtype)}};
+    if (!a.export_permuted.empty()) j["permuted_model"] = a.export_permuted;
+    std::printf("%s\n", j.dump(2).c_str());
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -44,6 +45,22 @@ void read_exact(int fd, const std::string& path, uint64_t& offset, void* dst, ui
 void read_floats(int fd, const std::string& path, uint64_t& offset, std::vector<float>& v, uint64_t n) {
   v.resize(n);
   read_exact(fd, path, offset, v.data(), n * sizeof(float));
+}
+
+// RoPE tables as llama2.c's export.py writes them (freq_cis_real then freq_cis_imag, [seq_len][head_dim/2] each;
+// readers ignore them, but the file size must match), computed a few positions at a time.
+void write_rope_tables(AtomicWriter& out, const ModelConfig& c) {
+  const int hd = c.head_dim(), half = hd / 2;
+  std::vector<float> freq(static_cast<size_t>(half)), row(static_cast<size_t>(half));
+  for (int j = 0; j < half; ++j) freq[size_t(j)] = 1.0f / std::pow(10000.0f, float(2 * j) / float(hd));
+  for (int part = 0; part < 2; ++part)
+    for (int pos = 0; pos < c.seq_len; ++pos) {
+      for (int j = 0; j < half; ++j) {
+        const float a = float(pos) * freq[size_t(j)];
+        row[size_t(j)] = part == 0 ? std::cos(a) : std::sin(a);
+      }
+      out.write(row.data(), row.size() * sizeof(float));
+    }
 }
 
 }  // namespace
@@ -151,6 +168,35 @@ class Llama2cSource : public ModelSource {
     at(w3_, size_t(layer), hid_ * dim_, lw->w_up);
   }
 
+  // In file order: everything before w1 (header, embeddings, attention, norms) copied, then w1 (gate), w2 (down)
+  // and w3 (up) one layer's matrix at a time, rms_final copied, the RoPE tables recomputed (as write_llama2c does,
+  // so both writers give the same bytes), the classifier copied.
+  void write_permuted(const std::string& out_path, const std::vector<std::vector<uint32_t>>& order,
+                      const ProgressFn& progress) override {
+    ffn_order_check(order, config_);
+    AtomicWriter out(out_path);
+    copy(out, 0, w1_);
+    const size_t n_layers = size_t(config_.n_layers);
+    const uint64_t total = 3 * uint64_t(n_layers);
+    uint64_t done = 0;
+    std::vector<float> m;
+    auto perm = [&order](size_t l) -> const std::vector<uint32_t>& {
+      static const std::vector<uint32_t> identity;
+      return order.empty() ? identity : order[l];
+    };
+    for (uint64_t group : {w1_, w2_, w3_})
+      for (size_t l = 0; l < n_layers; ++l) {
+        at(group, l, hid_ * dim_, m);
+        if (group == w2_) write_cols_permuted(out, m, size_t(hid_), perm(l));
+        else write_rows_permuted(out, m, size_t(dim_), perm(l));
+        if (progress) progress(++done, total);
+      }
+    copy(out, rms_final_, rms_final_ + dim_ * 4);
+    write_rope_tables(out, config_);
+    if (!config_.shared_classifier) copy(out, wcls_, wcls_ + uint64_t(config_.vocab_size) * dim_ * 4);
+    out.commit();
+  }
+
  private:
   Fd f_;
   uint64_t dim_ = 0, kv_ = 0, hid_ = 0;
@@ -161,6 +207,16 @@ class Llama2cSource : public ModelSource {
   void at(uint64_t group, size_t layer, uint64_t n, std::vector<float>& v) {
     uint64_t off = group + uint64_t(layer) * n * 4;
     read_floats(f_.fd, path_, off, v, n);
+  }
+
+  // Bytes [begin, end) of the file to `out`, half a MiB at a time.
+  void copy(AtomicWriter& out, uint64_t begin, uint64_t end) {
+    std::vector<char> buf(size_t(1) << 19);
+    while (begin < end) {
+      const uint64_t n = std::min<uint64_t>(buf.size(), end - begin);
+      read_exact(f_.fd, path_, begin, buf.data(), n);  // advances begin
+      out.write(buf.data(), size_t(n));
+    }
   }
 };
 
@@ -202,17 +258,7 @@ void write_llama2c(const std::string& path, const ModelWeights& w) {
   for (const auto& L : w.layers) put(L.w_down);
   for (const auto& L : w.layers) put(L.w_up);
   put(w.rms_final);
-  // RoPE tables as llama2.c's export.py writes them (readers ignore them, but the size must match).
-  const int hd = c.head_dim(), half = hd / 2;
-  std::vector<float> re(size_t(c.seq_len) * half), im(size_t(c.seq_len) * half);
-  for (int pos = 0; pos < c.seq_len; ++pos)
-    for (int j = 0; j < half; ++j) {
-      const float freq = 1.0f / std::pow(10000.0f, float(2 * j) / float(hd));
-      re[size_t(pos) * half + j] = std::cos(float(pos) * freq);
-      im[size_t(pos) * half + j] = std::sin(float(pos) * freq);
-    }
-  put(re);
-  put(im);
+  write_rope_tables(out, c);
   if (!c.shared_classifier) put(w.wcls);
   out.commit();
 }

@@ -1,11 +1,85 @@
-// Packing from a streaming model source (formats/model_source.h).
+// Packing from a streaming model source (formats/model_source.h), and the permutation helpers of the streaming
+// permuted export.
 #include "formats/model_source.h"
+
+#include <algorithm>
+
+#include "formats/core/error.h"
 
 namespace nl {
 
-ImageManifest image_write_source(const std::string& out, ModelSource& src, const ModelWeights& dense, ImageSpec spec) {
+void ffn_order_check(const std::vector<std::vector<uint32_t>>& order, const ModelConfig& c) {
+  if (order.empty()) return;
+  if (order.size() != size_t(c.n_layers))
+    throw UsageError("cannot permute: the layout has " + std::to_string(order.size()) + " layers, the model has " +
+                     std::to_string(c.n_layers));
+  for (size_t l = 0; l < order.size(); ++l) {
+    std::vector<char> seen(size_t(c.hidden_dim), 0);
+    bool ok = order[l].size() == seen.size();
+    for (size_t s = 0; ok && s < order[l].size(); ++s) {
+      const uint32_t n = order[l][s];
+      ok = n < seen.size() && !seen[n];
+      if (ok) seen[n] = 1;
+    }
+    if (!ok)
+      throw UsageError("cannot permute: layout layer " + std::to_string(l) + " is not a permutation of the model's " +
+                       std::to_string(c.hidden_dim) + " neurons");
+  }
+}
+
+void ffn_permute(ModelWeights& w, const std::vector<std::vector<uint32_t>>& order) {
+  ffn_order_check(order, w.config);
+  if (order.empty()) return;
+  const size_t dim = size_t(w.config.dim), hid = size_t(w.config.hidden_dim);
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    LayerWeights& L = w.layers[l];
+    std::vector<float> g(L.w_gate.size()), u(L.w_up.size()), d(L.w_down.size());
+    for (size_t s = 0; s < hid; ++s) {
+      const size_t n = order[l][s];
+      std::copy_n(L.w_gate.data() + n * dim, dim, g.data() + s * dim);
+      std::copy_n(L.w_up.data() + n * dim, dim, u.data() + s * dim);
+      for (size_t o = 0; o < dim; ++o) d[o * hid + s] = L.w_down[o * hid + n];
+    }
+    L.w_gate.swap(g);
+    L.w_up.swap(u);
+    L.w_down.swap(d);
+  }
+}
+
+namespace {
+// Half a MiB at a time: AtomicWriter copies a write of 1 MiB or more into its buffer whole.
+void write_floats(AtomicWriter& out, const float* p, size_t n) {
+  constexpr size_t kChunk = size_t(1) << 17;
+  for (size_t i = 0; i < n; i += kChunk) out.write(p + i, std::min(kChunk, n - i) * sizeof(float));
+}
+}  // namespace
+
+void write_rows_permuted(AtomicWriter& out, const std::vector<float>& m, size_t cols, const std::vector<uint32_t>& order) {
+  if (order.empty()) {
+    write_floats(out, m.data(), m.size());
+    return;
+  }
+  for (uint32_t n : order) write_floats(out, m.data() + size_t(n) * cols, cols);  // AtomicWriter buffers the rows
+}
+
+void write_cols_permuted(AtomicWriter& out, const std::vector<float>& m, size_t cols, const std::vector<uint32_t>& order) {
+  if (order.empty()) {
+    write_floats(out, m.data(), m.size());
+    return;
+  }
+  std::vector<float> row(cols);
+  for (size_t r = 0; r < m.size() / cols; ++r) {
+    const float* in = m.data() + r * cols;
+    for (size_t s = 0; s < cols; ++s) row[s] = in[order[s]];
+    write_floats(out, row.data(), cols);
+  }
+}
+
+ImageManifest image_write_source(const std::string& out, ModelSource& src, const ModelWeights& dense, ImageSpec spec,
+                                 const ProgressFn& progress) {
   spec.config = src.config();
   ImageWriter iw(out, std::move(spec));
+  iw.set_progress(progress);
   auto put = [&](const std::string& name, const std::vector<float>& v) { iw.add_dense(name, v.data(), v.size()); };
   put("tok_embeddings", dense.tok_embeddings);
   for (size_t l = 0; l < dense.layers.size(); ++l) {

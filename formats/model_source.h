@@ -1,10 +1,13 @@
 // Streaming model input for packing: the config and dense tensors first, then one FFN layer at a time, each read
-// with pread of just that layer's tensors, so a model larger than RAM packs while holding one layer's FFN.
+// with pread of just that layer's tensors, so a model larger than RAM packs while holding one layer's FFN; and the
+// permuted export in the source's own format, streamed the same way.
 // llama2.c `.bin` (formats/llama2c.h) and Hugging Face safetensors folders (formats/safetensors.h).
 // Not thread-safe (one open file per source).
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "formats/core/image_writer.h"
 #include "formats/core/model_weights.h"
@@ -20,6 +23,14 @@ class ModelSource {
   virtual ModelWeights read_dense() = 0;
   // Layer `layer`'s w_gate [hidden][dim], w_up [hidden][dim], w_down [dim][hidden], fp32, original neuron order.
   virtual void read_ffn(int layer, LayerWeights* lw) = 0;
+  // Writes the model in this source's format with each FFN layer's neurons in `order` (order[l][slot] = original
+  // neuron; empty = identity): gate/up rows and down columns move together, so the model computes the same
+  // function. llama2.c: a `.bin` file; safetensors: a folder (config.json + model.safetensors, f32). Streams: one
+  // FFN matrix in memory at a time, every other tensor copied through in chunks. The bytes equal write_llama2c /
+  // write_safetensors_model of the whole model permuted in memory. Atomic. progress(done, total) counts FFN
+  // matrices written (3 per layer). Throws UsageError when `order` is not one permutation per layer.
+  virtual void write_permuted(const std::string& out, const std::vector<std::vector<uint32_t>>& order,
+                              const ProgressFn& progress = {}) = 0;
 
  protected:
   ModelConfig config_;
@@ -37,7 +48,21 @@ ModelWeights read_model_source(ModelSource& src);
 
 // Writes the flash image + manifest from `src`: the dense tensors of `dense` (src.read_dense()), then one FFN layer
 // at a time read from `src`, so peak memory is the dense weights plus one layer's FFN. spec.config is src's.
+// progress(done, total) counts FFN layers written.
 ImageManifest image_write_source(const std::string& image_path, ModelSource& src, const ModelWeights& dense,
-                                 ImageSpec spec);
+                                 ImageSpec spec, const ProgressFn& progress = {});
+
+// The in-memory counterpart of write_permuted (every FFN matrix present), for tests and benchmarks:
+// write_llama2c / write_safetensors_model of its result give write_permuted's bytes.
+void ffn_permute(ModelWeights& w, const std::vector<std::vector<uint32_t>>& order);
+
+// Shared by the sources' write_permuted (formats/ internals).
+// Throws UsageError unless `order` is empty or holds one permutation of 0..hidden_dim-1 per layer.
+void ffn_order_check(const std::vector<std::vector<uint32_t>>& order, const ModelConfig& c);
+// Appends m [rows][cols] (fp32) to `out` with its rows in `order` (row s of the output = row order[s]; empty
+// order = unchanged): gate and up matrices.
+void write_rows_permuted(AtomicWriter& out, const std::vector<float>& m, size_t cols, const std::vector<uint32_t>& order);
+// Appends m [rows][cols] with its columns in `order` (output [r][s] = m[r][order[s]]): down matrices.
+void write_cols_permuted(AtomicWriter& out, const std::vector<float>& m, size_t cols, const std::vector<uint32_t>& order);
 
 }  // namespace nl

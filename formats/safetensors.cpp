@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <cstdlib>
@@ -174,6 +175,88 @@ double float_for_json(float f) {
   return std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
 }
 
+// The writer's tensors (HF names, shapes) in its fixed order; offsets follow it, so the file is deterministic.
+struct HfTensor {
+  std::string name;
+  std::vector<uint64_t> shape;
+  int layer = -1;    // per-layer tensors: the layer (name = model.layers.{layer}.{part})
+  std::string part;
+  char ffn = 0;      // FFN matrices: 'g'ate, 'u'p, 'd'own
+};
+
+std::vector<HfTensor> hf_tensor_list(const ModelConfig& c) {
+  const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), hid = uint64_t(c.hidden_dim), voc = uint64_t(c.vocab_size);
+  std::vector<HfTensor> t;
+  t.push_back({"model.embed_tokens.weight", {voc, dim}, -1, "", 0});
+  for (int i = 0; i < c.n_layers; ++i) {
+    auto add = [&](const char* part, std::vector<uint64_t> shape, char ffn = 0) {
+      t.push_back({"model.layers." + std::to_string(i) + "." + part, std::move(shape), i, part, ffn});
+    };
+    add("input_layernorm.weight", {dim});
+    add("self_attn.q_proj.weight", {dim, dim});
+    add("self_attn.k_proj.weight", {kv, dim});
+    add("self_attn.v_proj.weight", {kv, dim});
+    add("self_attn.o_proj.weight", {dim, dim});
+    add("post_attention_layernorm.weight", {dim});
+    add("mlp.gate_proj.weight", {hid, dim}, 'g');
+    add("mlp.up_proj.weight", {hid, dim}, 'u');
+    add("mlp.down_proj.weight", {dim, hid}, 'd');
+  }
+  t.push_back({"model.norm.weight", {dim}, -1, "", 0});
+  if (!c.shared_classifier) t.push_back({"lm_head.weight", {voc, dim}, -1, "", 0});
+  return t;
+}
+
+uint64_t hf_numel(const HfTensor& t) {
+  uint64_t n = 1;
+  for (uint64_t d : t.shape) n *= d;
+  return n;
+}
+
+// The safetensors header of `tensors` stored as `dtype`, padded so the data section is 8-byte aligned (as the
+// reference writer does).
+std::string hf_header_text(const std::vector<HfTensor>& tensors, TensorDtype dtype) {
+  const uint64_t esize = dtype == TensorDtype::kF32 ? 4 : 2;
+  const char* dname = dtype == TensorDtype::kF32 ? "F32" : dtype == TensorDtype::kF16 ? "F16" : "BF16";
+  json header = json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  uint64_t off = 0;
+  for (const HfTensor& t : tensors) {
+    const uint64_t bytes = hf_numel(t) * esize;
+    header[t.name] = {{"dtype", dname}, {"shape", t.shape}, {"data_offsets", {off, off + bytes}}};
+    off += bytes;
+  }
+  std::string text = header.dump();
+  while (text.size() % 8) text += ' ';
+  return text;
+}
+
+std::string hf_config_text(const ModelConfig& c, TensorDtype dtype) {
+  const json cfg = {{"architectures", {"LlamaForCausalLM"}},
+                    {"model_type", "llama"},
+                    {"hidden_size", c.dim},
+                    {"intermediate_size", c.hidden_dim},
+                    {"num_hidden_layers", c.n_layers},
+                    {"num_attention_heads", c.n_heads},
+                    {"num_key_value_heads", c.n_kv_heads},
+                    {"vocab_size", c.vocab_size},
+                    {"max_position_embeddings", c.seq_len},
+                    {"rms_norm_eps", float_for_json(c.norm_eps)},
+                    {"rope_theta", float_for_json(c.rope_theta)},
+                    {"hidden_act", ffn_act_name(c.act)},
+                    {"tie_word_embeddings", c.shared_classifier},
+                    {"bos_token_id", 1},
+                    {"eos_token_id", 2},
+                    {"torch_dtype", dtype == TensorDtype::kF32 ? "float32" : dtype == TensorDtype::kF16 ? "float16" : "bfloat16"}};
+  return cfg.dump(2) + "\n";
+}
+
+void hf_dir_create(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw IoError(dir, "cannot create folder: " + ec.message());
+}
+
 }  // namespace
 
 TensorDtype tensor_dtype_from_name(const std::string& name) {
@@ -293,6 +376,40 @@ class SafetensorsSource : public ModelSource {
     load(pre + "mlp.down_proj.weight", dim, hid, L->w_down);
   }
 
+  // In the writer's tensor order, as f32: FFN matrices one at a time (read, permuted, written), every other tensor
+  // converted to f32 in chunks. q/k are copied as stored: reading un-permutes their rows for RoPE and writing
+  // permutes them back, which is the identity.
+  void write_permuted(const std::string& dir, const std::vector<std::vector<uint32_t>>& order,
+                      const ProgressFn& progress) override {
+    ffn_order_check(order, config_);
+    const std::vector<HfTensor> tensors = hf_tensor_list(config_);
+    for (const HfTensor& t : tensors) entry(t.name, t.shape[0], t.shape.size() > 1 ? t.shape[1] : 0);  // all present
+    hf_dir_create(dir);
+    AtomicWriter out((fs::path(dir) / "model.safetensors").string());
+    const std::string header = hf_header_text(tensors, TensorDtype::kF32);
+    const uint64_t hlen = header.size();
+    out.write(&hlen, 8);
+    out.write(header);
+    static const std::vector<uint32_t> identity;
+    const uint64_t total = 3 * uint64_t(config_.n_layers);
+    uint64_t done = 0;
+    std::vector<float> m;
+    for (const HfTensor& t : tensors) {
+      const uint64_t rows = t.shape[0], cols = t.shape.size() > 1 ? t.shape[1] : 0;
+      if (!t.ffn) {
+        copy_f32(out, entry(t.name, rows, cols));
+        continue;
+      }
+      load(t.name, rows, cols, m);
+      const std::vector<uint32_t>& perm = order.empty() ? identity : order[size_t(t.layer)];
+      if (t.ffn == 'd') write_cols_permuted(out, m, size_t(cols), perm);
+      else write_rows_permuted(out, m, size_t(cols), perm);
+      if (progress) progress(++done, total);
+    }
+    out.commit();
+    write_file_atomic((fs::path(dir) / "config.json").string(), hf_config_text(config_, TensorDtype::kF32));
+  }
+
  private:
   std::string tensors_;
   uint64_t data_start_ = 0;
@@ -300,7 +417,8 @@ class SafetensorsSource : public ModelSource {
   Fd f_;
   std::vector<char> raw_;
 
-  void load(const std::string& name, uint64_t rows, uint64_t cols, std::vector<float>& dst) {
+  // The header entry of `name`, checked against the shape config.json implies ([rows] when cols = 0).
+  const SafetensorsEntry& entry(const std::string& name, uint64_t rows, uint64_t cols) const {
     auto it = entries_.find(name);
     if (it == entries_.end()) throw InputError(tensors_, "missing tensor '" + name + "'");
     const SafetensorsEntry& e = it->second;
@@ -313,19 +431,39 @@ class SafetensorsSource : public ModelSource {
       throw InputError(tensors_, "tensor '" + name + "' has shape [" + s + "], config.json implies [" +
                                      std::to_string(rows) + (vec ? "" : ", " + std::to_string(cols)) + "]");
     }
-    const uint64_t numel = vec ? rows : rows * cols;
-    dst.resize(numel);
+    return e;
+  }
+
+  // Elements [first, first + n) of `e` as fp32.
+  void read_f32(const SafetensorsEntry& e, uint64_t first, uint64_t n, float* dst) {
     if (e.dtype == "F32") {
-      pread_exact(f_.fd, tensors_, data_start_ + e.begin, dst.data(), numel * 4);
+      pread_exact(f_.fd, tensors_, data_start_ + e.begin + first * 4, dst, n * 4);
       return;
     }
-    raw_.resize(numel * 2);
-    pread_exact(f_.fd, tensors_, data_start_ + e.begin, raw_.data(), numel * 2);
+    raw_.resize(n * 2);
+    pread_exact(f_.fd, tensors_, data_start_ + e.begin + first * 2, raw_.data(), n * 2);
     const uint16_t* h = reinterpret_cast<const uint16_t*>(raw_.data());
     if (e.dtype == "F16") {
-      for (uint64_t i = 0; i < numel; ++i) dst[i] = f16_to_f32(h[i]);
+      for (uint64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
     } else {
-      for (uint64_t i = 0; i < numel; ++i) dst[i] = bf16_to_f32(h[i]);
+      for (uint64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
+    }
+  }
+
+  void load(const std::string& name, uint64_t rows, uint64_t cols, std::vector<float>& dst) {
+    const SafetensorsEntry& e = entry(name, rows, cols);
+    dst.resize(cols == 0 ? rows : rows * cols);
+    read_f32(e, 0, dst.size(), dst.data());
+  }
+
+  // Tensor `e` to `out` as fp32, half a MiB at a time.
+  void copy_f32(AtomicWriter& out, const SafetensorsEntry& e) {
+    const uint64_t numel = (e.end - e.begin) / dtype_bytes(e.dtype);
+    std::vector<float> buf(size_t(1) << 17);
+    for (uint64_t i = 0; i < numel; i += buf.size()) {
+      const uint64_t n = std::min<uint64_t>(buf.size(), numel - i);
+      read_f32(e, i, n, buf.data());
+      out.write(buf.data(), size_t(n) * 4);
     }
   }
 };
@@ -345,52 +483,35 @@ void write_safetensors_model(const std::string& dir, const ModelWeights& w, Tens
   const ModelConfig& c = w.config;
   for (const auto& L : w.layers)
     if (L.w_gate.empty()) throw UsageError(dir + ": the model's FFN weights are not in memory");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw IoError(dir, "cannot create folder: " + ec.message());
-
-  // Tensors in a fixed order; offsets follow it, so the file is deterministic.
-  std::vector<std::pair<std::string, std::pair<std::vector<uint64_t>, std::vector<float>>>> tensors;
-  const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), hid = uint64_t(c.hidden_dim), voc = uint64_t(c.vocab_size);
-  auto add = [&tensors](std::string name, std::vector<uint64_t> shape, std::vector<float> data) {
-    tensors.push_back({std::move(name), {std::move(shape), std::move(data)}});
+  hf_dir_create(dir);
+  const std::vector<HfTensor> tensors = hf_tensor_list(c);
+  // Each tensor's data in the writer's convention (q/k rows permuted back to HF's rotate_half order).
+  auto data = [&](const HfTensor& t) -> std::vector<float> {
+    if (t.name == "model.embed_tokens.weight") return w.tok_embeddings;
+    if (t.name == "model.norm.weight") return w.rms_final;
+    if (t.name == "lm_head.weight") return w.wcls;
+    const LayerWeights& L = w.layers[size_t(t.layer)];
+    const std::string& part = t.part;
+    if (part == "input_layernorm.weight") return L.rms_att;
+    if (part == "self_attn.q_proj.weight") return permute_rope_rows(L.wq, c.n_heads, c.head_dim(), c.dim, true);
+    if (part == "self_attn.k_proj.weight") return permute_rope_rows(L.wk, c.n_kv_heads, c.head_dim(), c.dim, true);
+    if (part == "self_attn.v_proj.weight") return L.wv;
+    if (part == "self_attn.o_proj.weight") return L.wo;
+    if (part == "post_attention_layernorm.weight") return L.rms_ffn;
+    if (part == "mlp.gate_proj.weight") return L.w_gate;
+    if (part == "mlp.up_proj.weight") return L.w_up;
+    if (part == "mlp.down_proj.weight") return L.w_down;
+    throw InternalError("write_safetensors_model: no data for " + t.name);
   };
-  add("model.embed_tokens.weight", {voc, dim}, w.tok_embeddings);
-  for (int i = 0; i < c.n_layers; ++i) {
-    const LayerWeights& L = w.layers[size_t(i)];
-    const std::string pre = "model.layers." + std::to_string(i) + ".";
-    add(pre + "input_layernorm.weight", {dim}, L.rms_att);
-    add(pre + "self_attn.q_proj.weight", {dim, dim}, permute_rope_rows(L.wq, c.n_heads, c.head_dim(), c.dim, true));
-    add(pre + "self_attn.k_proj.weight", {kv, dim}, permute_rope_rows(L.wk, c.n_kv_heads, c.head_dim(), c.dim, true));
-    add(pre + "self_attn.v_proj.weight", {kv, dim}, L.wv);
-    add(pre + "self_attn.o_proj.weight", {dim, dim}, L.wo);
-    add(pre + "post_attention_layernorm.weight", {dim}, L.rms_ffn);
-    add(pre + "mlp.gate_proj.weight", {hid, dim}, L.w_gate);
-    add(pre + "mlp.up_proj.weight", {hid, dim}, L.w_up);
-    add(pre + "mlp.down_proj.weight", {dim, hid}, L.w_down);
-  }
-  add("model.norm.weight", {dim}, w.rms_final);
-  if (!c.shared_classifier) add("lm_head.weight", {voc, dim}, w.wcls);
-
-  const uint64_t esize = dtype == TensorDtype::kF32 ? 4 : 2;
-  const char* dname = dtype == TensorDtype::kF32 ? "F32" : dtype == TensorDtype::kF16 ? "F16" : "BF16";
-  json header = json::object();
-  header["__metadata__"] = {{"format", "pt"}};
-  uint64_t off = 0;
-  for (const auto& [name, t] : tensors) {
-    const uint64_t bytes = t.second.size() * esize;
-    header[name] = {{"dtype", dname}, {"shape", t.first}, {"data_offsets", {off, off + bytes}}};
-    off += bytes;
-  }
-  std::string htext = header.dump();
-  while (htext.size() % 8) htext += ' ';  // data section 8-byte aligned, as the reference writer does
   AtomicWriter out((fs::path(dir) / "model.safetensors").string());
+  const std::string htext = hf_header_text(tensors, dtype);
   const uint64_t hlen = htext.size();
   out.write(&hlen, 8);
   out.write(htext);
   std::vector<uint16_t> half;
-  for (const auto& [name, t] : tensors) {
-    const std::vector<float>& v = t.second;
+  for (const HfTensor& t : tensors) {
+    const std::vector<float> v = data(t);
+    if (v.size() != hf_numel(t)) throw InternalError("write_safetensors_model: " + t.name + " has the wrong size");
     if (dtype == TensorDtype::kF32) {
       out.write(v.data(), v.size() * 4);
       continue;
@@ -399,25 +520,8 @@ void write_safetensors_model(const std::string& dir, const ModelWeights& w, Tens
     for (size_t i = 0; i < v.size(); ++i) half[i] = dtype == TensorDtype::kF16 ? f32_to_f16(v[i]) : f32_to_bf16(v[i]);
     out.write(half.data(), half.size() * 2);
   }
-
-  const json cfg = {{"architectures", {"LlamaForCausalLM"}},
-                    {"model_type", "llama"},
-                    {"hidden_size", c.dim},
-                    {"intermediate_size", c.hidden_dim},
-                    {"num_hidden_layers", c.n_layers},
-                    {"num_attention_heads", c.n_heads},
-                    {"num_key_value_heads", c.n_kv_heads},
-                    {"vocab_size", c.vocab_size},
-                    {"max_position_embeddings", c.seq_len},
-                    {"rms_norm_eps", float_for_json(c.norm_eps)},
-                    {"rope_theta", float_for_json(c.rope_theta)},
-                    {"hidden_act", ffn_act_name(c.act)},
-                    {"tie_word_embeddings", c.shared_classifier},
-                    {"bos_token_id", 1},
-                    {"eos_token_id", 2},
-                    {"torch_dtype", dtype == TensorDtype::kF32 ? "float32" : dtype == TensorDtype::kF16 ? "float16" : "bfloat16"}};
   out.commit();
-  write_file_atomic((fs::path(dir) / "config.json").string(), cfg.dump(2) + "\n");
+  write_file_atomic((fs::path(dir) / "config.json").string(), hf_config_text(c, dtype));
 }
 
 ModelWeights read_model(const std::string& path) {

@@ -11,8 +11,10 @@
 #include <random>
 
 #include "formats/core/atomic_file.h"
+#include "formats/core/error.h"
 #include "formats/layout.h"
 #include "formats/llama2c.h"
+#include "formats/model_source.h"
 #include "formats/safetensors.h"
 #include "runtime/flash_image.h"
 #include "runtime/model/model.h"
@@ -29,6 +31,37 @@ int sh(const std::string& cmd, std::string* out = nullptr) {
   if (out) *out = s;
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
+Layout random_layout(const ModelConfig& c, uint64_t seed) {
+  Layout lay;
+  lay.method = "greedy";
+  std::mt19937_64 rng(seed);
+  for (int l = 0; l < c.n_layers; ++l) {
+    LayoutLayer L;
+    L.order.resize(size_t(c.hidden_dim));
+    for (uint32_t i = 0; i < L.order.size(); ++i) L.order[i] = i;
+    std::shuffle(L.order.begin(), L.order.end(), rng);
+    lay.layers.push_back(L);
+  }
+  return lay;
+}
+
+std::vector<std::vector<uint32_t>> orders(const Layout& lay) {
+  std::vector<std::vector<uint32_t>> o;
+  for (const auto& L : lay.layers) o.push_back(L.order);
+  return o;
+}
+
+// The export streams; the reference permutes the whole model in memory and writes it with the in-memory writer
+// (what pack did before it streamed). Both must give the same bytes.
+void check_same_as_in_memory_safetensors(const std::string& input, const Layout& lay, const std::string& exported,
+                                         const std::string& ref_dir) {
+  ModelWeights ref = read_safetensors_model(input);
+  ffn_permute(ref, orders(lay));
+  write_safetensors_model(ref_dir, ref);
+  CHECK(read_file(exported + "/model.safetensors") == read_file(ref_dir + "/model.safetensors"));
+  CHECK(read_file(exported + "/config.json") == read_file(ref_dir + "/config.json"));
+}
+
 // Greedy generation over the model's whole context on the original and the permuted model: the tokens are equal
 // at every position and the largest |logit difference| over all positions is returned (the issue's bound: 1e-5).
 float max_logit_diff_full_context(const ModelWeights& w, const ModelWeights& p, float* max_logit = nullptr) {
@@ -63,16 +96,7 @@ TEST_CASE("pack: deterministic image, function-preserving permuted export (stori
   }
   ::mkdir("pack_test", 0755);
   ModelWeights w = read_llama2c(model);
-  Layout lay;
-  lay.method = "greedy";
-  std::mt19937_64 rng(3);
-  for (int l = 0; l < w.config.n_layers; ++l) {
-    LayoutLayer L;
-    L.order.resize(size_t(w.config.hidden_dim));
-    for (uint32_t i = 0; i < L.order.size(); ++i) L.order[i] = i;
-    std::shuffle(L.order.begin(), L.order.end(), rng);
-    lay.layers.push_back(L);
-  }
+  const Layout lay = random_layout(w.config, 3);
   layout_write("pack_test/layout.json", lay);
   const std::string bin = std::string(NL_BINARY_DIR) + "/cli/";
   for (const char* d : {"a", "b"}) {
@@ -86,6 +110,20 @@ TEST_CASE("pack: deterministic image, function-preserving permuted export (stori
   CHECK(read_file("pack_test/a/m.nlw") == read_file("pack_test/b/m.nlw"));
   CHECK(read_file("pack_test/a/m.nlw.json") == read_file("pack_test/b/m.nlw.json"));
   CHECK(read_file("pack_test/a/permuted.bin") == read_file("pack_test/b/permuted.bin"));
+  // The streamed export equals the whole model permuted in memory and written by write_llama2c; so does the
+  // identity export (no layout) through the streaming path's API.
+  ModelWeights ref = w;
+  ffn_permute(ref, orders(lay));
+  write_llama2c("pack_test/ref.bin", ref);
+  CHECK(read_file("pack_test/a/permuted.bin") == read_file("pack_test/ref.bin"));
+  open_model_source(model)->write_permuted("pack_test/identity.bin", {});
+  write_llama2c("pack_test/ref_identity.bin", w);
+  CHECK(read_file("pack_test/identity.bin") == read_file("pack_test/ref_identity.bin"));
+  // An order that is not a permutation is refused before anything is written.
+  auto bad = orders(lay);
+  bad[1][0] = bad[1][1];
+  CHECK_THROWS_AS(open_model_source(model)->write_permuted("pack_test/bad.bin", bad), UsageError);
+  CHECK(::stat("pack_test/bad.bin", &st) != 0);
 
   ModelWeights p = read_llama2c("pack_test/a/permuted.bin");
   CHECK(p.layers[0].w_up != w.layers[0].w_up);  // really permuted
@@ -114,16 +152,7 @@ TEST_CASE("pack streams from safetensors: same image as from llama2.c; permuted 
   ::mkdir("pack_st", 0755);
   ModelWeights w = read_llama2c(model);
   write_safetensors_model("pack_st/hf", w);
-  Layout lay;
-  lay.method = "greedy";
-  std::mt19937_64 rng(5);
-  for (int l = 0; l < w.config.n_layers; ++l) {
-    LayoutLayer L;
-    L.order.resize(size_t(w.config.hidden_dim));
-    for (uint32_t i = 0; i < L.order.size(); ++i) L.order[i] = i;
-    std::shuffle(L.order.begin(), L.order.end(), rng);
-    lay.layers.push_back(L);
-  }
+  const Layout lay = random_layout(w.config, 5);
   layout_write("pack_st/layout.json", lay);
   const std::string bin = std::string(NL_BINARY_DIR) + "/cli/";
   std::string out;
@@ -135,6 +164,7 @@ TEST_CASE("pack streams from safetensors: same image as from llama2.c; permuted 
   // The FFN regions (everything but the manifest's source fields) are the same bytes.
   CHECK(read_file("pack_st/a.nlw") == read_file("pack_st/b.nlw"));
 
+  check_same_as_in_memory_safetensors("pack_st/hf", lay, "pack_st/hf_perm", "pack_st/hf_ref");
   ModelWeights p = read_safetensors_model("pack_st/hf_perm");
   CHECK(p.layers[1].w_gate != w.layers[1].w_gate);
   const float max_diff = max_logit_diff_full_context(w, p);
@@ -147,16 +177,7 @@ TEST_CASE("permuted export of the bundled tiny ReLU model (safetensors) preserve
   const std::string model = std::string(NL_SOURCE_DIR) + "/datasets/tiny-relu/model";
   ::mkdir("pack_tiny", 0755);
   ModelWeights w = read_safetensors_model(model);
-  Layout lay;
-  lay.method = "greedy";
-  std::mt19937_64 rng(7);
-  for (int l = 0; l < w.config.n_layers; ++l) {
-    LayoutLayer L;
-    L.order.resize(size_t(w.config.hidden_dim));
-    for (uint32_t i = 0; i < L.order.size(); ++i) L.order[i] = i;
-    std::shuffle(L.order.begin(), L.order.end(), rng);
-    lay.layers.push_back(L);
-  }
+  const Layout lay = random_layout(w.config, 7);
   layout_write("pack_tiny/layout.json", lay);
   const std::string bin = std::string(NL_BINARY_DIR) + "/cli/";
   std::string out;
@@ -164,6 +185,14 @@ TEST_CASE("permuted export of the bundled tiny ReLU model (safetensors) preserve
                            "--export-permuted pack_tiny/perm",
                      &out) == 0,
                   out);
+  check_same_as_in_memory_safetensors(model, lay, "pack_tiny/perm", "pack_tiny/ref");
+  // A bf16 input: the streamed copy converts every tensor to f32 as the reader does.
+  write_safetensors_model("pack_tiny/bf16", w, TensorDtype::kBF16);
+  REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --model pack_tiny/bf16 --layout pack_tiny/layout.json --out pack_tiny/b.nlw "
+                           "--export-permuted pack_tiny/bf16_perm",
+                     &out) == 0,
+                  out);
+  check_same_as_in_memory_safetensors("pack_tiny/bf16", lay, "pack_tiny/bf16_perm", "pack_tiny/bf16_ref");
   ModelWeights p = read_safetensors_model("pack_tiny/perm");
   CHECK(p.layers[0].w_down != w.layers[0].w_down);
   CHECK(p.layers[0].w_down.size() == w.layers[0].w_down.size());

@@ -133,6 +133,7 @@ void ImageWriter::add_layer(int layer, const float* gate, const float* up, const
     h.update(chunk.data(), bytes);
   }
   r.xxh64 = h.digest();
+  if (progress_) progress_(uint64_t(next_layer_), uint64_t(m_.config.n_layers));
 }
 
 ImageManifest ImageWriter::commit() {
@@ -156,9 +157,11 @@ ImageManifest ImageWriter::commit() {
   return m_;
 }
 
-ImageManifest image_write_model(const std::string& image_path, const ModelWeights& w, ImageSpec spec) {
+ImageManifest image_write_model(const std::string& image_path, const ModelWeights& w, ImageSpec spec,
+                                const ProgressFn& progress) {
   spec.config = w.config;
   ImageWriter iw(image_path, std::move(spec));
+  iw.set_progress(progress);
   auto put = [&](const std::string& name, const std::vector<float>& v) { iw.add_dense(name, v.data(), v.size()); };
   put("tok_embeddings", w.tok_embeddings);
   for (size_t l = 0; l < w.layers.size(); ++l) {

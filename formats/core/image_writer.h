@@ -4,6 +4,8 @@
 // second, so a crash in between leaves a pair whose image id disagrees, which readers refuse. Same inputs give
 // byte-identical outputs (no timestamps, sorted JSON keys). Not thread-safe.
 #pragma once
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +14,10 @@
 #include "formats/core/image.h"
 
 namespace nl {
+
+// Progress of a long write: `done` of `total` units (the function that takes it says which), called from the
+// writing thread after each unit (nl-layout pack shows it with nl::Progress).
+using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
 
 struct ImageSpec {
   ModelConfig config;
@@ -34,6 +40,8 @@ class ImageWriter {
   void add_layer(int layer, const float* gate, const float* up, const float* down);
   // Writes the header and the manifest and renames both into place. Returns the manifest written.
   ImageManifest commit();
+  // Called after each FFN layer with (layers written, layers in the model).
+  void set_progress(ProgressFn progress) { progress_ = std::move(progress); }
 
  private:
   std::string image_path_;
@@ -43,12 +51,14 @@ class ImageWriter {
   int next_layer_ = 0;
   Xxh64* dense_hash_ = nullptr;
   std::vector<char> scratch_;
+  ProgressFn progress_;
 
   void start_region(size_t index);
 };
 
 // Packs weights already in memory (every FFN matrix present): dense tensors, then each layer. spec.config is
 // taken from `w`. Used by tests and by pack for models that fit in RAM.
-ImageManifest image_write_model(const std::string& image_path, const ModelWeights& w, ImageSpec spec);
+ImageManifest image_write_model(const std::string& image_path, const ModelWeights& w, ImageSpec spec,
+                                const ProgressFn& progress = {});
 
 }  // namespace nl
