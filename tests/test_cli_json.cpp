@@ -143,3 +143,18 @@ TEST_CASE("every subcommand that prints figures accepts --json and prints JSON")
   }
   MESSAGE(checked << " subcommands printed JSON");
 }
+
+TEST_CASE("pack --json escapes file names (quotes, backslashes) and reports the image it wrote") {
+  fs::create_directories("json_tmp");
+  const std::string name = "json_tmp/a\"b\\c.nlw";  // a"b\c.nlw, single-quoted for the shell
+  std::string out;
+  REQUIRE(run("nl-layout", "-q pack --synthetic-shape 64x96 --layers 2 --out '" + name + "' --json", &out) == 0);
+  nlohmann::json j;
+  REQUIRE_NOTHROW(j = nlohmann::json::parse(out));
+  CHECK(j["image"] == name);
+  CHECK(j["manifest"] == name + ".json");
+  CHECK(j["image_bytes"].get<uint64_t>() == fs::file_size(name));
+  CHECK(j["bundle_bytes"] == 2 * 64 * 2);  // plain bundles (up row + down column), f16
+  CHECK(j["layers"] == 2);
+  CHECK(j["dtype"] == "f16");
+}

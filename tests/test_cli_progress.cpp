@@ -1,6 +1,7 @@
 // Progress on long work (formats/core/progress.h) as users see it: plain "stage: done/total unit (100%)" lines
 // when stderr is a file, nothing with --quiet, and a redrawn bar ("\r... [###...]") on a terminal (a pty from
-// util-linux `script`). Covers the subcommands that loop over layers, tokens or sequences.
+// util-linux `script`). Covers the subcommands that loop over layers, tokens or sequences (pack: the image per
+// layer, the permuted export per FFN matrix).
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 
 #include "formats/core/atomic_file.h"
 #include "formats/core/image_writer.h"
+#include "formats/llama2c.h"
 #include "formats/trace.h"
 #include "image_test_util.h"
 #include "layout/synthetic.h"
@@ -52,6 +54,9 @@ TEST_CASE("progress: plain lines to a file, silence with --quiet, a bar on a ter
   ModelConfig c = test::small_config(64, 96, 2);
   image_write_model("prog_tmp/m.nlw", test::random_weights(c, 5), ImageSpec{});
   write_trace("prog_tmp/rt.h5", 2, 96, 64);
+  ModelConfig sc = c;
+  sc.act = FfnAct::kSilu;  // llama2.c files store SiLU models only
+  write_llama2c("prog_tmp/m.bin", test::random_weights(sc, 6));
   const std::string bin = std::string(NL_BINARY_DIR) + "/cli/";
   struct Case {
     std::string cmd, final_line;
@@ -69,6 +74,9 @@ TEST_CASE("progress: plain lines to a file, silence with --quiet, a bar on a ter
        "synth test: 64/64 tokens (100%)"},
       {bin + "nl-run generate --image prog_tmp/m.nlw --steps 5 --prompt-tokens 1", "generate: 5/5 tokens (100%)"},
       {bin + "nl-run replay --image prog_tmp/m.nlw --trace prog_tmp/rt.h5", "replay: 64/64 tokens (100%)"},
+      {bin + "nl-layout pack --synthetic-shape 64x96 --layers 3 --out prog_tmp/syn.nlw", "pack: 3/3 layers (100%)"},
+      {bin + "nl-layout pack --model prog_tmp/m.bin --out prog_tmp/p.nlw --export-permuted prog_tmp/perm.bin",
+       "export: 6/6 FFN matrices (100%)"},
   };
   const bool have_script = run("script --version") == 0;
   if (!have_script) MESSAGE("terminal check skipped: util-linux `script` is absent");
