@@ -1,14 +1,18 @@
 // Pack benchmark: throughput (MB/s of model read) and peak memory of `nl-layout pack`'s streaming path
 // (formats/model_source.h: dense tensors, then one FFN layer at a time) against packing from a fully loaded model
-// (read_model + image_write_model), on a synthetic llama2.c model with a paper-shaped FFN layer set.
+// (read_model + image_write_model), on a synthetic llama2.c model with a paper-shaped FFN layer set; and the same
+// for the permuted export (--export-permuted: ModelSource::write_permuted, one FFN matrix at a time, against
+// ffn_permute + write_llama2c / write_safetensors_model of the whole model), with a random layout, from the
+// llama2.c model and from a safetensors copy of it.
 //   pack_bench [--dim D] [--hidden H] [--layers L] [--dir DIR] [--dtype f16|f32]
-// Defaults: dim 1024, hidden 4096 (OPT-style 4x), 8 layers (~400 MB model; FFN ~ 400 MB of it). Each variant runs
+// Defaults: dim 1024, hidden 4096 (OPT-style 4x), 8 layers (~540 MB model; FFN ~ 400 MB of it). Each variant runs
 // in its own child process so that its peak RSS (wait4 -> ru_maxrss) is its own; the page cache is warm for both
 // (the file was just written), so the figures are CPU/memory-bound packing throughput, not flash reads.
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +26,7 @@
 #include "formats/core/image_writer.h"
 #include "formats/llama2c.h"
 #include "formats/model_source.h"
+#include "formats/safetensors.h"
 
 using namespace nl;
 
@@ -147,6 +152,35 @@ int main(int argc, char** argv) {
   const uint64_t streamed = hash_file(image);
   Run loaded = in_child([&] { image_write_model(image, read_model_source(*open_model_source(model)), spec); });
   const bool same = hash_file(image) == streamed;
+
+  // A random layout (fixed seed) for the export.
+  std::vector<std::vector<uint32_t>> order(size_t(c.n_layers));
+  std::mt19937_64 rng(7);
+  for (auto& o : order) {
+    o.resize(size_t(c.hidden_dim));
+    for (uint32_t i = 0; i < o.size(); ++i) o[i] = i;
+    std::shuffle(o.begin(), o.end(), rng);
+  }
+  const std::string exported = model + ".permuted.bin";
+  Run export_streaming = in_child([&] { open_model_source(model)->write_permuted(exported, order); });
+  const uint64_t export_streamed = hash_file(exported);
+  Run export_loaded = in_child([&] {
+    ModelWeights w = read_model_source(*open_model_source(model));
+    ffn_permute(w, order);
+    write_llama2c(exported, w);
+  });
+  const bool export_same = hash_file(exported) == export_streamed;
+  // The same from a safetensors copy of the model (f32).
+  const std::string hf = model + ".hf", hf_out = model + ".hf_permuted";
+  in_child([&] { write_safetensors_model(hf, read_model_source(*open_model_source(model))); });
+  Run st_streaming = in_child([&] { open_model_source(hf)->write_permuted(hf_out, order); });
+  const uint64_t st_streamed = hash_file(hf_out + "/model.safetensors");
+  Run st_loaded = in_child([&] {
+    ModelWeights w = read_model_source(*open_model_source(hf));
+    ffn_permute(w, order);
+    write_safetensors_model(hf_out, w);
+  });
+  const bool st_same = hash_file(hf_out + "/model.safetensors") == st_streamed;
   std::printf("model: llama2.c, dim %d, hidden %d, %d layers, %.1f MB (FFN layer %.1f MB); image dtype %s\n", c.dim,
               c.hidden_dim, c.n_layers, mb, ffn_layer_mb, dtype.c_str());
   std::printf("%-22s %10s %10s %12s %14s\n", "variant", "seconds", "MB/s", "peak RSS MB", "RSS / model");
@@ -155,8 +189,30 @@ int main(int argc, char** argv) {
                 r.max_rss_kb * 1024.0 / double(bytes));
   std::printf("streaming / loaded: time %.3f, peak RSS %.3f; images identical: %s\n", streaming.seconds / loaded.seconds,
               double(streaming.max_rss_kb) / double(loaded.max_rss_kb), same ? "yes" : "NO");
+  std::printf("permuted export (llama2.c, random layout):\n");
+  for (auto [name, r] : {std::pair<const char*, Run>{"streaming (per matrix)", export_streaming},
+                         {"whole model loaded", export_loaded}})
+    std::printf("%-22s %10.2f %10.1f %12.1f %14.3f\n", name, r.seconds, mb / r.seconds, r.max_rss_kb / 1024.0,
+                r.max_rss_kb * 1024.0 / double(bytes));
+  std::printf("streaming / loaded: time %.3f, peak RSS %.3f; exports identical: %s\n",
+              export_streaming.seconds / export_loaded.seconds,
+              double(export_streaming.max_rss_kb) / double(export_loaded.max_rss_kb), export_same ? "yes" : "NO");
+  std::printf("permuted export (safetensors f32, random layout):\n");
+  for (auto [name, r] : {std::pair<const char*, Run>{"streaming (per matrix)", st_streaming},
+                         {"whole model loaded", st_loaded}})
+    std::printf("%-22s %10.2f %10.1f %12.1f %14.3f\n", name, r.seconds, mb / r.seconds, r.max_rss_kb / 1024.0,
+                r.max_rss_kb * 1024.0 / double(bytes));
+  std::printf("streaming / loaded: time %.3f, peak RSS %.3f; exports identical: %s\n",
+              st_streaming.seconds / st_loaded.seconds, double(st_streaming.max_rss_kb) / double(st_loaded.max_rss_kb),
+              st_same ? "yes" : "NO");
+  for (const std::string& d : {hf, hf_out}) {
+    ::unlink((d + "/model.safetensors").c_str());
+    ::unlink((d + "/config.json").c_str());
+    ::rmdir(d.c_str());
+  }
+  ::unlink(exported.c_str());
   ::unlink(model.c_str());
   ::unlink(image.c_str());
   ::unlink((image + ".json").c_str());
-  return same ? 0 : 1;
+  return same && export_same && st_same ? 0 : 1;
 }
