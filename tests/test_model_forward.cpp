@@ -119,7 +119,7 @@ TEST_CASE("an FfnProvider replaces the dense FFN: a sparse ReLU FFN over active 
   CHECK(flash.forward_token(1, 0)[0] == doctest::Approx(a[0]).epsilon(1e-5));
 }
 
-TEST_CASE("matmul_acc64: the double-accumulated product, whatever the tile shape; reordering `in` changes nothing") {
+TEST_CASE("matmul_acc64: the double-accumulated product, whatever the tile shape or ISA; reordering `in` changes nothing") {
   std::mt19937_64 rng(9);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int in : {7, 8, 172, 1409}) {
@@ -139,12 +139,18 @@ TEST_CASE("matmul_acc64: the double-accumulated product, whatever the tile shape
       for (int o = 0; o < out; ++o) wp[size_t(o) * in + i] = w[size_t(o) * in + perm[size_t(i)]];
     }
     kernels::matmul_acc64(allp.data(), xp.data(), wp.data(), n, in, out);
+    std::vector<float> portable(all.size());
+    kernels::matmul_acc64_portable(portable.data(), x.data(), w.data(), n, in, out);
+    CHECK(portable == all);  // the AVX2+FMA path (where the CPU has it) and the portable one agree bitwise
     int fp32_differs = 0;
     std::vector<float> f(all.size()), fp(all.size());
     kernels::matmul(f.data(), x.data(), w.data(), n, in, out);
     kernels::matmul(fp.data(), xp.data(), wp.data(), n, in, out);
     for (int t = 0; t < n; ++t) {
       kernels::matmul_acc64(one.data(), x.data() + size_t(t) * in, w.data(), 1, in, out);  // single-token tiles
+      std::vector<float> one_portable(one.size());
+      kernels::matmul_acc64_portable(one_portable.data(), x.data() + size_t(t) * in, w.data(), 1, in, out);
+      CHECK(one_portable == one);
       for (int o = 0; o < out; ++o) {
         const size_t k = size_t(t) * out + o;
         double ref = 0;

@@ -1,9 +1,15 @@
 // fp32 kernels of the forward pass. Every dot product uses one fixed summation order (8 lane-wise partial sums,
 // a fixed reduction tree, then the scalar tail), whatever the tile shape or SIMD width, so the single-token and
 // the sequence paths, x86 and aarch64, give bitwise identical results (this file is built with
-// -ffp-contract=off: no FMA contraction). matmul_acc64 keeps the same order with double accumulators.
+// -ffp-contract=off: no FMA contraction). matmul_acc64 keeps the same order with double accumulators (its x86
+// AVX2+FMA path fuses exact products, which rounds exactly as the separate add does).
 #include <cmath>
 #include <cstring>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "runtime/model/model.h"
 
@@ -160,11 +166,98 @@ void matmul_acc64_impl(float* y, const float* x, const float* w, int n, int in, 
     }
 }
 
+#if defined(__x86_64__)
+// AVX2 + FMA (x86-64-v3 CPUs): bitwise the same sums as tile64, since a fused multiply-add of an exact double
+// product rounds once, exactly like the separate add. x is widened once per call, so the loop converts only weights.
+template <int TB, int OB>
+__attribute__((target("avx2,fma"), always_inline)) inline void tile64_fma(float* y, const double* x, const float* w,
+                                                                          int in, int out, int t0, int o0) {
+  __m256d lo[TB][OB], hi[TB][OB];
+  for (int t = 0; t < TB; ++t)
+    for (int o = 0; o < OB; ++o) lo[t][o] = hi[t][o] = _mm256_setzero_pd();
+  int i = 0;
+  for (; i + 8 <= in; i += 8) {
+    __m256d wl[OB], wh[OB];
+    for (int o = 0; o < OB; ++o) {
+      wl[o] = _mm256_cvtps_pd(_mm_loadu_ps(w + size_t(o0 + o) * in + i));
+      wh[o] = _mm256_cvtps_pd(_mm_loadu_ps(w + size_t(o0 + o) * in + i + 4));
+    }
+    for (int t = 0; t < TB; ++t) {
+      const __m256d xl = _mm256_loadu_pd(x + size_t(t0 + t) * in + i), xh = _mm256_loadu_pd(x + size_t(t0 + t) * in + i + 4);
+      for (int o = 0; o < OB; ++o) {
+        lo[t][o] = _mm256_fmadd_pd(xl, wl[o], lo[t][o]);
+        hi[t][o] = _mm256_fmadd_pd(xh, wh[o], hi[t][o]);
+      }
+    }
+  }
+  for (int t = 0; t < TB; ++t)
+    for (int o = 0; o < OB; ++o) {
+      const double* xr = x + size_t(t0 + t) * in;
+      const float* wr = w + size_t(o0 + o) * in;
+      double tail = 0.0;
+      for (int j = i; j < in; ++j) tail += xr[j] * double(wr[j]);
+      alignas(32) double a[4], b[4];
+      _mm256_store_pd(a, lo[t][o]);
+      _mm256_store_pd(b, hi[t][o]);
+      const double s0 = a[0] + b[0], s1 = a[1] + b[1], s2 = a[2] + b[2], s3 = a[3] + b[3];  // as reduce8
+      y[size_t(t0 + t) * out + o0 + o] = float(((s0 + s2) + (s1 + s3)) + tail);
+    }
+}
+
+constexpr int kTBFma = 2, kOBFma = 2;  // 8 accumulators + 4 weight operands; x is read from memory
+
+__attribute__((target("avx2,fma"))) void matmul_acc64_fma(float* y, const double* x, const float* w, int n, int in,
+                                                          int out) {
+  const long work = long(n) * in * out;
+  if (n < kTBFma) {
+    const int ob = (out + kOB64Row - 1) / kOB64Row;
+#pragma omp parallel for schedule(static) if (work > (1L << 21))
+    for (int bo = 0; bo < ob; ++bo) {
+      const int o0 = bo * kOB64Row;
+      for (int t = 0; t < n; ++t) {
+        if (o0 + kOB64Row <= out) {
+          tile64_fma<1, kOB64Row>(y, x, w, in, out, t, o0);
+        } else {
+          for (int o = o0; o < out; ++o) tile64_fma<1, 1>(y, x, w, in, out, t, o);
+        }
+      }
+    }
+    return;
+  }
+  const int tb = (n + kTBFma - 1) / kTBFma, ob = (out + kOBFma - 1) / kOBFma;
+#pragma omp parallel for collapse(2) schedule(static) if (work > (1L << 21))
+  for (int bo = 0; bo < ob; ++bo)
+    for (int bt = 0; bt < tb; ++bt) {
+      const int t0 = bt * kTBFma, o0 = bo * kOBFma;
+      if (t0 + kTBFma <= n && o0 + kOBFma <= out) {
+        tile64_fma<kTBFma, kOBFma>(y, x, w, in, out, t0, o0);
+      } else {
+        for (int t = t0; t < n && t < t0 + kTBFma; ++t)
+          for (int o = o0; o < out && o < o0 + kOBFma; ++o) tile64_fma<1, 1>(y, x, w, in, out, t, o);
+      }
+    }
+}
+#endif
+
 }  // namespace
 
 void matmul(float* y, const float* x, const float* w, int n, int in, int out) { matmul_impl(y, x, w, n, in, out); }
 
 void matmul_acc64(float* y, const float* x, const float* w, int n, int in, int out) {
+#if defined(__x86_64__)
+  static const bool fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (fma) {
+    thread_local std::vector<double> xd;
+    xd.resize(size_t(n) * size_t(in));
+    for (size_t i = 0; i < xd.size(); ++i) xd[i] = double(x[i]);
+    matmul_acc64_fma(y, xd.data(), w, n, in, out);
+    return;
+  }
+#endif
+  matmul_acc64_impl(y, x, w, n, in, out);
+}
+
+void matmul_acc64_portable(float* y, const float* x, const float* w, int n, int in, int out) {
   matmul_acc64_impl(y, x, w, n, in, out);
 }
 

@@ -98,6 +98,8 @@ void matmul(float* y, const float* x, const float* w, int n, int in, int out);
 // fp32 rounding at every step: the dense FFN's down projection uses it, so permuting a layer's neurons (a layout)
 // leaves the forward pass unchanged in practice.
 void matmul_acc64(float* y, const float* x, const float* w, int n, int in, int out);
+// matmul_acc64 without the x86 AVX2+FMA path (what other CPUs run); bitwise equal to it (tests check).
+void matmul_acc64_portable(float* y, const float* x, const float* w, int n, int in, int out);
 // Dot product with the fixed summation order matmul uses.
 float dot(const float* a, const float* b, int n);
 // out[i] = x[i] / rms(x) * g[i].
