@@ -14,7 +14,7 @@ namespace {
 struct SolveArgs {
   std::string trace, out, method = "greedy+ls";
   uint64_t seed = 1;
-  uint32_t top_k = 32, rcm_min_count = 1, sample_tokens = 8192, neighbours = 6, kicks = 0;
+  uint32_t top_k = 256, rcm_min_count = 1, sample_tokens = 8192, neighbours = 6, kicks = 0;
   double time_budget = 0, hot_share = 0.0, pin_share = 1.0;
   std::string admission = "all";
   uint64_t max_evaluations = 0, guard_tokens = 32768;
