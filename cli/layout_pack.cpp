@@ -190,6 +190,7 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
                                        " neurons, the model has " + std::to_string(w.config.hidden_dim));
       spec.order.push_back(lay.layers[l].order);
     }
+    spec.cache_policy = layout_cache_policy_slots(lay);  // pinned neurons -> slots (docs/formats.md)
     spec.layout = a.layout;
     spec.layout_method = lay.method;
   }
@@ -197,7 +198,8 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
   ImageManifest m = synthetic ? write_synthetic(a.out, shape, a.synthetic_layers, a.seed, std::move(spec))
                               : image_write_source(a.out, *src, w, std::move(spec));
   info(g, "wrote " + a.out + " (" + std::to_string(m.image_bytes) + " bytes, " + std::to_string(m.regions.size()) +
-              " regions, bundle " + std::to_string(m.bundle_bytes) + " bytes) and " + manifest_path_for(a.out));
+              " regions, bundle " + std::to_string(m.bundle_bytes) + " bytes) and " + manifest_path_for(a.out) +
+              (m.cache_policy.empty() ? "" : " with the layout's cache policy"));
   if (!a.export_permuted.empty()) {
     // The export holds the whole model in memory (the image above did not).
     for (int l = 0; l < w.config.n_layers; ++l) src->read_ffn(l, &w.layers[size_t(l)]);

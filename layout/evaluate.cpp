@@ -69,14 +69,17 @@ LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order,
   CacheConfig cc = cfg.cache;
   cc.capacity = cache_capacity_for_ratio(cfg.cache_ratio, n);
   cc.seed = cache_seed_for_layer(cfg.cache.seed, layer_index);
-  if (policy && !policy->admission.empty()) cc.linking_aligned = policy->admission == "linking-aligned";
-  if (policy && !policy->pinned.empty()) {
-    std::vector<uint32_t> slot_of(n);
-    for (uint32_t s = 0; s < n; ++s) slot_of[order[s]] = s;
-    for (uint32_t v : policy->pinned) {
-      if (v >= n) throw InternalError("evaluate: pinned neuron out of range");
-      cc.pinned.push_back(slot_of[v]);
+  if (policy) {
+    std::vector<uint32_t> pinned_slots;
+    if (!policy->pinned.empty()) {
+      std::vector<uint32_t> slot_of(n);
+      for (uint32_t s = 0; s < n; ++s) slot_of[order[s]] = s;
+      for (uint32_t v : policy->pinned) {
+        if (v >= n) throw InternalError("evaluate: pinned neuron out of range");
+        pinned_slots.push_back(slot_of[v]);
+      }
     }
+    cache_apply_policy(cc, policy->admission, pinned_slots);  // as nl-run applies the manifest's cache_policy
   }
   bool use_cache = cc.capacity > 0 || cc.window_tokens > 0;
   SlotCache cache(n, cc);
