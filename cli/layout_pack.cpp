@@ -176,6 +176,7 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
                                        " neurons, the model has " + std::to_string(w.config.hidden_dim));
       spec.order.push_back(lay.layers[l].order);
     }
+    spec.cache_policy = layout_cache_policy_slots(lay);  // pinned neurons -> slots (docs/formats.md)
     spec.layout = a.layout;
     spec.layout_method = lay.method;
   }
@@ -191,7 +192,8 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
   }
   w = ModelWeights{};  // the dense weights are not needed by the export, which streams
   info(g, "wrote " + a.out + " (" + std::to_string(m.image_bytes) + " bytes, " + std::to_string(m.regions.size()) +
-              " regions, bundle " + std::to_string(m.bundle_bytes) + " bytes) and " + manifest_path_for(a.out));
+              " regions, bundle " + std::to_string(m.bundle_bytes) + " bytes) and " + manifest_path_for(a.out) +
+              (m.cache_policy.empty() ? "" : " with the layout's cache policy"));
   if (!a.export_permuted.empty()) {
     // Streams like the image: one FFN matrix in memory at a time, other tensors copied through in chunks.
     Progress prog("export", 3 * uint64_t(m.config.n_layers), !g.quiet, "FFN matrices");

@@ -14,10 +14,10 @@ namespace {
 struct SolveArgs {
   std::string trace, out, method = "greedy+ls";
   uint64_t seed = 1;
-  uint32_t top_k = 32, rcm_min_count = 1, sample_tokens = 8192, neighbours = 6, kicks = 0;
+  uint32_t top_k = 256, rcm_min_count = 1, sample_tokens = 8192, neighbours = 6, kicks = 0;
   double time_budget = 0, hot_share = 0.0, pin_share = 1.0;
   std::string admission = "all";
-  uint64_t max_evaluations = 0;
+  uint64_t max_evaluations = 0, guard_tokens = 32768;
   bool miss_stream = false, no_weight_guard = false;  // 0 = the default budget (per neuron, see solve.h)
   DeviceObjectiveArgs dev;
 };
@@ -54,6 +54,9 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
              "Accept variants with a lower gap-0 path weight than greedy (experiments)")->group(grp);
   c.add_option("--max-evaluations", a.max_evaluations,
                "Move evaluations per layer before the search stops (deterministic budget; 0 = default)")->group(grp);
+  c.add_option("--guard-tokens", a.guard_tokens,
+               "Profile tokens (a prefix) the guard compares the pipelines' I/O time on")
+      ->check(CLI::Range(uint64_t(64), uint64_t(1) << 40))->group(grp);
   c.add_option("--kicks", a.kicks, "Random kicks followed by local search, kept when better")->group(grp);
   c.add_option("--time-budget", a.time_budget, "Stop kicking after this many seconds per layer (timing-dependent!)")
       ->check(CLI::Range(0.0, 1e6))->group(grp);
@@ -73,6 +76,7 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   o.miss_stream = a.miss_stream;
   o.guard_weight = !a.no_weight_guard;
   if (a.max_evaluations) o.ls.max_evaluations = a.max_evaluations;
+  o.guard_tokens = a.guard_tokens;
   o.ls.sample_tokens = a.sample_tokens;
   o.ls.neighbours = a.neighbours;
   o.ls.kicks = a.kicks;

@@ -36,6 +36,12 @@ void add_flash_plan_options(CLI::App* c, FlashArgs& a) {
       ->group("Cache");
   c->add_option("--cache-window", a.cache_window, "Keep the neurons of the last K tokens resident (LLM in a flash)")
       ->group("Cache");
+  c->add_option("--cache-policy", a.cache_policy,
+                "Per-layer cache policy: manifest (the layout's admission and pinned hot set, recorded by pack; "
+                "linking-aligned where none), or linking-aligned / all (S3-FIFO admitting every miss) for every "
+                "layer, nothing pinned")
+      ->check(CLI::IsMember({"manifest", "linking-aligned", "all"}))
+      ->group("Cache");
   c->add_option("--run-admit-prob", a.run_admit_prob, "Admission probability for neurons read inside longer reads")
       ->check(CLI::Range(0.0, 1.0))
       ->group("Cache");
@@ -67,6 +73,7 @@ FlashFfnOptions flash_ffn_options(const FlashArgs& a, SelectMode select) {
   o.cache.window_tokens = a.cache_window;
   o.cache.run_admit_prob = a.run_admit_prob;
   o.cache.seed = a.seed;
+  if (!cache_policy_mode_parse(a.cache_policy, &o.cache_policy)) throw UsageError("unknown --cache-policy " + a.cache_policy);
   return o;
 }
 
@@ -88,6 +95,11 @@ void flash_report(const FlashArgs& a, const GlobalOptions& g, const FlashImage& 
   j["dtype"] = image_dtype_name(img.manifest().dtype);
   j["gap"] = a.gap;
   j["cache_ratio"] = a.cache_ratio;
+  j["cache_policy"] = a.cache_policy;
+  // The pinned hot set is loaded at start-up, outside the per-token figures.
+  j["pinned"] = {{"bundles", ffn ? ffn->pinned_bundles() : 0},
+                 {"reads", ffn ? ffn->pinned_reads() : 0},
+                 {"bytes_read", ffn ? ffn->pinned_bytes_read() : 0}};
   j["tokens"] = tokens;
   j["wall_seconds"] = wall_seconds;
   j["tokens_per_second"] = wall_seconds > 0 ? double(tokens) / wall_seconds : 0.0;
@@ -112,9 +124,10 @@ void flash_report(const FlashArgs& a, const GlobalOptions& g, const FlashImage& 
     std::printf("%s\n", j.dump(1).c_str());
     return;
   }
-  std::printf("engine %s (%s), dtype %s, gap %s, cache %.3f\n", j["engine"].get<std::string>().c_str(),
-              j["direct"].get<bool>() ? "O_DIRECT" : "buffered", j["dtype"].get<std::string>().c_str(), a.gap.c_str(),
-              a.cache_ratio);
+  std::printf("engine %s (%s), dtype %s, gap %s, cache %.3f (policy %s, %llu bundles pinned)\n",
+              j["engine"].get<std::string>().c_str(), j["direct"].get<bool>() ? "O_DIRECT" : "buffered",
+              j["dtype"].get<std::string>().c_str(), a.gap.c_str(), a.cache_ratio, a.cache_policy.c_str(),
+              static_cast<unsigned long long>(ffn ? ffn->pinned_bundles() : 0));
   std::printf("%-24s %14s %14s\n", "", "total", "per token");
   auto row = [&](const char* name, double total, double per_tok) {
     std::printf("%-24s %14.0f %14.1f\n", name, total, per_tok);

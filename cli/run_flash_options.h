@@ -22,6 +22,7 @@ struct FlashArgs {
   double cache_ratio = 0;
   uint32_t cache_window = 0;
   double run_admit_prob = 0.125;
+  std::string cache_policy = "manifest";  // manifest | linking-aligned | all
   uint64_t seed = 1;            // cache admission draws (same default as nl-layout eval)
   std::string metrics;          // metrics JSON path
 };

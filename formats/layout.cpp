@@ -153,4 +153,19 @@ Layout layout_load(const std::string& path, const TraceInfo* trace) {
   return layout_parse(read_file(path, 1ull << 32), path, trace);
 }
 
+std::vector<ImageCachePolicy> layout_cache_policy_slots(const Layout& l) {
+  bool any = false;
+  for (const auto& L : l.layers) any = any || !L.admission.empty() || !L.pinned.empty();
+  if (!any) return {};
+  std::vector<ImageCachePolicy> out(l.layers.size());
+  for (size_t i = 0; i < l.layers.size(); ++i) {
+    const LayoutLayer& L = l.layers[i];
+    std::vector<uint32_t> slot_of(L.order.size());
+    for (uint32_t s = 0; s < L.order.size(); ++s) slot_of[L.order[s]] = s;
+    out[i].admission = L.admission;
+    for (uint32_t v : L.pinned) out[i].pinned.push_back(slot_of.at(v));
+  }
+  return out;
+}
+
 }  // namespace nl

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "formats/core/image.h"
+
 namespace nl {
 
 struct TraceInfo;
@@ -43,5 +45,9 @@ void layout_write(const std::string& path, const Layout& l);  // atomic
 // Parses and validates; when `trace` is given, layer and neuron counts must match it. InputError naming `path`.
 Layout layout_parse(const std::string& text, const std::string& path, const TraceInfo* trace = nullptr);
 Layout layout_load(const std::string& path, const TraceInfo* trace = nullptr);
+
+// The layers' cache policies as a flash image records them (pinned neurons -> their slots in the layer's order,
+// hottest first kept); empty when no layer has one. What pack writes into the manifest.
+std::vector<ImageCachePolicy> layout_cache_policy_slots(const Layout& l);
 
 }  // namespace nl

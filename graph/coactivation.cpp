@@ -4,6 +4,9 @@
 #include "graph/coactivation.h"
 
 #include <omp.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <numeric>
@@ -24,8 +27,13 @@ constexpr uint64_t kSegWords = 512;  // words (32768 tokens) per kernel call wit
 struct TopKHeaps {
   uint32_t n = 0, k = 0;
   std::vector<uint32_t> cnt, idx, len;
+  // floor[v]: the least count that can still enter v's heap (1 until it is full, then its root's count), kept
+  // contiguous so a tile's columns are screened with sequential loads instead of one cache line per neuron.
+  std::vector<uint32_t> floor;
+  bool wide = false;  // screen tiles with AVX-512 (chosen with the popcount kernel, so tests cover both screens)
 
-  TopKHeaps(uint32_t n_, uint32_t k_) : n(n_), k(k_), cnt(size_t(n_) * k_), idx(size_t(n_) * k_), len(n_, 0) {}
+  TopKHeaps(uint32_t n_, uint32_t k_)
+      : n(n_), k(k_), cnt(size_t(n_) * k_), idx(size_t(n_) * k_), len(n_, 0), floor(n_, k_ ? 1u : UINT32_MAX) {}
 
   // a is worse than b (the root holds the worst kept entry).
   static bool worse(uint32_t ca, uint32_t ia, uint32_t cb, uint32_t ib) { return ca < cb || (ca == cb && ia > ib); }
@@ -46,6 +54,7 @@ struct TopKHeaps {
       }
       hc[p] = c;
       hi[p] = u;
+      if (l == k) floor[v] = hc[0];
       return;
     }
     if (!worse(hc[0], hi[0], c, u)) return;  // not better than the worst kept
@@ -62,9 +71,10 @@ struct TopKHeaps {
     }
     hc[p] = c;
     hi[p] = u;
+    floor[v] = hc[0];
   }
   // Threshold below which a candidate for v cannot enter (fast reject for a whole row of counts).
-  uint32_t floor_count(uint32_t v) const { return len[v] < k ? 1 : cnt[size_t(v) * k]; }
+  uint32_t floor_count(uint32_t v) const { return floor[v]; }
 };
 
 // Writes the exact top-k of the union of the per-thread heaps into g.
@@ -95,20 +105,67 @@ void merge_topk(LayerGraph& g, std::vector<TopKHeaps>& heaps) {
   }
 }
 
+// One candidate count of row i, column c (j = j0 + c > i): offered to both heaps it can enter.
+inline void offer_pair(TopKHeaps& h, uint32_t i, uint32_t j, uint32_t v, uint32_t& fi) {
+  if (v >= fi) h.insert(i, j, v), fi = h.floor[i];
+  if (v >= h.floor[j]) h.insert(j, i, v);
+}
+
 // Offers the counts of a tile (rows i0.., columns j0.., only j > i) to the thread's heaps in both directions.
-void offer_tile(TopKHeaps& h, uint32_t i0, uint32_t ni, uint32_t j0, uint32_t nj, const uint32_t* cnt, uint64_t ld) {
+// Almost every count is below both floors once the heaps are full; the screen is the whole cost.
+void offer_tile_scalar(TopKHeaps& h, uint32_t i0, uint32_t ni, uint32_t j0, uint32_t nj, const uint32_t* cnt,
+                       uint64_t ld) {
   for (uint32_t r = 0; r < ni; ++r) {
     const uint32_t i = i0 + r;
     const uint32_t cstart = j0 > i ? 0 : i - j0 + 1;
     const uint32_t* row = cnt + r * ld;
+    const uint32_t* fj = h.floor.data() + j0;
+    uint32_t fi = h.floor[i];
     for (uint32_t c = cstart; c < nj; ++c) {
       const uint32_t v = row[c];
-      if (v == 0) continue;
-      const uint32_t j = j0 + c;
-      if (v >= h.floor_count(i)) h.insert(i, j, v);
-      if (v >= h.floor_count(j)) h.insert(j, i, v);
+      if (v < fi && v < fj[c]) continue;  // floors are >= 1, so zero counts stop here too
+      offer_pair(h, i, j0 + c, v, fi);
     }
   }
+}
+
+#if defined(__x86_64__)
+// Same result as the scalar screen (same pairs offered in the same order): 16 counts are compared with both
+// floors at once and only the candidates are visited; floors only rise, so the mask is a superset and each
+// candidate is checked again against the current floors.
+__attribute__((target("avx512f"))) void offer_tile_avx512(TopKHeaps& h, uint32_t i0, uint32_t ni, uint32_t j0,
+                                                          uint32_t nj, const uint32_t* cnt, uint64_t ld) {
+  for (uint32_t r = 0; r < ni; ++r) {
+    const uint32_t i = i0 + r;
+    const uint32_t cstart = j0 > i ? 0 : i - j0 + 1;
+    const uint32_t* row = cnt + r * ld;
+    const uint32_t* fj = h.floor.data() + j0;
+    uint32_t fi = h.floor[i];
+    uint32_t c = cstart;
+    for (; c + 16 <= nj; c += 16) {
+      const __m512i v = _mm512_loadu_si512(row + c);
+      __mmask16 k = _mm512_cmpge_epu32_mask(v, _mm512_set1_epi32(int(fi))) |
+                    _mm512_cmpge_epu32_mask(v, _mm512_loadu_si512(fj + c));
+      while (k) {
+        const uint32_t cc = c + uint32_t(__builtin_ctz(k));
+        k &= static_cast<__mmask16>(k - 1);
+        offer_pair(h, i, j0 + cc, row[cc], fi);
+      }
+    }
+    for (; c < nj; ++c) {
+      const uint32_t v = row[c];
+      if (v < fi && v < fj[c]) continue;
+      offer_pair(h, i, j0 + c, v, fi);
+    }
+  }
+}
+#endif
+
+void offer_tile(TopKHeaps& h, uint32_t i0, uint32_t ni, uint32_t j0, uint32_t nj, const uint32_t* cnt, uint64_t ld) {
+#if defined(__x86_64__)
+  if (h.wide) return offer_tile_avx512(h, i0, ni, j0, nj, cnt, ld);
+#endif
+  offer_tile_scalar(h, i0, ni, j0, nj, cnt, ld);
 }
 
 std::vector<std::pair<uint32_t, uint32_t>> tile_list(uint32_t n) {
@@ -180,8 +237,14 @@ void offer_upper(const std::vector<uint32_t>& upper, uint32_t n, std::vector<Top
   }
 }
 
-std::vector<TopKHeaps> make_heaps(uint32_t n, uint32_t k) {
-  return std::vector<TopKHeaps>(size_t(omp_get_max_threads()), TopKHeaps(n, k));
+// `kernel` (resolved) picks the tile screen: AVX-512 with the AVX-512 kernel, scalar otherwise.
+std::vector<TopKHeaps> make_heaps(uint32_t n, uint32_t k, PopcountKernel kernel) {
+  TopKHeaps h(n, k);
+  (void)kernel;
+#if defined(__x86_64__)
+  h.wide = kernel == PopcountKernel::Avx512;
+#endif
+  return std::vector<TopKHeaps>(size_t(omp_get_max_threads()), h);
 }
 
 void check_tokens(uint64_t n_tokens) {
@@ -285,7 +348,7 @@ PopcountKernel popcount_kernel_parse(const std::string& s) {
   throw UsageError("unknown popcount kernel '" + s + "' (auto, scalar, avx2, avx512)");
 }
 
-uint32_t coactivation_pair(const LayerMask& m, uint32_t i, uint32_t j) {
+NL_POPCNT_CLONES uint32_t coactivation_pair(const LayerMask& m, uint32_t i, uint32_t j) {
   uint64_t c = 0;
   const uint64_t *a = m.row(i), *b = m.row(j);
   for (uint64_t w = 0; w < m.words; ++w) c += static_cast<uint64_t>(__builtin_popcountll(a[w] & b[w]));
@@ -299,7 +362,7 @@ void coactivation_build_topk(LayerGraph& g, uint32_t k) {
   g.nbr_cnt.clear();
   g.nbr_len.clear();
   if (k == 0) return;
-  auto heaps = make_heaps(g.n_neurons, k);
+  auto heaps = make_heaps(g.n_neurons, k, popcount_kernel_resolve(PopcountKernel::Auto));
   offer_upper(g.upper, g.n_neurons, heaps);
   merge_topk(g, heaps);
 }
@@ -317,7 +380,7 @@ LayerGraph coactivation_count(const LayerMask& m, const CoactivationOptions& opt
   const CountMethod method = count_method_resolve(opt.method, active_fraction(g.freq, n, m.n_tokens));
   if (opt.full_matrix && n >= 2) g.upper.assign(uint64_t(n) * (n - 1) / 2, 0);
   std::vector<TopKHeaps> heaps;
-  if (g.k > 0) heaps = make_heaps(n, g.k);
+  if (g.k > 0) heaps = make_heaps(n, g.k, popcount_kernel_resolve(opt.kernel));
   count_chunk(m.bits.data(), n, m.words, m.words, method, fn, g.upper.empty() ? nullptr : g.upper.data(),
               g.k > 0 ? &heaps : nullptr);
   if (g.k > 0) merge_topk(g, heaps);
@@ -344,7 +407,7 @@ LayerGraph coactivation_count_trace(const TraceReader& trace, uint32_t layer, co
   if (need_upper && n >= 2) g.upper.assign(uint64_t(n) * (n - 1) / 2, 0);
   std::vector<TopKHeaps> heaps;
   const bool direct_topk = g.k > 0 && one_chunk;
-  if (direct_topk) heaps = make_heaps(n, g.k);
+  if (direct_topk) heaps = make_heaps(n, g.k, popcount_kernel_resolve(opt.kernel));
   for (uint64_t w0 = 0; w0 < words; w0 += cw) {
     const uint64_t nw = std::min(cw, words - w0);
     std::vector<uint64_t> chunk = trace.read_layer_words(layer, w0, nw);
@@ -358,7 +421,7 @@ LayerGraph coactivation_count_trace(const TraceReader& trace, uint32_t layer, co
   }
   if (direct_topk) merge_topk(g, heaps);
   if (g.k > 0 && !one_chunk) {
-    heaps = make_heaps(n, g.k);
+    heaps = make_heaps(n, g.k, popcount_kernel_resolve(opt.kernel));
     offer_upper(g.upper, n, heaps);
     merge_topk(g, heaps);
   }

@@ -29,9 +29,34 @@ uint64_t default_bundle_bytes(uint32_t n_neurons) {
   return std::max<uint64_t>(n_neurons, 64);                    // 2 x (n/4) x 2 bytes
 }
 
+TokenMajorMask::TokenMajorMask(const LayerMask& m, uint64_t b, uint64_t e)
+    : n_neurons(m.n_neurons), begin(std::min(b, m.n_tokens)), end(std::min(e, m.n_tokens)),
+      words(words_for_tokens(m.n_neurons)) {
+  if (end < begin) end = begin;
+  bits.assign(size_t(end - begin) * words, 0);
+  // 512 tokens (8 words of every row) at a time: rows are read in order (prefetchable) and the 512 token rows
+  // written stay in cache.
+  constexpr uint64_t kBlockWords = 8;
+  for (uint64_t w0 = begin / 64; w0 * 64 < end; w0 += kBlockWords) {
+    const uint64_t w1 = std::min<uint64_t>(w0 + kBlockWords, words_for_tokens(end));
+    for (uint32_t v = 0; v < n_neurons; ++v) {
+      const uint64_t* r = m.row(v);
+      const uint64_t vw = v >> 6, vb = uint64_t(1) << (v & 63);
+      for (uint64_t w = w0; w < w1; ++w) {
+        uint64_t x = r[w];
+        while (x) {
+          const uint64_t t = w * 64 + uint64_t(__builtin_ctzll(x));
+          x &= x - 1;
+          if (t >= begin && t < end) bits[size_t(t - begin) * words + vw] |= vb;
+        }
+      }
+    }
+  }
+}
+
 LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
                          uint32_t layer_index, const LayerCachePolicy* policy,
-                         LayerMask* misses, std::vector<uint64_t>* read_lengths) {
+                         LayerMask* misses, std::vector<uint64_t>* read_lengths, const TokenMajorMask* tm) {
   const uint32_t n = m.n_neurons;
   if (order.size() != n) throw InternalError("evaluate: order length does not match the layer");
   PlannerConfig pc;
@@ -44,39 +69,72 @@ LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order,
   CacheConfig cc = cfg.cache;
   cc.capacity = cache_capacity_for_ratio(cfg.cache_ratio, n);
   cc.seed = cache_seed_for_layer(cfg.cache.seed, layer_index);
-  if (policy && !policy->admission.empty()) cc.linking_aligned = policy->admission == "linking-aligned";
-  if (policy && !policy->pinned.empty()) {
-    std::vector<uint32_t> slot_of(n);
-    for (uint32_t s = 0; s < n; ++s) slot_of[order[s]] = s;
-    for (uint32_t v : policy->pinned) {
-      if (v >= n) throw InternalError("evaluate: pinned neuron out of range");
-      cc.pinned.push_back(slot_of[v]);
+  if (policy) {
+    std::vector<uint32_t> pinned_slots;
+    if (!policy->pinned.empty()) {
+      std::vector<uint32_t> slot_of(n);
+      for (uint32_t s = 0; s < n; ++s) slot_of[order[s]] = s;
+      for (uint32_t v : policy->pinned) {
+        if (v >= n) throw InternalError("evaluate: pinned neuron out of range");
+        pinned_slots.push_back(slot_of[v]);
+      }
     }
+    cache_apply_policy(cc, policy->admission, pinned_slots);  // as nl-run applies the manifest's cache_policy
   }
   bool use_cache = cc.capacity > 0 || cc.window_tokens > 0;
   SlotCache cache(n, cc);
   LayerEval ev;
   uint64_t t0 = std::min(cfg.token_begin, m.n_tokens), t1 = std::min(cfg.token_end, m.n_tokens);
-  std::vector<std::vector<uint32_t>> act(64);
-  TokenPlan plan;
   if (misses) *misses = LayerMask(n, t1 > t0 ? t1 - t0 : 0);
-  for (uint64_t w = t0 / 64; w * 64 < t1; ++w) {
-    for (auto& a : act) a.clear();
-    // Iterating slots in order makes every token's list ascending.
-    for (uint32_t s = 0; s < n; ++s) {
-      uint64_t x = m.row(order[s])[w];
-      while (x) {
-        act[__builtin_ctzll(x)].push_back(s);
-        x &= x - 1;
+  // Per token, its active slots ascending (what the planner takes): from the token-major rows when given (set the
+  // slots' bits in a bitmap, read them back in order), else by a pass over the rows in slot order per 512 tokens.
+  constexpr uint64_t kBlockWords = 8;
+  const bool use_tm = tm && tm->n_neurons == n && tm->begin <= t0 && tm->end >= t1;
+  std::vector<std::vector<uint32_t>> act(use_tm ? 1 : 64 * kBlockWords);
+  std::vector<uint32_t> slot_of;
+  std::vector<uint64_t> slot_bits;
+  if (use_tm) {
+    slot_of.resize(n);
+    for (uint32_t s = 0; s < n; ++s) slot_of[order[s]] = s;
+    slot_bits.resize(words_for_tokens(n));
+  }
+  TokenPlan plan;
+  for (uint64_t w0 = t0 / 64; w0 * 64 < t1; w0 += kBlockWords) {
+    const uint64_t w1 = std::min<uint64_t>(w0 + kBlockWords, words_for_tokens(t1));
+    if (!use_tm) {
+      for (auto& a : act) a.clear();
+      for (uint32_t s = 0; s < n; ++s) {
+        const uint64_t* r = m.row(order[s]);
+        for (uint64_t w = w0; w < w1; ++w) {
+          uint64_t x = r[w];
+          while (x) {
+            act[(w - w0) * 64 + __builtin_ctzll(x)].push_back(s);
+            x &= x - 1;
+          }
+        }
       }
     }
-    for (uint32_t b = 0; b < 64; ++b) {
-      uint64_t t = w * 64 + b;
+    for (uint64_t b = 0; b < (w1 - w0) * 64; ++b) {
+      uint64_t t = w0 * 64 + b;
       if (t < t0 || t >= t1) continue;
+      std::vector<uint32_t>& a = act[use_tm ? 0 : b];
+      if (use_tm) {
+        const uint64_t* tr = tm->row(t);
+        for (uint64_t w = 0; w < tm->words; ++w)
+          for (uint64_t x = tr[w]; x; x &= x - 1) {
+            const uint32_t s = slot_of[w * 64 + uint64_t(__builtin_ctzll(x))];
+            slot_bits[s >> 6] |= uint64_t(1) << (s & 63);
+          }
+        a.clear();
+        for (uint64_t w = 0; w < slot_bits.size(); ++w) {
+          for (uint64_t x = slot_bits[w]; x; x &= x - 1) a.push_back(uint32_t(w * 64 + uint64_t(__builtin_ctzll(x))));
+          slot_bits[w] = 0;
+        }
+      }
       if (misses)
-        for (uint32_t sl : act[b])
+        for (uint32_t sl : a)
           if (!(use_cache && cache.resident(sl))) misses->set(order[sl], t - t0);
-      planner.plan(act[b], use_cache ? &cache : nullptr, plan);
+      planner.plan(a, use_cache ? &cache : nullptr, plan);
       ++ev.tokens;
       ev.active += plan.active;
       ev.reads += plan.reads.size();
@@ -118,12 +176,13 @@ TraceEval evaluate_trace(const TraceReader& trace, const std::vector<Layout>& la
       }
       EvalConfig e = cfg;
       if (e.bundle_bytes == 0) e.bundle_bytes = default_bundle_bytes(m.n_neurons);
+      const TokenMajorMask tm(m, e.token_begin, e.token_end);  // one transposition for every layout
       auto h = std::find(hist_layers.begin(), hist_layers.end(), uint32_t(l));
       for (size_t k = 0; k < layouts.size(); ++k) {
         std::vector<uint64_t>* hist = h == hist_layers.end() ? nullptr : &out.read_lengths[k][size_t(h - hist_layers.begin())];
         const LayoutLayer& L = layouts[k].layers[size_t(l)];
         LayerCachePolicy pol{L.admission, L.pinned};
-        out.layers[k][size_t(l)] = evaluate_layer(m, L.order, e, uint32_t(l), layout_cache ? &pol : nullptr, nullptr, hist);
+        out.layers[k][size_t(l)] = evaluate_layer(m, L.order, e, uint32_t(l), layout_cache ? &pol : nullptr, nullptr, hist, &tm);
       }
       if (progress) progress->add(1);
     } catch (...) {

@@ -51,10 +51,26 @@ struct LayerCachePolicy {
   std::vector<uint32_t> pinned;
 };
 
+// Tokens [begin, end) of a layer, token-major: bit v of row t - begin is neuron v at token t. Built once (one
+// pass over the neuron-major rows in their natural order) and shared by every evaluation of that range: the
+// solve guard evaluates several orders and cache policies of a layer, eval several layouts.
+struct TokenMajorMask {
+  uint32_t n_neurons = 0;
+  uint64_t begin = 0, end = 0;
+  uint64_t words = 0;            // words per token row = words_for_tokens(n_neurons)
+  std::vector<uint64_t> bits;    // (end - begin) * words
+
+  TokenMajorMask() = default;
+  TokenMajorMask(const LayerMask& m, uint64_t begin, uint64_t end);
+  const uint64_t* row(uint64_t t) const { return bits.data() + size_t(t - begin) * words; }
+};
+
 // order: slot -> neuron. policy (optional): the layout layer's cache policy, applied on top of cfg.cache.
+// tm (optional): m's tokens in token-major form; used when it covers the evaluated range (same figures, faster).
 LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
                          uint32_t layer_index, const LayerCachePolicy* policy = nullptr,
-                         LayerMask* misses = nullptr, std::vector<uint64_t>* read_lengths = nullptr);
+                         LayerMask* misses = nullptr, std::vector<uint64_t>* read_lengths = nullptr,
+                         const TokenMajorMask* tm = nullptr);
 // misses (optional): set to the miss stream, a mask of the neurons that were active and not resident in the cache
 // when their token came (what the device had to read), over the evaluated tokens.
 // read_lengths (optional): counts of reads by length in bundles (index = length), grown as needed.

@@ -22,6 +22,26 @@ struct Move {
   bool rev = false;
 };
 
+// cnt[d] += tokens at which the neuron in slot q is active and the nearest active slot before it is q - d (d <= g1),
+// over the L slots rp[0..L).
+NL_POPCNT_CLONES void window_counts(const uint64_t* const* rp, size_t L, uint32_t g1, uint32_t W, uint64_t* cnt) {
+  for (size_t q = 1; q < L; ++q) {
+    uint32_t dmax = uint32_t(std::min<size_t>(g1, q));
+    const uint64_t* rq = rp[q];
+    for (uint32_t w = 0; w < W; ++w) {
+      uint64_t x = rq[w];
+      if (!x) continue;
+      uint64_t msk = 0;
+      for (uint32_t d = 1; d <= dmax; ++d) {
+        uint64_t y = rp[q - d][w];
+        cnt[d] += uint64_t(__builtin_popcountll(x & y & ~msk));
+        msk |= y;
+        if (!(x & ~msk)) break;
+      }
+    }
+  }
+}
+
 struct Search {
   const LayerMask& m;
   const LayerGraph& g;
@@ -55,23 +75,8 @@ struct Search {
     uint64_t cnt[kMaxWindow + 1] = {};
     const uint64_t* rp[64];
     if (len > 64) throw InternalError("local search: zone longer than 64 slots");
-    size_t L = len;
-    for (size_t q = 0; q < L; ++q) rp[q] = row(seq[q]);
-    for (size_t q = 1; q < L; ++q) {
-      uint32_t dmax = uint32_t(std::min<size_t>(g1, q));
-      const uint64_t* rq = rp[q];
-      for (uint32_t w = 0; w < W; ++w) {
-        uint64_t x = rq[w];
-        if (!x) continue;
-        uint64_t msk = 0;
-        for (uint32_t d = 1; d <= dmax; ++d) {
-          uint64_t y = rp[q - d][w];
-          cnt[d] += uint64_t(__builtin_popcountll(x & y & ~msk));
-          msk |= y;
-          if (!(x & ~msk)) break;
-        }
-      }
-    }
+    for (size_t q = 0; q < len; ++q) rp[q] = row(seq[q]);
+    window_counts(rp, len, g1, W, cnt);
     double s = 0;
     for (uint32_t d = 1; d <= g1; ++d) s += sd[d] * double(cnt[d]);
     return s;

@@ -57,8 +57,9 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
       // contiguous prefix, so the cache sees real token-to-token persistence): bounded cost at paper scale.
       EvalConfig eg = ec;
       eg.token_end = std::min<uint64_t>(m.n_tokens, opt.guard_tokens);
+      const TokenMajorMask tm(m, eg.token_begin, eg.token_end);  // shared by every guard evaluation below
       // The paper's pipeline on the profile trace: greedy + the evaluator's (linking-aligned) cache.
-      LayerEval e_paper = evaluate_layer(m, r.order, eg, layer_index);
+      LayerEval e_paper = evaluate_layer(m, r.order, eg, layer_index, nullptr, nullptr, nullptr, &tm);
       r.io_ms_greedy = e_paper.io_ms_per_token();
       double best_io = e_paper.io_seconds;
       Order best = r.order;
@@ -71,7 +72,7 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
         std::vector<LayerCachePolicy> pols = {LayerCachePolicy{}, LayerCachePolicy{opt.admission, {}}};
         if (!pins.empty()) pols.push_back(LayerCachePolicy{opt.admission, pins});
         for (const auto& pol : pols) {
-          LayerEval e = evaluate_layer(m, o, eg, layer_index, &pol);
+          LayerEval e = evaluate_layer(m, o, eg, layer_index, &pol, nullptr, nullptr, &tm);
           double ms = e.io_ms_per_token();
           if (io_ms_out == 0 || ms < io_ms_out) io_ms_out = ms;
           if (e.io_seconds < best_io) best_io = e.io_seconds, best = o, best_policy = pol, kept_ours = true;
@@ -115,7 +116,7 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
       if (opt.miss_stream) {
         LayerCachePolicy pol{opt.admission, {}};
         LayerMask miss;
-        evaluate_layer(m, r.order, eg, layer_index, &pol, &miss);
+        evaluate_layer(m, r.order, eg, layer_index, &pol, &miss, nullptr, &tm);
         LayerGraph gm = coactivation_count(miss, co);
         Order o = solve_greedy(gm, &miss);
         r.weight_miss_greedy = path_weight(m, o);

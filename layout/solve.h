@@ -16,7 +16,7 @@ namespace nl {
 struct SolveOptions {
   std::string method = "greedy+ls";
   uint64_t seed = 1;
-  uint32_t top_k = 32;
+  uint32_t top_k = 256;  // candidates per neuron: greedy matches an every-pair Algorithm 1 on the presets (docs/workloads.md)
   uint32_t rcm_min_count = 1;
   // The device objective greedy+ls optimises and its guard measures (same settings as nl-layout eval).
   EvalConfig eval;               // gap, cache ratio, device, bundle bytes (0 = default for the layer width)

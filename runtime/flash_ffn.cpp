@@ -26,6 +26,23 @@ void add(FlashCounters& a, const FlashCounters& b) {
 }
 }  // namespace
 
+bool cache_policy_mode_parse(const std::string& s, CachePolicyMode* out) {
+  if (s == "manifest") *out = CachePolicyMode::kManifest;
+  else if (s == "linking-aligned") *out = CachePolicyMode::kLinkingAligned;
+  else if (s == "all") *out = CachePolicyMode::kAll;
+  else return false;
+  return true;
+}
+
+const char* cache_policy_mode_name(CachePolicyMode m) {
+  switch (m) {
+    case CachePolicyMode::kManifest: return "manifest";
+    case CachePolicyMode::kLinkingAligned: return "linking-aligned";
+    case CachePolicyMode::kAll: return "all";
+  }
+  return "?";
+}
+
 FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), opt_(o), m_(image.manifest()) {
   const ModelConfig& c = m_.config;
   const uint32_t hidden = uint32_t(c.hidden_dim);
@@ -70,13 +87,56 @@ void FlashFfn::make_caches() {
   const ModelConfig& c = m_.config;
   const uint32_t hidden = uint32_t(c.hidden_dim);
   caches_.clear();
+  store_.assign(size_t(c.n_layers), {});
+  pinned_bundles_ = pinned_reads_ = pinned_bytes_read_ = 0;
   for (int l = 0; l < c.n_layers; ++l) {
     CacheConfig cc = opt_.cache;
     cc.capacity = cache_capacity_for_ratio(opt_.cache_ratio, hidden);
     cc.seed = cache_seed_for_layer(opt_.cache.seed, uint32_t(l));
+    switch (opt_.cache_policy) {
+      case CachePolicyMode::kManifest:
+        if (!m_.cache_policy.empty())
+          cache_apply_policy(cc, m_.cache_policy[size_t(l)].admission, m_.cache_policy[size_t(l)].pinned);
+        break;
+      case CachePolicyMode::kLinkingAligned: cc.linking_aligned = true; break;
+      case CachePolicyMode::kAll: cc.linking_aligned = false; break;
+    }
     caches_.push_back(cc.capacity > 0 || cc.window_tokens > 0 ? std::make_unique<SlotCache>(hidden, cc) : nullptr);
+    load_pinned(l, cc.pinned);
   }
-  store_.assign(size_t(c.n_layers), {});
+}
+
+void FlashFfn::load_pinned(int layer, const std::vector<uint32_t>& pinned) {
+  SlotCache* cache = caches_[size_t(layer)].get();
+  if (!cache || pinned.empty()) return;
+  // The cache holds the listed slots that fit its capacity (hottest first); nothing else is resident yet.
+  active_.clear();
+  for (uint32_t s : pinned)
+    if (cache->resident(s) && !store_[size_t(layer)].count(s)) active_.push_back(s);
+  if (active_.empty()) return;
+  std::sort(active_.begin(), active_.end());
+  active_.erase(std::unique(active_.begin(), active_.end()), active_.end());
+  planners_[size_t(layer)].plan(active_.data(), active_.size(), nullptr, plan_);  // no cache: not a token
+  uint64_t total = 0;
+  read_pos_.resize(plan_.reads.size());
+  spans_.clear();
+  for (size_t i = 0; i < plan_.reads.size(); ++i) {
+    read_pos_[i] = total;
+    total += plan_.reads[i].length;
+  }
+  staging_.resize(std::max<uint64_t>(total, 1));
+  for (size_t i = 0; i < plan_.reads.size(); ++i)
+    spans_.push_back({plan_.reads[i].offset, plan_.reads[i].length, staging_.data() + read_pos_[i]});
+  img_.io().read(spans_.data(), spans_.size());
+  auto& st = store_[size_t(layer)];
+  for (uint32_t s : active_) {
+    const uint8_t* b = bundle(layer, s);
+    st.emplace(s, std::vector<uint8_t>(b, b + m_.bundle_bytes));
+  }
+  pinned_bundles_ += active_.size();
+  pinned_reads_ += plan_.reads.size();
+  pinned_bytes_read_ += plan_.bytes_read;
+  plan_.clear();
 }
 
 void FlashFfn::set_phase(LowRankPhase p, double target_recall) {

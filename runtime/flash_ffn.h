@@ -36,12 +36,20 @@ struct PredictorCounters {
   double precision() const { return predicted ? double(true_positive) / double(predicted) : 1.0; }
 };
 
+// Which cache policy each layer runs: the manifest's `cache_policy` (admission and pinned slots recorded by pack from
+// the layout; layers without one run linking-aligned S3-FIFO), or one admission rule for every layer with no pinning.
+enum class CachePolicyMode { kManifest, kLinkingAligned, kAll };
+// "manifest" | "linking-aligned" | "all"; returns false for anything else.
+bool cache_policy_mode_parse(const std::string& s, CachePolicyMode* out);
+const char* cache_policy_mode_name(CachePolicyMode m);
+
 struct FlashFfnOptions {
   SelectMode select = SelectMode::kGate;
   GapPolicy gap{GapMode::Off, 0};
   CostFit cost;               // device cost model (--gap auto)
   double cache_ratio = 0;     // fraction of each layer's FFN bytes held in DRAM
   CacheConfig cache;          // admission parameters, window, seed (capacity and per-layer seed are derived)
+  CachePolicyMode cache_policy = CachePolicyMode::kManifest;
   int lowrank_rank = 0;       // lowrank: R
 };
 
@@ -79,6 +87,11 @@ class FlashFfn : public FfnProvider {
   const FlashCounters& totals() const { return total_; }
   const std::vector<FlashCounters>& per_token() const { return per_token_; }
   const ReadPlanner& planner(int layer) const { return planners_[size_t(layer)]; }
+  // Pinned bundles held in DRAM (all layers) and the reads / bytes that loaded them at start-up (and again after
+  // each set_phase); not part of the per-token figures.
+  uint64_t pinned_bundles() const { return pinned_bundles_; }
+  uint64_t pinned_reads() const { return pinned_reads_; }
+  uint64_t pinned_bytes_read() const { return pinned_bytes_read_; }
 
  private:
   FlashImage& img_;
@@ -110,7 +123,11 @@ class FlashFfn : public FfnProvider {
   PredictorCounters pred_;
   std::vector<float> score_, tmp_;
 
+  uint64_t pinned_bundles_ = 0, pinned_reads_ = 0, pinned_bytes_read_ = 0;
+
   void make_caches();
+  // Reads the bundles the layer's cache pins (resident from the first token) into the DRAM store.
+  void load_pinned(int layer, const std::vector<uint32_t>& pinned);
 };
 
 }  // namespace nl

@@ -83,6 +83,52 @@ TEST_CASE("generate --select gate equals dense for every layout, dtype and engin
   CHECK(checked == 72);
 }
 
+TEST_CASE("generate --select gate equals dense with the manifest's cache policy (pinned hot set, admission all)") {
+  // The pinned bundles are loaded at start-up and served from DRAM from the first token: wrong bytes there would
+  // change the tokens.
+  const std::string d = dir("policy");
+  ModelConfig c = test::small_config(64, 256, 2);
+  c.vocab_size = 64;
+  c.seq_len = 40;
+  ModelWeights w = test::random_weights(c, 21);
+  ImageSpec spec;
+  spec.dtype = ImageDtype::kF16;
+  spec.order = test::random_order(c, 78);
+  spec.cache_policy.resize(2);
+  spec.cache_policy[0] = {"all", {}};
+  for (uint32_t s = 0; s < 256; s += 12) spec.cache_policy[0].pinned.push_back(s);  // 22 slots, apart
+  for (uint32_t s = 100; s < 118; ++s) spec.cache_policy[1].pinned.push_back(s);    // 18 slots, one run
+  const std::string img = d + "/m.nlw";
+  image_write_model(img, w, spec);
+  Result dense = run("generate --image " + img + " --select dense --steps 20 --prompt-tokens 3,9");
+  REQUIRE_MESSAGE(dense.rc == 0, dense.out);
+  const std::string want = tokens_line(dense.out);
+  REQUIRE(want.size() > 20);
+  for (std::string io : {"pread", "preadv", "uring", "mmap"}) {
+    for (std::string extra : {"--gap 3 --cache-ratio 0.1", "--gap off --cache-ratio 0.05 --cache-window 2",
+                              "--gap 3 --cache-ratio 0.1 --cache-policy all"}) {
+      CAPTURE(io);
+      CAPTURE(extra);
+      Result r = run("generate --image " + img + " --select gate --steps 20 --prompt-tokens 3,9 --io " + io + " " + extra);
+      CHECK_MESSAGE(r.rc == 0, r.out);
+      CHECK(tokens_line(r.out) == want);
+    }
+  }
+  // The hot set is really held: capacity 25 per layer holds all 22 + 18 listed slots; at 0.05 (12 bundles) the
+  // first 12 of each list; with --cache-policy all nothing is pinned.
+  auto pinned = [&](const std::string& extra) {
+    Result r = run("--json -q generate --image " + img + " --select gate --steps 4 --prompt-tokens 3 " + extra);
+    REQUIRE_MESSAGE(r.rc == 0, r.out);
+    auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+    CHECK(j["cache_policy"] == (extra.find("policy all") != std::string::npos ? "all" : "manifest"));
+    return j["pinned"]["bundles"].get<uint64_t>();
+  };
+  CHECK(pinned("--cache-ratio 0.1") == 40);
+  CHECK(pinned("--cache-ratio 0.05") == 24);
+  CHECK(pinned("--cache-ratio 0.1 --cache-policy all") == 0);
+  CHECK(pinned("--cache-ratio 0") == 0);
+}
+
 TEST_CASE("stories260K packed as f32 reproduces the reference greedy tokens through the flash image") {
   const std::string model = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/stories260K.bin";
   struct stat st {};

@@ -296,6 +296,28 @@ TEST_CASE("malformed manifests and images are refused with one clear line each")
   with_manifest([](json& j) { j["model"]["hidden_dim"] = 1u << 29; });
   expect_refused(img, {"region size vs config", false, "expected hidden_dim"});
 
+  // The optional per-layer cache policy (docs/formats.md "Cache policy").
+  with_manifest([](json& j) { j["cache_policy"] = {{"admission", "all"}}; });
+  expect_refused(img, {"cache policy not an array", false, "'cache_policy' must be an array"});
+  with_manifest([](json& j) { j["cache_policy"] = json::array({json::object()}); });
+  expect_refused(img, {"cache policy for one of two layers", false, "cache_policy has 1 entries, expected one per layer (2)"});
+  with_manifest([](json& j) { j["cache_policy"] = json::array({json::object(), 3}); });
+  expect_refused(img, {"cache policy entry not an object", false, "cache_policy[1] must be an object"});
+  with_manifest([](json& j) { j["cache_policy"] = json::array({{{"admission", "lru"}}, json::object()}); });
+  expect_refused(img, {"unknown admission", false, "cache_policy[0].admission 'lru' is not"});
+  with_manifest([](json& j) { j["cache_policy"] = json::array({{{"admission", 1}}, json::object()}); });
+  expect_refused(img, {"admission not a string", false, "cache_policy[0].admission must be a string"});
+  with_manifest([&](json& j) {
+    j["cache_policy"] = json::array({json::object(), {{"pinned_slots", {0, base["model"]["hidden_dim"]}}}});
+  });
+  expect_refused(img, {"pinned slot out of range", false, "cache_policy[1].pinned_slots: slot 96 is out of range [0, 96)"});
+  with_manifest([](json& j) { j["cache_policy"] = json::array({{{"pinned_slots", {4, 5, 4}}}, json::object()}); });
+  expect_refused(img, {"pinned slot twice", false, "cache_policy[0].pinned_slots lists slot 4 twice"});
+  with_manifest([](json& j) { j["cache_policy"] = json::array({{{"pinned_slots", {-1}}}, json::object()}); });
+  expect_refused(img, {"negative pinned slot", false, "pinned_slots entries must be slot indices"});
+  with_manifest([](json& j) { j["cache_policy"] = json::array({{{"pinned_slots", 7}}, json::object()}); });
+  expect_refused(img, {"pinned slots not an array", false, "pinned_slots must be an array"});
+
   // Image-side problems: the manifest is fine, the image is not the one it describes.
   with_manifest([](json&) {});
   test::truncate_to(img, base["image"]["bytes"].get<uint64_t>() - 4096);
@@ -326,4 +348,49 @@ TEST_CASE("malformed manifests and images are refused with one clear line each")
   FlashImage ok(img, IoOptions{});
   ok.verify_all();
   CHECK(ok.manifest().version_minor == 7);
+  CHECK(ok.manifest().cache_policy.empty());  // a manifest without the key: no policy
+  with_manifest([](json& j) {
+    j["cache_policy"] = json::array({{{"admission", "linking-aligned"}, {"future", 1}}, {{"pinned_slots", {9, 2}}}});
+  });
+  FlashImage ok2(img, IoOptions{});
+  REQUIRE(ok2.manifest().cache_policy.size() == 2);
+  CHECK(ok2.manifest().cache_policy[0].admission == "linking-aligned");
+  CHECK(ok2.manifest().cache_policy[0].pinned.empty());
+  CHECK(ok2.manifest().cache_policy[1].admission.empty());
+  CHECK(ok2.manifest().cache_policy[1].pinned == std::vector<uint32_t>{9, 2});
+}
+
+TEST_CASE("the cache policy round-trips through the manifest; images without one keep their manifest bytes") {
+  const std::string d = tmpdir("policy");
+  ModelConfig c = test::small_config();
+  ModelWeights w = test::random_weights(c, 3);
+  ImageSpec spec;
+  spec.order = test::random_order(c, 9);
+  image_write_model(d + "/plain.nlw", w, spec);
+  const std::string plain = read_file(d + "/plain.nlw.json");
+  CHECK(plain.find("cache_policy") == std::string::npos);
+  CHECK(manifest_load(d + "/plain.nlw.json").cache_policy.empty());
+  // Policies that record nothing are not written either.
+  spec.cache_policy.resize(2);
+  image_write_model(d + "/empty.nlw", w, spec);
+  CHECK(read_file(d + "/empty.nlw.json").find("cache_policy") == std::string::npos);
+  spec.cache_policy[0] = {"all", {7, 3, 95}};   // hottest first: the order is kept, not sorted
+  spec.cache_policy[1] = {"", {0}};
+  image_write_model(d + "/pol.nlw", w, spec);
+  ImageManifest m = manifest_load(d + "/pol.nlw.json");
+  REQUIRE(m.cache_policy.size() == 2);
+  CHECK(m.cache_policy[0].admission == "all");
+  CHECK(m.cache_policy[0].pinned == std::vector<uint32_t>{7, 3, 95});
+  CHECK(m.cache_policy[1].admission.empty());
+  CHECK(m.cache_policy[1].pinned == std::vector<uint32_t>{0});
+  CHECK(manifest_to_json(m) == read_file(d + "/pol.nlw.json"));
+  // The image bytes do not depend on the policy (only the manifest does).
+  CHECK(read_file(d + "/pol.nlw") == read_file(d + "/plain.nlw"));
+  // The writer refuses a policy the reader would refuse.
+  spec.cache_policy[1] = {"lru", {}};
+  CHECK_THROWS_AS(image_write_model(d + "/bad.nlw", w, spec), UsageError);
+  spec.cache_policy[1] = {"all", {96}};
+  CHECK_THROWS_AS(image_write_model(d + "/bad.nlw", w, spec), UsageError);
+  spec.cache_policy.resize(1);
+  CHECK_THROWS_AS(image_write_model(d + "/bad.nlw", w, spec), UsageError);
 }

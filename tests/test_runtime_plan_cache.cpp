@@ -131,6 +131,26 @@ TEST_CASE("pinned slots stay resident and count against capacity") {
   CHECK_THROWS_AS(SlotCache(n, CacheConfig{.capacity = 2, .pinned = {200}}), UsageError);
 }
 
+TEST_CASE("a recorded cache policy: admission overrides the setting, pinned slots hottest first up to capacity") {
+  CacheConfig cc;
+  cache_apply_policy(cc, "all", {9, 4, 7});
+  CHECK_FALSE(cc.linking_aligned);
+  CHECK(cc.pinned == std::vector<uint32_t>{9, 4, 7});
+  cache_apply_policy(cc, "linking-aligned", {});
+  CHECK(cc.linking_aligned);
+  CacheConfig keep;
+  keep.linking_aligned = false;
+  cache_apply_policy(keep, "", {1});
+  CHECK_FALSE(keep.linking_aligned);  // "" = nothing recorded: the caller's setting stays
+  CHECK_THROWS_AS(cache_apply_policy(keep, "lru", {}), UsageError);
+  cc.capacity = 2;  // more pinned than capacity: the first (hottest) ones are held
+  SlotCache c(20, cc);
+  CHECK(c.resident(9));
+  CHECK(c.resident(4));
+  CHECK_FALSE(c.resident(7));
+  CHECK(c.size() == 2);
+}
+
 TEST_CASE("sliding window keeps the last k tokens' neurons resident") {
   const uint32_t n = 50;
   ReadPlanner pl = planner(n);

@@ -5,6 +5,14 @@
 #include <cstdint>
 #include <vector>
 
+// The portable x86-64 baseline has no popcnt instruction (libgcc's bit-twiddling __popcountdi2 instead): hot
+// popcount loops outside the dispatched kernels carry this attribute, which adds a popcnt clone picked at load time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__POPCNT__)
+#define NL_POPCNT_CLONES __attribute__((target_clones("popcnt", "default")))
+#else
+#define NL_POPCNT_CLONES
+#endif
+
 namespace nl {
 
 inline uint64_t words_for_tokens(uint64_t n_tokens) { return (n_tokens + 63) / 64; }

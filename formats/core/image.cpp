@@ -152,6 +152,19 @@ std::string manifest_to_json(const ImageManifest& m) {
     tensors.push_back({{"name", t.name}, {"offset", t.offset}, {"shape", {t.rows, t.cols}}});
   j["dense_tensors"] = std::move(tensors);
   j["order"] = m.order;
+  // Written only when a layer records a policy, so images of layouts without one keep their manifest bytes.
+  bool any_policy = false;
+  for (const auto& p : m.cache_policy) any_policy = any_policy || !p.empty();
+  if (any_policy) {
+    json pol = json::array();
+    for (const auto& p : m.cache_policy) {
+      json e = json::object();
+      if (!p.admission.empty()) e["admission"] = p.admission;
+      if (!p.pinned.empty()) e["pinned_slots"] = p.pinned;
+      pol.push_back(std::move(e));
+    }
+    j["cache_policy"] = std::move(pol);
+  }
   return j.dump(1) + "\n";
 }
 
@@ -257,6 +270,24 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
     for (uint32_t n : o) {
       if (n >= o.size() || seen[n]) bad(path, "order of layer " + std::to_string(l) + " is not a permutation");
       seen[n] = 1;
+    }
+  }
+  if (!m.cache_policy.empty() && m.cache_policy.size() != size_t(c.n_layers))
+    bad(path, "cache_policy has " + std::to_string(m.cache_policy.size()) + " entries, expected one per layer (" +
+                  std::to_string(c.n_layers) + ")");
+  for (size_t l = 0; l < m.cache_policy.size(); ++l) {
+    const ImageCachePolicy& p = m.cache_policy[l];
+    const std::string where = "cache_policy[" + std::to_string(l) + "]";
+    // An admission rule this build does not know would be run as something else: refuse rather than guess.
+    if (!p.admission.empty() && p.admission != "all" && p.admission != "linking-aligned")
+      bad(path, where + ".admission '" + p.admission + "' is not \"all\" or \"linking-aligned\"");
+    std::vector<char> seen(size_t(c.hidden_dim), 0);
+    for (uint32_t s : p.pinned) {
+      if (s >= seen.size())
+        bad(path, where + ".pinned_slots: slot " + std::to_string(s) + " is out of range [0, " +
+                      std::to_string(c.hidden_dim) + ")");
+      if (seen[s]) bad(path, where + ".pinned_slots lists slot " + std::to_string(s) + " twice");
+      seen[s] = 1;
     }
   }
   if (image_id_of(m.regions) != m.image_id)
@@ -367,6 +398,30 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
         v.push_back(x.get<uint32_t>());
       }
       m.order.push_back(std::move(v));
+    }
+    if (j.contains("cache_policy")) {  // optional (docs/formats.md); older manifests do not have it
+      const json& pol = j["cache_policy"];
+      if (!pol.is_array()) bad(path, "'cache_policy' must be an array with one object per layer");
+      for (size_t l = 0; l < pol.size(); ++l) {
+        const json& e = pol[l];
+        const std::string where = "cache_policy[" + std::to_string(l) + "]";
+        if (!e.is_object()) bad(path, where + " must be an object");
+        ImageCachePolicy p;
+        if (e.contains("admission")) {
+          if (!e["admission"].is_string()) bad(path, where + ".admission must be a string");
+          p.admission = e["admission"].get<std::string>();
+        }
+        if (e.contains("pinned_slots")) {
+          const json& ps = e["pinned_slots"];
+          if (!ps.is_array()) bad(path, where + ".pinned_slots must be an array of slot indices");
+          for (const json& x : ps) {
+            if (!x.is_number_unsigned() || x.get<uint64_t>() > 0xffffffffu)
+              bad(path, where + ".pinned_slots entries must be slot indices");
+            p.pinned.push_back(x.get<uint32_t>());
+          }
+        }
+        m.cache_policy.push_back(std::move(p));
+      }
     }
   } catch (const json::exception& e) {  // a key of the wrong type somewhere we did not check by hand
     bad(path, std::string("malformed manifest: ") + e.what());

@@ -67,6 +67,14 @@ struct DenseTensor {
   uint64_t elems() const { return rows * cols; }
 };
 
+// The cache policy one FFN layer's order was designed for (the layout's `admission` and `pinned`, docs/formats.md),
+// in slot terms so the runtime needs no inverse permutation. Empty = none recorded (the runtime's own setting).
+struct ImageCachePolicy {
+  std::string admission;          // "" (none recorded), "all" (plain S3-FIFO) or "linking-aligned"
+  std::vector<uint32_t> pinned;   // slots (bundle positions in the layer's region) always resident, hottest first
+  bool empty() const { return admission.empty() && pinned.empty(); }
+};
+
 struct ImageManifest {
   uint32_t version_major = kImageVersionMajor, version_minor = kImageVersionMinor;
   std::string image_file;    // the image's file name, relative to the manifest's folder
@@ -84,6 +92,9 @@ struct ImageManifest {
   std::vector<ImageRegion> regions;        // regions[0] = dense, regions[1 + l] = ffn layer l
   std::vector<DenseTensor> dense_tensors;
   std::vector<std::vector<uint32_t>> order;  // per layer: slot -> original neuron index
+  // Per layer (n_layers entries) when any layer records one, else empty (manifests from before the key, layouts
+  // without a policy).
+  std::vector<ImageCachePolicy> cache_policy;
 
   const ImageRegion& dense() const { return regions[0]; }
   const ImageRegion& ffn(int layer) const { return regions[size_t(1 + layer)]; }

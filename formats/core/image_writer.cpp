@@ -49,6 +49,20 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
     }
   }
   m_.order = std::move(spec.order);
+  if (!spec.cache_policy.empty() && spec.cache_policy.size() != size_t(c.n_layers))
+    throw UsageError("cannot pack: the cache policy has a different layer count");
+  for (size_t l = 0; l < spec.cache_policy.size(); ++l) {
+    const ImageCachePolicy& p = spec.cache_policy[l];
+    if (!p.admission.empty() && p.admission != "all" && p.admission != "linking-aligned")
+      throw UsageError("cannot pack: layer " + std::to_string(l) + ": unknown cache admission '" + p.admission + "'");
+    std::vector<char> seen(size_t(c.hidden_dim), 0);
+    for (uint32_t s : p.pinned) {
+      if (s >= seen.size() || seen[s])
+        throw UsageError("cannot pack: layer " + std::to_string(l) + ": pinned slots out of range or repeated");
+      seen[s] = 1;
+    }
+  }
+  m_.cache_policy = std::move(spec.cache_policy);
 
   // Fixed layout: header block, dense region, one region per layer, each aligned.
   const uint64_t esz = image_dtype_bytes(m_.dtype);

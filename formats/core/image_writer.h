@@ -25,6 +25,7 @@ struct ImageSpec {
   BundleKind bundle_kind = BundleKind::kGated;
   std::string tokenizer, source, source_format, layout, layout_method;
   std::vector<std::vector<uint32_t>> order;  // per layer slot -> original neuron; empty = identity everywhere
+  std::vector<ImageCachePolicy> cache_policy; // per layer (pinned as slots of `order`); empty = none recorded
 };
 
 class ImageWriter {

@@ -13,6 +13,16 @@ uint32_t cache_capacity_for_ratio(double ratio, uint32_t n_slots) {
   return static_cast<uint32_t>(std::floor(ratio * double(n_slots) + 1e-9));
 }
 
+void cache_apply_policy(CacheConfig& cc, const std::string& admission, const std::vector<uint32_t>& pinned_slots) {
+  if (admission == "all")
+    cc.linking_aligned = false;
+  else if (admission == "linking-aligned")
+    cc.linking_aligned = true;
+  else if (!admission.empty())
+    throw UsageError("cache: unknown admission '" + admission + "' (all, linking-aligned)");
+  cc.pinned.insert(cc.pinned.end(), pinned_slots.begin(), pinned_slots.end());
+}
+
 SlotCache::SlotCache(uint32_t n_slots, const CacheConfig& cfg)
     : cfg_(cfg), n_slots_(n_slots), state_(n_slots, kNone), freq_(n_slots, 0), ghost_stamp_(n_slots, 0),
       last_active_(cfg.window_tokens ? n_slots : 0, 0), rng_(cfg.seed ^ 0x9E3779B97F4A7C15ull) {

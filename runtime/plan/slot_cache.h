@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <string>
 #include <vector>
 
 namespace nl {
@@ -26,6 +27,11 @@ struct CacheConfig {
 
 // Admission seed of layer `layer` in a run seeded with `seed`: nl-layout eval and nl-run draw the same numbers.
 inline uint64_t cache_seed_for_layer(uint64_t seed, uint32_t layer) { return seed * 1000003ull + layer; }
+
+// Applies a layer's recorded cache policy (layout `admission`/`pinned`, image manifest `cache_policy`) on top of `cc`:
+// admission "all" or "linking-aligned" overrides cc.linking_aligned ("" keeps it), the pinned slots (hottest first)
+// are appended to cc.pinned. The one place nl-layout eval and nl-run turn a policy into a cache configuration.
+void cache_apply_policy(CacheConfig& cc, const std::string& admission, const std::vector<uint32_t>& pinned_slots);
 
 // Capacity in bundles for a cache holding `ratio` of the layer's FFN bytes.
 uint32_t cache_capacity_for_ratio(double ratio, uint32_t n_slots);
