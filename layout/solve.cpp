@@ -78,17 +78,20 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
           if (e.io_seconds < best_io) best_io = e.io_seconds, best = o, best_policy = pol, kept_ours = true;
         }
       };
-      // Variant 1: search from the greedy seed.
+      // Variant 1: search from the greedy seed; also with the hottest neurons pinned where they are (the order
+      // and so the gap-0 path weight unchanged, only the cache policy differs).
+      const bool can_pin = n_pin > 0 && n_pin < m.n_neurons;
+      const std::vector<uint32_t> hot_pins = can_pin ? hottest(g.freq, n_pin) : std::vector<uint32_t>{};
       {
         lo.hot_count = uint32_t(std::floor(opt.hot_share * cap));
         Order o = local_search(m, g, r.order, lo, &r.ls);
-        try_order(o, {}, r.io_ms_ls);
+        try_order(o, hot_pins, r.io_ms_ls);
       }
       // Variant 2: the hottest neurons pinned; the path is solved without them (greedy on the cold neurons' own
       // co-activation, i.e. on the miss stream), and they sit in a block at the end ordered by greedy among
       // themselves so that gap-0 reads without a cache stay low too.
-      if (n_pin > 0 && n_pin < m.n_neurons) {
-        LayerCachePolicy pol{opt.admission, hottest(g.freq, n_pin)};
+      if (can_pin) {
+        LayerCachePolicy pol{opt.admission, hot_pins};
         std::vector<uint8_t> cold(m.n_neurons, 1);
         for (uint32_t v : pol.pinned) cold[v] = 0;
         Order cp = solve_greedy_subset(g, &m, &cold);

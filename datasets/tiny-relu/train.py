@@ -295,7 +295,7 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=60)
     ap.add_argument("--threads", type=int, default=1)
