@@ -90,7 +90,7 @@ void add_pack_input_options(CLI::App* c, PackArgs& a) {
   c->add_option("--layout", a.layout, "Layout JSON from nl-layout solve (default: identity order)")
       ->check(CLI::ExistingFile)
       ->group("Input");
-  c->add_option("--tokenizer", a.tokenizer, "Tokenizer file recorded in the manifest")->group("Input");
+  c->add_option("--tokenizer", a.tokenizer, "Tokenizer copied beside the image as OUT.tokenizer and named in the manifest (nl-run --prompt finds it)")->group("Input");
 }
 
 void add_pack_output_options(CLI::App* c, PackArgs& a) {
@@ -161,7 +161,13 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
     src = open_model_source(a.model);
     w = src->read_dense();
   }
-  spec.tokenizer = a.tokenizer;
+  if (!a.tokenizer.empty()) {
+    // The tokenizer travels with the image (to a phone, say): copied beside it and recorded by its file name, which
+    // nl-run resolves relative to the manifest's folder. Copied first, so a manifest never names a missing file.
+    const std::string tok_out = a.out + ".tokenizer";
+    write_file_atomic(tok_out, read_file(a.tokenizer, 256ull << 20));
+    spec.tokenizer = tok_out.substr(tok_out.rfind('/') == std::string::npos ? 0 : tok_out.rfind('/') + 1);
+  }
   spec.source = synthetic ? "synthetic:" + a.synthetic_shape + " seed " + std::to_string(a.seed) + " (random weights)"
                           : a.model;
   spec.source_format = synthetic ? "" : is_llama2c(a.model) ? "llama2c" : "safetensors";

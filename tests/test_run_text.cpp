@@ -9,6 +9,8 @@
 #include <array>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+
+#include "formats/core/atomic_file.h"
 #include <string>
 
 namespace {
@@ -34,12 +36,19 @@ TEST_CASE("generate --prompt text: same tokens and text as nl-profile generate (
   ::mkdir(d.c_str(), 0755);
   const std::string bin = std::string(NL_BINARY_DIR) + "/cli/";
   std::string out;
-  // The manifest references "tok512.bin" relative to itself: a link beside it (model files are never copied).
-  REQUIRE(sh(bin + "nl-layout -q pack --model " + dir + "stories260K.bin --dtype f32 --tokenizer tok512.bin --out " + d +
-                 "/m.nlw",
+  // pack copies the tokenizer beside the image and names the copy in the manifest (relative to the manifest).
+  ::unlink((d + "/m.nlw.tokenizer").c_str());
+  REQUIRE(sh(bin + "nl-layout -q pack --model " + dir + "stories260K.bin --dtype f32 --tokenizer " + dir +
+                 "tok512.bin --out " + d + "/m.nlw",
              &out) == 0);
-  ::unlink((d + "/tok512.bin").c_str());
-  REQUIRE(::symlink((dir + "tok512.bin").c_str(), (d + "/tok512.bin").c_str()) == 0);
+  CHECK(nlohmann::json::parse(nl::read_file(d + "/m.nlw.json"))["tokenizer"] == "m.nlw.tokenizer");
+  CHECK(nl::read_file(d + "/m.nlw.tokenizer") == nl::read_file(dir + "tok512.bin"));
+  // A missing tokenizer file is refused by pack with one line naming it, and nothing is written.
+  CHECK(sh(bin + "nl-layout -q pack --model " + dir + "stories260K.bin --tokenizer " + d + "/absent.bin --out " + d +
+               "/absent.nlw",
+           &out, true) != 0);
+  CHECK(out.find("absent.bin") != std::string::npos);
+  CHECK(::stat((d + "/absent.nlw").c_str(), &st) != 0);
 
   const std::string prompt = "Once upon a time, there was a little girl";
   REQUIRE(sh(bin + "nl-profile --json generate --model " + dir + "stories260K.bin --tokenizer " + dir +
@@ -69,7 +78,7 @@ TEST_CASE("generate --prompt text: same tokens and text as nl-profile generate (
   CHECK(out.find("text: " + prompt) != std::string::npos);
 
   // Without a tokenizer, --prompt is refused.
-  ::unlink((d + "/tok512.bin").c_str());
+  ::unlink((d + "/m.nlw.tokenizer").c_str());
   CHECK(sh(bin + "nl-run generate --image " + d + "/m.nlw --steps 2 --prompt hi", &out, true) == 2);
   CHECK(out.find("--prompt needs a tokenizer") != std::string::npos);
 }
