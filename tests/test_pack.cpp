@@ -98,17 +98,19 @@ TEST_CASE("pack: deterministic image, function-preserving permuted export (stori
   ModelWeights w = read_llama2c(model);
   const Layout lay = random_layout(w.config, 3);
   layout_write("pack_test/layout.json", lay);
+  const std::string tokenizer = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/tok512.bin";
   const std::string bin = std::string(NL_BINARY_DIR) + "/cli/";
   for (const char* d : {"a", "b"}) {
     ::mkdir((std::string("pack_test/") + d).c_str(), 0755);
     std::string out;
     int rc = sh(bin + "nl-layout pack --model " + model + " --layout pack_test/layout.json --dtype f16 --out pack_test/" + d +
-                    "/m.nlw --export-permuted pack_test/" + d + "/permuted.bin --tokenizer tok512.bin",
+                    "/m.nlw --export-permuted pack_test/" + d + "/permuted.bin --tokenizer " + tokenizer,
                 &out);
     REQUIRE_MESSAGE(rc == 0, out);
   }
   CHECK(read_file("pack_test/a/m.nlw") == read_file("pack_test/b/m.nlw"));
   CHECK(read_file("pack_test/a/m.nlw.json") == read_file("pack_test/b/m.nlw.json"));
+  CHECK(read_file("pack_test/a/m.nlw.tokenizer") == read_file(tokenizer));  // copied beside the image
   CHECK(read_file("pack_test/a/permuted.bin") == read_file("pack_test/b/permuted.bin"));
   // The streamed export equals the whole model permuted in memory and written by write_llama2c; so does the
   // identity export (no layout) through the streaming path's API.
