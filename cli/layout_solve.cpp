@@ -17,7 +17,7 @@ struct SolveArgs {
   uint32_t top_k = 256, rcm_min_count = 1, sample_tokens = 8192, neighbours = 6, kicks = 0;
   double time_budget = 0, hot_share = 0.0, pin_share = 1.0;
   std::string admission = "all";
-  uint64_t max_evaluations = 0, guard_tokens = 32768;
+  uint64_t max_evaluations = 0, guard_tokens = 32768, full_matrix_mib = 1024;
   bool miss_stream = false, no_weight_guard = false;  // 0 = the default budget (per neuron, see solve.h)
   DeviceObjectiveArgs dev;
 };
@@ -32,6 +32,9 @@ void add_method_options(CLI::App& c, SolveArgs& a) {
       ->check(CLI::IsMember(layout_methods()))->group("Method");
   c.add_option("--seed", a.seed, "Seed (same inputs and seed -> byte-identical layout)")->group("Method");
   c.add_option("--top-k", a.top_k, "Co-activation candidates kept per neuron")->check(CLI::Range(2u, 4096u))->group("Method");
+  c.add_option("--full-matrix-mib", a.full_matrix_mib,
+               "greedy: every pair (the paper's Algorithm 1) when a layer's pair counts fit in this many MiB, else top-k (0 = top-k)")
+      ->check(CLI::Range(uint64_t(0), uint64_t(1) << 30))->group("Method");
   c.add_option("--rcm-min-count", a.rcm_min_count, "rcm: keep candidate pairs co-active at least this often")
       ->check(CLI::Range(1u, 1u << 30))->group("Method");
 }
@@ -69,6 +72,7 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   o.seed = a.seed;
   o.top_k = a.top_k;
   o.rcm_min_count = a.rcm_min_count;
+  o.full_matrix_bytes = a.full_matrix_mib << 20;
   o.eval = eval_config_from(a.dev);
   o.hot_share = a.hot_share;
   o.pin_share = a.pin_share;

@@ -17,6 +17,8 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
   LayerSolve r;
   CoactivationOptions co;
   co.top_k = std::max<uint32_t>(opt.top_k, 2);
+  const uint64_t pairs = uint64_t(m.n_neurons) * (m.n_neurons > 0 ? m.n_neurons - 1 : 0) / 2;
+  co.full_matrix = (opt.method == "greedy" || opt.method == "greedy+ls") && pairs * 4 <= opt.full_matrix_bytes;
   LayerGraph g = coactivation_count(m, co);
   auto lap = [t = t0]() mutable {
     auto now = std::chrono::steady_clock::now();
@@ -155,6 +157,7 @@ Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,
   nlohmann::json p = nlohmann::json::object();
   p["seed"] = opt.seed;
   p["top_k"] = opt.top_k;
+  if (opt.method == "greedy" || opt.method == "greedy+ls") p["full_matrix_bytes"] = opt.full_matrix_bytes;
   if (opt.method == "rcm") p["min_count"] = opt.rcm_min_count;
   if (opt.method == "greedy+ls") {
     p["gap"] = opt.eval.gap.to_string();

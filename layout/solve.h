@@ -18,6 +18,10 @@ struct SolveOptions {
   uint64_t seed = 1;
   uint32_t top_k = 256;  // candidates per neuron: greedy matches an every-pair Algorithm 1 on the presets (docs/workloads.md)
   uint32_t rcm_min_count = 1;
+  // greedy / greedy+ls count the full pair matrix and run Algorithm 1 over every pair when it fits in this many
+  // bytes per layer (n(n-1)/2 x 4: 512 MiB at 16,384 neurons); else over the top-k lists. On the dense presets
+  // top-k truncation costs greedy a lot (Llama-2: 4.94 with k = 256 vs 6.65 with k = 4,096; docs/solvers.md).
+  uint64_t full_matrix_bytes = uint64_t(1) << 30;
   // The device objective greedy+ls optimises and its guard measures (same settings as nl-layout eval).
   EvalConfig eval;               // gap, cache ratio, device, bundle bytes (0 = default for the layer width)
   LsOptions ls;                  // merge gap / costs are filled in from `eval` by solve_layer

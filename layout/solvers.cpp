@@ -71,6 +71,45 @@ struct PathBuilder {
   }
 };
 
+// Algorithm 1 over every pair with a non-zero count (the full matrix g.upper), without holding all pairs: bands of
+// decreasing count, each collected by a scan that keeps only pairs whose both ends are still free, sorted as the
+// global order would be (count, then (u, v)) and tried. A pair the scan leaves out has an end with two links
+// already, which the global order would refuse too, so the accepted links are the same as one sort of all pairs.
+template <class In>
+void greedy_every_pair(const LayerGraph& g, const In& in, uint32_t n_in, PathBuilder& pb, GreedyStats& st) {
+  const uint32_t n = g.n_neurons;
+  constexpr uint64_t kBandPairs = uint64_t(1) << 22;  // pairs per band (x 16 bytes)
+  uint32_t maxc = 0;
+  for (uint32_t c : g.upper) maxc = std::max(maxc, c);
+  std::vector<uint64_t> hist(size_t(maxc) + 1, 0);
+  for (uint32_t i = 0; i + 1 < n; ++i) {
+    if (!in(i)) continue;
+    const uint32_t* row = g.upper.data() + LayerGraph::upper_index(n, i, i + 1);
+    for (uint32_t j = i + 1; j < n; ++j)
+      if (in(j)) ++hist[row[j - i - 1]];
+  }
+  std::vector<Edge> band;
+  uint64_t links = 0;
+  for (uint64_t hi = maxc; hi >= 1 && links + 1 < n_in;) {
+    uint64_t lo = hi, acc = hist[hi];
+    while (lo > 1 && acc + hist[lo - 1] <= kBandPairs) acc += hist[--lo];
+    band.clear();
+    for (uint32_t i = 0; i + 1 < n; ++i) {
+      if (pb.deg[i] >= 2 || !in(i)) continue;
+      const uint32_t* row = g.upper.data() + LayerGraph::upper_index(n, i, i + 1);
+      for (uint32_t j = i + 1; j < n; ++j) {
+        const uint32_t c = row[j - i - 1];
+        if (c >= lo && c <= hi && pb.deg[j] < 2 && in(j)) band.push_back({c, i, j});
+      }
+    }
+    std::sort(band.begin(), band.end(), edge_before);
+    st.candidates += band.size();
+    for (const Edge& e : band)
+      if (pb.try_link(e.u, e.v)) ++st.accepted, ++links;
+    hi = lo - 1;
+  }
+}
+
 }  // namespace
 
 Order solve_greedy(const LayerGraph& g, const LayerMask* mask, GreedyStats* stats, Links* links) {
@@ -87,6 +126,10 @@ Order solve_greedy_subset(const LayerGraph& g, const LayerMask* mask, const std:
   uint32_t n_in = 0;
   for (uint32_t v = 0; v < n; ++v) n_in += in(v);
   if (n_in == 0) return {};
+  PathBuilder pb(n, links);
+  if (!g.upper.empty()) {
+    greedy_every_pair(g, in, n_in, pb, st);
+  } else {
   std::vector<Edge> edges;
   edges.reserve(size_t(n) * g.k);
   for (uint32_t v = 0; v < n; ++v)
@@ -100,11 +143,9 @@ Order solve_greedy_subset(const LayerGraph& g, const LayerMask* mask, const std:
                           [](const Edge& a, const Edge& b) { return a.u == b.u && a.v == b.v; }),
               edges.end());
   st.candidates = edges.size();
-  PathBuilder pb(n, links);
   for (const Edge& e : edges)
     if (pb.try_link(e.u, e.v)) ++st.accepted;
-  edges.clear();
-  edges.shrink_to_fit();
+  }
 
   // Fragment endpoints (degree < 2). Continue Algorithm 1 over their exact pair counts.
   std::vector<uint32_t> ends;

@@ -30,7 +30,8 @@ struct GreedyStats {
 // The links Algorithm 1 accepts, in acceptance order, as (u, v) with u < v.
 using Links = std::vector<std::pair<uint32_t, uint32_t>>;
 
-// Paper's Algorithm 1: candidate pairs (from the top-k lists) by decreasing count, ties by (u, v); accept when
+// Paper's Algorithm 1: candidate pairs (every pair with a non-zero count when g holds the full matrix, exactly as the
+// paper; else the top-k lists) by decreasing count, ties by (u, v); accept when
 // both ends have fewer than two links and union-find finds no cycle. Fragments left when neurons exhaust
 // their candidates are joined by the same rule over co-activation counts between fragment endpoints (each
 // endpoint's 8 heaviest endpoint partners, counted from `mask` when given on at most 8,192 evenly spread
