@@ -10,6 +10,10 @@
 
 namespace nl {
 
+namespace detail {
+uint64_t greedy_band_pairs = uint64_t(1) << 22;  // pairs per band (x 16 bytes)
+}
+
 Order solve_identity(uint32_t n) {
   Order o(n);
   std::iota(o.begin(), o.end(), 0u);
@@ -78,7 +82,7 @@ struct PathBuilder {
 template <class In>
 void greedy_every_pair(const LayerGraph& g, const In& in, uint32_t n_in, PathBuilder& pb, GreedyStats& st) {
   const uint32_t n = g.n_neurons;
-  constexpr uint64_t kBandPairs = uint64_t(1) << 22;  // pairs per band (x 16 bytes)
+  const uint64_t kBandPairs = std::max<uint64_t>(1, detail::greedy_band_pairs);
   uint32_t maxc = 0;
   for (uint32_t c : g.upper) maxc = std::max(maxc, c);
   std::vector<uint64_t> hist(size_t(maxc) + 1, 0);

@@ -27,6 +27,11 @@ struct GreedyStats {
   uint32_t fragments = 0;       // paths left after the candidate pass
 };
 
+namespace detail {
+// Every-pair greedy: pairs collected per band of counts (64 MiB of candidates by default; tests make bands tiny).
+extern uint64_t greedy_band_pairs;
+}
+
 // The links Algorithm 1 accepts, in acceptance order, as (u, v) with u < v.
 using Links = std::vector<std::pair<uint32_t, uint32_t>>;
 

@@ -102,6 +102,39 @@ TEST_CASE("greedy accepts the same links as a brute-force Algorithm 1 on small g
   }
 }
 
+TEST_CASE("greedy over every pair (full matrix, short lists, bands of any size) = brute-force Algorithm 1") {
+  for (uint64_t band : {uint64_t(1) << 22, uint64_t(1), uint64_t(7), uint64_t(60)}) {
+    detail::greedy_band_pairs = band;
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      uint32_t n = 25 + uint32_t(seed) * 9;
+      LayerMask m = small_layer(n, 300 + seed * 40, seed + 100);
+      CoactivationOptions co;
+      co.top_k = 2;  // lists far too short: the full matrix must be what greedy uses
+      co.full_matrix = true;
+      LayerGraph g = coactivation_count(m, co);
+      Links got;
+      Order o = solve_greedy(g, &m, nullptr, &got);
+      CAPTURE(band);
+      CHECK(got == brute_force_links(m));
+      CHECK(is_perm(o, n));
+      // On a subset too (the pinned-hot variant solves the cold neurons alone).
+      std::vector<uint8_t> in(n, 0);
+      std::vector<uint32_t> ids;
+      for (uint32_t v = 0; v < n; ++v)
+        if ((v * 5 + seed) % 4 != 0) in[v] = 1, ids.push_back(v);
+      LayerMask sub(uint32_t(ids.size()), m.n_tokens);
+      for (size_t k = 0; k < ids.size(); ++k)
+        for (uint64_t w = 0; w < m.words; ++w) sub.row(uint32_t(k))[w] = m.row(ids[k])[w];
+      Links gs;
+      solve_greedy_subset(g, &m, &in, nullptr, &gs);
+      Links want = brute_force_links(sub);
+      for (auto& [a, b] : want) a = ids[a], b = ids[b];
+      CHECK(gs == want);
+    }
+  }
+  detail::greedy_band_pairs = uint64_t(1) << 22;
+}
+
 TEST_CASE("greedy with short candidate lists still yields one path, deterministically") {
   LayerMask m = small_layer(400, 800, 9);
   CoactivationOptions co;
