@@ -61,6 +61,24 @@ Links brute_force_links(const LayerMask& m) {
   return out;
 }
 
+// The neurons v with keep(v), as a subset mask `in`, their ids ascending, and the induced sub-layer.
+struct Subset {
+  std::vector<uint8_t> in;
+  std::vector<uint32_t> ids;
+  LayerMask sub;
+};
+template <class Keep>
+Subset subset_of(const LayerMask& m, Keep keep) {
+  Subset s;
+  s.in.assign(m.n_neurons, 0);
+  for (uint32_t v = 0; v < m.n_neurons; ++v)
+    if (keep(v)) s.in[v] = 1, s.ids.push_back(v);
+  s.sub = LayerMask(uint32_t(s.ids.size()), m.n_tokens);
+  for (size_t k = 0; k < s.ids.size(); ++k)
+    for (uint64_t w = 0; w < m.words; ++w) s.sub.row(uint32_t(k))[w] = m.row(s.ids[k])[w];
+  return s;
+}
+
 }  // namespace
 
 TEST_CASE("gap 0, no cache: reads = sum f - path weight, for every method") {
@@ -118,17 +136,11 @@ TEST_CASE("greedy over every pair (full matrix, short lists, bands of any size) 
       CHECK(got == brute_force_links(m));
       CHECK(is_perm(o, n));
       // On a subset too (the pinned-hot variant solves the cold neurons alone).
-      std::vector<uint8_t> in(n, 0);
-      std::vector<uint32_t> ids;
-      for (uint32_t v = 0; v < n; ++v)
-        if ((v * 5 + seed) % 4 != 0) in[v] = 1, ids.push_back(v);
-      LayerMask sub(uint32_t(ids.size()), m.n_tokens);
-      for (size_t k = 0; k < ids.size(); ++k)
-        for (uint64_t w = 0; w < m.words; ++w) sub.row(uint32_t(k))[w] = m.row(ids[k])[w];
+      const Subset ss = subset_of(m, [&](uint32_t v) { return (v * 5 + seed) % 4 != 0; });
       Links gs;
-      solve_greedy_subset(g, &m, &in, nullptr, &gs);
-      Links want = brute_force_links(sub);
-      for (auto& [a, b] : want) a = ids[a], b = ids[b];
+      solve_greedy_subset(g, &m, &ss.in, nullptr, &gs);
+      Links want = brute_force_links(ss.sub);
+      for (auto& [a, b] : want) a = ss.ids[a], b = ss.ids[b];
       CHECK(gs == want);
     }
   }
@@ -199,13 +211,10 @@ TEST_CASE("greedy on a subset equals Algorithm 1 on the induced subgraph") {
   for (uint64_t seed = 1; seed <= 4; ++seed) {
     const uint32_t n = 40;
     LayerMask m = small_layer(n, 400, seed + 20);
-    std::vector<uint8_t> in(n, 0);
-    std::vector<uint32_t> ids;
-    for (uint32_t v = 0; v < n; ++v)
-      if ((v * 7 + seed) % 3 != 0) in[v] = 1, ids.push_back(v);
-    LayerMask sub(uint32_t(ids.size()), m.n_tokens);
-    for (size_t k = 0; k < ids.size(); ++k)
-      for (uint64_t w = 0; w < m.words; ++w) sub.row(uint32_t(k))[w] = m.row(ids[k])[w];
+    const Subset ss = subset_of(m, [&](uint32_t v) { return (v * 7 + seed) % 3 != 0; });
+    const auto& in = ss.in;
+    const auto& ids = ss.ids;
+    const auto& sub = ss.sub;
     CoactivationOptions co;
     co.top_k = n;
     LayerGraph g = coactivation_count(m, co);
