@@ -177,8 +177,9 @@ struct Layer {
     const uint32_t n = p.neurons, m = p.groups_per_neuron;
     for (uint32_t v = 0; v < n; ++v) {
       bool on = background[v];
-      const uint32_t* g = &st.groups[size_t(v) * m];
-      const uint8_t* gt = &gate[size_t(v) * m];
+      // data() + offset, not &v[i]: with no groups (m = 0) the vectors are empty and v[i] would be undefined.
+      const uint32_t* g = st.groups.data() + size_t(v) * m;
+      const uint8_t* gt = gate.data() + size_t(v) * m;
       for (uint32_t j = 0; j < m && !on; ++j) on = gt[j] && group_on[g[j]];
       if (on) out.push_back(v);
     }
