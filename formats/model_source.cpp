@@ -80,20 +80,7 @@ ImageManifest image_write_source(const std::string& out, ModelSource& src, const
   spec.config = src.config();
   ImageWriter iw(out, std::move(spec));
   iw.set_progress(progress);
-  auto put = [&](const std::string& name, const std::vector<float>& v) { iw.add_dense(name, v.data(), v.size()); };
-  put("tok_embeddings", dense.tok_embeddings);
-  for (size_t l = 0; l < dense.layers.size(); ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    const LayerWeights& lw = dense.layers[l];
-    put(p + "rms_att", lw.rms_att);
-    put(p + "wq", lw.wq);
-    put(p + "wk", lw.wk);
-    put(p + "wv", lw.wv);
-    put(p + "wo", lw.wo);
-    put(p + "rms_ffn", lw.rms_ffn);
-  }
-  put("rms_final", dense.rms_final);
-  if (!dense.config.shared_classifier) put("wcls", dense.wcls);
+  image_add_dense_weights(iw, dense);
   LayerWeights f;
   for (int l = 0; l < src.config().n_layers; ++l) {
     src.read_ffn(l, &f);

@@ -171,11 +171,7 @@ ImageManifest ImageWriter::commit() {
   return m_;
 }
 
-ImageManifest image_write_model(const std::string& image_path, const ModelWeights& w, ImageSpec spec,
-                                const ProgressFn& progress) {
-  spec.config = w.config;
-  ImageWriter iw(image_path, std::move(spec));
-  iw.set_progress(progress);
+void image_add_dense_weights(ImageWriter& iw, const ModelWeights& w) {
   auto put = [&](const std::string& name, const std::vector<float>& v) { iw.add_dense(name, v.data(), v.size()); };
   put("tok_embeddings", w.tok_embeddings);
   for (size_t l = 0; l < w.layers.size(); ++l) {
@@ -190,6 +186,14 @@ ImageManifest image_write_model(const std::string& image_path, const ModelWeight
   }
   put("rms_final", w.rms_final);
   if (!w.config.shared_classifier) put("wcls", w.wcls);
+}
+
+ImageManifest image_write_model(const std::string& image_path, const ModelWeights& w, ImageSpec spec,
+                                const ProgressFn& progress) {
+  spec.config = w.config;
+  ImageWriter iw(image_path, std::move(spec));
+  iw.set_progress(progress);
+  image_add_dense_weights(iw, w);
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const LayerWeights& lw = w.layers[l];
     const size_t mat = size_t(w.config.hidden_dim) * size_t(w.config.dim);

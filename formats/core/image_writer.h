@@ -57,6 +57,9 @@ class ImageWriter {
   void start_region(size_t index);
 };
 
+// Adds w's dense tensors (embeddings, attention, norms, classifier) in the image's fixed order.
+void image_add_dense_weights(ImageWriter& iw, const ModelWeights& w);
+
 // Packs weights already in memory (every FFN matrix present): dense tensors, then each layer. spec.config is
 // taken from `w`. Used by tests and by pack for models that fit in RAM.
 ImageManifest image_write_model(const std::string& image_path, const ModelWeights& w, ImageSpec spec,
