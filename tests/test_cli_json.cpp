@@ -17,6 +17,7 @@
 #include "formats/core/image_writer.h"
 #include "formats/trace.h"
 #include "image_test_util.h"
+#include "trace_test_util.h"
 #include "layout/synthetic.h"
 
 namespace fs = std::filesystem;
@@ -57,20 +58,7 @@ std::set<std::string> subcommands(const std::string& bin) {
 }
 
 void write_trace(const std::string& path, uint32_t layers, uint32_t neurons, uint64_t tokens) {
-  std::vector<LayerMask> masks;
-  for (uint32_t l = 0; l < layers; ++l) {
-    ClusteredTraceSpec s;
-    s.n_neurons = neurons;
-    s.n_tokens = tokens;
-    s.cluster_size = 8;
-    s.seed = 7 + l;
-    masks.push_back(clustered_mask(s));
-  }
-  TraceWriterOptions o;
-  o.model = "json-audit";
-  o.activation = "synthetic:clustered";
-  o.n_neurons.assign(layers, neurons);
-  trace_write(path, o, masks, {0});
+  test::write_clustered_trace(path, layers, neurons, tokens, 7, "json-audit");
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "formats/trace.h"
 #include "image_test_util.h"
 #include "layout/synthetic.h"
+#include "trace_test_util.h"
 
 namespace fs = std::filesystem;
 using namespace nl;
@@ -29,20 +30,7 @@ int run(const std::string& cmd) {
 }
 
 void write_trace(const std::string& path, uint32_t layers, uint32_t neurons, uint64_t tokens) {
-  std::vector<LayerMask> masks;
-  for (uint32_t l = 0; l < layers; ++l) {
-    ClusteredTraceSpec s;
-    s.n_neurons = neurons;
-    s.n_tokens = tokens;
-    s.cluster_size = 8;
-    s.seed = 3 + l;
-    masks.push_back(clustered_mask(s));
-  }
-  TraceWriterOptions o;
-  o.model = "progress";
-  o.activation = "synthetic:clustered";
-  o.n_neurons.assign(layers, neurons);
-  trace_write(path, o, masks, {0});
+  test::write_clustered_trace(path, layers, neurons, tokens, 3, "progress");
 }
 
 }  // namespace
