@@ -56,7 +56,7 @@ Layout layout_parse(const std::string& text, const std::string& path, const Trac
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers that overflow
     throw InputError(path, std::string("not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw InputError(path, "a layout must be a JSON object");

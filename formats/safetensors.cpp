@@ -119,7 +119,7 @@ ModelConfig read_config(const std::string& path) {
   json j;
   try {
     j = json::parse(read_file(path, 16u << 20));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers that overflow
     throw InputError(path, std::string("not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw InputError(path, "not a JSON object");
@@ -284,7 +284,7 @@ std::vector<SafetensorsEntry> safetensors_header(const std::string& path, uint64
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers that overflow
     throw InputError(path, std::string("header is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw InputError(path, "header is not a JSON object");

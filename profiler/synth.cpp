@@ -272,7 +272,7 @@ SynthPreset synth_preset_load(const std::string& path) {
   json j;
   try {
     j = json::parse(ss.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers that overflow
     throw InputError(path, std::string("not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw InputError(path, "a workload preset must be a JSON object");

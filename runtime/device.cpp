@@ -47,7 +47,7 @@ DeviceModel device_parse(const std::string& text, const std::string& path) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers that overflow
     throw InputError(path, std::string("not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw InputError(path, "a device profile must be a JSON object");

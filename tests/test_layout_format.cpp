@@ -85,6 +85,7 @@ TEST_CASE("layout JSON round trip; writes are byte-identical") {
 TEST_CASE("malformed layouts: one clear error each") {
   std::string ok = layout_to_json(sample());
   expect_error("{", "not valid JSON");
+  expect_error("{\"version\": 1e999999}", "not valid JSON");  // out_of_range from the parser, not parse_error
   expect_error("[1]", "JSON object");
   expect_error(replace(ok, "\"neuralink-layout\"", "\"other\""), "format must be");
   expect_error(replace(ok, "\"version\": 1", "\"version\": 2"), "newer than supported");

@@ -40,6 +40,8 @@ TEST_CASE("malformed device profiles are rejected with the file named") {
     }
   };
   bad("{", "not valid JSON");
+  // A number too large for a double is nlohmann's out_of_range, not a parse_error (found by fuzz_device).
+  bad(R"({"format":"neuralink-device","version":1,"bandwidth_MBps":1500e888888})", "not valid JSON");
   bad("[]", "JSON object");
   bad(R"({"format":"x","version":1})", "format");
   bad(R"({"format":"neuralink-device","version":9,"read_latency_us":1,"bandwidth_MBps":1})", "newer");

@@ -259,6 +259,8 @@ TEST_CASE("malformed manifests and images are refused with one clear line each")
 
   with_text("{ \"format\": \"neuralink-image\", ");
   expect_refused(img, {"not JSON", false, "not valid JSON"});
+  with_text("{ \"format\": \"neuralink-image\", \"version\": 1e999999 }");  // parser's out_of_range
+  expect_refused(img, {"number overflow", false, "not valid JSON"});
   with_manifest([](json& j) { j["format"] = "neuralink-layout"; });
   expect_refused(img, {"wrong format", false, "not a flash image manifest"});
   with_manifest([](json& j) { j["version"] = 2; });

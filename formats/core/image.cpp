@@ -300,7 +300,7 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers that overflow
     bad(path, std::string("not valid JSON: ") + e.what());
   }
   if (!j.is_object()) bad(path, "not a JSON object");
