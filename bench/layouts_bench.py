@@ -484,7 +484,8 @@ def main():
                   os.path.join(mdir, "llama2c-stories260K", "tok512.bin")),
                  ("babyllama-tok105", os.path.join(mdir, "babyllama-tok105", "model5000.bin"),
                   os.path.join(mdir, "babyllama-tok105", "tok105.model")),
-                 ("tiny-relu", os.path.join(SRC, "datasets", "tiny-relu", "model"), None)]
+                 ("tiny-relu", os.path.join(SRC, "datasets", "tiny-relu", "model"),
+                  os.path.join(SRC, "datasets", "tiny-relu", "model", "tokenizer.model"))]
         for name, model, tok in cands:
             if not os.path.exists(model):
                 print("\n(model %s: %s is absent, skipped)" % (name, model))
