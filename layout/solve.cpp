@@ -19,6 +19,9 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
   co.top_k = std::max<uint32_t>(opt.top_k, 2);
   const uint64_t pairs = uint64_t(m.n_neurons) * (m.n_neurons > 0 ? m.n_neurons - 1 : 0) / 2;
   co.full_matrix = (opt.method == "greedy" || opt.method == "greedy+ls") && pairs * 4 <= opt.full_matrix_bytes;
+  // With the full matrix greedy needs no candidate lists; the search reads the first `neighbours` entries and the
+  // bound the first two, and exact top-k lists are prefixes of longer ones, so shorter lists change nothing.
+  if (co.full_matrix) co.top_k = std::min(co.top_k, std::max<uint32_t>(2, opt.ls.neighbours));
   LayerGraph g = coactivation_count(m, co);
   auto lap = [t = t0]() mutable {
     auto now = std::chrono::steady_clock::now();
