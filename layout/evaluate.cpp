@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <numeric>
 
@@ -69,11 +70,11 @@ LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order,
   CacheConfig cc = cfg.cache;
   cc.capacity = cache_capacity_for_ratio(cfg.cache_ratio, n);
   cc.seed = cache_seed_for_layer(cfg.cache.seed, layer_index);
+  std::vector<uint32_t> slot_of(n);
+  for (uint32_t s = 0; s < n; ++s) slot_of[order[s]] = s;
   if (policy) {
     std::vector<uint32_t> pinned_slots;
     if (!policy->pinned.empty()) {
-      std::vector<uint32_t> slot_of(n);
-      for (uint32_t s = 0; s < n; ++s) slot_of[order[s]] = s;
       for (uint32_t v : policy->pinned) {
         if (v >= n) throw InternalError("evaluate: pinned neuron out of range");
         pinned_slots.push_back(slot_of[v]);
@@ -86,71 +87,48 @@ LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order,
   LayerEval ev;
   uint64_t t0 = std::min(cfg.token_begin, m.n_tokens), t1 = std::min(cfg.token_end, m.n_tokens);
   if (misses) *misses = LayerMask(n, t1 > t0 ? t1 - t0 : 0);
-  // Per token, its active slots ascending (what the planner takes): from the token-major rows when given (set the
-  // slots' bits in a bitmap, read them back in order), else by a pass over the rows in slot order per 512 tokens.
-  constexpr uint64_t kBlockWords = 8;
-  const bool use_tm = tm && tm->n_neurons == n && tm->begin <= t0 && tm->end >= t1;
-  std::vector<std::vector<uint32_t>> act(use_tm ? 1 : 64 * kBlockWords);
-  std::vector<uint32_t> slot_of;
-  std::vector<uint64_t> slot_bits;
-  if (use_tm) {
-    slot_of.resize(n);
-    for (uint32_t s = 0; s < n; ++s) slot_of[order[s]] = s;
-    slot_bits.resize(words_for_tokens(n));
+  // Per token, its active slots ascending (what the planner takes): the token's neurons from the token-major rows
+  // (the caller's view when it covers the range, else one built here) set their slots' bits in a bitmap, which is
+  // read back in order.
+  std::unique_ptr<TokenMajorMask> own;
+  if (!(tm && tm->n_neurons == n && tm->begin <= t0 && tm->end >= t1)) {
+    own = std::make_unique<TokenMajorMask>(m, t0, t1);
+    tm = own.get();
   }
+  std::vector<uint64_t> slot_bits(words_for_tokens(n));
+  std::vector<uint32_t> a;
   TokenPlan plan;
-  for (uint64_t w0 = t0 / 64; w0 * 64 < t1; w0 += kBlockWords) {
-    const uint64_t w1 = std::min<uint64_t>(w0 + kBlockWords, words_for_tokens(t1));
-    if (!use_tm) {
-      for (auto& a : act) a.clear();
-      for (uint32_t s = 0; s < n; ++s) {
-        const uint64_t* r = m.row(order[s]);
-        for (uint64_t w = w0; w < w1; ++w) {
-          uint64_t x = r[w];
-          while (x) {
-            act[(w - w0) * 64 + __builtin_ctzll(x)].push_back(s);
-            x &= x - 1;
-          }
-        }
+  for (uint64_t t = t0; t < t1; ++t) {
+    const uint64_t* tr = tm->row(t);
+    for (uint64_t w = 0; w < tm->words; ++w)
+      for (uint64_t x = tr[w]; x; x &= x - 1) {
+        const uint32_t s = slot_of[w * 64 + uint64_t(__builtin_ctzll(x))];
+        slot_bits[s >> 6] |= uint64_t(1) << (s & 63);
+      }
+    a.clear();
+    for (uint64_t w = 0; w < slot_bits.size(); ++w) {
+      for (uint64_t x = slot_bits[w]; x; x &= x - 1) a.push_back(uint32_t(w * 64 + uint64_t(__builtin_ctzll(x))));
+      slot_bits[w] = 0;
+    }
+    if (misses)
+      for (uint32_t sl : a)
+        if (!(use_cache && cache.resident(sl))) misses->set(order[sl], t - t0);
+    planner.plan(a, use_cache ? &cache : nullptr, plan);
+    ++ev.tokens;
+    ev.active += plan.active;
+    ev.reads += plan.reads.size();
+    ev.bundles_read += plan.bundles_read;
+    for (const ReadOp& r : plan.reads) {
+      ev.max_read_bundles = std::max<uint64_t>(ev.max_read_bundles, r.bundles());
+      if (read_lengths) {
+        if (read_lengths->size() <= r.bundles()) read_lengths->resize(r.bundles() + 1, 0);
+        ++(*read_lengths)[r.bundles()];
       }
     }
-    for (uint64_t b = 0; b < (w1 - w0) * 64; ++b) {
-      uint64_t t = w0 * 64 + b;
-      if (t < t0 || t >= t1) continue;
-      std::vector<uint32_t>& a = act[use_tm ? 0 : b];
-      if (use_tm) {
-        const uint64_t* tr = tm->row(t);
-        for (uint64_t w = 0; w < tm->words; ++w)
-          for (uint64_t x = tr[w]; x; x &= x - 1) {
-            const uint32_t s = slot_of[w * 64 + uint64_t(__builtin_ctzll(x))];
-            slot_bits[s >> 6] |= uint64_t(1) << (s & 63);
-          }
-        a.clear();
-        for (uint64_t w = 0; w < slot_bits.size(); ++w) {
-          for (uint64_t x = slot_bits[w]; x; x &= x - 1) a.push_back(uint32_t(w * 64 + uint64_t(__builtin_ctzll(x))));
-          slot_bits[w] = 0;
-        }
-      }
-      if (misses)
-        for (uint32_t sl : a)
-          if (!(use_cache && cache.resident(sl))) misses->set(order[sl], t - t0);
-      planner.plan(a, use_cache ? &cache : nullptr, plan);
-      ++ev.tokens;
-      ev.active += plan.active;
-      ev.reads += plan.reads.size();
-      ev.bundles_read += plan.bundles_read;
-      for (const ReadOp& r : plan.reads) {
-        ev.max_read_bundles = std::max<uint64_t>(ev.max_read_bundles, r.bundles());
-        if (read_lengths) {
-          if (read_lengths->size() <= r.bundles()) read_lengths->resize(r.bundles() + 1, 0);
-          ++(*read_lengths)[r.bundles()];
-        }
-      }
-      ev.bytes_read += plan.bytes_read;
-      ev.bytes_needed += uint64_t(plan.needed) * cfg.bundle_bytes;
-      ev.hits += plan.hits.size();
-      ev.io_seconds += plan.io_seconds(cfg.device.cost);
-    }
+    ev.bytes_read += plan.bytes_read;
+    ev.bytes_needed += uint64_t(plan.needed) * cfg.bundle_bytes;
+    ev.hits += plan.hits.size();
+    ev.io_seconds += plan.io_seconds(cfg.device.cost);
   }
   return ev;
 }
