@@ -5,10 +5,17 @@
 #include <cmath>
 #include <deque>
 #include <numeric>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include "formats/core/error.h"
 
 namespace nl {
+
+namespace detail {
+bool ls_portable_kernel = false;
+}
 
 namespace {
 
@@ -24,7 +31,7 @@ struct Move {
 
 // cnt[d] += tokens at which the neuron in slot q is active and the nearest active slot before it is q - d (d <= g1),
 // over the L slots rp[0..L).
-NL_POPCNT_CLONES void window_counts(const uint64_t* const* rp, size_t L, uint32_t g1, uint32_t W, uint64_t* cnt) {
+NL_POPCNT_CLONES void window_counts_scalar(const uint64_t* const* rp, size_t L, uint32_t g1, uint32_t W, uint64_t* cnt) {
   for (size_t q = 1; q < L; ++q) {
     uint32_t dmax = uint32_t(std::min<size_t>(g1, q));
     const uint64_t* rq = rp[q];
@@ -40,6 +47,45 @@ NL_POPCNT_CLONES void window_counts(const uint64_t* const* rp, size_t L, uint32_
       }
     }
   }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// The same counts, 8 token words per step (AVX-512F + VPOPCNTDQ); words past W are masked off.
+__attribute__((target("avx512f,avx512vpopcntdq"))) void window_counts_avx512(const uint64_t* const* rp, size_t L,
+                                                                               uint32_t g1, uint32_t W, uint64_t* cnt) {
+  __m512i acc[kMaxWindow + 1];
+  for (uint32_t d = 0; d <= g1; ++d) acc[d] = _mm512_setzero_si512();
+  for (size_t q = 1; q < L; ++q) {
+    const uint32_t dmax = uint32_t(std::min<size_t>(g1, q));
+    const uint64_t* rq = rp[q];
+    for (uint32_t w = 0; w < W; w += 8) {
+      const __mmask8 lanes = W - w >= 8 ? __mmask8(0xFF) : __mmask8((1u << (W - w)) - 1);
+      const __m512i x = _mm512_maskz_loadu_epi64(lanes, rq + w);
+      if (!_mm512_test_epi64_mask(x, x)) continue;
+      __m512i msk = _mm512_setzero_si512();
+      for (uint32_t d = 1; d <= dmax; ++d) {
+        const __m512i y = _mm512_maskz_loadu_epi64(lanes, rp[q - d] + w);
+        // Ternary logic for x & y & ~msk and x & ~msk (GCC 12's andnot warns about an uninitialised operand).
+        acc[d] = _mm512_add_epi64(acc[d], _mm512_popcnt_epi64(_mm512_ternarylogic_epi64(x, y, msk, 0x40)));
+        msk = _mm512_or_si512(msk, y);
+        if (!_mm512_test_epi64_mask(x, _mm512_ternarylogic_epi64(x, msk, x, 0x30))) break;
+      }
+    }
+  }
+  alignas(64) uint64_t lane[8];
+  for (uint32_t d = 1; d <= g1; ++d) {
+    _mm512_store_si512(lane, acc[d]);
+    for (uint64_t v : lane) cnt[d] += v;
+  }
+}
+#endif
+
+void window_counts(const uint64_t* const* rp, size_t L, uint32_t g1, uint32_t W, uint64_t* cnt) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vpopcntdq");
+  if (wide && !detail::ls_portable_kernel) return window_counts_avx512(rp, L, g1, W, cnt);
+#endif
+  window_counts_scalar(rp, L, g1, W, cnt);
 }
 
 struct Search {
@@ -58,6 +104,7 @@ struct Search {
 
   Search(const LayerMask& mask, const LayerGraph& graph, const LsOptions& o) : m(mask), g(graph), opt(o) {
     n = m.n_neurons;
+    full = graph_covers(g, m);
     g1 = std::min<uint32_t>({opt.merge_gap + 1, kMaxWindow, std::max<uint32_t>(1, opt.max_window)});
     for (uint32_t d = 1; d <= g1; ++d) sd[d] = opt.read_us - double(d - 1) * opt.bundle_us;
     uint64_t want = std::max<uint64_t>(1, (uint64_t(opt.sample_tokens) + 63) / 64);
@@ -159,8 +206,12 @@ struct Search {
   }
 
   uint32_t at(int64_t k) const { return k >= 0 && k < int64_t(n) ? ord[size_t(k)] : kNone; }
+  // The layer's full count matrix, when the graph holds one over this mask's tokens: an O(1) look-up instead of a
+  // pass over every token word (same counts).
+  bool full = false;
   int64_t pw(uint32_t a, uint32_t b) const {
-    return (a == kNone || b == kNone) ? 0 : int64_t(coactivation_pair(m, a, b));
+    if (a == kNone || b == kNone) return 0;
+    return full ? int64_t(g.pair(a, b)) : int64_t(coactivation_pair(m, a, b));
   }
   // Change of the exact (full-trace) path weight.
   int64_t weight_delta(const Move& mv) const {
@@ -290,8 +341,8 @@ struct Search {
     // Hot neurons' sampled rows are zero: the cache serves them, so they need no reads.
     for (uint32_t v = 0; v < n; ++v)
       if (hot[v]) std::fill(R.begin() + size_t(v) * W, R.begin() + size_t(v + 1) * W, 0);
-    w_floor = opt.keep_weight ? path_weight(m, seed_order) : 0;
-    w_cur = path_weight(m, ord);
+    w_floor = opt.keep_weight ? path_weight(g, m, seed_order) : 0;
+    w_cur = path_weight(g, m, ord);
     saving = total();
     inq.assign(n, 0);
     for (uint32_t k = 0; k < n_act; ++k) push(k);
@@ -366,7 +417,7 @@ Order local_search(const LayerMask& m, const LayerGraph& g, const Order& seed, c
     stats->fell_back = fell_back;
     stats->saving_seed = ls_objective(m, seed, opt);
     stats->saving_final = ls_objective(m, s.ord, opt);
-    stats->weight_seed = path_weight(m, seed);
+    stats->weight_seed = path_weight(g, m, seed);
     stats->weight_final = s.w_cur;
   }
   return s.ord;

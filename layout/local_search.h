@@ -40,6 +40,11 @@ struct LsStats {
 Order local_search(const LayerMask& m, const LayerGraph& g, const Order& seed, const LsOptions& opt,
                    LsStats* stats = nullptr);
 
+namespace detail {
+// Tests: force the portable window-count loop instead of the AVX-512 one picked at run time (same counts).
+extern bool ls_portable_kernel;
+}
+
 // The objective local_search maximises, for reports and tests: microseconds saved on the sampled tokens
 // relative to one read per active neuron.
 double ls_objective(const LayerMask& m, const Order& order, const LsOptions& opt);

@@ -57,7 +57,7 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
       if (lo.max_evaluations == 0) lo.max_evaluations = uint64_t(opt.evaluations_per_neuron) * m.n_neurons;
       const uint32_t cap = cache_capacity_for_ratio(ec.cache_ratio, m.n_neurons);
       const uint32_t n_pin = uint32_t(std::floor(opt.pin_share * cap + 1e-9));
-      const uint64_t w_greedy = path_weight(m, r.order);
+      const uint64_t w_greedy = path_weight(g, m, r.order);
       // The guard's device objective runs the planner and cache on the first guard_tokens profile tokens (a
       // contiguous prefix, so the cache sees real token-to-token persistence): bounded cost at paper scale.
       EvalConfig eg = ec;
@@ -73,7 +73,7 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
       // Each candidate order is tried with the paper's cache (no recorded policy), with admission `opt.admission`
       // and, when it has a pinned set, with that set pinned too; the best on the profile prefix is kept.
       auto try_order = [&](const Order& o, const std::vector<uint32_t>& pins, double& io_ms_out) {
-        if (!(path_weight(m, o) >= w_greedy || !opt.guard_weight)) return;
+        if (!(path_weight(g, m, o) >= w_greedy || !opt.guard_weight)) return;
         std::vector<LayerCachePolicy> pols = {LayerCachePolicy{}, LayerCachePolicy{opt.admission, {}}};
         if (!pins.empty()) pols.push_back(LayerCachePolicy{opt.admission, pins});
         for (const auto& pol : pols) {
@@ -127,12 +127,12 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
         evaluate_layer(m, r.order, eg, layer_index, &pol, &miss, nullptr, &tm);
         LayerGraph gm = coactivation_count(miss, co);
         Order o = solve_greedy(gm, &miss);
-        r.weight_miss_greedy = path_weight(m, o);
+        r.weight_miss_greedy = path_weight(g, m, o);
         LsOptions lm = lo;
         lm.hot_count = 0;
         LsStats st;
         o = local_search(miss, gm, o, lm, &st);
-        r.weight_miss = path_weight(m, o);
+        r.weight_miss = path_weight(g, m, o);
         try_order(o, {}, r.io_ms_miss);
       }
       r.seconds_ls = lap();
@@ -143,7 +143,7 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
   } else {
     throw UsageError("unknown method '" + meth + "' (identity, frequency, greedy, greedy+ls, rcm)");
   }
-  r.objective = path_weight(m, r.order);
+  r.objective = path_weight(g, m, r.order);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

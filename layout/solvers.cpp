@@ -75,41 +75,112 @@ struct PathBuilder {
   }
 };
 
+// Stable sort of a band collected in (u, v) order by decreasing count (counts in [lo, hi]): the order edge_before
+// gives, in O(band + hi - lo).
+void sort_band(std::vector<Edge>& band, uint64_t lo, uint64_t hi, std::vector<Edge>& tmp, std::vector<uint64_t>& off) {
+  off.assign(size_t(hi - lo) + 2, 0);
+  for (const Edge& e : band) ++off[size_t(hi - e.count) + 1];
+  for (size_t k = 1; k < off.size(); ++k) off[k] += off[k - 1];
+  tmp.resize(band.size());
+  for (const Edge& e : band) tmp[off[size_t(hi - e.count)]++] = e;
+  band.swap(tmp);
+}
+
 // Algorithm 1 over every pair with a non-zero count (the full matrix g.upper), without holding all pairs: bands of
 // decreasing count, each collected by a scan that keeps only pairs whose both ends are still free, sorted as the
 // global order would be (count, then (u, v)) and tried. A pair the scan leaves out has an end with two links
 // already, which the global order would refuse too, so the accepted links are the same as one sort of all pairs.
+// Band sizes change only the cost, never the links. The first band (counts >= a threshold estimated from every
+// 8th pair) is one scan of the whole triangle; later bands are sized from an exact histogram of the pairs between
+// still-free ends and scan only those pairs, which are few once the first band has linked most neurons.
 template <class In>
 void greedy_every_pair(const LayerGraph& g, const In& in, uint32_t n_in, PathBuilder& pb, GreedyStats& st) {
   const uint32_t n = g.n_neurons;
   const uint64_t kBandPairs = std::max<uint64_t>(1, detail::greedy_band_pairs);
-  uint32_t maxc = 0;
-  for (uint32_t c : g.upper) maxc = std::max(maxc, c);
-  std::vector<uint64_t> hist(size_t(maxc) + 1, 0);
-  for (uint32_t i = 0; i + 1 < n; ++i) {
-    if (!in(i)) continue;
-    const uint32_t* row = g.upper.data() + LayerGraph::upper_index(n, i, i + 1);
-    for (uint32_t j = i + 1; j < n; ++j)
-      if (in(j)) ++hist[row[j - i - 1]];
-  }
-  std::vector<Edge> band;
+  const uint32_t* up = g.upper.data();
+  auto row = [&](uint32_t i) { return up + LayerGraph::upper_index(n, i, i + 1) - (i + 1); };  // row(i)[j], j > i
+  std::vector<uint32_t> fr;  // free (degree < 2) included neurons, ascending
+  auto collect_free = [&] {
+    fr.clear();
+    for (uint32_t v = 0; v < n; ++v)
+      if (pb.deg[v] < 2 && in(v)) fr.push_back(v);
+  };
+  std::vector<Edge> band, tmp;
+  std::vector<uint64_t> off;
   uint64_t links = 0;
-  for (uint64_t hi = maxc; hi >= 1 && links + 1 < n_in;) {
-    uint64_t lo = hi, acc = hist[hi];
-    while (lo > 1 && acc + hist[lo - 1] <= kBandPairs) acc += hist[--lo];
-    band.clear();
-    for (uint32_t i = 0; i + 1 < n; ++i) {
-      if (pb.deg[i] >= 2 || !in(i)) continue;
-      const uint32_t* row = g.upper.data() + LayerGraph::upper_index(n, i, i + 1);
-      for (uint32_t j = i + 1; j < n; ++j) {
-        const uint32_t c = row[j - i - 1];
-        if (c >= lo && c <= hi && pb.deg[j] < 2 && in(j)) band.push_back({c, i, j});
-      }
-    }
-    std::sort(band.begin(), band.end(), edge_before);
+  auto try_band = [&](uint64_t lo, uint64_t hi) {
+    sort_band(band, lo, hi, tmp, off);
     st.candidates += band.size();
     for (const Edge& e : band)
       if (pb.try_link(e.u, e.v)) ++st.accepted, ++links;
+  };
+
+  // First band: threshold from a sample of the pairs (every 8th of each row, offset by row).
+  collect_free();
+  if (fr.size() < 2) return;
+  constexpr uint32_t kSample = 8;
+  std::vector<uint64_t> hist;
+  for (size_t p = 0; p + 1 < fr.size(); ++p) {
+    const uint32_t* r = row(fr[p]);
+    for (size_t q = p + 1 + (p * 5) % kSample; q < fr.size(); q += kSample) {
+      const uint32_t c = r[fr[q]];
+      if (c >= hist.size()) hist.resize(size_t(c) + 1, 0);
+      ++hist[c];
+    }
+  }
+  uint64_t lo1 = hist.size();
+  for (uint64_t acc = 0; lo1 > 1 && (acc + hist[lo1 - 1]) * kSample <= kBandPairs;) acc += hist[--lo1];
+  if (lo1 == hist.size()) lo1 = std::max<uint64_t>(1, hist.size() - 1);  // at least the top sampled count
+  // Collected with no upper bound: the sample may have missed the largest counts.
+  uint64_t hi1 = lo1;
+  band.clear();
+  const bool dense = fr.size() == n;
+  for (size_t p = 0; p + 1 < fr.size(); ++p) {
+    const uint32_t i = fr[p], *r = row(i);
+    if (dense) {
+      // Blocks of 16 with no count >= lo1 are skipped by a vectorisable max.
+      uint32_t j = i + 1;
+      for (; j + 16 <= n; j += 16) {
+        uint32_t mx = 0;
+        for (uint32_t k = 0; k < 16; ++k) mx = std::max(mx, r[j + k]);
+        if (mx < lo1) continue;
+        for (uint32_t k = 0; k < 16; ++k)
+          if (r[j + k] >= lo1) band.push_back({r[j + k], i, j + k});
+      }
+      for (; j < n; ++j)
+        if (r[j] >= lo1) band.push_back({r[j], i, j});
+    } else {
+      for (size_t q = p + 1; q < fr.size(); ++q)
+        if (r[fr[q]] >= lo1) band.push_back({r[fr[q]], i, fr[q]});
+    }
+  }
+  for (const Edge& e : band) hi1 = std::max(hi1, e.count);
+  try_band(lo1, hi1);
+
+  // Later bands: exact histogram of the counts below lo1 between free ends; those pairs only.
+  if (links + 1 >= n_in || lo1 <= 1) return;
+  collect_free();
+  hist.assign(lo1, 0);
+  for (size_t p = 0; p + 1 < fr.size(); ++p) {
+    const uint32_t* r = row(fr[p]);
+    for (size_t q = p + 1; q < fr.size(); ++q) {
+      const uint32_t c = r[fr[q]];
+      if (c < lo1) ++hist[c];
+    }
+  }
+  for (uint64_t hi = lo1 - 1; hi >= 1 && links + 1 < n_in;) {
+    uint64_t lo = hi, acc = hist[hi];
+    while (lo > 1 && acc + hist[lo - 1] <= kBandPairs) acc += hist[--lo];
+    collect_free();
+    band.clear();
+    for (size_t p = 0; p + 1 < fr.size(); ++p) {
+      const uint32_t i = fr[p], *r = row(i);
+      for (size_t q = p + 1; q < fr.size(); ++q) {
+        const uint32_t c = r[fr[q]];
+        if (c >= lo && c <= hi) band.push_back({c, i, fr[q]});
+      }
+    }
+    try_band(lo, hi);
     hi = lo - 1;
   }
 }
@@ -262,6 +333,13 @@ Order solve_rcm(const LayerGraph& g, uint32_t min_count) {
 uint64_t path_weight(const LayerMask& m, const Order& o) {
   uint64_t w = 0;
   for (size_t i = 0; i + 1 < o.size(); ++i) w += coactivation_pair(m, o[i], o[i + 1]);
+  return w;
+}
+
+uint64_t path_weight(const LayerGraph& g, const LayerMask& m, const Order& o) {
+  if (!graph_covers(g, m)) return path_weight(m, o);
+  uint64_t w = 0;
+  for (size_t i = 0; i + 1 < o.size(); ++i) w += g.pair(o[i], o[i + 1]);
   return w;
 }
 

@@ -54,6 +54,12 @@ Order solve_rcm(const LayerGraph& g, uint32_t min_count = 1);
 // Sum of co-activation counts of adjacent slots (exact, from the mask). With gap 0 and no cache the reads over
 // the trace are sum_v f(v) - path_weight.
 uint64_t path_weight(const LayerMask& m, const Order& order);
+// The same from g's full count matrix when g holds one for m (graph_covers), else from the mask. g must be m's graph.
+uint64_t path_weight(const LayerGraph& g, const LayerMask& m, const Order& order);
+// g has the full upper triangle over m's neurons and tokens (pair counts are then O(1) look-ups).
+inline bool graph_covers(const LayerGraph& g, const LayerMask& m) {
+  return !g.upper.empty() && g.n_neurons == m.n_neurons && g.n_tokens == m.n_tokens;
+}
 // 1/2 sum over neurons of their two heaviest co-activation counts (from the top-k lists; needs k >= 2).
 double path_upper_bound(const LayerGraph& g);
 
