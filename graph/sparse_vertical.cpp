@@ -11,7 +11,12 @@
 #include <immintrin.h>
 #include <omp.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <new>
 #include <cstring>
 #include <vector>
 
@@ -197,7 +202,13 @@ void sparse_vertical_chunk(const uint64_t* bits, uint32_t n, uint64_t stride, ui
   alignas(64) static const uint64_t zero[8] = {};
 #pragma omp parallel if (n >= kParallelMin)
   {
-    std::vector<uint64_t> tt(kTokBlockWords * 64 * 8);
+    // The transposed block is read at random rows: one 2 MiB huge page where the kernel grants it (no TLB misses).
+    constexpr size_t kHuge = size_t(2) << 20;
+    const size_t tt_bytes = (kTokBlockWords * 64 * 8 * sizeof(uint64_t) + kHuge - 1) / kHuge * kHuge;
+    std::unique_ptr<uint64_t, void (*)(void*)> tt_mem(static_cast<uint64_t*>(std::aligned_alloc(kHuge, tt_bytes)), std::free);
+    if (!tt_mem) throw std::bad_alloc();
+    madvise(tt_mem.get(), tt_bytes, MADV_HUGEPAGE);
+    struct { uint64_t* p; uint64_t* data() const { return p; } } tt{tt_mem.get()};
     std::vector<uint32_t> acc;
     const int tid = omp_get_thread_num();
     // Later column blocks have more rows above them: hand them out first.

@@ -55,9 +55,14 @@ TokenMajorMask::TokenMajorMask(const LayerMask& m, uint64_t b, uint64_t e)
   }
 }
 
-LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
-                         uint32_t layer_index, const LayerCachePolicy* policy,
-                         LayerMask* misses, std::vector<uint64_t>* read_lengths, const TokenMajorMask* tm) {
+namespace {
+
+// One order under several cache policies: the token's active slots are listed once and planned once per policy
+// (each with its own cache). misses / read_lengths belong to the first policy.
+std::vector<LayerEval> evaluate_policies(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
+                                         uint32_t layer_index, const std::vector<const LayerCachePolicy*>& policies,
+                                         LayerMask* misses, std::vector<uint64_t>* read_lengths,
+                                         const TokenMajorMask* tm) {
   const uint32_t n = m.n_neurons;
   if (order.size() != n) throw InternalError("evaluate: order length does not match the layer");
   PlannerConfig pc;
@@ -67,24 +72,28 @@ LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order,
   pc.gap = cfg.gap;
   pc.cost = cfg.device.cost;
   ReadPlanner planner(pc);
-  CacheConfig cc = cfg.cache;
-  cc.capacity = cache_capacity_for_ratio(cfg.cache_ratio, n);
-  cc.seed = cache_seed_for_layer(cfg.cache.seed, layer_index);
   std::vector<uint32_t> slot_of(n);
   for (uint32_t s = 0; s < n; ++s) slot_of[order[s]] = s;
-  if (policy) {
-    std::vector<uint32_t> pinned_slots;
-    if (!policy->pinned.empty()) {
+  const size_t np = policies.size();
+  std::vector<SlotCache> caches;
+  std::vector<uint8_t> use_cache(np);
+  caches.reserve(np);
+  for (size_t k = 0; k < np; ++k) {
+    CacheConfig cc = cfg.cache;
+    cc.capacity = cache_capacity_for_ratio(cfg.cache_ratio, n);
+    cc.seed = cache_seed_for_layer(cfg.cache.seed, layer_index);
+    if (const LayerCachePolicy* policy = policies[k]) {
+      std::vector<uint32_t> pinned_slots;
       for (uint32_t v : policy->pinned) {
         if (v >= n) throw InternalError("evaluate: pinned neuron out of range");
         pinned_slots.push_back(slot_of[v]);
       }
+      cache_apply_policy(cc, policy->admission, pinned_slots);  // as nl-run applies the manifest's cache_policy
     }
-    cache_apply_policy(cc, policy->admission, pinned_slots);  // as nl-run applies the manifest's cache_policy
+    use_cache[k] = cc.capacity > 0 || cc.window_tokens > 0;
+    caches.emplace_back(n, cc);
   }
-  bool use_cache = cc.capacity > 0 || cc.window_tokens > 0;
-  SlotCache cache(n, cc);
-  LayerEval ev;
+  std::vector<LayerEval> evs(np);
   uint64_t t0 = std::min(cfg.token_begin, m.n_tokens), t1 = std::min(cfg.token_end, m.n_tokens);
   if (misses) *misses = LayerMask(n, t1 > t0 ? t1 - t0 : 0);
   // Per token, its active slots ascending (what the planner takes): the token's neurons from the token-major rows
@@ -110,27 +119,46 @@ LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order,
       for (uint64_t x = slot_bits[w]; x; x &= x - 1) a.push_back(uint32_t(w * 64 + uint64_t(__builtin_ctzll(x))));
       slot_bits[w] = 0;
     }
-    if (misses)
-      for (uint32_t sl : a)
-        if (!(use_cache && cache.resident(sl))) misses->set(order[sl], t - t0);
-    planner.plan(a, use_cache ? &cache : nullptr, plan);
-    ++ev.tokens;
-    ev.active += plan.active;
-    ev.reads += plan.reads.size();
-    ev.bundles_read += plan.bundles_read;
-    for (const ReadOp& r : plan.reads) {
-      ev.max_read_bundles = std::max<uint64_t>(ev.max_read_bundles, r.bundles());
-      if (read_lengths) {
-        if (read_lengths->size() <= r.bundles()) read_lengths->resize(r.bundles() + 1, 0);
-        ++(*read_lengths)[r.bundles()];
+    for (size_t k = 0; k < np; ++k) {
+      SlotCache& cache = caches[k];
+      LayerEval& ev = evs[k];
+      if (k == 0 && misses)
+        for (uint32_t sl : a)
+          if (!(use_cache[k] && cache.resident(sl))) misses->set(order[sl], t - t0);
+      planner.plan(a, use_cache[k] ? &cache : nullptr, plan);
+      ++ev.tokens;
+      ev.active += plan.active;
+      ev.reads += plan.reads.size();
+      ev.bundles_read += plan.bundles_read;
+      for (const ReadOp& r : plan.reads) {
+        ev.max_read_bundles = std::max<uint64_t>(ev.max_read_bundles, r.bundles());
+        if (k == 0 && read_lengths) {
+          if (read_lengths->size() <= r.bundles()) read_lengths->resize(r.bundles() + 1, 0);
+          ++(*read_lengths)[r.bundles()];
+        }
       }
+      ev.bytes_read += plan.bytes_read;
+      ev.bytes_needed += uint64_t(plan.needed) * cfg.bundle_bytes;
+      ev.hits += plan.hits.size();
+      ev.io_seconds += plan.io_seconds(cfg.device.cost);
     }
-    ev.bytes_read += plan.bytes_read;
-    ev.bytes_needed += uint64_t(plan.needed) * cfg.bundle_bytes;
-    ev.hits += plan.hits.size();
-    ev.io_seconds += plan.io_seconds(cfg.device.cost);
   }
-  return ev;
+  return evs;
+}
+
+}  // namespace
+
+LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
+                         uint32_t layer_index, const LayerCachePolicy* policy,
+                         LayerMask* misses, std::vector<uint64_t>* read_lengths, const TokenMajorMask* tm) {
+  return evaluate_policies(m, order, cfg, layer_index, {policy}, misses, read_lengths, tm)[0];
+}
+
+std::vector<LayerEval> evaluate_layer_policies(const LayerMask& m, const std::vector<uint32_t>& order,
+                                               const EvalConfig& cfg, uint32_t layer_index,
+                                               const std::vector<const LayerCachePolicy*>& policies,
+                                               const TokenMajorMask* tm) {
+  return evaluate_policies(m, order, cfg, layer_index, policies, nullptr, nullptr, tm);
 }
 
 TraceEval evaluate_trace(const TraceReader& trace, const std::vector<Layout>& layouts,

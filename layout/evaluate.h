@@ -76,6 +76,13 @@ LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order,
 // when their token came (what the device had to read), over the evaluated tokens.
 // read_lengths (optional): counts of reads by length in bundles (index = length), grown as needed.
 
+// The same for one order under several cache policies (nullptr = cfg.cache as is), in one pass over the tokens:
+// result k equals evaluate_layer(m, order, cfg, layer_index, policies[k], nullptr, nullptr, tm).
+std::vector<LayerEval> evaluate_layer_policies(const LayerMask& m, const std::vector<uint32_t>& order,
+                                               const EvalConfig& cfg, uint32_t layer_index,
+                                               const std::vector<const LayerCachePolicy*>& policies,
+                                               const TokenMajorMask* tm = nullptr);
+
 // layout_cache: apply each layout layer's own cache policy (LayerCachePolicy). Every layer of a trace under several layouts (checked against the trace by layout_load), layers in
 // parallel: the figures nl-layout eval prints and nl-layout report tabulates. A bundle_bytes of 0 in cfg means
 // default_bundle_bytes of each layer. Read-length histograms are collected for the layers in hist_layers.

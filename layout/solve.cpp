@@ -76,11 +76,14 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
         if (!(path_weight(g, m, o) >= w_greedy || !opt.guard_weight)) return;
         std::vector<LayerCachePolicy> pols = {LayerCachePolicy{}, LayerCachePolicy{opt.admission, {}}};
         if (!pins.empty()) pols.push_back(LayerCachePolicy{opt.admission, pins});
-        for (const auto& pol : pols) {
-          LayerEval e = evaluate_layer(m, o, eg, layer_index, &pol, nullptr, nullptr, &tm);
+        std::vector<const LayerCachePolicy*> pp;
+        for (const auto& pol : pols) pp.push_back(&pol);
+        const std::vector<LayerEval> es = evaluate_layer_policies(m, o, eg, layer_index, pp, &tm);  // one pass
+        for (size_t k = 0; k < pols.size(); ++k) {
+          const LayerEval& e = es[k];
           double ms = e.io_ms_per_token();
           if (io_ms_out == 0 || ms < io_ms_out) io_ms_out = ms;
-          if (e.io_seconds < best_io) best_io = e.io_seconds, best = o, best_policy = pol, kept_ours = true;
+          if (e.io_seconds < best_io) best_io = e.io_seconds, best = o, best_policy = pols[k], kept_ours = true;
         }
       };
       // Variant 1: search from the greedy seed; also with the hottest neurons pinned where they are (the order

@@ -75,6 +75,25 @@ struct PathBuilder {
   }
 };
 
+// Positions k < len with r[k] >= lo, ascending, into hits; blocks of 16 below lo are skipped by a max the
+// compiler vectorises (the clones: the portable baseline has no unsigned 32-bit max).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+uint32_t at_least(const uint32_t* r, uint32_t len, uint32_t lo, uint32_t* hits) {
+  uint32_t nh = 0, k = 0;
+  for (; k + 16 <= len; k += 16) {
+    uint32_t mx = 0;
+    for (uint32_t q = 0; q < 16; ++q) mx = std::max(mx, r[k + q]);
+    if (mx < lo) continue;
+    for (uint32_t q = 0; q < 16; ++q)
+      if (r[k + q] >= lo) hits[nh++] = k + q;
+  }
+  for (; k < len; ++k)
+    if (r[k] >= lo) hits[nh++] = k;
+  return nh;
+}
+
 // Stable sort of a band collected in (u, v) order by decreasing count (counts in [lo, hi]): the order edge_before
 // gives, in O(band + hi - lo).
 void sort_band(std::vector<Edge>& band, uint64_t lo, uint64_t hi, std::vector<Edge>& tmp, std::vector<uint64_t>& off) {
@@ -134,24 +153,14 @@ void greedy_every_pair(const LayerGraph& g, const In& in, uint32_t n_in, PathBui
   // Collected with no upper bound: the sample may have missed the largest counts.
   uint64_t hi1 = lo1;
   band.clear();
-  const bool dense = fr.size() == n;
+  // Every included neuron is free here: whole rows are scanned (at_least), the included test made on the hits.
+  std::vector<uint32_t> hits(n);
   for (size_t p = 0; p + 1 < fr.size(); ++p) {
     const uint32_t i = fr[p], *r = row(i);
-    if (dense) {
-      // Blocks of 16 with no count >= lo1 are skipped by a vectorisable max.
-      uint32_t j = i + 1;
-      for (; j + 16 <= n; j += 16) {
-        uint32_t mx = 0;
-        for (uint32_t k = 0; k < 16; ++k) mx = std::max(mx, r[j + k]);
-        if (mx < lo1) continue;
-        for (uint32_t k = 0; k < 16; ++k)
-          if (r[j + k] >= lo1) band.push_back({r[j + k], i, j + k});
-      }
-      for (; j < n; ++j)
-        if (r[j] >= lo1) band.push_back({r[j], i, j});
-    } else {
-      for (size_t q = p + 1; q < fr.size(); ++q)
-        if (r[fr[q]] >= lo1) band.push_back({r[fr[q]], i, fr[q]});
+    const uint32_t nh = at_least(r + i + 1, n - i - 1, uint32_t(std::min<uint64_t>(lo1, UINT32_MAX)), hits.data());
+    for (uint32_t h = 0; h < nh; ++h) {
+      const uint32_t j = i + 1 + hits[h];
+      if (in(j)) band.push_back({r[j], i, j});
     }
   }
   for (const Edge& e : band) hi1 = std::max(hi1, e.count);

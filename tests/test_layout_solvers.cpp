@@ -314,3 +314,31 @@ TEST_CASE("the search's window-count kernels agree, and the full matrix gives th
     }
   }
 }
+
+TEST_CASE("one pass over several cache policies equals one evaluation per policy") {
+  LayerMask m = small_layer(300, 1500, 41);
+  CoactivationOptions co;
+  co.top_k = 8;
+  LayerGraph g = coactivation_count(m, co);
+  const Order o = solve_greedy(g, &m);
+  EvalConfig ec;
+  ec.device = default_device();
+  ec.gap = GapPolicy::parse("auto");
+  ec.cache_ratio = 0.1;
+  ec.bundle_bytes = 4096;
+  const LayerCachePolicy all{"all", {}}, aligned{"linking-aligned", {}}, pinned{"all", hottest(g.freq, 12)};
+  const std::vector<const LayerCachePolicy*> pols = {nullptr, &all, &aligned, &pinned};
+  const std::vector<LayerEval> got = evaluate_layer_policies(m, o, ec, 3, pols);
+  REQUIRE(got.size() == pols.size());
+  for (size_t k = 0; k < pols.size(); ++k) {
+    const LayerEval want = evaluate_layer(m, o, ec, 3, pols[k]);
+    CAPTURE(k);
+    CHECK(got[k].reads == want.reads);
+    CHECK(got[k].hits == want.hits);
+    CHECK(got[k].bytes_read == want.bytes_read);
+    CHECK(got[k].bytes_needed == want.bytes_needed);
+    CHECK(got[k].max_read_bundles == want.max_read_bundles);
+    CHECK(got[k].io_seconds == want.io_seconds);
+  }
+  CHECK(got[1].hits != got[3].hits);  // the policies differ, so the comparison means something
+}
