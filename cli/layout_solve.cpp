@@ -17,7 +17,7 @@ struct SolveArgs {
   uint32_t top_k = 256, rcm_min_count = 1, sample_tokens = 8192, neighbours = 6, kicks = 0;
   double time_budget = 0, hot_share = 0.0, pin_share = 1.0;
   std::string admission = "all";
-  uint64_t max_evaluations = 0, guard_tokens = 32768, full_matrix_mib = 1024;
+  uint64_t max_evaluations = 0, guard_tokens = 16384, full_matrix_mib = 1024;
   bool miss_stream = false, no_weight_guard = false;  // 0 = the default budget (per neuron, see solve.h)
   DeviceObjectiveArgs dev;
 };

@@ -33,7 +33,7 @@ struct SolveOptions {
   std::string admission = "all";
   double pin_share = 1.0;
   bool miss_stream = false;      // also try greedy + search on the miss stream's co-activation
-  uint64_t guard_tokens = 32768;  // profile tokens (a prefix) the guard compares pipelines on
+  uint64_t guard_tokens = 16384;  // profile tokens (a prefix) the guard compares pipelines on
   bool guard_weight = true;      // a variant must keep the greedy path weight (gap-0 reads without a cache)
   // Deterministic search budget when ls.max_evaluations is 0: this many move evaluations per neuron.
   uint32_t evaluations_per_neuron = 4;

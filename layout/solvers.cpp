@@ -5,6 +5,9 @@
 #include <boost/graph/cuthill_mckee_ordering.hpp>
 #include <numeric>
 #include <set>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include "formats/core/error.h"
 
@@ -75,23 +78,32 @@ struct PathBuilder {
   }
 };
 
-// Positions k < len with r[k] >= lo, ascending, into hits; blocks of 16 below lo are skipped by a max the
-// compiler vectorises (the clones: the portable baseline has no unsigned 32-bit max).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-uint32_t at_least(const uint32_t* r, uint32_t len, uint32_t lo, uint32_t* hits) {
+// Positions k < len with r[k] >= lo, ascending, into hits: 16 counts per compare where AVX-512 is present.
+uint32_t at_least_portable(const uint32_t* r, uint32_t len, uint32_t lo, uint32_t* hits) {
+  uint32_t nh = 0;
+  for (uint32_t k = 0; k < len; ++k)
+    if (r[k] >= lo) hits[nh++] = k;
+  return nh;
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f,bmi"))) uint32_t at_least_avx512(const uint32_t* r, uint32_t len, uint32_t lo,
+                                                                uint32_t* hits) {
+  const __m512i vlo = _mm512_set1_epi32(int(lo));
   uint32_t nh = 0, k = 0;
-  for (; k + 16 <= len; k += 16) {
-    uint32_t mx = 0;
-    for (uint32_t q = 0; q < 16; ++q) mx = std::max(mx, r[k + q]);
-    if (mx < lo) continue;
-    for (uint32_t q = 0; q < 16; ++q)
-      if (r[k + q] >= lo) hits[nh++] = k + q;
-  }
+  for (; k + 16 <= len; k += 16)
+    for (uint32_t m = _mm512_cmpge_epu32_mask(_mm512_loadu_si512(r + k), vlo); m; m &= m - 1)
+      hits[nh++] = k + uint32_t(__builtin_ctz(m));
   for (; k < len; ++k)
     if (r[k] >= lo) hits[nh++] = k;
   return nh;
+}
+#endif
+uint32_t at_least(const uint32_t* r, uint32_t len, uint32_t lo, uint32_t* hits) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool wide = __builtin_cpu_supports("avx512f");
+  if (wide) return at_least_avx512(r, len, lo, hits);
+#endif
+  return at_least_portable(r, len, lo, hits);
 }
 
 // Stable sort of a band collected in (u, v) order by decreasing count (counts in [lo, hi]): the order edge_before
