@@ -19,8 +19,13 @@ class Sha256 {
   uint8_t buf_[64];
   size_t buf_len_ = 0;
   uint64_t total_ = 0;
-  void block(const uint8_t* p);
+  void block(const uint8_t* p);              // portable rounds
+  void blocks(const uint8_t* p, size_t n);   // n whole blocks: SHA-NI where the CPU has it, else block()
 };
+
+namespace detail {
+extern bool sha256_portable;  // tests: force the portable rounds
+}
 
 std::string sha256_hex(const std::string& data);
 // Hash of a whole file, streamed; IoError when it cannot be read.
