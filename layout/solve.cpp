@@ -39,7 +39,8 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
   } else if (meth == "rcm") {
     r.order = solve_rcm(g, opt.rcm_min_count);
   } else if (meth == "greedy" || meth == "greedy+ls") {
-    r.order = solve_greedy(g, &m, &r.greedy);
+    GreedyFirstBand first_band;  // the pinned variant's greedy runs on subsets reuse it
+    r.order = solve_greedy(g, &m, &r.greedy, nullptr, &first_band);
     r.seconds_greedy = lap();
     if (meth == "greedy+ls") {
       EvalConfig ec = opt.eval;
@@ -102,9 +103,9 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
         LayerCachePolicy pol{opt.admission, hot_pins};
         std::vector<uint8_t> cold(m.n_neurons, 1);
         for (uint32_t v : pol.pinned) cold[v] = 0;
-        Order cp = solve_greedy_subset(g, &m, &cold);
+        Order cp = solve_greedy_subset(g, &m, &cold, nullptr, nullptr, &first_band);
         for (auto& c : cold) c ^= 1;
-        Order hp = solve_greedy_subset(g, &m, &cold);
+        Order hp = solve_greedy_subset(g, &m, &cold, nullptr, nullptr, &first_band);
         uint64_t bw = 0;
         int bo = 0;
         for (int o = 0; o < 4; ++o) {  // orient the two paths for the most co-activated junction

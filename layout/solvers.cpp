@@ -51,10 +51,7 @@ struct Dsu {
   void unite(uint32_t a, uint32_t b) { p[find(a)] = find(b); }
 };
 
-struct Edge {
-  uint64_t count;
-  uint32_t u, v;
-};
+using Edge = GreedyFirstBand::Edge;
 bool edge_before(const Edge& a, const Edge& b) {
   if (a.count != b.count) return a.count > b.count;
   if (a.u != b.u) return a.u < b.u;
@@ -125,7 +122,8 @@ void sort_band(std::vector<Edge>& band, uint64_t lo, uint64_t hi, std::vector<Ed
 // 8th pair) is one scan of the whole triangle; later bands are sized from an exact histogram of the pairs between
 // still-free ends and scan only those pairs, which are few once the first band has linked most neurons.
 template <class In>
-void greedy_every_pair(const LayerGraph& g, const In& in, uint32_t n_in, PathBuilder& pb, GreedyStats& st) {
+void greedy_every_pair(const LayerGraph& g, const In& in, uint32_t n_in, PathBuilder& pb, GreedyStats& st,
+                       GreedyFirstBand* fb) {
   const uint32_t n = g.n_neurons;
   const uint64_t kBandPairs = std::max<uint64_t>(1, detail::greedy_band_pairs);
   const uint32_t* up = g.upper.data();
@@ -140,17 +138,26 @@ void greedy_every_pair(const LayerGraph& g, const In& in, uint32_t n_in, PathBui
   std::vector<uint64_t> off;
   uint64_t links = 0;
   auto try_band = [&](uint64_t lo, uint64_t hi) {
-    sort_band(band, lo, hi, tmp, off);
+    if (hi >= lo) sort_band(band, lo, hi, tmp, off);
     st.candidates += band.size();
     for (const Edge& e : band)
       if (pb.try_link(e.u, e.v)) ++st.accepted, ++links;
   };
 
-  // First band: threshold from a sample of the pairs (every 8th of each row, offset by row).
   collect_free();
   if (fr.size() < 2) return;
-  constexpr uint32_t kSample = 8;
   std::vector<uint64_t> hist;
+  uint64_t lo1 = 0;
+  if (fb && fb->graph == &g) {
+    // The first band of an earlier run on g: its pairs with both ends included, already in order.
+    lo1 = fb->lo;
+    band.clear();
+    for (const Edge& e : fb->edges)
+      if (in(e.u) && in(e.v)) band.push_back(e);
+    try_band(1, 0);
+  } else {
+  // First band: threshold from a sample of the pairs (every 8th of each row, offset by row).
+  constexpr uint32_t kSample = 8;
   for (size_t p = 0; p + 1 < fr.size(); ++p) {
     const uint32_t* r = row(fr[p]);
     for (size_t q = p + 1 + (p * 5) % kSample; q < fr.size(); q += kSample) {
@@ -159,7 +166,7 @@ void greedy_every_pair(const LayerGraph& g, const In& in, uint32_t n_in, PathBui
       ++hist[c];
     }
   }
-  uint64_t lo1 = hist.size();
+  lo1 = hist.size();
   for (uint64_t acc = 0; lo1 > 1 && (acc + hist[lo1 - 1]) * kSample <= kBandPairs;) acc += hist[--lo1];
   if (lo1 == hist.size()) lo1 = std::max<uint64_t>(1, hist.size() - 1);  // at least the top sampled count
   // Collected with no upper bound: the sample may have missed the largest counts.
@@ -177,6 +184,12 @@ void greedy_every_pair(const LayerGraph& g, const In& in, uint32_t n_in, PathBui
   }
   for (const Edge& e : band) hi1 = std::max(hi1, e.count);
   try_band(lo1, hi1);
+  if (fb && n_in == n) {  // only a band over every neuron serves every subset
+    fb->graph = &g;
+    fb->lo = lo1;
+    fb->edges = band;
+  }
+  }
 
   // Later bands: exact histogram of the counts below lo1 between free ends; those pairs only.
   if (links + 1 >= n_in || lo1 <= 1) return;
@@ -208,12 +221,13 @@ void greedy_every_pair(const LayerGraph& g, const In& in, uint32_t n_in, PathBui
 
 }  // namespace
 
-Order solve_greedy(const LayerGraph& g, const LayerMask* mask, GreedyStats* stats, Links* links) {
-  return solve_greedy_subset(g, mask, nullptr, stats, links);
+Order solve_greedy(const LayerGraph& g, const LayerMask* mask, GreedyStats* stats, Links* links,
+                   GreedyFirstBand* first_band) {
+  return solve_greedy_subset(g, mask, nullptr, stats, links, first_band);
 }
 
 Order solve_greedy_subset(const LayerGraph& g, const LayerMask* mask, const std::vector<uint8_t>* include,
-                          GreedyStats* stats, Links* links) {
+                          GreedyStats* stats, Links* links, GreedyFirstBand* first_band) {
   const uint32_t n = g.n_neurons;
   GreedyStats st;
   if (links) links->clear();
@@ -224,7 +238,7 @@ Order solve_greedy_subset(const LayerGraph& g, const LayerMask* mask, const std:
   if (n_in == 0) return {};
   PathBuilder pb(n, links);
   if (!g.upper.empty()) {
-    greedy_every_pair(g, in, n_in, pb, st);
+    greedy_every_pair(g, in, n_in, pb, st, first_band);
   } else {
   std::vector<Edge> edges;
   edges.reserve(size_t(n) * g.k);

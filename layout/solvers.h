@@ -41,12 +41,25 @@ using Links = std::vector<std::pair<uint32_t, uint32_t>>;
 // their candidates are joined by the same rule over co-activation counts between fragment endpoints (each
 // endpoint's 8 heaviest endpoint partners, counted from `mask` when given on at most 8,192 evenly spread
 // tokens with the fast counting kernel, in up to 3 rounds), and finally in index order (O(F log F)). Returns the path walked from its smaller-index end.
-Order solve_greedy(const LayerGraph& g, const LayerMask* mask, GreedyStats* stats = nullptr, Links* links = nullptr);
+// first_band (optional, full-matrix greedy only): the first band of pairs (count >= lo, in Algorithm 1's order)
+// is stored there by the first run on g and reused by later runs on g, on subsets too (the subset's pairs are
+// the band's pairs with both ends included), instead of scanning the matrix again. Same links either way.
+struct GreedyFirstBand {
+  struct Edge {
+    uint64_t count;
+    uint32_t u, v;
+  };
+  const LayerGraph* graph = nullptr;  // the graph the band belongs to (nullptr: not filled yet)
+  uint64_t lo = 0;
+  std::vector<Edge> edges;
+};
+Order solve_greedy(const LayerGraph& g, const LayerMask* mask, GreedyStats* stats = nullptr, Links* links = nullptr,
+                   GreedyFirstBand* first_band = nullptr);
 
 // The same on the neurons with include[v] != 0 only (the others are left out of the path and of every
 // candidate pair): returns a path over that subset.
 Order solve_greedy_subset(const LayerGraph& g, const LayerMask* mask, const std::vector<uint8_t>* include,
-                          GreedyStats* stats = nullptr, Links* links = nullptr);
+                          GreedyStats* stats = nullptr, Links* links = nullptr, GreedyFirstBand* first_band = nullptr);
 
 // Reverse Cuthill-McKee on the candidate graph thresholded at min_count (pairs from the top-k lists).
 Order solve_rcm(const LayerGraph& g, uint32_t min_count = 1);

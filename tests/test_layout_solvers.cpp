@@ -142,6 +142,18 @@ TEST_CASE("greedy over every pair (full matrix, short lists, bands of any size) 
       Links want = brute_force_links(ss.sub);
       for (auto& [a, b] : want) a = ss.ids[a], b = ss.ids[b];
       CHECK(gs == want);
+      // Starting from the first band of a run over every neuron (as the pinned variant does): same links.
+      GreedyFirstBand fb;
+      Links again, gs2;
+      solve_greedy(g, &m, nullptr, &again, &fb);
+      CHECK(again == got);
+      CHECK(fb.graph == &g);
+      solve_greedy_subset(g, &m, &ss.in, nullptr, &gs2, &fb);
+      CHECK(gs2 == want);
+      // A subset run does not fill it (its band lacks the other neurons' pairs).
+      GreedyFirstBand fs;
+      solve_greedy_subset(g, &m, &ss.in, nullptr, nullptr, &fs);
+      CHECK(fs.graph == nullptr);
     }
   }
   detail::greedy_band_pairs = uint64_t(1) << 22;
