@@ -104,7 +104,6 @@ struct Search {
 
   Search(const LayerMask& mask, const LayerGraph& graph, const LsOptions& o) : m(mask), g(graph), opt(o) {
     n = m.n_neurons;
-    full = graph_covers(g, m);
     g1 = std::min<uint32_t>({opt.merge_gap + 1, kMaxWindow, std::max<uint32_t>(1, opt.max_window)});
     for (uint32_t d = 1; d <= g1; ++d) sd[d] = opt.read_us - double(d - 1) * opt.bundle_us;
     uint64_t want = std::max<uint64_t>(1, (uint64_t(opt.sample_tokens) + 63) / 64);
@@ -206,12 +205,9 @@ struct Search {
   }
 
   uint32_t at(int64_t k) const { return k >= 0 && k < int64_t(n) ? ord[size_t(k)] : kNone; }
-  // The layer's full count matrix, when the graph holds one over this mask's tokens: an O(1) look-up instead of a
-  // pass over every token word (same counts).
-  bool full = false;
+  // From the layer's full count matrix when the graph holds one (an O(1) look-up), else from the mask.
   int64_t pw(uint32_t a, uint32_t b) const {
-    if (a == kNone || b == kNone) return 0;
-    return full ? int64_t(g.pair(a, b)) : int64_t(coactivation_pair(m, a, b));
+    return (a == kNone || b == kNone) ? 0 : int64_t(pair_count(g, m, a, b));
   }
   // Change of the exact (full-trace) path weight.
   int64_t weight_delta(const Move& mv) const {

@@ -110,7 +110,7 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
         int bo = 0;
         for (int o = 0; o < 4; ++o) {  // orient the two paths for the most co-activated junction
           uint32_t a = (o & 1) ? cp.front() : cp.back(), b = (o & 2) ? hp.back() : hp.front();
-          uint64_t c = coactivation_pair(m, a, b);
+          uint64_t c = pair_count(g, m, a, b);
           if (c > bw) bw = c, bo = o;
         }
         if (bo & 1) std::reverse(cp.begin(), cp.end());

@@ -156,39 +156,39 @@ void greedy_every_pair(const LayerGraph& g, const In& in, uint32_t n_in, PathBui
       if (in(e.u) && in(e.v)) band.push_back(e);
     try_band(1, 0);
   } else {
-  // First band: threshold from a sample of the pairs (every 8th of each row, offset by row).
-  constexpr uint32_t kSample = 8;
-  for (size_t p = 0; p + 1 < fr.size(); ++p) {
-    const uint32_t* r = row(fr[p]);
-    for (size_t q = p + 1 + (p * 5) % kSample; q < fr.size(); q += kSample) {
-      const uint32_t c = r[fr[q]];
-      if (c >= hist.size()) hist.resize(size_t(c) + 1, 0);
-      ++hist[c];
+    // First band: threshold from a sample of the pairs (every 8th of each row, offset by row).
+    constexpr uint32_t kSample = 8;
+    for (size_t p = 0; p + 1 < fr.size(); ++p) {
+      const uint32_t* r = row(fr[p]);
+      for (size_t q = p + 1 + (p * 5) % kSample; q < fr.size(); q += kSample) {
+        const uint32_t c = r[fr[q]];
+        if (c >= hist.size()) hist.resize(size_t(c) + 1, 0);
+        ++hist[c];
+      }
     }
-  }
-  lo1 = hist.size();
-  for (uint64_t acc = 0; lo1 > 1 && (acc + hist[lo1 - 1]) * kSample <= kBandPairs;) acc += hist[--lo1];
-  if (lo1 == hist.size()) lo1 = std::max<uint64_t>(1, hist.size() - 1);  // at least the top sampled count
-  // Collected with no upper bound: the sample may have missed the largest counts.
-  uint64_t hi1 = lo1;
-  band.clear();
-  // Every included neuron is free here: whole rows are scanned (at_least), the included test made on the hits.
-  std::vector<uint32_t> hits(n);
-  for (size_t p = 0; p + 1 < fr.size(); ++p) {
-    const uint32_t i = fr[p], *r = row(i);
-    const uint32_t nh = at_least(r + i + 1, n - i - 1, uint32_t(std::min<uint64_t>(lo1, UINT32_MAX)), hits.data());
-    for (uint32_t h = 0; h < nh; ++h) {
-      const uint32_t j = i + 1 + hits[h];
-      if (in(j)) band.push_back({r[j], i, j});
+    lo1 = hist.size();
+    for (uint64_t acc = 0; lo1 > 1 && (acc + hist[lo1 - 1]) * kSample <= kBandPairs;) acc += hist[--lo1];
+    if (lo1 == hist.size()) lo1 = std::max<uint64_t>(1, hist.size() - 1);  // at least the top sampled count
+    // Collected with no upper bound: the sample may have missed the largest counts.
+    uint64_t hi1 = lo1;
+    band.clear();
+    // Every included neuron is free here: whole rows are scanned (at_least), the included test made on the hits.
+    std::vector<uint32_t> hits(n);
+    for (size_t p = 0; p + 1 < fr.size(); ++p) {
+      const uint32_t i = fr[p], *r = row(i);
+      const uint32_t nh = at_least(r + i + 1, n - i - 1, uint32_t(std::min<uint64_t>(lo1, UINT32_MAX)), hits.data());
+      for (uint32_t h = 0; h < nh; ++h) {
+        const uint32_t j = i + 1 + hits[h];
+        if (in(j)) band.push_back({r[j], i, j});
+      }
     }
-  }
-  for (const Edge& e : band) hi1 = std::max(hi1, e.count);
-  try_band(lo1, hi1);
-  if (fb && n_in == n) {  // only a band over every neuron serves every subset
-    fb->graph = &g;
-    fb->lo = lo1;
-    fb->edges = band;
-  }
+    for (const Edge& e : band) hi1 = std::max(hi1, e.count);
+    try_band(lo1, hi1);
+    if (fb && n_in == n) {  // only a band over every neuron serves every subset
+      fb->graph = &g;
+      fb->lo = lo1;
+      fb->edges = band;
+    }
   }
 
   // Later bands: exact histogram of the counts below lo1 between free ends; those pairs only.
@@ -372,9 +372,8 @@ uint64_t path_weight(const LayerMask& m, const Order& o) {
 }
 
 uint64_t path_weight(const LayerGraph& g, const LayerMask& m, const Order& o) {
-  if (!graph_covers(g, m)) return path_weight(m, o);
   uint64_t w = 0;
-  for (size_t i = 0; i + 1 < o.size(); ++i) w += g.pair(o[i], o[i + 1]);
+  for (size_t i = 0; i + 1 < o.size(); ++i) w += pair_count(g, m, o[i], o[i + 1]);
   return w;
 }
 

@@ -73,6 +73,10 @@ uint64_t path_weight(const LayerGraph& g, const LayerMask& m, const Order& order
 inline bool graph_covers(const LayerGraph& g, const LayerMask& m) {
   return !g.upper.empty() && g.n_neurons == m.n_neurons && g.n_tokens == m.n_tokens;
 }
+// C[a][b] of m: from g's matrix when it covers m, else counted from the mask. g must be m's graph.
+inline uint64_t pair_count(const LayerGraph& g, const LayerMask& m, uint32_t a, uint32_t b) {
+  return graph_covers(g, m) ? g.pair(a, b) : coactivation_pair(m, a, b);
+}
 // 1/2 sum over neurons of their two heaviest co-activation counts (from the top-k lists; needs k >= 2).
 double path_upper_bound(const LayerGraph& g);
 
