@@ -43,7 +43,7 @@ void add_device_objective_options(CLI::App& c, DeviceObjectiveArgs& a) {
   const char* grp = "Device objective";
   c.add_option("--device", a.device, "Device profile JSON (default: built-in UFS 4.0 = configs/devices/ufs40.json)")
       ->check(CLI::ExistingFile)->group(grp);
-  c.add_option("--gap", a.gap, "Gap merging: off, auto (device cost model) or N bundles")->group(grp);
+  c.add_option("--gap", a.gap, "Gap merging: off, auto (device cost model; cached slots inside a run are a gap too), auto-keep-runs (the paper's rule: the cache never splits a run) or N bundles")->group(grp);
   c.add_option("--cache-ratio", a.cache_ratio, "Cache size as a fraction of each layer's FFN bytes")
       ->check(CLI::Range(0.0, 1.0))->group(grp);
   c.add_option("--bundle-bytes", a.bundle_bytes, "Bytes per neuron bundle (default: from the layer width)")

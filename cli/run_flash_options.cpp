@@ -27,7 +27,7 @@ void add_flash_io_options(CLI::App* c, FlashArgs& a) {
 }
 
 void add_flash_plan_options(CLI::App* c, FlashArgs& a) {
-  c->add_option("--gap", a.gap, "Merge reads across gaps: off | N bundles | auto (needs --device)")->group("Reads");
+  c->add_option("--gap", a.gap, "Merge reads across gaps: off | N bundles | auto (needs --device; cached slots inside a run are a gap too) | auto-keep-runs (the cache never splits a run)")->group("Reads");
   c->add_option("--device", a.device, "Device profile (configs/devices/*.json) for --gap auto")
       ->check(CLI::ExistingFile)
       ->group("Reads");

@@ -1,4 +1,5 @@
-// Read planner: runs, gap merging (off / fixed / auto), cache trimming that never fragments a run, alignment.
+// Read planner: runs, gap merging (off / fixed / auto), cache trimming that never fragments a run under off / N /
+// auto-keep-runs, cost-based splitting around cached slots under auto, alignment.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -43,6 +44,12 @@ using Spans = std::vector<std::pair<uint32_t, uint32_t>>;
 TEST_CASE("gap policy parsing") {
   CHECK(GapPolicy::parse("off").mode == GapMode::Off);
   CHECK(GapPolicy::parse("auto").mode == GapMode::Auto);
+  CHECK(GapPolicy::parse("auto").resident_gaps);
+  CHECK(GapPolicy::parse("auto-keep-runs").mode == GapMode::Auto);
+  CHECK_FALSE(GapPolicy::parse("auto-keep-runs").resident_gaps);
+  CHECK(GapPolicy::parse("auto-keep-runs").to_string() == "auto-keep-runs");
+  CHECK(GapPolicy::parse("auto").to_string() == "auto");
+  CHECK_THROWS_AS(GapPolicy::parse("auto-keep"), UsageError);
   CHECK(GapPolicy::parse("0").mode == GapMode::Off);
   GapPolicy g = GapPolicy::parse("3");
   CHECK(g.mode == GapMode::Fixed);
@@ -128,6 +135,64 @@ TEST_CASE("cache hits trim run ends but never split a run") {
   CHECK(p.active == 8);
 }
 
+TEST_CASE("auto splits a run around cached slots exactly when skipping them costs less than one more read") {
+  // 24 KiB bundles on UFS 4.0: one bundle (24,576 B) is cheaper to read through than a read (a*B = 34,733 B);
+  // two (49,152 B) are not.
+  CacheConfig cc;
+  cc.capacity = 6;  // the pinned slots only: planning admits nothing, so both rules see the same contents
+  cc.pinned = {3, 10, 11, 20, 21, 22};
+  SlotCache cache(40, cc);
+  TokenPlan p;
+  const std::vector<uint32_t> act = {1, 2, 3, 4, 5, 8, 9, 10, 11, 12, 13, 19, 20, 21, 22};
+  ReadPlanner(cfg(40, 24576, GapPolicy::parse("auto"))).plan(act, &cache, p);
+  // [1..6): slot 3 read through; [8..14): 10, 11 skipped -> two reads; [19..23): 20-22 trimmed off the end.
+  CHECK(spans(p) == Spans{{1, 6}, {8, 10}, {12, 14}, {19, 20}});
+  CHECK(p.hits == std::vector<uint32_t>{10, 11, 20, 21, 22});
+  CHECK(p.cached_in_reads == 1);
+  CHECK(p.needed == 9);
+  CHECK(p.bytes_read == 10 * 24576);
+  const double split_cost = p.io_seconds(ufs40());
+  // The paper's rule keeps every run whole: 10 and 11 are read with their run, the cache only trims run ends.
+  ReadPlanner(cfg(40, 24576, GapPolicy::parse("auto-keep-runs"))).plan(act, &cache, p);
+  CHECK(spans(p) == Spans{{1, 6}, {8, 14}, {19, 20}});
+  CHECK(p.hits == std::vector<uint32_t>{20, 21, 22});
+  CHECK(p.cached_in_reads == 3);
+  CHECK(p.io_seconds(ufs40()) - split_cost == doctest::Approx(2 * 24576 / 4267e6 - 8.14e-6));
+  // Without a cache both rules are the same planner.
+  TokenPlan q;
+  ReadPlanner(cfg(40, 24576, GapPolicy::parse("auto"))).plan(act, nullptr, p);
+  ReadPlanner(cfg(40, 24576, GapPolicy::parse("auto-keep-runs"))).plan(act, nullptr, q);
+  CHECK(spans(p) == spans(q));
+}
+
+TEST_CASE("auto never costs more than auto-keep-runs for the same cache contents") {
+  std::mt19937_64 rng(11);
+  for (int iter = 0; iter < 300; ++iter) {
+    uint32_t n = 1 + rng() % 400;
+    std::vector<uint32_t> act;
+    double p_on = double(rng() % 100) / 100.0;
+    for (uint32_t s = 0; s < n; ++s)
+      if (double(rng() % 1000) / 1000.0 < p_on) act.push_back(s);
+    CacheConfig cc;
+    cc.capacity = n;
+    double p_res = double(rng() % 100) / 100.0;
+    for (uint32_t s = 0; s < n; ++s)
+      if (double(rng() % 1000) / 1000.0 < p_res) cc.pinned.push_back(s);
+    uint64_t bundle = 1 + rng() % 40000;
+    PlannerConfig c = cfg(n, bundle, GapPolicy::parse("auto"));
+    c.region_offset = 4096 * (rng() % 3) + (rng() % 2) * 512;
+    TokenPlan split, keep;
+    SlotCache c1(n, cc), c2(n, cc);  // one plan each, from the same contents
+    ReadPlanner(c).plan(act, &c1, split);
+    c.gap = GapPolicy::parse("auto-keep-runs");
+    ReadPlanner(c).plan(act, &c2, keep);
+    CHECK(split.io_seconds(ufs40()) <= keep.io_seconds(ufs40()) + 1e-15);
+    CHECK(split.needed == keep.needed);
+    CHECK(split.needed + split.hits.size() + split.cached_in_reads == act.size());
+    CHECK(split.hits.size() >= keep.hits.size());
+  }
+}
+
 TEST_CASE("random plans: every needed slot in exactly one read; gap off gives one read per maximal run") {
   std::mt19937_64 rng(7);
   for (int iter = 0; iter < 200; ++iter) {
@@ -136,7 +201,7 @@ TEST_CASE("random plans: every needed slot in exactly one read; gap off gives on
     double p_on = double(rng() % 100) / 100.0;
     for (uint32_t s = 0; s < n; ++s)
       if (double(rng() % 1000) / 1000.0 < p_on) act.push_back(s);
-    for (const char* gap : {"off", "1", "4", "auto"}) {
+    for (const char* gap : {"off", "1", "4", "auto", "auto-keep-runs"}) {
       CacheConfig cc;
       cc.capacity = n / 4;
       for (uint32_t s = 0; s < n; s += 7) cc.pinned.push_back(s);

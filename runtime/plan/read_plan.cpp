@@ -14,14 +14,15 @@ GapPolicy GapPolicy::parse(const std::string& text) {
     g.mode = GapMode::Off;
     return g;
   }
-  if (text == "auto") {
+  if (text == "auto" || text == "auto-keep-runs") {
     g.mode = GapMode::Auto;
+    g.resident_gaps = text == "auto";
     return g;
   }
   char* end = nullptr;
   long v = std::strtol(text.c_str(), &end, 10);
   if (text.empty() || *end != '\0' || v < 0 || v > (1 << 24))
-    throw UsageError("gap must be off, auto or a number of bundles >= 0, got '" + text + "'");
+    throw UsageError("gap must be off, auto, auto-keep-runs or a number of bundles >= 0, got '" + text + "'");
   g.mode = v == 0 ? GapMode::Off : GapMode::Fixed;
   g.bundles = static_cast<uint32_t>(v);
   return g;
@@ -30,7 +31,7 @@ GapPolicy GapPolicy::parse(const std::string& text) {
 std::string GapPolicy::to_string() const {
   switch (mode) {
     case GapMode::Off: return "off";
-    case GapMode::Auto: return "auto";
+    case GapMode::Auto: return resident_gaps ? "auto" : "auto-keep-runs";
     case GapMode::Fixed: return std::to_string(bundles);
   }
   return "?";
@@ -103,23 +104,43 @@ void ReadPlanner::plan(const uint32_t* active, size_t n, SlotCache* cache, Token
                           std::to_string(cfg_.n_slots));
   auto is_res = [&](uint32_t s) { return cache && cache->resident(s); };
 
-  // Maximal runs; resident slots at either end of a run are trimmed off (served from DRAM), resident slots
-  // inside stay in the read so that a lookup never splits one read into two.
-  size_t i = 0;
-  while (i < n) {
-    size_t j = i + 1;
-    while (j < n && active[j] == active[j - 1] + 1) ++j;
-    size_t b = i, e = j;  // [b, e) indices into active
-    while (b < e && is_res(active[b])) ++b;
-    while (e > b && is_res(active[e - 1])) --e;
-    if (b < e) {
-      uint32_t sb = active[b], se = active[e - 1] + 1;
+  if (cfg_.gap.mode == GapMode::Auto && cfg_.gap.resident_gaps && cache) {
+    // Cost-based: a resident slot is not needed, so resident slots inside a run are a gap like inactive ones, and
+    // the run is split around them exactly when skipping their bytes saves more than the extra read costs.
+    size_t i = 0;
+    while (i < n) {
+      if (is_res(active[i])) {
+        ++i;
+        continue;
+      }
+      size_t j = i + 1;
+      while (j < n && active[j] == active[j - 1] + 1 && !is_res(active[j])) ++j;
+      uint32_t sb = active[i], se = active[j - 1] + 1;
       if (!out.reads.empty() && should_merge(out.reads.back().slot_end, sb))
         out.reads.back().slot_end = se;
       else
         out.reads.push_back(ReadOp{sb, se, 0, 0, 0});
+      i = j;
     }
-    i = j;
+  } else {
+    // Maximal runs; resident slots at either end of a run are trimmed off (served from DRAM), resident slots
+    // inside stay in the read so that a lookup never splits one read into two.
+    size_t i = 0;
+    while (i < n) {
+      size_t j = i + 1;
+      while (j < n && active[j] == active[j - 1] + 1) ++j;
+      size_t b = i, e = j;  // [b, e) indices into active
+      while (b < e && is_res(active[b])) ++b;
+      while (e > b && is_res(active[e - 1])) --e;
+      if (b < e) {
+        uint32_t sb = active[b], se = active[e - 1] + 1;
+        if (!out.reads.empty() && should_merge(out.reads.back().slot_end, sb))
+          out.reads.back().slot_end = se;
+        else
+          out.reads.push_back(ReadOp{sb, se, 0, 0, 0});
+      }
+      i = j;
+    }
   }
 
   // Classify every active slot against the final reads (merging can swallow trimmed hits into a gap).

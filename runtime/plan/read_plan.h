@@ -2,9 +2,11 @@
 // reads) and nl-layout eval (simulated reads), so simulated and real read counts come from the same code.
 //
 // Steps: active slots (ascending positions in the layout) -> maximal runs of consecutive active slots ->
-// cached slots at the ends of a run are served from DRAM (cache hits), cached slots inside a run are read with
-// it (a lookup never fragments a run) -> runs are merged across small gaps (off | at most N bundles | auto from
-// the device cost model) -> byte ranges aligned to the device block.
+// cached slots at the ends of a run are served from DRAM (cache hits); cached slots inside a run are read with
+// it under off and N (a lookup never fragments a run), and under auto they are a gap like inactive slots (the
+// run is split around them when skipping their bytes costs less than one more read) -> runs are merged across
+// small gaps (off | at most N bundles | auto from the device cost model) -> byte ranges aligned to the device
+// block.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -25,7 +27,12 @@ enum class GapMode : uint8_t {
 struct GapPolicy {
   GapMode mode = GapMode::Auto;
   uint32_t bundles = 0;  // Fixed only
-  // "off", "auto" or a non-negative integer N (0 is the same as off). UsageError otherwise.
+  // Auto only: resident (cached) slots inside a run are a gap like inactive slots, so the cost model decides
+  // whether to read through them or to split the run around them ("auto"). false ("auto-keep-runs"): the paper's
+  // rule, a cache lookup never splits a run (resident slots are trimmed off run ends only). Off and Fixed always
+  // keep runs whole.
+  bool resident_gaps = true;
+  // "off", "auto", "auto-keep-runs" or a non-negative integer N (0 is the same as off). UsageError otherwise.
   static GapPolicy parse(const std::string& text);
   std::string to_string() const;
 };
