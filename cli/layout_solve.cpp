@@ -14,7 +14,7 @@ namespace {
 struct SolveArgs {
   std::string trace, out, method = "greedy+ls";
   uint64_t seed = 1;
-  uint32_t top_k = 256, rcm_min_count = 1, sample_tokens = 8192, neighbours = 6, kicks = 0;
+  uint32_t top_k = 256, rcm_min_count = 1, sample_tokens = 8192, neighbours = 6, kicks = 0, pin_rounds = 8;
   double time_budget = 0, hot_share = 0.0, pin_share = 1.0;
   std::string admission = "all";
   uint64_t max_evaluations = 0, guard_tokens = 16384, full_matrix_mib = 1024;
@@ -49,6 +49,9 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
   c.add_option("--pin-share", a.pin_share,
                "Share of the cache capacity pinned with the hottest neurons, which leave the path (0 = S3-FIFO only)")
       ->check(CLI::Range(0.0, 1.0))->group(grp);
+  c.add_option("--pin-rounds", a.pin_rounds,
+               "Rounds of swaps refining the pinned set for the searched order by its estimated read savings (0 = hottest only)")
+      ->check(CLI::Range(0u, 64u))->group(grp);
   c.add_option("--admission", a.admission,
                "Cache admission the layout is designed for (recorded in the layout; eval uses it): all, linking-aligned")
       ->check(CLI::IsMember({"all", "linking-aligned"}))->group(grp);
@@ -76,6 +79,7 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   o.eval = eval_config_from(a.dev);
   o.hot_share = a.hot_share;
   o.pin_share = a.pin_share;
+  o.pin_rounds = a.pin_rounds;
   o.admission = a.admission;
   o.miss_stream = a.miss_stream;
   o.guard_weight = !a.no_weight_guard;
@@ -100,7 +104,8 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
     if (a.method == "greedy+ls" && k > 0 && size_t(k) < sizeof buf)
       std::snprintf(buf + k, sizeof buf - size_t(k), "; profile io_ms/tok greedy %.4f, search %.4f, pinned variant %.4f, miss variant %.4f (weight %llu -> %llu); kept %s%s, %llu evaluations",
                     s.io_ms_greedy, s.io_ms_ls, s.io_ms_pinned, s.io_ms_miss, (unsigned long long)s.weight_miss_greedy, (unsigned long long)s.weight_miss, s.guard_kept_seed ? "greedy" : s.cache.admission.empty() ? "ours, paper's cache" : s.cache.admission.c_str(),
-                    s.cache.pinned.empty() ? "" : " + pinned", static_cast<unsigned long long>(s.ls.evaluations));
+                    s.cache.pinned.empty() ? "" : s.pins_refined ? " + pinned (refined)" : " + pinned (hottest)",
+                    static_cast<unsigned long long>(s.ls.evaluations));
     prog.note(buf);
     prog.add(1);
   });

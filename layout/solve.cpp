@@ -9,6 +9,7 @@
 #include "formats/core/error.h"
 #include "formats/sha256.h"
 #include "formats/trace.h"
+#include "layout/pins.h"
 
 namespace nl {
 
@@ -73,10 +74,11 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
       bool kept_ours = false;
       // Each candidate order is tried with the paper's cache (no recorded policy), with admission `opt.admission`
       // and, when it has a pinned set, with that set pinned too; the best on the profile prefix is kept.
-      auto try_order = [&](const Order& o, const std::vector<uint32_t>& pins, double& io_ms_out) {
+      auto try_order = [&](const Order& o, const std::vector<std::vector<uint32_t>>& pin_sets, double& io_ms_out) {
         if (!(path_weight(g, m, o) >= w_greedy || !opt.guard_weight)) return;
         std::vector<LayerCachePolicy> pols = {LayerCachePolicy{}, LayerCachePolicy{opt.admission, {}}};
-        if (!pins.empty()) pols.push_back(LayerCachePolicy{opt.admission, pins});
+        for (const auto& pins : pin_sets)
+          if (!pins.empty()) pols.push_back(LayerCachePolicy{opt.admission, pins});
         std::vector<const LayerCachePolicy*> pp;
         for (const auto& pol : pols) pp.push_back(&pol);
         const std::vector<LayerEval> es = evaluate_layer_policies(m, o, eg, layer_index, pp, &tm);  // one pass
@@ -91,10 +93,25 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
       // and so the gap-0 path weight unchanged, only the cache policy differs).
       const bool can_pin = n_pin > 0 && n_pin < m.n_neurons;
       const std::vector<uint32_t> hot_pins = can_pin ? hottest(g.freq, n_pin) : std::vector<uint32_t>{};
+      std::vector<uint32_t> refined_pins;
       {
         lo.hot_count = uint32_t(std::floor(opt.hot_share * cap));
         Order o = local_search(m, g, r.order, lo, &r.ls);
-        try_order(o, hot_pins, r.io_ms_ls);
+        std::vector<std::vector<uint32_t>> pin_sets = {hot_pins};
+        // Smaller hot sets leave part of the capacity to S3-FIFO, which holds persistent isolated neurons (a hit
+        // there saves a whole read).
+        for (uint32_t q : {3u, 2u}) {
+          const uint32_t k = n_pin * q / 4;
+          if (can_pin && k > 0 && k < n_pin) pin_sets.emplace_back(hot_pins.begin(), hot_pins.begin() + k);
+        }
+        // The same capacity pinned where the pins save the most reads and bytes under this order's read plans.
+        if (can_pin && opt.pin_rounds > 0) {
+          PinCost pc_cost{lo.read_us, lo.bundle_us, lo.merge_gap};
+          std::vector<uint32_t> refined = refine_pins(tm, o, hot_pins, g.freq, pc_cost, opt.pin_rounds,
+                                                      opt.ls.sample_tokens, &r.pins);
+          if (r.pins.swaps > 0) refined_pins = refined, pin_sets.push_back(std::move(refined));
+        }
+        try_order(o, pin_sets, r.io_ms_ls);
       }
       // Variant 2: the hottest neurons pinned; the path is solved without them (greedy on the cold neurons' own
       // co-activation, i.e. on the miss stream), and they sit in a block at the end ordered by greedy among
@@ -121,7 +138,7 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
         lp.hot_count = n_pin;
         LsStats st;
         Order o = local_search(m, g, seed, lp, &st);
-        try_order(o, pol.pinned, r.io_ms_pinned);
+        try_order(o, {pol.pinned}, r.io_ms_pinned);
       }
       // Variant 3: the miss stream (design section 5): simulate the layout's cache on the profile trace, then
       // solve greedy + search on the co-activation of the misses only.
@@ -141,6 +158,7 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
       }
       r.seconds_ls = lap();
       r.guard_kept_seed = !kept_ours;
+      r.pins_refined = kept_ours && !refined_pins.empty() && best_policy.pinned == refined_pins;
       r.order = std::move(best);
       r.cache = std::move(best_policy);
     }
@@ -173,6 +191,7 @@ Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,
     p["bundle_bytes"] = opt.eval.bundle_bytes;
     p["admission"] = opt.admission;
     p["pin_share"] = opt.pin_share;
+    p["pin_rounds"] = opt.pin_rounds;
     p["guard_tokens"] = opt.guard_tokens;
     if (opt.hot_share > 0) p["hot_share"] = opt.hot_share;
     p["max_evaluations"] = opt.ls.max_evaluations;

@@ -9,6 +9,7 @@
 #include "formats/layout.h"
 #include "layout/evaluate.h"
 #include "layout/local_search.h"
+#include "layout/pins.h"
 #include "layout/solvers.h"
 
 namespace nl {
@@ -32,6 +33,8 @@ struct SolveOptions {
   // the profile trace is kept, and the paper's pipeline (greedy + linking-aligned) when neither beats it.
   std::string admission = "all";
   double pin_share = 1.0;
+  // Rounds of swaps refining the pinned set for the searched order (layout/pins.h); 0 = the hottest set only.
+  uint32_t pin_rounds = 8;
   bool miss_stream = false;      // also try greedy + search on the miss stream's co-activation
   uint64_t guard_tokens = 16384;  // profile tokens (a prefix) the guard compares pipelines on
   bool guard_weight = true;      // a variant must keep the greedy path weight (gap-0 reads without a cache)
@@ -46,6 +49,8 @@ struct LayerSolve {
   double upper_bound = 0;
   GreedyStats greedy;
   LsStats ls;
+  PinRefineStats pins;           // greedy+ls: the pinned set refined for the searched order
+  bool pins_refined = false;     // the kept policy pins the refined set (not the hottest)
   bool guard_kept_seed = false;
   // greedy+ls: profile-trace I/O ms/token of the paper's pipeline, of ours, and of the pinned-hot variant (0 = not tried)
   double io_ms_greedy = 0, io_ms_ls = 0, io_ms_pinned = 0, io_ms_miss = 0;
