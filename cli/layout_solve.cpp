@@ -54,7 +54,7 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
       ->check(CLI::Range(0u, 64u))->group(grp);
   c.add_option("--admission", a.admission,
                "Cache admission the layout is designed for (recorded in the layout; eval uses it): all, linking-aligned")
-      ->check(CLI::IsMember({"all", "linking-aligned"}))->group(grp);
+      ->check(CLI::IsMember({"all", "linking-aligned", "isolated"}))->group(grp);
   c.add_flag("--miss-stream", a.miss_stream, "Also try greedy + search on the co-activation of cache misses")->group(grp);
   c.add_flag("--no-weight-guard", a.no_weight_guard,
              "Accept variants with a lower gap-0 path weight than greedy (experiments)")->group(grp);
@@ -101,11 +101,14 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
                           layer, a.method.c_str(), static_cast<unsigned long long>(s.objective), s.upper_bound,
                           s.seconds, s.seconds_count, s.seconds_greedy, s.seconds_ls,
                           s.guard_kept_seed ? " (guard kept the greedy seed)" : "");
-    if (a.method == "greedy+ls" && k > 0 && size_t(k) < sizeof buf)
+    if (a.method == "greedy+ls" && k > 0 && size_t(k) < sizeof buf) {
+      std::string pins;
+      if (!s.cache.pinned.empty())
+        pins = " + " + std::to_string(s.cache.pinned.size()) + (s.pins_refined ? " pinned (refined)" : " pinned (hottest)");
       std::snprintf(buf + k, sizeof buf - size_t(k), "; profile io_ms/tok greedy %.4f, search %.4f, pinned variant %.4f, miss variant %.4f (weight %llu -> %llu); kept %s%s, %llu evaluations",
                     s.io_ms_greedy, s.io_ms_ls, s.io_ms_pinned, s.io_ms_miss, (unsigned long long)s.weight_miss_greedy, (unsigned long long)s.weight_miss, s.guard_kept_seed ? "greedy" : s.cache.admission.empty() ? "ours, paper's cache" : s.cache.admission.c_str(),
-                    s.cache.pinned.empty() ? "" : s.pins_refined ? " + pinned (refined)" : " + pinned (hottest)",
-                    static_cast<unsigned long long>(s.ls.evaluations));
+                    pins.c_str(), static_cast<unsigned long long>(s.ls.evaluations));
+    }
     prog.note(buf);
     prog.add(1);
   });

@@ -124,8 +124,8 @@ Layout layout_parse(const std::string& text, const std::string& path, const Trac
       out.order[s] = uint32_t(v);
     }
     if (L.contains("admission")) {
-      if (!L["admission"].is_string() || (L["admission"] != "all" && L["admission"] != "linking-aligned"))
-        throw InputError(path, where + "'admission' must be \"all\" or \"linking-aligned\"");
+      if (!L["admission"].is_string() || !cache_admission_known(L["admission"].get<std::string>()))
+        throw InputError(path, where + "'admission' must be " + kCacheAdmissions);
       out.admission = L["admission"].get<std::string>();
     }
     if (L.contains("pinned")) {

@@ -73,12 +73,12 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
       LayerCachePolicy best_policy;
       bool kept_ours = false;
       // Each candidate order is tried with the paper's cache (no recorded policy), with admission `opt.admission`
-      // and, when it has a pinned set, with that set pinned too; the best on the profile prefix is kept.
-      auto try_order = [&](const Order& o, const std::vector<std::vector<uint32_t>>& pin_sets, double& io_ms_out) {
+      // and with each of the given cache policies (pinned sets); the best on the profile prefix is kept.
+      auto try_order = [&](const Order& o, const std::vector<LayerCachePolicy>& cands, double& io_ms_out) {
         if (!(path_weight(g, m, o) >= w_greedy || !opt.guard_weight)) return;
         std::vector<LayerCachePolicy> pols = {LayerCachePolicy{}, LayerCachePolicy{opt.admission, {}}};
-        for (const auto& pins : pin_sets)
-          if (!pins.empty()) pols.push_back(LayerCachePolicy{opt.admission, pins});
+        for (const auto& c : cands)
+          if (!c.pinned.empty()) pols.push_back(c);
         std::vector<const LayerCachePolicy*> pp;
         for (const auto& pol : pols) pp.push_back(&pol);
         const std::vector<LayerEval> es = evaluate_layer_policies(m, o, eg, layer_index, pp, &tm);  // one pass
@@ -97,21 +97,24 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
       {
         lo.hot_count = uint32_t(std::floor(opt.hot_share * cap));
         Order o = local_search(m, g, r.order, lo, &r.ls);
-        std::vector<std::vector<uint32_t>> pin_sets = {hot_pins};
-        // Smaller hot sets leave part of the capacity to S3-FIFO, which holds persistent isolated neurons (a hit
-        // there saves a whole read).
-        for (uint32_t q : {3u, 2u}) {
-          const uint32_t k = n_pin * q / 4;
-          if (can_pin && k > 0 && k < n_pin) pin_sets.emplace_back(hot_pins.begin(), hot_pins.begin() + k);
+        std::vector<LayerCachePolicy> cands = {LayerCachePolicy{opt.admission, hot_pins}};
+        // Smaller hot sets leave part of the capacity to S3-FIFO, admitting every miss or only the misses read
+        // alone ("isolated": a hit there saves a whole read, and persistent isolated neurons come back).
+        for (uint32_t q : {6u, 5u, 4u}) {
+          const uint32_t k = n_pin * q / 8;
+          if (!can_pin || k == 0 || k >= n_pin) continue;
+          std::vector<uint32_t> part(hot_pins.begin(), hot_pins.begin() + k);
+          cands.push_back(LayerCachePolicy{opt.admission, part});
+          if (opt.admission != "isolated") cands.push_back(LayerCachePolicy{"isolated", std::move(part)});
         }
         // The same capacity pinned where the pins save the most reads and bytes under this order's read plans.
         if (can_pin && opt.pin_rounds > 0) {
           PinCost pc_cost{lo.read_us, lo.bundle_us, lo.merge_gap};
           std::vector<uint32_t> refined = refine_pins(tm, o, hot_pins, g.freq, pc_cost, opt.pin_rounds,
                                                       opt.ls.sample_tokens, &r.pins);
-          if (r.pins.swaps > 0) refined_pins = refined, pin_sets.push_back(std::move(refined));
+          if (r.pins.swaps > 0) refined_pins = refined, cands.push_back(LayerCachePolicy{opt.admission, std::move(refined)});
         }
-        try_order(o, pin_sets, r.io_ms_ls);
+        try_order(o, cands, r.io_ms_ls);
       }
       // Variant 2: the hottest neurons pinned; the path is solved without them (greedy on the cold neurons' own
       // co-activation, i.e. on the miss stream), and they sit in a block at the end ordered by greedy among
@@ -138,7 +141,7 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
         lp.hot_count = n_pin;
         LsStats st;
         Order o = local_search(m, g, seed, lp, &st);
-        try_order(o, {pol.pinned}, r.io_ms_pinned);
+        try_order(o, {pol}, r.io_ms_pinned);
       }
       // Variant 3: the miss stream (design section 5): simulate the layout's cache on the profile trace, then
       // solve greedy + search on the co-activation of the misses only.

@@ -91,6 +91,8 @@ TEST_CASE("layout JSON round trip; writes are byte-identical") {
   CHECK(r.layers[1].admission == "all");
   CHECK(r.layers[1].pinned == std::vector<uint32_t>{1});
   CHECK(layout_to_json(r) == a);
+  r.layers[1].admission = "isolated";
+  CHECK(layout_parse(layout_to_json(r), "x").layers[1].admission == "isolated");
   layout_write("lay_rt.json", l);
   CHECK(read_file("lay_rt.json") == a);
 }

@@ -357,6 +357,11 @@ TEST_CASE("malformed manifests and images are refused with one clear line each")
   FlashImage ok2(img, IoOptions{});
   REQUIRE(ok2.manifest().cache_policy.size() == 2);
   CHECK(ok2.manifest().cache_policy[0].admission == "linking-aligned");
+  with_manifest([](json& j) { j["cache_policy"] = json::array({{{"admission", "isolated"}}, json::object()}); });
+  CHECK(FlashImage(img, IoOptions{}).manifest().cache_policy[0].admission == "isolated");
+  with_manifest([](json& j) {
+    j["cache_policy"] = json::array({{{"admission", "linking-aligned"}, {"future", 1}}, {{"pinned_slots", {9, 2}}}});
+  });
   CHECK(ok2.manifest().cache_policy[0].pinned.empty());
   CHECK(ok2.manifest().cache_policy[1].admission.empty());
   CHECK(ok2.manifest().cache_policy[1].pinned == std::vector<uint32_t>{9, 2});

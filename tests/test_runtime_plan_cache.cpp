@@ -138,6 +138,23 @@ TEST_CASE("a recorded cache policy: admission overrides the setting, pinned slot
   CHECK(cc.pinned == std::vector<uint32_t>{9, 4, 7});
   cache_apply_policy(cc, "linking-aligned", {});
   CHECK(cc.linking_aligned);
+  CHECK(cc.run_admit_prob == 0.125);
+  CacheConfig iso;
+  cache_apply_policy(iso, "isolated", {});  // linking-aligned with no admission inside longer reads
+  CHECK(iso.linking_aligned);
+  CHECK(iso.run_admit_prob == 0.0);
+  {
+    ReadPlanner pl = planner(100);
+    iso.capacity = 50;
+    SlotCache c(100, iso);
+    TokenPlan p;
+    std::vector<uint32_t> run;
+    for (uint32_t s = 0; s < 40; ++s) run.push_back(s);
+    run.push_back(60);
+    pl.plan(run, &c, p);
+    CHECK(c.admissions() == 1);  // only slot 60, read alone
+    CHECK(c.resident(60));
+  }
   CacheConfig keep;
   keep.linking_aligned = false;
   cache_apply_policy(keep, "", {1});

@@ -16,6 +16,11 @@
 
 namespace nl {
 
+bool cache_admission_known(const std::string& admission) {
+  return admission == "all" || admission == "linking-aligned" || admission == "isolated";
+}
+
+
 using json = nlohmann::json;
 
 const char* image_dtype_name(ImageDtype d) {
@@ -279,8 +284,8 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
     const ImageCachePolicy& p = m.cache_policy[l];
     const std::string where = "cache_policy[" + std::to_string(l) + "]";
     // An admission rule this build does not know would be run as something else: refuse rather than guess.
-    if (!p.admission.empty() && p.admission != "all" && p.admission != "linking-aligned")
-      bad(path, where + ".admission '" + p.admission + "' is not \"all\" or \"linking-aligned\"");
+    if (!p.admission.empty() && !cache_admission_known(p.admission))
+      bad(path, where + ".admission '" + p.admission + "' is not " + kCacheAdmissions);
     std::vector<char> seen(size_t(c.hidden_dim), 0);
     for (uint32_t s : p.pinned) {
       if (s >= seen.size())

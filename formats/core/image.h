@@ -67,10 +67,16 @@ struct DenseTensor {
   uint64_t elems() const { return rows * cols; }
 };
 
+// The cache admission rules a layout or an image may record: "all" (plain S3-FIFO, every miss admitted),
+// "linking-aligned" (the paper's rule: misses read alone admitted, misses inside longer reads with a lower
+// probability) and "isolated" (the same rule with probability 0: only misses read alone are admitted).
+bool cache_admission_known(const std::string& admission);
+inline constexpr const char* kCacheAdmissions = "\"all\", \"linking-aligned\" or \"isolated\"";
+
 // The cache policy one FFN layer's order was designed for (the layout's `admission` and `pinned`, docs/formats.md),
 // in slot terms so the runtime needs no inverse permutation. Empty = none recorded (the runtime's own setting).
 struct ImageCachePolicy {
-  std::string admission;          // "" (none recorded), "all" (plain S3-FIFO) or "linking-aligned"
+  std::string admission;          // "" (none recorded) or one of cache_admission_known's rules
   std::vector<uint32_t> pinned;   // slots (bundle positions in the layer's region) always resident, hottest first
   bool empty() const { return admission.empty() && pinned.empty(); }
 };

@@ -53,7 +53,7 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
     throw UsageError("cannot pack: the cache policy has a different layer count");
   for (size_t l = 0; l < spec.cache_policy.size(); ++l) {
     const ImageCachePolicy& p = spec.cache_policy[l];
-    if (!p.admission.empty() && p.admission != "all" && p.admission != "linking-aligned")
+    if (!p.admission.empty() && !cache_admission_known(p.admission))
       throw UsageError("cannot pack: layer " + std::to_string(l) + ": unknown cache admission '" + p.admission + "'");
     std::vector<char> seen(size_t(c.hidden_dim), 0);
     for (uint32_t s : p.pinned) {

@@ -14,12 +14,16 @@ uint32_t cache_capacity_for_ratio(double ratio, uint32_t n_slots) {
 }
 
 void cache_apply_policy(CacheConfig& cc, const std::string& admission, const std::vector<uint32_t>& pinned_slots) {
-  if (admission == "all")
+  if (admission == "all") {
     cc.linking_aligned = false;
-  else if (admission == "linking-aligned")
+  } else if (admission == "linking-aligned") {
     cc.linking_aligned = true;
-  else if (!admission.empty())
-    throw UsageError("cache: unknown admission '" + admission + "' (all, linking-aligned)");
+  } else if (admission == "isolated") {
+    cc.linking_aligned = true;
+    cc.run_admit_prob = 0;
+  } else if (!admission.empty()) {
+    throw UsageError("cache: unknown admission '" + admission + "' (all, linking-aligned, isolated)");
+  }
   cc.pinned.insert(cc.pinned.end(), pinned_slots.begin(), pinned_slots.end());
 }
 
