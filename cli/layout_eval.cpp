@@ -89,6 +89,9 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
   const Row* ident = find("identity");
   const Row* greedy = find("greedy");
   uint64_t bb = ec.bundle_bytes ? ec.bundle_bytes : default_bundle_bytes(ti.n_neurons.empty() ? 0 : ti.n_neurons[0]);
+  // The layout-independent lower bound (io_lower_bound_seconds) per evaluated token, when defined.
+  const uint64_t n_tok = rows.empty() ? 0 : rows[0].total.tokens;
+  const double bound_ms = te.bound_total >= 0 && n_tok ? 1e3 * te.bound_total / double(n_tok) : -1.0;
 
   std::vector<GateResult> gates;
   for (const auto& expr : a.require)
@@ -114,6 +117,7 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
       if (greedy) x["io_vs_greedy"] = r.total.io_seconds / greedy->total.io_seconds;
       if (ident) x["reads_vs_identity"] = double(r.total.reads) / double(ident->total.reads);
       if (greedy) x["reads_vs_greedy"] = double(r.total.reads) / double(greedy->total.reads);
+      if (bound_ms > 0) x["io_vs_bound"] = r.total.io_ms_per_token() / bound_ms;
       if (a.per_layer) {
         nlohmann::json pl = nlohmann::json::array();
         for (const auto& le : r.layers)
@@ -124,6 +128,7 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
       arr.push_back(x);
     }
     j["layouts"] = arr;
+    if (bound_ms >= 0) j["io_ms_lower_bound"] = bound_ms;
     nlohmann::json gj = nlohmann::json::array();
     for (const auto& gr : gates) gj.push_back({{"require", gr.text}, {"ok", gr.ok}});
     j["gates"] = gj;
@@ -150,6 +155,12 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
         std::printf(" %8.3f %8.3f\n", ratio(double(t.reads), double(greedy->total.reads)), ratio(t.io_seconds, greedy->total.io_seconds));
       else
         std::printf(" %8s %8s\n", "-", "-");
+    }
+    if (bound_ms > 0) {
+      std::printf("lower bound for any order and cache of this capacity: %.4f io_ms/tok (each token: one read of its active\n"
+                  "neurons beyond the capacity, every cache slot a hit, no gap bytes); io / bound:", bound_ms);
+      for (const auto& r : rows) std::printf(" %s %.3f", r.name.c_str(), r.total.io_ms_per_token() / bound_ms);
+      std::printf("\n");
     }
     if (a.per_layer)
       for (const auto& r : rows)

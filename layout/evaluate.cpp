@@ -161,6 +161,28 @@ std::vector<LayerEval> evaluate_layer_policies(const LayerMask& m, const std::ve
   return evaluate_policies(m, order, cfg, layer_index, policies, nullptr, nullptr, tm);
 }
 
+double io_lower_bound_seconds(const LayerMask& m, const EvalConfig& cfg) {
+  if (cfg.cache.window_tokens > 0) return -1.0;
+  const uint64_t t0 = std::min(cfg.token_begin, m.n_tokens), t1 = std::min(cfg.token_end, m.n_tokens);
+  if (t1 <= t0) return 0.0;
+  std::vector<uint32_t> active(size_t(t1 - t0), 0);
+  for (uint32_t v = 0; v < m.n_neurons; ++v) {
+    const uint64_t* row = m.row(v);
+    for (uint64_t w = t0 / 64; w <= (t1 - 1) / 64; ++w)
+      for (uint64_t x = row[w]; x; x &= x - 1) {
+        const uint64_t t = w * 64 + uint64_t(__builtin_ctzll(x));
+        if (t >= t0 && t < t1) ++active[size_t(t - t0)];
+      }
+  }
+  const uint32_t k = cache_capacity_for_ratio(cfg.cache_ratio, m.n_neurons);
+  const double a = cfg.device.cost.read_latency_us * 1e-6;
+  const double per_bundle = double(cfg.bundle_bytes) / (cfg.device.cost.bandwidth_MBps * 1e6);
+  double s = 0;
+  for (uint32_t n : active)
+    if (n > k) s += a + double(n - k) * per_bundle;
+  return s;
+}
+
 TraceEval evaluate_trace(const TraceReader& trace, const std::vector<Layout>& layouts,
                          const EvalConfig& cfg, const std::vector<uint32_t>& hist_layers, Progress* progress,
                          bool layout_cache) {
@@ -169,6 +191,7 @@ TraceEval evaluate_trace(const TraceReader& trace, const std::vector<Layout>& la
   out.layers.assign(layouts.size(), std::vector<LayerEval>(ti.n_layers));
   out.total.assign(layouts.size(), LayerEval{});
   out.read_lengths.assign(layouts.size(), std::vector<std::vector<uint64_t>>(hist_layers.size()));
+  out.bound_seconds.assign(ti.n_layers, 0.0);
   std::mutex mu;
   std::exception_ptr err;
 #pragma omp parallel for schedule(dynamic, 1)
@@ -183,6 +206,7 @@ TraceEval evaluate_trace(const TraceReader& trace, const std::vector<Layout>& la
       EvalConfig e = cfg;
       if (e.bundle_bytes == 0) e.bundle_bytes = default_bundle_bytes(m.n_neurons);
       const TokenMajorMask tm(m, e.token_begin, e.token_end);  // one transposition for every layout
+      out.bound_seconds[size_t(l)] = io_lower_bound_seconds(m, e);
       auto h = std::find(hist_layers.begin(), hist_layers.end(), uint32_t(l));
       for (size_t k = 0; k < layouts.size(); ++k) {
         std::vector<uint64_t>* hist = h == hist_layers.end() ? nullptr : &out.read_lengths[k][size_t(h - hist_layers.begin())];
@@ -200,6 +224,7 @@ TraceEval evaluate_trace(const TraceReader& trace, const std::vector<Layout>& la
   if (progress) progress->finish();
   for (size_t k = 0; k < layouts.size(); ++k)
     for (const auto& le : out.layers[k]) out.total[k].add(le);
+  for (double b : out.bound_seconds) out.bound_total = (b < 0 || out.bound_total < 0) ? -1.0 : out.bound_total + b;
   return out;
 }
 

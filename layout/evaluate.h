@@ -83,6 +83,14 @@ std::vector<LayerEval> evaluate_layer_policies(const LayerMask& m, const std::ve
                                                const std::vector<const LayerCachePolicy*>& policies,
                                                const TokenMajorMask* tm = nullptr);
 
+// A lower bound on the estimated I/O seconds of ANY order, cache policy and read planner with cfg's cache capacity
+// K on tokens [cfg.token_begin, cfg.token_end) of m: a token with |A_t| active neurons has at least |A_t| - K of
+// them to read, which costs at least one read and their bundles: sum over tokens with |A_t| > K of
+// a + (|A_t| - K) * bundle_bytes / B. It credits the cache with a hit on every slot at every token and the reads
+// with no gap bytes and no second read, so no real pipeline reaches it; the ratio of a layout's time to it bounds
+// what any better layout or cache could still gain. Negative with a sliding window (its residency is extra to K).
+double io_lower_bound_seconds(const LayerMask& m, const EvalConfig& cfg);
+
 // layout_cache: apply each layout layer's own cache policy (LayerCachePolicy). Every layer of a trace under several layouts (checked against the trace by layout_load), layers in
 // parallel: the figures nl-layout eval prints and nl-layout report tabulates. A bundle_bytes of 0 in cfg means
 // default_bundle_bytes of each layer. Read-length histograms are collected for the layers in hist_layers.
@@ -90,6 +98,8 @@ struct TraceEval {
   std::vector<std::vector<LayerEval>> layers;   // [layout][layer]
   std::vector<LayerEval> total;                 // [layout], summed over layers
   std::vector<std::vector<std::vector<uint64_t>>> read_lengths;  // [layout][index in hist_layers][length]
+  std::vector<double> bound_seconds;            // [layer] io_lower_bound_seconds (negative: not defined)
+  double bound_total = 0;                       // summed over layers (negative: not defined)
 };
 TraceEval evaluate_trace(const TraceReader& trace, const std::vector<Layout>& layouts,
                          const EvalConfig& cfg, const std::vector<uint32_t>& hist_layers = {},

@@ -354,3 +354,45 @@ TEST_CASE("one pass over several cache policies equals one evaluation per policy
   }
   CHECK(got[1].hits != got[3].hits);  // the policies differ, so the comparison means something
 }
+
+TEST_CASE("the I/O lower bound: exact on a hand case, below every order and cache policy, undefined with a window") {
+  // 3 tokens of 10 neurons, capacity 2 (ratio 0.2): 5, 1 and 0 active -> (a + 3 bundles) + 0 + 0.
+  LayerMask h(10, 3);
+  for (uint32_t v = 0; v < 5; ++v) h.set(v, 0);
+  h.set(7, 1);
+  EvalConfig ec;
+  ec.device = default_device();
+  ec.cache_ratio = 0.2;
+  ec.bundle_bytes = 16384;
+  const double per_bundle = 16384 / (ec.device.cost.bandwidth_MBps * 1e6);
+  CHECK(io_lower_bound_seconds(h, ec) == doctest::Approx(ec.device.cost.read_latency_us * 1e-6 + 3 * per_bundle));
+  ec.token_begin = 1;  // token range respected
+  CHECK(io_lower_bound_seconds(h, ec) == 0.0);
+  ec.token_begin = 0;
+  ec.cache.window_tokens = 2;
+  CHECK(io_lower_bound_seconds(h, ec) < 0);
+
+  LayerMask m = small_layer(300, 1500, 43);
+  CoactivationOptions co;
+  co.top_k = 8;
+  LayerGraph g = coactivation_count(m, co);
+  EvalConfig e;
+  e.device = default_device();
+  e.bundle_bytes = 24576;
+  for (double ratio : {0.0, 0.05, 0.2}) {
+    e.cache_ratio = ratio;
+    const double bound = io_lower_bound_seconds(m, e);
+    CHECK(bound >= 0);
+    if (ratio < 0.1) CHECK(bound > 0);
+    const LayerCachePolicy all{"all", {}}, iso{"isolated", hottest(g.freq, 10)}, pinned{"all", hottest(g.freq, 60)};
+    for (const Order& o : {solve_identity(300), solve_frequency(g), solve_greedy(g, &m)})
+      for (const char* gap : {"off", "2", "auto", "auto-keep-runs"}) {
+        e.gap = GapPolicy::parse(gap);
+        for (const LayerCachePolicy* p : {(const LayerCachePolicy*)nullptr, &all, &iso, &pinned}) {
+          CAPTURE(ratio);
+          CAPTURE(gap);
+          CHECK(evaluate_layer(m, o, e, 0, p).io_seconds >= bound);
+        }
+      }
+  }
+}
