@@ -34,6 +34,13 @@ LayerMask random_mask(uint32_t n, uint64_t tokens, std::mt19937_64& rng) {
   return m;
 }
 
+Order shuffled(uint32_t n, std::mt19937_64& rng) {
+  Order o(n);
+  std::iota(o.begin(), o.end(), 0u);
+  std::shuffle(o.begin(), o.end(), rng);
+  return o;
+}
+
 std::vector<uint64_t> freqs(const LayerMask& m) {
   std::vector<uint64_t> f(m.n_neurons);
   for (uint32_t v = 0; v < m.n_neurons; ++v) f[v] = m.count(v);
@@ -84,9 +91,7 @@ TEST_CASE("the pin cost model is the runtime planner's I/O time with the pinned 
   for (int iter = 0; iter < 12; ++iter) {
     const uint32_t n = 8 + uint32_t(rng() % 120);
     const LayerMask m = random_mask(n, 40 + rng() % 60, rng);
-    Order order(n);
-    std::iota(order.begin(), order.end(), 0u);
-    std::shuffle(order.begin(), order.end(), rng);
+    const Order order = shuffled(n, rng);
     std::vector<uint32_t> pinned;
     for (uint32_t v = 0; v < n; ++v)
       if (rng() % 4 == 0) pinned.push_back(v);
@@ -103,9 +108,7 @@ TEST_CASE("pin deltas are exact single flips") {
   std::mt19937_64 rng(5);
   const uint32_t n = 60;
   const LayerMask m = random_mask(n, 80, rng);
-  Order order(n);
-  std::iota(order.begin(), order.end(), 0u);
-  std::shuffle(order.begin(), order.end(), rng);
+  const Order order = shuffled(n, rng);
   std::vector<uint32_t> pinned = {3, 4, 5, 17, 40};
   const TokenMajorMask tm(m, 0, m.n_tokens);
   const PinCost c = cost_for(16384);
@@ -159,9 +162,7 @@ TEST_CASE("refinement never raises the estimated cost, keeps the size, orders ho
   for (int iter = 0; iter < 10; ++iter) {
     const uint32_t n = 20 + uint32_t(rng() % 200);
     const LayerMask m = random_mask(n, 100 + rng() % 100, rng);
-    Order order(n);
-    std::iota(order.begin(), order.end(), 0u);
-    std::shuffle(order.begin(), order.end(), rng);
+    const Order order = shuffled(n, rng);
     const TokenMajorMask tm(m, 0, m.n_tokens);
     const std::vector<uint64_t> f = freqs(m);
     const uint32_t k = 1 + uint32_t(rng() % (n / 4));

@@ -39,6 +39,15 @@ std::vector<std::pair<uint32_t, uint32_t>> spans(const TokenPlan& p) {
 
 using Spans = std::vector<std::pair<uint32_t, uint32_t>>;
 
+// Ascending slots < n, each drawn with one random probability for the whole set.
+std::vector<uint32_t> random_slots(uint32_t n, std::mt19937_64& rng) {
+  std::vector<uint32_t> out;
+  const double p_on = double(rng() % 100) / 100.0;
+  for (uint32_t s = 0; s < n; ++s)
+    if (double(rng() % 1000) / 1000.0 < p_on) out.push_back(s);
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("gap policy parsing") {
@@ -169,15 +178,10 @@ TEST_CASE("auto never costs more than auto-keep-runs for the same cache contents
   std::mt19937_64 rng(11);
   for (int iter = 0; iter < 300; ++iter) {
     uint32_t n = 1 + rng() % 400;
-    std::vector<uint32_t> act;
-    double p_on = double(rng() % 100) / 100.0;
-    for (uint32_t s = 0; s < n; ++s)
-      if (double(rng() % 1000) / 1000.0 < p_on) act.push_back(s);
+    const std::vector<uint32_t> act = random_slots(n, rng);
     CacheConfig cc;
     cc.capacity = n;
-    double p_res = double(rng() % 100) / 100.0;
-    for (uint32_t s = 0; s < n; ++s)
-      if (double(rng() % 1000) / 1000.0 < p_res) cc.pinned.push_back(s);
+    cc.pinned = random_slots(n, rng);
     uint64_t bundle = 1 + rng() % 40000;
     PlannerConfig c = cfg(n, bundle, GapPolicy::parse("auto"));
     c.region_offset = 4096 * (rng() % 3) + (rng() % 2) * 512;
@@ -197,10 +201,7 @@ TEST_CASE("random plans: every needed slot in exactly one read; gap off gives on
   std::mt19937_64 rng(7);
   for (int iter = 0; iter < 200; ++iter) {
     uint32_t n = 1 + rng() % 300;
-    std::vector<uint32_t> act;
-    double p_on = double(rng() % 100) / 100.0;
-    for (uint32_t s = 0; s < n; ++s)
-      if (double(rng() % 1000) / 1000.0 < p_on) act.push_back(s);
+    const std::vector<uint32_t> act = random_slots(n, rng);
     for (const char* gap : {"off", "1", "4", "auto", "auto-keep-runs"}) {
       CacheConfig cc;
       cc.capacity = n / 4;

@@ -103,6 +103,13 @@ void ReadPlanner::plan(const uint32_t* active, size_t n, SlotCache* cache, Token
       throw InternalError("read planner: active slots must be ascending, unique and < " +
                           std::to_string(cfg_.n_slots));
   auto is_res = [&](uint32_t s) { return cache && cache->resident(s); };
+  // Slots [sb, se) need reading: merged into the previous read when the gap policy says so, else a new read.
+  auto add_read = [&](uint32_t sb, uint32_t se) {
+    if (!out.reads.empty() && should_merge(out.reads.back().slot_end, sb))
+      out.reads.back().slot_end = se;
+    else
+      out.reads.push_back(ReadOp{sb, se, 0, 0, 0});
+  };
 
   if (cfg_.gap.mode == GapMode::Auto && cfg_.gap.resident_gaps && cache) {
     // Cost-based: a resident slot is not needed, so resident slots inside a run are a gap like inactive ones, and
@@ -115,11 +122,7 @@ void ReadPlanner::plan(const uint32_t* active, size_t n, SlotCache* cache, Token
       }
       size_t j = i + 1;
       while (j < n && active[j] == active[j - 1] + 1 && !is_res(active[j])) ++j;
-      uint32_t sb = active[i], se = active[j - 1] + 1;
-      if (!out.reads.empty() && should_merge(out.reads.back().slot_end, sb))
-        out.reads.back().slot_end = se;
-      else
-        out.reads.push_back(ReadOp{sb, se, 0, 0, 0});
+      add_read(active[i], active[j - 1] + 1);
       i = j;
     }
   } else {
@@ -132,13 +135,7 @@ void ReadPlanner::plan(const uint32_t* active, size_t n, SlotCache* cache, Token
       size_t b = i, e = j;  // [b, e) indices into active
       while (b < e && is_res(active[b])) ++b;
       while (e > b && is_res(active[e - 1])) --e;
-      if (b < e) {
-        uint32_t sb = active[b], se = active[e - 1] + 1;
-        if (!out.reads.empty() && should_merge(out.reads.back().slot_end, sb))
-          out.reads.back().slot_end = se;
-        else
-          out.reads.push_back(ReadOp{sb, se, 0, 0, 0});
-      }
+      if (b < e) add_read(active[b], active[e - 1] + 1);
       i = j;
     }
   }
