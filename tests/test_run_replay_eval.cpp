@@ -170,13 +170,27 @@ TEST_CASE("tiny-relu end to end: replay equals nl-layout eval for greedy+ls layo
       {"gls", "--method greedy+ls --cache-ratio 0.1 --gap auto " + bb},
       // Without the weight guard the pinned variant (hottest neurons pinned, admission all) wins on every layer.
       {"gls-pin", "--method greedy+ls --cache-ratio 0.1 --gap auto --no-weight-guard " + bb},
+      // gls-pin's orders with half of each pinned set, so that part of the capacity runs S3-FIFO, admitting every
+      // miss ("all") or only misses read alone ("isolated") on every layer (no solve arguments: derived from
+      // gls-pin), so that the runtime's isolated admission is checked against eval's whatever the guard chose.
+      {"gls-half", ""},
+      {"gls-iso", ""},
   };
   std::string eval_layouts;
   size_t layers_pinned = 0, layers_all = 0;
   std::map<std::string, bool> records_pins;  // layout name -> some layer has a pinned set
   for (const auto& L : lays) {
     const std::string lay = d + "/" + L.name + ".json", img = d + "/" + L.name + ".nlw";
-    REQUIRE(sh(bin + "nl-layout -q solve --trace " + d + "/prof.h5 " + L.solve_args + " --out " + lay, &out) == 0);
+    if (L.solve_args.empty()) {
+      Layout x = layout_load(d + "/gls-pin.json");
+      for (auto& ll : x.layers) {
+        ll.admission = L.name == "gls-iso" ? "isolated" : "all";
+        ll.pinned.resize(ll.pinned.size() / 2);
+      }
+      layout_write(lay, x);
+    } else {
+      REQUIRE(sh(bin + "nl-layout -q solve --trace " + d + "/prof.h5 " + L.solve_args + " --out " + lay, &out) == 0);
+    }
     REQUIRE(sh(bin + "nl-layout -q pack --model " + model + " --layout " + lay + " --out " + img, &out) == 0);
     eval_layouts += " --layout " + lay;
     // pack carried the layout's policy into the manifest, pinned neurons as their slots, hottest first.
@@ -241,7 +255,8 @@ TEST_CASE("tiny-relu end to end: replay equals nl-layout eval for greedy+ls layo
       const uint64_t active = t["active"].get<uint64_t>(), hits = t["cache_hits"].get<uint64_t>();
       CHECK((active ? double(hits) / double(active) : 0.0) == e["hit_rate"].get<double>());
       const bool same = s.run_args.find("--cache-policy") != std::string::npos;
-      if (lays[k].name == "gls-pin" && s.run_args == "--gap off --cache-ratio 0.1") hits_policy[lays[k].name] = hits;
+      if (lays[k].name.rfind("gls-", 0) == 0 && s.run_args == "--gap off --cache-ratio 0.1")
+        hits_policy[lays[k].name] = hits;
       // Pinned bundles exactly when the layout recorded a pinned set and the manifest's policy is in force.
       CHECK((rp["pinned"]["bundles"].get<uint64_t>() > 0) == (records_pins[lays[k].name] && !same));
     }
@@ -251,6 +266,8 @@ TEST_CASE("tiny-relu end to end: replay equals nl-layout eval for greedy+ls layo
   auto rp = json_of(bin + "nl-run", "replay --no-direct --image " + d + "/gls-pin.nlw --trace " + d +
                                         "/test.h5 --gap off --cache-ratio 0.1 --cache-policy linking-aligned");
   CHECK(rp["totals"]["cache_hits"].get<uint64_t>() != hits_policy["gls-pin"]);
+  CHECK(hits_policy["gls-iso"] != hits_policy["gls-half"]);  // isolated admission is a different cache
+  MESSAGE("half pinned: hits with admission all " << hits_policy["gls-half"] << ", isolated " << hits_policy["gls-iso"]);
   MESSAGE("gls-pin hits with its own policy " << hits_policy["gls-pin"] << ", with linking-aligned "
                                               << rp["totals"]["cache_hits"]);
 }
