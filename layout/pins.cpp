@@ -1,7 +1,6 @@
 #include "layout/pins.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "formats/core/error.h"
 
