@@ -55,6 +55,20 @@ TokenMajorMask::TokenMajorMask(const LayerMask& m, uint64_t b, uint64_t e)
   }
 }
 
+void TokenMajorMask::append_slots(uint64_t t, const std::vector<uint32_t>& slot_of, std::vector<uint64_t>& slot_bits,
+                                  std::vector<uint32_t>& out) const {
+  const uint64_t* tr = row(t);
+  for (uint64_t w = 0; w < words; ++w)
+    for (uint64_t x = tr[w]; x; x &= x - 1) {
+      const uint32_t s = slot_of[w * 64 + uint64_t(__builtin_ctzll(x))];
+      slot_bits[s >> 6] |= uint64_t(1) << (s & 63);
+    }
+  for (uint64_t w = 0; w < slot_bits.size(); ++w) {
+    for (uint64_t x = slot_bits[w]; x; x &= x - 1) out.push_back(uint32_t(w * 64 + uint64_t(__builtin_ctzll(x))));
+    slot_bits[w] = 0;
+  }
+}
+
 namespace {
 
 // One order under several cache policies: the token's active slots are listed once and planned once per policy
@@ -96,9 +110,8 @@ std::vector<LayerEval> evaluate_policies(const LayerMask& m, const std::vector<u
   std::vector<LayerEval> evs(np);
   uint64_t t0 = std::min(cfg.token_begin, m.n_tokens), t1 = std::min(cfg.token_end, m.n_tokens);
   if (misses) *misses = LayerMask(n, t1 > t0 ? t1 - t0 : 0);
-  // Per token, its active slots ascending (what the planner takes): the token's neurons from the token-major rows
-  // (the caller's view when it covers the range, else one built here) set their slots' bits in a bitmap, which is
-  // read back in order.
+  // Per token, its active slots ascending (what the planner takes), from the token-major rows (the caller's view
+  // when it covers the range, else one built here).
   std::unique_ptr<TokenMajorMask> own;
   if (!(tm && tm->n_neurons == n && tm->begin <= t0 && tm->end >= t1)) {
     own = std::make_unique<TokenMajorMask>(m, t0, t1);
@@ -108,17 +121,8 @@ std::vector<LayerEval> evaluate_policies(const LayerMask& m, const std::vector<u
   std::vector<uint32_t> a;
   TokenPlan plan;
   for (uint64_t t = t0; t < t1; ++t) {
-    const uint64_t* tr = tm->row(t);
-    for (uint64_t w = 0; w < tm->words; ++w)
-      for (uint64_t x = tr[w]; x; x &= x - 1) {
-        const uint32_t s = slot_of[w * 64 + uint64_t(__builtin_ctzll(x))];
-        slot_bits[s >> 6] |= uint64_t(1) << (s & 63);
-      }
     a.clear();
-    for (uint64_t w = 0; w < slot_bits.size(); ++w) {
-      for (uint64_t x = slot_bits[w]; x; x &= x - 1) a.push_back(uint32_t(w * 64 + uint64_t(__builtin_ctzll(x))));
-      slot_bits[w] = 0;
-    }
+    tm->append_slots(t, slot_of, slot_bits, a);
     for (size_t k = 0; k < np; ++k) {
       SlotCache& cache = caches[k];
       LayerEval& ev = evs[k];
@@ -161,25 +165,18 @@ std::vector<LayerEval> evaluate_layer_policies(const LayerMask& m, const std::ve
   return evaluate_policies(m, order, cfg, layer_index, policies, nullptr, nullptr, tm);
 }
 
-double io_lower_bound_seconds(const LayerMask& m, const EvalConfig& cfg) {
+double io_lower_bound_seconds(const TokenMajorMask& tm, const EvalConfig& cfg) {
   if (cfg.cache.window_tokens > 0) return -1.0;
-  const uint64_t t0 = std::min(cfg.token_begin, m.n_tokens), t1 = std::min(cfg.token_end, m.n_tokens);
-  if (t1 <= t0) return 0.0;
-  std::vector<uint32_t> active(size_t(t1 - t0), 0);
-  for (uint32_t v = 0; v < m.n_neurons; ++v) {
-    const uint64_t* row = m.row(v);
-    for (uint64_t w = t0 / 64; w <= (t1 - 1) / 64; ++w)
-      for (uint64_t x = row[w]; x; x &= x - 1) {
-        const uint64_t t = w * 64 + uint64_t(__builtin_ctzll(x));
-        if (t >= t0 && t < t1) ++active[size_t(t - t0)];
-      }
-  }
-  const uint32_t k = cache_capacity_for_ratio(cfg.cache_ratio, m.n_neurons);
+  const uint32_t k = cache_capacity_for_ratio(cfg.cache_ratio, tm.n_neurons);
   const double a = cfg.device.cost.read_latency_us * 1e-6;
   const double per_bundle = double(cfg.bundle_bytes) / (cfg.device.cost.bandwidth_MBps * 1e6);
   double s = 0;
-  for (uint32_t n : active)
+  for (uint64_t t = tm.begin; t < tm.end; ++t) {
+    const uint64_t* r = tm.row(t);
+    uint64_t n = 0;
+    for (uint64_t w = 0; w < tm.words; ++w) n += uint64_t(__builtin_popcountll(r[w]));
     if (n > k) s += a + double(n - k) * per_bundle;
+  }
   return s;
 }
 
@@ -206,7 +203,7 @@ TraceEval evaluate_trace(const TraceReader& trace, const std::vector<Layout>& la
       EvalConfig e = cfg;
       if (e.bundle_bytes == 0) e.bundle_bytes = default_bundle_bytes(m.n_neurons);
       const TokenMajorMask tm(m, e.token_begin, e.token_end);  // one transposition for every layout
-      out.bound_seconds[size_t(l)] = io_lower_bound_seconds(m, e);
+      out.bound_seconds[size_t(l)] = io_lower_bound_seconds(tm, e);
       auto h = std::find(hist_layers.begin(), hist_layers.end(), uint32_t(l));
       for (size_t k = 0; k < layouts.size(); ++k) {
         std::vector<uint64_t>* hist = h == hist_layers.end() ? nullptr : &out.read_lengths[k][size_t(h - hist_layers.begin())];

@@ -63,6 +63,10 @@ struct TokenMajorMask {
   TokenMajorMask() = default;
   TokenMajorMask(const LayerMask& m, uint64_t begin, uint64_t end);
   const uint64_t* row(uint64_t t) const { return bits.data() + size_t(t - begin) * words; }
+  // Appends token t's active neurons as slots of an order, ascending (what the planner takes): slot_of[v] is
+  // neuron v's slot; slot_bits is scratch of words_for_tokens(n_neurons) zero words, left zero.
+  void append_slots(uint64_t t, const std::vector<uint32_t>& slot_of, std::vector<uint64_t>& slot_bits,
+                    std::vector<uint32_t>& out) const;
 };
 
 // order: slot -> neuron. policy (optional): the layout layer's cache policy, applied on top of cfg.cache.
@@ -84,12 +88,12 @@ std::vector<LayerEval> evaluate_layer_policies(const LayerMask& m, const std::ve
                                                const TokenMajorMask* tm = nullptr);
 
 // A lower bound on the estimated I/O seconds of ANY order, cache policy and read planner with cfg's cache capacity
-// K on tokens [cfg.token_begin, cfg.token_end) of m: a token with |A_t| active neurons has at least |A_t| - K of
+// K on tm's tokens: a token with |A_t| active neurons has at least |A_t| - K of
 // them to read, which costs at least one read and their bundles: sum over tokens with |A_t| > K of
 // a + (|A_t| - K) * bundle_bytes / B. It credits the cache with a hit on every slot at every token and the reads
 // with no gap bytes and no second read, so no real pipeline reaches it; the ratio of a layout's time to it bounds
 // what any better layout or cache could still gain. Negative with a sliding window (its residency is extra to K).
-double io_lower_bound_seconds(const LayerMask& m, const EvalConfig& cfg);
+double io_lower_bound_seconds(const TokenMajorMask& tm, const EvalConfig& cfg);
 
 // layout_cache: apply each layout layer's own cache policy (LayerCachePolicy). Every layer of a trace under several layouts (checked against the trace by layout_load), layers in
 // parallel: the figures nl-layout eval prints and nl-layout report tabulates. A bundle_bytes of 0 in cfg means

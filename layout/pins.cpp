@@ -22,16 +22,7 @@ class PinPass {
     std::vector<uint64_t> slot_bits(words_for_tokens(n_), 0);
     tok_begin_.push_back(0);
     for (uint64_t t = tm.begin; t < end; ++t) {
-      const uint64_t* tr = tm.row(t);
-      for (uint64_t w = 0; w < tm.words; ++w)
-        for (uint64_t x = tr[w]; x; x &= x - 1) {
-          const uint32_t s = slot_of[w * 64 + uint64_t(__builtin_ctzll(x))];
-          slot_bits[s >> 6] |= uint64_t(1) << (s & 63);
-        }
-      for (uint64_t w = 0; w < slot_bits.size(); ++w) {
-        for (uint64_t x = slot_bits[w]; x; x &= x - 1) slots_.push_back(uint32_t(w * 64 + uint64_t(__builtin_ctzll(x))));
-        slot_bits[w] = 0;
-      }
+      tm.append_slots(t, slot_of, slot_bits, slots_);
       tok_begin_.push_back(slots_.size());
     }
   }
@@ -102,17 +93,16 @@ std::vector<uint32_t> hottest_first(std::vector<uint32_t> set, const std::vector
   return set;
 }
 
-}  // namespace
-
-namespace {
+// pinned (neuron ids, distinct, < n) as flags per neuron.
 std::vector<uint8_t> pin_flags(uint32_t n, const std::vector<uint32_t>& pinned) {
   std::vector<uint8_t> pin(n, 0);
   for (uint32_t v : pinned) {
-    if (v >= n) throw InternalError("pins: neuron out of range");
+    if (v >= n || pin[v]) throw InternalError("pins: pinned neurons must be distinct and in range");
     pin[v] = 1;
   }
   return pin;
 }
+
 }  // namespace
 
 double pinned_cost_us(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned,
@@ -135,11 +125,7 @@ std::vector<uint32_t> refine_pins(const TokenMajorMask& tm, const Order& order, 
                                   uint64_t max_tokens, PinRefineStats* stats) {
   const uint32_t n = tm.n_neurons;
   if (freq.size() != n) throw InternalError("refine_pins: frequencies do not match the layer");
-  std::vector<uint8_t> pin(n, 0);
-  for (uint32_t v : seed) {
-    if (v >= n || pin[v]) throw InternalError("refine_pins: seed neurons must be distinct and in range");
-    pin[v] = 1;
-  }
+  std::vector<uint8_t> pin = pin_flags(n, seed);
   PinRefineStats st;
   const uint32_t k = uint32_t(seed.size());
   if (k == 0 || k >= n || rounds == 0) {

@@ -365,12 +365,11 @@ TEST_CASE("the I/O lower bound: exact on a hand case, below every order and cach
   ec.cache_ratio = 0.2;
   ec.bundle_bytes = 16384;
   const double per_bundle = 16384 / (ec.device.cost.bandwidth_MBps * 1e6);
-  CHECK(io_lower_bound_seconds(h, ec) == doctest::Approx(ec.device.cost.read_latency_us * 1e-6 + 3 * per_bundle));
-  ec.token_begin = 1;  // token range respected
-  CHECK(io_lower_bound_seconds(h, ec) == 0.0);
-  ec.token_begin = 0;
+  const TokenMajorMask ht(h, 0, 3);
+  CHECK(io_lower_bound_seconds(ht, ec) == doctest::Approx(ec.device.cost.read_latency_us * 1e-6 + 3 * per_bundle));
+  CHECK(io_lower_bound_seconds(TokenMajorMask(h, 1, 3), ec) == 0.0);  // token range respected
   ec.cache.window_tokens = 2;
-  CHECK(io_lower_bound_seconds(h, ec) < 0);
+  CHECK(io_lower_bound_seconds(ht, ec) < 0);
 
   LayerMask m = small_layer(300, 1500, 43);
   CoactivationOptions co;
@@ -381,7 +380,7 @@ TEST_CASE("the I/O lower bound: exact on a hand case, below every order and cach
   e.bundle_bytes = 24576;
   for (double ratio : {0.0, 0.05, 0.2}) {
     e.cache_ratio = ratio;
-    const double bound = io_lower_bound_seconds(m, e);
+    const double bound = io_lower_bound_seconds(TokenMajorMask(m, 0, m.n_tokens), e);
     CHECK(bound >= 0);
     if (ratio < 0.1) CHECK(bound > 0);
     const LayerCachePolicy all{"all", {}}, iso{"isolated", hottest(g.freq, 10)}, pinned{"all", hottest(g.freq, 60)};

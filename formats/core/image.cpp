@@ -20,7 +20,6 @@ bool cache_admission_known(const std::string& admission) {
   return admission == "all" || admission == "linking-aligned" || admission == "isolated";
 }
 
-
 using json = nlohmann::json;
 
 const char* image_dtype_name(ImageDtype d) {
