@@ -57,7 +57,7 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
       ->check(CLI::IsMember({"all", "linking-aligned", "isolated"}))->group(grp);
   c.add_flag("--miss-stream", a.miss_stream, "Also try greedy + search on the co-activation of cache misses")->group(grp);
   c.add_flag("--no-weight-guard", a.no_weight_guard,
-             "Accept variants with a lower gap-0 path weight than greedy (experiments)")->group(grp);
+             "Accept variants with a lower gap-0 path weight than greedy: optimise for the planner only (gap-0 reads may rise)")->group(grp);
   c.add_option("--max-evaluations", a.max_evaluations,
                "Move evaluations per layer before the search stops (deterministic budget; 0 = default)")->group(grp);
   c.add_option("--guard-tokens", a.guard_tokens,
@@ -96,7 +96,7 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   }
   Progress prog("solve " + a.method, n_layers, !g.quiet, "layers");
   Layout l = solve_trace(a.trace, o, [&](uint32_t layer, const LayerSolve& s) {
-    char buf[512];
+    char buf[768];
     int k = std::snprintf(buf, sizeof buf, "layer %u: %s path weight %llu, bound %.0f, %.2f s (count %.2f, greedy %.2f, search %.2f)%s",
                           layer, a.method.c_str(), static_cast<unsigned long long>(s.objective), s.upper_bound,
                           s.seconds, s.seconds_count, s.seconds_greedy, s.seconds_ls,
@@ -105,8 +105,8 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
       std::string pins;
       if (!s.cache.pinned.empty())
         pins = " + " + std::to_string(s.cache.pinned.size()) + (s.pins_refined ? " pinned (refined)" : " pinned (hottest)");
-      std::snprintf(buf + k, sizeof buf - size_t(k), "; profile io_ms/tok greedy %.4f, search %.4f, pinned variant %.4f, miss variant %.4f (weight %llu -> %llu); kept %s%s, %llu evaluations",
-                    s.io_ms_greedy, s.io_ms_ls, s.io_ms_pinned, s.io_ms_miss, (unsigned long long)s.weight_miss_greedy, (unsigned long long)s.weight_miss, s.guard_kept_seed ? "greedy" : s.cache.admission.empty() ? "ours, paper's cache" : s.cache.admission.c_str(),
+      std::snprintf(buf + k, sizeof buf - size_t(k), "; profile io_ms/tok greedy %.4f, search %.4f, pinned variant %.4f, miss variant %.4f (weight %llu -> %llu), ends-in variant %.4f; kept %s%s, %llu evaluations",
+                    s.io_ms_greedy, s.io_ms_ls, s.io_ms_pinned, s.io_ms_miss, (unsigned long long)s.weight_miss_greedy, (unsigned long long)s.weight_miss, s.io_ms_span, s.guard_kept_seed ? "greedy" : s.cache.admission.empty() ? "ours, paper's cache" : s.cache.admission.c_str(),
                     pins.c_str(), static_cast<unsigned long long>(s.ls.evaluations));
     }
     prog.note(buf);

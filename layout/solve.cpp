@@ -10,6 +10,7 @@
 #include "formats/sha256.h"
 #include "formats/trace.h"
 #include "layout/pins.h"
+#include "layout/span.h"
 
 namespace nl {
 
@@ -158,6 +159,87 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
         o = local_search(miss, gm, o, lm, &st);
         r.weight_miss = path_weight(g, m, o);
         try_order(o, {}, r.io_ms_miss);
+      }
+      // Variant 4: layers read in few long pieces (the merge gap is wider than the search's windows, so it cannot
+      // see what a move does to a read's span): the order built from both ends inwards (layout/span.h) with the
+      // pinned neurons in a block after it (never read while resident). Where both ends' unions already cover all
+      // but a share `eps` of the tokens, the order changes the span little, so the neurons left there, and the
+      // pinned block, are ordered by greedy among themselves for the path weight (gap-0 reads).
+      if (lo.merge_gap > lo.max_window && m.n_neurons >= 4) {
+        auto peel = [&](const std::vector<uint32_t>& pins) {
+          std::vector<uint8_t> inc(m.n_neurons, 1);
+          for (uint32_t v : pins) inc[v] = 0;
+          return solve_ends_in(tm, inc);
+        };
+        auto compose = [&](const EndsIn& e, const std::vector<uint32_t>& pins, double eps) {
+          const uint64_t n_tok = tm.end - tm.begin;
+          const uint64_t need = n_tok - uint64_t(eps * double(n_tok));
+          auto kept = [&](const std::vector<uint64_t>& cover) {  // end neurons up to the first covering `need`
+            size_t k = 0;
+            while (k < cover.size() && cover[k] < need) ++k;
+            return std::min(cover.size(), k + 1);
+          };
+          const size_t kl = kept(e.cover_left), kr = kept(e.cover_right);
+          auto greedy_of = [&](const std::vector<uint8_t>& inc, uint32_t after) {  // oriented to join `after`
+            Order p = solve_greedy_subset(g, &m, &inc, nullptr, nullptr, &first_band);
+            if (after < m.n_neurons && p.size() > 1 &&
+                pair_count(g, m, after, p.back()) > pair_count(g, m, after, p.front()))
+              std::reverse(p.begin(), p.end());
+            return p;
+          };
+          std::vector<uint8_t> mid(m.n_neurons, 0);
+          for (size_t i = kl; i < e.left.size(); ++i) mid[e.left[i]] = 1;
+          for (size_t i = kr; i < e.right.size(); ++i) mid[e.right[i]] = 1;
+          Order o(e.left.begin(), e.left.begin() + std::ptrdiff_t(kl));
+          const Order mp = greedy_of(mid, o.empty() ? m.n_neurons : o.back());
+          o.insert(o.end(), mp.begin(), mp.end());
+          for (size_t i = kr; i-- > 0;) o.push_back(e.right[i]);
+          if (!pins.empty()) {
+            std::vector<uint8_t> pin(m.n_neurons, 0);
+            for (uint32_t v : pins) pin[v] = 1;
+            const Order hp = greedy_of(pin, o.empty() ? m.n_neurons : o.back());
+            o.insert(o.end(), hp.begin(), hp.end());
+          }
+          return o;
+        };
+        // Without the weight guard the gap-0 reads are free to rise: the peel is then also polished by slot swaps
+        // on the exact one-read cost (block-aligned span), which lowers the path weight further.
+        SpanCost sc{lo.read_us, 1.0 / ec.device.cost.bandwidth_MBps, ec.bundle_bytes, ec.device.block_bytes};
+        auto polish = [&](const Order& o, const std::vector<uint32_t>& pins) {
+          return polish_span(tm, o, pins, sc, 4, opt.ls.sample_tokens, uint64_t(1) << 29);
+        };
+        const std::vector<double> shares = {0.0, 0.002, 0.02, 0.1, 0.3};
+        const EndsIn all = peel({});
+        for (double eps : shares) try_order(compose(all, {}, eps), {}, r.io_ms_span);
+        if (!opt.guard_weight) try_order(polish(compose(all, {}, 0.0), {}), {}, r.io_ms_span);
+        if (can_pin) {
+          const EndsIn cold = peel(hot_pins);
+          std::vector<uint32_t> refined;
+          if (opt.pin_rounds > 0) {
+            PinCost pc_cost{lo.read_us, lo.bundle_us, lo.merge_gap};
+            PinRefineStats ps;
+            refined = refine_pins(tm, compose(cold, hot_pins, 0.0), hot_pins, g.freq, pc_cost, opt.pin_rounds,
+                                  opt.ls.sample_tokens, &ps);
+            if (ps.swaps == 0) refined.clear();
+          }
+          for (double eps : shares) {
+            std::vector<LayerCachePolicy> cands = {LayerCachePolicy{opt.admission, hot_pins}};
+            if (!refined.empty()) cands.push_back(LayerCachePolicy{opt.admission, refined});
+            try_order(compose(cold, hot_pins, eps), cands, r.io_ms_span);
+          }
+          if (!opt.guard_weight) {
+            try_order(polish(compose(cold, hot_pins, 0.0), hot_pins), {LayerCachePolicy{opt.admission, hot_pins}},
+                      r.io_ms_span);
+          }
+          if (!refined.empty()) {
+            const EndsIn rest = peel(refined);
+            for (double eps : shares)
+              try_order(compose(rest, refined, eps), {LayerCachePolicy{opt.admission, refined}}, r.io_ms_span);
+            if (!opt.guard_weight)
+              try_order(polish(compose(rest, refined, 0.0), refined), {LayerCachePolicy{opt.admission, refined}},
+                        r.io_ms_span);
+          }
+        }
       }
       r.seconds_ls = lap();
       r.guard_kept_seed = !kept_ours;

@@ -52,8 +52,9 @@ struct LayerSolve {
   PinRefineStats pins;           // greedy+ls: the pinned set refined for the searched order
   bool pins_refined = false;     // the kept policy pins the refined set (not the hottest)
   bool guard_kept_seed = false;
-  // greedy+ls: profile-trace I/O ms/token of the paper's pipeline, of ours, and of the pinned-hot variant (0 = not tried)
-  double io_ms_greedy = 0, io_ms_ls = 0, io_ms_pinned = 0, io_ms_miss = 0;
+  // greedy+ls: profile-trace I/O ms/token of the paper's pipeline and of each variant: the search, pinned-hot,
+  // miss-stream and ends-in (layout/span.h) ones (0 = not tried, or refused by the weight guard)
+  double io_ms_greedy = 0, io_ms_ls = 0, io_ms_pinned = 0, io_ms_miss = 0, io_ms_span = 0;
   uint64_t weight_miss_greedy = 0, weight_miss = 0;  // miss-stream variant: full-trace path weights
   double seconds_count = 0, seconds_greedy = 0, seconds_ls = 0;  // time split  // greedy+ls: the search result was not better on the profile trace
   double seconds = 0;

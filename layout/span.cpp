@@ -1,0 +1,201 @@
+#include "layout/span.h"
+
+#include <limits>
+
+#include "formats/core/error.h"
+
+namespace nl {
+
+Order EndsIn::order() const {
+  Order out = left;
+  out.insert(out.end(), right.rbegin(), right.rend());
+  return out;
+}
+
+EndsIn solve_ends_in(const TokenMajorMask& tm, const std::vector<uint8_t>& include) {
+  const uint32_t n = tm.n_neurons;
+  if (include.size() != n) throw InternalError("solve_ends_in: include length does not match the layer");
+  const uint64_t T = tm.end - tm.begin;
+  // grow[side][v]: v's active tokens not yet in that end's union (what adding v there would add).
+  std::vector<uint64_t> grow[2] = {std::vector<uint64_t>(n, 0), std::vector<uint64_t>(n, 0)};
+  for (uint64_t t = tm.begin; t < tm.end; ++t) {
+    const uint64_t* r = tm.row(t);
+    for (uint64_t w = 0; w < tm.words; ++w)
+      for (uint64_t x = r[w]; x; x &= x - 1) ++grow[0][w * 64 + uint64_t(__builtin_ctzll(x))];
+  }
+  grow[1] = grow[0];
+  std::vector<uint8_t> in_union[2] = {std::vector<uint8_t>(T, 0), std::vector<uint8_t>(T, 0)};
+  std::vector<uint8_t> alive = include;
+  uint32_t left = 0;
+  for (uint8_t a : alive) left += a != 0;
+  // Neuron-major lists of active tokens, so adding v walks only v's tokens.
+  std::vector<uint64_t> start(n + 1, 0);
+  for (uint32_t v = 0; v < n; ++v) start[v + 1] = start[v] + grow[0][v];
+  std::vector<uint32_t> toks(start[n]);
+  {
+    std::vector<uint64_t> fill(start.begin(), start.end() - 1);
+    for (uint64_t t = tm.begin; t < tm.end; ++t) {
+      const uint64_t* r = tm.row(t);
+      for (uint64_t w = 0; w < tm.words; ++w)
+        for (uint64_t x = r[w]; x; x &= x - 1) toks[fill[w * 64 + uint64_t(__builtin_ctzll(x))]++] = uint32_t(t - tm.begin);
+    }
+  }
+  EndsIn r;
+  Order* ends[2] = {&r.left, &r.right};
+  std::vector<uint64_t>* cover[2] = {&r.cover_left, &r.cover_right};
+  uint64_t covered[2] = {0, 0};
+  for (; left > 0; --left) {
+    uint32_t best[2] = {n, n};
+    for (int s = 0; s < 2; ++s) {
+      uint64_t g = std::numeric_limits<uint64_t>::max();
+      for (uint32_t v = 0; v < n; ++v)
+        if (alive[v] && grow[s][v] < g) g = grow[s][v], best[s] = v;
+    }
+    // The end whose union would be the smaller after the step (ties: the smaller growth, then the left end).
+    const uint64_t u0 = covered[0] + grow[0][best[0]], u1 = covered[1] + grow[1][best[1]];
+    const int side = u0 < u1 || (u0 == u1 && grow[0][best[0]] <= grow[1][best[1]]) ? 0 : 1;
+    const uint32_t v = best[side];
+    alive[v] = 0;
+    ends[side]->push_back(v);
+    for (uint64_t i = start[v]; i < start[v + 1]; ++i) {
+      const uint32_t t = toks[i];
+      if (in_union[side][t]) continue;
+      in_union[side][t] = 1;
+      ++covered[side];
+      const uint64_t* r = tm.row(tm.begin + t);
+      for (uint64_t w = 0; w < tm.words; ++w)
+        for (uint64_t x = r[w]; x; x &= x - 1) --grow[side][w * 64 + uint64_t(__builtin_ctzll(x))];
+    }
+    cover[side]->push_back(covered[side]);
+  }
+  return r;
+}
+
+uint64_t span_bundles(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned) {
+  const uint32_t n = tm.n_neurons;
+  if (order.size() != n) throw InternalError("span_bundles: order length does not match the layer");
+  std::vector<uint32_t> slot_of(n);
+  for (uint32_t s = 0; s < n; ++s) slot_of[order[s]] = s;
+  std::vector<uint8_t> pin(n, 0);
+  for (uint32_t v : pinned) pin.at(v) = 1;
+  uint64_t total = 0;
+  for (uint64_t t = tm.begin; t < tm.end; ++t) {
+    const uint64_t* r = tm.row(t);
+    uint32_t lo = n, hi = 0;
+    for (uint64_t w = 0; w < tm.words; ++w)
+      for (uint64_t x = r[w]; x; x &= x - 1) {
+        const uint32_t v = uint32_t(w * 64 + uint64_t(__builtin_ctzll(x)));
+        if (pin[v]) continue;
+        lo = std::min(lo, slot_of[v]);
+        hi = std::max(hi, slot_of[v]);
+      }
+    if (lo <= hi) total += hi - lo + 1;
+  }
+  return total;
+}
+
+namespace {
+
+struct TokenSpan {
+  uint32_t count = 0;                // needed slots
+  uint32_t lo1 = 0, lo2 = 0;         // the two smallest needed slots (lo2 valid when count >= 2)
+  uint32_t hi1 = 0, hi2 = 0;         // the two largest (hi1 the largest)
+};
+
+}  // namespace
+
+Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned,
+                  const SpanCost& c, uint32_t passes, uint64_t max_tokens, uint64_t max_work, double* saved_us) {
+  const uint32_t n = tm.n_neurons;
+  if (order.size() != n) throw InternalError("polish_span: order length does not match the layer");
+  if (c.block_bytes == 0 || c.bundle_bytes == 0) throw InternalError("polish_span: zero block or bundle bytes");
+  const uint64_t end = max_tokens && max_tokens < tm.end - tm.begin ? tm.begin + max_tokens : tm.end;
+  const uint64_t T = end - tm.begin;
+  Order o = order;
+  std::vector<uint32_t> slot_of(n);
+  for (uint32_t s = 0; s < n; ++s) slot_of[o[s]] = s;
+  std::vector<uint8_t> pin(n, 0);
+  for (uint32_t v : pinned) pin.at(v) = 1;
+  // Neuron-major token lists of the unpinned neurons (what a swap of two of them touches).
+  std::vector<std::vector<uint32_t>> toks(n);
+  for (uint64_t t = tm.begin; t < end; ++t) {
+    const uint64_t* r = tm.row(t);
+    for (uint64_t w = 0; w < tm.words; ++w)
+      for (uint64_t x = r[w]; x; x &= x - 1) {
+        const uint32_t v = uint32_t(w * 64 + uint64_t(__builtin_ctzll(x)));
+        if (!pin[v]) toks[v].push_back(uint32_t(t - tm.begin));
+      }
+  }
+  auto cost = [&](uint32_t count, uint32_t lo, uint32_t hi) {
+    if (count == 0) return 0.0;
+    const uint64_t b = lo * c.bundle_bytes / c.block_bytes * c.block_bytes;
+    const uint64_t e = ((hi + 1) * c.bundle_bytes + c.block_bytes - 1) / c.block_bytes * c.block_bytes;
+    return c.read_us + double(e - b) * c.us_per_byte;
+  };
+  std::vector<TokenSpan> sp(T);
+  auto rebuild = [&](uint32_t t) {
+    TokenSpan s;
+    const uint64_t* r = tm.row(tm.begin + t);
+    for (uint64_t w = 0; w < tm.words; ++w)
+      for (uint64_t x = r[w]; x; x &= x - 1) {
+        const uint32_t v = uint32_t(w * 64 + uint64_t(__builtin_ctzll(x)));
+        if (pin[v]) continue;
+        const uint32_t q = slot_of[v];
+        if (s.count == 0) {
+          s.lo1 = s.lo2 = s.hi1 = s.hi2 = q;
+        } else {
+          if (q < s.lo1) s.lo2 = s.lo1, s.lo1 = q;
+          else if (s.count == 1 || q < s.lo2) s.lo2 = q;
+          if (q > s.hi1) s.hi2 = s.hi1, s.hi1 = q;
+          else if (s.count == 1 || q > s.hi2) s.hi2 = q;
+        }
+        ++s.count;
+      }
+    sp[t] = s;
+  };
+  for (uint32_t t = 0; t < T; ++t) rebuild(t);
+  // The cost change of one token when its needed slot `from` moves to `to` (its other needed slots stay).
+  auto moved = [&](const TokenSpan& s, uint32_t from, uint32_t to) {
+    uint32_t lo = to, hi = to;
+    if (s.count > 1) {
+      lo = std::min(to, s.lo1 == from ? s.lo2 : s.lo1);
+      hi = std::max(to, s.hi1 == from ? s.hi2 : s.hi1);
+    }
+    return cost(s.count, lo, hi) - cost(s.count, s.lo1, s.hi1);
+  };
+  double saved = 0;
+  uint64_t work = 0;
+  for (uint32_t pass = 0; pass < passes && !(max_work && work >= max_work); ++pass) {
+    bool improved = false;
+    for (uint32_t i = 0; i < n; ++i) {
+      if (pin[o[i]]) continue;
+      for (uint32_t j = i + 1; j < n; ++j) {
+        const uint32_t u = o[i], w = o[j];
+        if (pin[w]) continue;
+        const auto& tu = toks[u];
+        const auto& tw = toks[w];
+        if (max_work && work >= max_work) break;
+        work += tu.size() + tw.size();
+        double d = 0;
+        size_t a = 0, b = 0;
+        while (a < tu.size() || b < tw.size()) {  // tokens of u only: i -> j; of w only: j -> i; of both: same
+          if (b == tw.size() || (a < tu.size() && tu[a] < tw[b])) d += moved(sp[tu[a++]], i, j);
+          else if (a == tu.size() || tw[b] < tu[a]) d += moved(sp[tw[b++]], j, i);
+          else ++a, ++b;
+        }
+        if (d >= -1e-9) continue;
+        std::swap(o[i], o[j]);
+        slot_of[u] = j, slot_of[w] = i;
+        for (uint32_t t : tu) rebuild(t);
+        for (uint32_t t : tw) rebuild(t);
+        saved -= d;
+        improved = true;
+      }
+    }
+    if (!improved) break;
+  }
+  if (saved_us) *saved_us = saved;
+  return o;
+}
+
+}  // namespace nl
