@@ -310,6 +310,19 @@ def measure_images(r, a, images, test, device_profile, peak_Bps, cache, sims, wi
     return summarize(variants, samples, sims)
 
 
+def device_ceiling(r, test, layouts, device, cache):
+    """What the probed disk's a + s/B fit allows (nl-layout eval --device, gap auto): the eval lower bound (no order,
+    cache or planner can go below it) and each layout's predicted I/O ms/token, to set a measured ratio against the
+    most any layout could reach on this disk."""
+    argv = ["nl-layout", "eval", "--trace", test, "--gap", "auto", "--cache-ratio", str(cache), "--json", "-q",
+            "--device", device]
+    for m in layouts:
+        argv += ["--layout", layouts[m]]
+    txt, _, _ = r.run(argv)
+    j = json.loads(txt)
+    return {"bound_ms": j["io_ms_lower_bound"], "predicted_ms": {x["name"]: x["io_ms"] for x in j["layouts"]}}
+
+
 def sims_for(r, test, layouts, cache, gaps):
     sims = {}
     for gap in set(gaps) | {"off"}:
@@ -352,6 +365,7 @@ def synthetic_suite(r, a, shape, work, results):
     results["probe_path"] = devp
     peak = peak_bandwidth(dev)
     sims = sims_for(r, test, layouts, a.cache, a.gaps)
+    ceiling = device_ceiling(r, test, layouts, devp, a.cache)
     log("%s: replaying (%d reps, load %s)" % (shape, a.reps, loadavg()))
     load0 = os.getloadavg()
     rows = measure_images(r, a, images, test, devp, peak, a.cache, sims)
@@ -366,7 +380,8 @@ def synthetic_suite(r, a, shape, work, results):
               dev["qd1"]["bandwidth_MBps"], "%.1f" % load0[0], "%.1f" % load1[0]))
     results["synthetic"][shape] = {"rows": rows, "device": dev, "peak_MBps": peak / 1e6, "solve": solve_times,
                                    "load_start": load0, "load_end": load1, "layers": a.layers}
-    targets(rows, shape, results)
+    results["synthetic"][shape]["device_ceiling"] = ceiling
+    targets(rows, shape, results, ceiling)
     if not a.keep:
         for m in METHODS:
             for f in (images[m], images[m] + ".json"):
@@ -374,7 +389,7 @@ def synthetic_suite(r, a, shape, work, results):
                     os.remove(f)
 
 
-def targets(rows, label, results):
+def targets(rows, label, results, ceiling=None):
     def get(name):
         for x in rows:
             if x["name"] == name:
@@ -416,6 +431,16 @@ def targets(rows, label, results):
         for name, v in sp:
             print("  %-48s %6.2fx" % (name, v))
         results.setdefault("io_speedup", {})[label] = [{"vs": n, "ratio": v} for n, v in sp]
+    if ceiling and ceiling["bound_ms"] > 0:
+        # The fit of this disk (nl-run probe) and the eval lower bound: any order, cache and planner at this cache
+        # capacity takes at least bound_ms, so no layout can be more than predicted(X) / bound_ms faster than X here.
+        pred = ceiling["predicted_ms"]
+        print("this disk's a + s/B fit, gap auto (nl-layout eval --device probe.json; lower bound %.3f ms/token):"
+              % ceiling["bound_ms"])
+        for m in ("identity", "greedy", "greedy+ls"):
+            if m in pred:
+                print("  %-10s predicted %8.3f ms/token; no layout or cache can be more than %5.2fx faster than it here"
+                      % (m, pred[m], pred[m] / ceiling["bound_ms"]))
 
 
 def model_suite(r, a, name, model, tokenizer, work, results):
