@@ -15,6 +15,7 @@ struct SolveArgs {
   std::string trace, out, method = "greedy+ls";
   uint64_t seed = 1;
   uint32_t top_k = 256, rcm_min_count = 1, sample_tokens = 8192, neighbours = 6, kicks = 0, pin_rounds = 8;
+  double small_fraction = 0.5;
   double time_budget = 0, hot_share = 0.0, pin_share = 1.0;
   std::string admission = "all";
   uint64_t max_evaluations = 0, guard_tokens = 16384, full_matrix_mib = 1024;
@@ -52,6 +53,9 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
   c.add_option("--pin-rounds", a.pin_rounds,
                "Rounds of swaps refining the pinned set for the searched order by its estimated read savings (0 = hottest only)")
       ->check(CLI::Range(0u, 64u))->group(grp);
+  c.add_option("--small-fraction", a.small_fraction,
+               "Also try each cache candidate with this share of its S3-FIFO part in the small FIFO (0 = 10 % only)")
+      ->check(CLI::Range(0.0, 0.99))->group(grp);
   c.add_option("--admission", a.admission,
                "Cache admission the layout is designed for (recorded in the layout; eval uses it): all, linking-aligned")
       ->check(CLI::IsMember({"all", "linking-aligned", "isolated"}))->group(grp);
@@ -80,6 +84,7 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   o.hot_share = a.hot_share;
   o.pin_share = a.pin_share;
   o.pin_rounds = a.pin_rounds;
+  o.small_fraction = a.small_fraction;
   o.admission = a.admission;
   o.miss_stream = a.miss_stream;
   o.guard_weight = !a.no_weight_guard;

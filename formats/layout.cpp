@@ -35,7 +35,8 @@ std::string layout_to_json(const Layout& l) {
          ", \"objective\": " + json(L.objective).dump() + ", \"upper_bound\": " + json(L.upper_bound).dump() +
          ", \"gap\": " + json(L.gap()).dump() + ", \"order\": " + json(L.order).dump() +
          (L.admission.empty() ? std::string() : ", \"admission\": " + json(L.admission).dump()) +
-         (L.pinned.empty() ? std::string() : ", \"pinned\": " + json(L.pinned).dump()) + "}";
+         (L.pinned.empty() ? std::string() : ", \"pinned\": " + json(L.pinned).dump()) +
+         (L.small_fraction == 0 ? std::string() : ", \"small_fraction\": " + json(L.small_fraction).dump()) + "}";
     s += i + 1 < l.layers.size() ? ",\n" : "\n";
   }
   s += "  ]\n}\n";
@@ -142,6 +143,11 @@ Layout layout_parse(const std::string& text, const std::string& path, const Trac
         out.pinned.push_back(v);
       }
     }
+    if (L.contains("small_fraction")) {
+      if (!L["small_fraction"].is_number() || !(L["small_fraction"].get<double>() > 0 && L["small_fraction"].get<double>() < 1))
+        throw InputError(path, where + "'small_fraction' must be a number strictly between 0 and 1");
+      out.small_fraction = L["small_fraction"].get<double>();
+    }
     out.objective = number_or(L, "objective", path, where);
     out.upper_bound = number_or(L, "upper_bound", path, where);
     l.layers.push_back(std::move(out));
@@ -155,7 +161,7 @@ Layout layout_load(const std::string& path, const TraceInfo* trace) {
 
 std::vector<ImageCachePolicy> layout_cache_policy_slots(const Layout& l) {
   bool any = false;
-  for (const auto& L : l.layers) any = any || !L.admission.empty() || !L.pinned.empty();
+  for (const auto& L : l.layers) any = any || !L.admission.empty() || !L.pinned.empty() || L.small_fraction != 0;
   if (!any) return {};
   std::vector<ImageCachePolicy> out(l.layers.size());
   for (size_t i = 0; i < l.layers.size(); ++i) {
@@ -163,6 +169,7 @@ std::vector<ImageCachePolicy> layout_cache_policy_slots(const Layout& l) {
     std::vector<uint32_t> slot_of(L.order.size());
     for (uint32_t s = 0; s < L.order.size(); ++s) slot_of[L.order[s]] = s;
     out[i].admission = L.admission;
+    out[i].small_fraction = L.small_fraction;
     for (uint32_t v : L.pinned) out[i].pinned.push_back(slot_of.at(v));
   }
   return out;

@@ -23,6 +23,7 @@ struct LayoutLayer {
   std::string admission;        // "" = not specified (the evaluator's setting), "all" (plain S3-FIFO) or
                                 // "linking-aligned" (the paper's admission rule)
   std::vector<uint32_t> pinned; // neurons pinned in DRAM (hottest first), part of the capacity; empty = none
+  double small_fraction = 0;    // S3-FIFO's small-queue share of the unpinned capacity; 0 = not specified (0.10)
   double objective = 0;         // path weight: sum of co-activation counts of adjacent slots (profile trace)
   double upper_bound = 0;       // 1/2 sum over neurons of their two heaviest co-activation counts
   double gap() const { return upper_bound > 0 ? (upper_bound - objective) / upper_bound : 0.0; }

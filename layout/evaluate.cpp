@@ -102,7 +102,8 @@ std::vector<LayerEval> evaluate_policies(const LayerMask& m, const std::vector<u
         if (v >= n) throw InternalError("evaluate: pinned neuron out of range");
         pinned_slots.push_back(slot_of[v]);
       }
-      cache_apply_policy(cc, policy->admission, pinned_slots);  // as nl-run applies the manifest's cache_policy
+      // as nl-run applies the manifest's cache_policy
+      cache_apply_policy(cc, policy->admission, pinned_slots, policy->small_fraction);
     }
     use_cache[k] = cc.capacity > 0 || cc.window_tokens > 0;
     caches.emplace_back(n, cc);
@@ -208,7 +209,7 @@ TraceEval evaluate_trace(const TraceReader& trace, const std::vector<Layout>& la
       for (size_t k = 0; k < layouts.size(); ++k) {
         std::vector<uint64_t>* hist = h == hist_layers.end() ? nullptr : &out.read_lengths[k][size_t(h - hist_layers.begin())];
         const LayoutLayer& L = layouts[k].layers[size_t(l)];
-        LayerCachePolicy pol{L.admission, L.pinned};
+        LayerCachePolicy pol{L.admission, L.pinned, L.small_fraction};
         out.layers[k][size_t(l)] = evaluate_layer(m, L.order, e, uint32_t(l), layout_cache ? &pol : nullptr, nullptr, hist, &tm);
       }
       if (progress) progress->add(1);

@@ -49,6 +49,7 @@ struct LayerEval {
 struct LayerCachePolicy {
   std::string admission;
   std::vector<uint32_t> pinned;
+  double small_fraction = 0;  // S3-FIFO's small-queue share; 0 = cfg's
 };
 
 // Tokens [begin, end) of a layer, token-major: bit v of row t - begin is neuron v at token t. Built once (one

@@ -80,6 +80,15 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
         std::vector<LayerCachePolicy> pols = {LayerCachePolicy{}, LayerCachePolicy{opt.admission, {}}};
         for (const auto& c : cands)
           if (!c.pinned.empty()) pols.push_back(c);
+        // Each policy that leaves part of the capacity to S3-FIFO also with a larger small FIFO: with strong
+        // token-to-token persistence a neuron's second access comes one token after its first, and a 10 % small
+        // queue has evicted it (to the ghost) by then, so the second access misses too.
+        for (size_t k = 0, n0 = pols.size(); k < n0 && opt.small_fraction > 0; ++k)
+          if (pols[k].pinned.size() < cap) {
+            LayerCachePolicy p = pols[k];
+            p.small_fraction = opt.small_fraction;
+            pols.push_back(std::move(p));
+          }
         std::vector<const LayerCachePolicy*> pp;
         for (const auto& pol : pols) pp.push_back(&pol);
         const std::vector<LayerEval> es = evaluate_layer_policies(m, o, eg, layer_index, pp, &tm);  // one pass
@@ -277,6 +286,7 @@ Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,
     p["admission"] = opt.admission;
     p["pin_share"] = opt.pin_share;
     p["pin_rounds"] = opt.pin_rounds;
+    p["small_fraction"] = opt.small_fraction;
     p["guard_tokens"] = opt.guard_tokens;
     if (opt.hot_share > 0) p["hot_share"] = opt.hot_share;
     p["max_evaluations"] = opt.ls.max_evaluations;
@@ -302,6 +312,7 @@ Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,
       out.layers[size_t(l)].order = s.order;
       out.layers[size_t(l)].admission = s.cache.admission;
       out.layers[size_t(l)].pinned = s.cache.pinned;
+      out.layers[size_t(l)].small_fraction = s.cache.small_fraction;
       out.layers[size_t(l)].objective = double(s.objective);
       out.layers[size_t(l)].upper_bound = s.upper_bound;
       if (progress) {

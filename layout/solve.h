@@ -35,6 +35,9 @@ struct SolveOptions {
   double pin_share = 1.0;
   // Rounds of swaps refining the pinned set for the searched order (layout/pins.h); 0 = the hottest set only.
   uint32_t pin_rounds = 8;
+  // Each cache candidate with an S3-FIFO part is also tried with this small-FIFO share (recorded per layer as
+  // `small_fraction`); 0 = only S3-FIFO's 10 %.
+  double small_fraction = 0.5;
   bool miss_stream = false;      // also try greedy + search on the miss stream's co-activation
   uint64_t guard_tokens = 16384;  // profile tokens (a prefix) the guard compares pipelines on
   bool guard_weight = true;      // a variant must keep the greedy path weight (gap-0 reads without a cache)

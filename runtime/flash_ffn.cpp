@@ -96,7 +96,8 @@ void FlashFfn::make_caches() {
     switch (opt_.cache_policy) {
       case CachePolicyMode::kManifest:
         if (!m_.cache_policy.empty())
-          cache_apply_policy(cc, m_.cache_policy[size_t(l)].admission, m_.cache_policy[size_t(l)].pinned);
+          cache_apply_policy(cc, m_.cache_policy[size_t(l)].admission, m_.cache_policy[size_t(l)].pinned,
+                             m_.cache_policy[size_t(l)].small_fraction);
         break;
       case CachePolicyMode::kLinkingAligned: cc.linking_aligned = true; break;
       case CachePolicyMode::kAll: cc.linking_aligned = false; break;

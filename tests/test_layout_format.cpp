@@ -93,6 +93,12 @@ TEST_CASE("layout JSON round trip; writes are byte-identical") {
   CHECK(layout_to_json(r) == a);
   r.layers[1].admission = "isolated";
   CHECK(layout_parse(layout_to_json(r), "x").layers[1].admission == "isolated");
+  CHECK(a.find("small_fraction") == std::string::npos);  // not written when not recorded
+  r.layers[1].small_fraction = 0.5;
+  CHECK(layout_to_json(r).find("\"small_fraction\": 0.5") != std::string::npos);
+  CHECK(layout_parse(layout_to_json(r), "x").layers[1].small_fraction == 0.5);
+  CHECK(layout_parse(layout_to_json(r), "x").layers[0].small_fraction == 0.0);
+  CHECK(layout_cache_policy_slots(layout_parse(layout_to_json(r), "x"))[1].small_fraction == 0.5);
   layout_write("lay_rt.json", l);
   CHECK(read_file("lay_rt.json") == a);
 }
@@ -116,6 +122,9 @@ TEST_CASE("malformed layouts: one clear error each") {
   expect_error(replace(ok, "\"pinned\": [1]", "\"pinned\": [2]"), "layer 1: pinned[0] is not a neuron index in [0, 2)");
   expect_error(replace(ok, "\"pinned\": [1]", "\"pinned\": [1,1]"), "pinned lists neuron 1 twice");
   expect_error(replace(ok, "\"pinned\": [1]", "\"pinned\": 1"), "'pinned' must be an array");
+  for (const char* bad : {"0", "1", "1.5", "-0.2", "\"x\""})
+    expect_error(replace(ok, "\"pinned\": [1]", std::string("\"pinned\": [1], \"small_fraction\": ") + bad),
+                 "layer 1: 'small_fraction' must be a number strictly between 0 and 1");
   TraceInfo ti;
   ti.path = "t.h5";
   ti.n_layers = 2;

@@ -175,6 +175,8 @@ TEST_CASE("tiny-relu end to end: replay equals nl-layout eval for greedy+ls layo
       // gls-pin), so that the runtime's isolated admission is checked against eval's whatever the guard chose.
       {"gls-half", ""},
       {"gls-iso", ""},
+      // gls-half with half of each S3-FIFO part in its small FIFO (`small_fraction`, 10 % otherwise).
+      {"gls-small", ""},
   };
   std::string eval_layouts;
   size_t layers_pinned = 0, layers_all = 0;
@@ -186,6 +188,7 @@ TEST_CASE("tiny-relu end to end: replay equals nl-layout eval for greedy+ls layo
       for (auto& ll : x.layers) {
         ll.admission = L.name == "gls-iso" ? "isolated" : "all";
         ll.pinned.resize(ll.pinned.size() / 2);
+        if (L.name == "gls-small") ll.small_fraction = 0.5;
       }
       layout_write(lay, x);
     } else {
@@ -267,6 +270,9 @@ TEST_CASE("tiny-relu end to end: replay equals nl-layout eval for greedy+ls layo
                                         "/test.h5 --gap off --cache-ratio 0.1 --cache-policy linking-aligned");
   CHECK(rp["totals"]["cache_hits"].get<uint64_t>() != hits_policy["gls-pin"]);
   CHECK(hits_policy["gls-iso"] != hits_policy["gls-half"]);  // isolated admission is a different cache
+  CHECK(hits_policy["gls-small"] != hits_policy["gls-half"]);  // and so is a larger small FIFO
+  MESSAGE("half pinned, admission all: small FIFO 10 % " << hits_policy["gls-half"] << " hits, 50 % "
+                                                           << hits_policy["gls-small"]);
   MESSAGE("half pinned: hits with admission all " << hits_policy["gls-half"] << ", isolated " << hits_policy["gls-iso"]);
   MESSAGE("gls-pin hits with its own policy " << hits_policy["gls-pin"] << ", with linking-aligned "
                                               << rp["totals"]["cache_hits"]);

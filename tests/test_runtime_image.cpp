@@ -309,6 +309,13 @@ TEST_CASE("malformed manifests and images are refused with one clear line each")
   expect_refused(img, {"unknown admission", false, "cache_policy[0].admission 'lru' is not"});
   with_manifest([](json& j) { j["cache_policy"] = json::array({{{"admission", 1}}, json::object()}); });
   expect_refused(img, {"admission not a string", false, "cache_policy[0].admission must be a string"});
+  with_manifest([](json& j) { j["cache_policy"] = json::array({json::object(), {{"small_fraction", "x"}}}); });
+  expect_refused(img, {"small fraction not a number", false, "cache_policy[1].small_fraction must be a number"});
+  for (double bad : {0.0, 1.0, 1.5, -0.25}) {
+    with_manifest([&](json& j) { j["cache_policy"] = json::array({json::object(), {{"small_fraction", bad}}}); });
+    expect_refused(img, {"small fraction out of range", false,
+                         "cache_policy[1].small_fraction must be strictly between 0 and 1"});
+  }
   with_manifest([&](json& j) {
     j["cache_policy"] = json::array({json::object(), {{"pinned_slots", {0, base["model"]["hidden_dim"]}}}});
   });
@@ -382,7 +389,7 @@ TEST_CASE("the cache policy round-trips through the manifest; images without one
   image_write_model(d + "/empty.nlw", w, spec);
   CHECK(read_file(d + "/empty.nlw.json").find("cache_policy") == std::string::npos);
   spec.cache_policy[0] = {"all", {7, 3, 95}};   // hottest first: the order is kept, not sorted
-  spec.cache_policy[1] = {"", {0}};
+  spec.cache_policy[1] = {"", {0}, 0.25};
   image_write_model(d + "/pol.nlw", w, spec);
   ImageManifest m = manifest_load(d + "/pol.nlw.json");
   REQUIRE(m.cache_policy.size() == 2);
@@ -390,6 +397,8 @@ TEST_CASE("the cache policy round-trips through the manifest; images without one
   CHECK(m.cache_policy[0].pinned == std::vector<uint32_t>{7, 3, 95});
   CHECK(m.cache_policy[1].admission.empty());
   CHECK(m.cache_policy[1].pinned == std::vector<uint32_t>{0});
+  CHECK(m.cache_policy[0].small_fraction == 0.0);
+  CHECK(m.cache_policy[1].small_fraction == 0.25);
   CHECK(manifest_to_json(m) == read_file(d + "/pol.nlw.json"));
   // The image bytes do not depend on the policy (only the manifest does).
   CHECK(read_file(d + "/pol.nlw") == read_file(d + "/plain.nlw"));
@@ -397,6 +406,8 @@ TEST_CASE("the cache policy round-trips through the manifest; images without one
   spec.cache_policy[1] = {"lru", {}};
   CHECK_THROWS_AS(image_write_model(d + "/bad.nlw", w, spec), UsageError);
   spec.cache_policy[1] = {"all", {96}};
+  CHECK_THROWS_AS(image_write_model(d + "/bad.nlw", w, spec), UsageError);
+  spec.cache_policy[1] = {"all", {}, 1.0};
   CHECK_THROWS_AS(image_write_model(d + "/bad.nlw", w, spec), UsageError);
   spec.cache_policy.resize(1);
   CHECK_THROWS_AS(image_write_model(d + "/bad.nlw", w, spec), UsageError);

@@ -2,6 +2,7 @@
 // determinism for a seed.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "formats/core/error.h"
@@ -129,6 +130,35 @@ TEST_CASE("pinned slots stay resident and count against capacity") {
   CHECK(c.resident(5));
   CHECK(c.size() <= 5);
   CHECK_THROWS_AS(SlotCache(n, CacheConfig{.capacity = 2, .pinned = {200}}), UsageError);
+}
+
+TEST_CASE("a recorded small_fraction sizes S3-FIFO's small queue: neurons back one token later are hits") {
+  // Each set of 5 neurons is active at two consecutive tokens, then never again. A small queue of 1 slot (10 % of
+  // 10) keeps only the newest miss, so most second accesses miss; one of 5 slots keeps the whole set.
+  ReadPlanner pl = planner(100);
+  uint64_t hits[2] = {0, 0};
+  for (int k = 0; k < 2; ++k) {
+    const double sf = k == 0 ? 0.0 : 0.5;
+    CacheConfig cc;
+    cc.capacity = 10;
+    cache_apply_policy(cc, "all", {}, sf);
+    CHECK(cc.small_fraction == (sf == 0 ? 0.10 : 0.5));  // 0 = nothing recorded: S3-FIFO's 10 % stays
+    SlotCache c(100, cc);
+    TokenPlan p;
+    for (uint32_t t = 0; t < 200; ++t) {
+      std::vector<uint32_t> act;
+      for (uint32_t i = 0; i < 5; ++i) act.push_back((t / 2 * 5 + i) % 100);
+      std::sort(act.begin(), act.end());
+      for (uint32_t s : act) hits[k] += c.resident(s);
+      pl.plan(act, &c, p);
+    }
+  }
+  MESSAGE("hits over 200 tokens: small FIFO 10 % " << hits[0] << ", 50 % " << hits[1]);
+  CHECK(hits[1] == 500);  // every second access
+  CHECK(hits[0] < hits[1]);
+  CacheConfig bad;
+  CHECK_THROWS_AS(cache_apply_policy(bad, "", {}, 1.0), UsageError);
+  CHECK_THROWS_AS(cache_apply_policy(bad, "", {}, -0.1), UsageError);
 }
 
 TEST_CASE("a recorded cache policy: admission overrides the setting, pinned slots hottest first up to capacity") {

@@ -165,6 +165,7 @@ std::string manifest_to_json(const ImageManifest& m) {
       json e = json::object();
       if (!p.admission.empty()) e["admission"] = p.admission;
       if (!p.pinned.empty()) e["pinned_slots"] = p.pinned;
+      if (p.small_fraction != 0) e["small_fraction"] = p.small_fraction;
       pol.push_back(std::move(e));
     }
     j["cache_policy"] = std::move(pol);
@@ -285,6 +286,8 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
     // An admission rule this build does not know would be run as something else: refuse rather than guess.
     if (!p.admission.empty() && !cache_admission_known(p.admission))
       bad(path, where + ".admission '" + p.admission + "' is not " + kCacheAdmissions);
+    if (!cache_small_fraction_valid(p.small_fraction))
+      bad(path, where + ".small_fraction must be strictly between 0 and 1");
     std::vector<char> seen(size_t(c.hidden_dim), 0);
     for (uint32_t s : p.pinned) {
       if (s >= seen.size())
@@ -423,6 +426,11 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
               bad(path, where + ".pinned_slots entries must be slot indices");
             p.pinned.push_back(x.get<uint32_t>());
           }
+        }
+        if (e.contains("small_fraction")) {
+          if (!e["small_fraction"].is_number()) bad(path, where + ".small_fraction must be a number");
+          p.small_fraction = e["small_fraction"].get<double>();
+          if (p.small_fraction == 0) bad(path, where + ".small_fraction must be strictly between 0 and 1");
         }
         m.cache_policy.push_back(std::move(p));
       }

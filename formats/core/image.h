@@ -71,6 +71,8 @@ struct DenseTensor {
 // "linking-aligned" (the paper's rule: misses read alone admitted, misses inside longer reads with a lower
 // probability) and "isolated" (the same rule with probability 0: only misses read alone are admitted).
 bool cache_admission_known(const std::string& admission);
+// A recorded small-FIFO share: 0 (none recorded) or strictly between 0 and 1.
+inline bool cache_small_fraction_valid(double f) { return f == 0 || (f > 0 && f < 1); }
 inline constexpr const char* kCacheAdmissions = "\"all\", \"linking-aligned\" or \"isolated\"";
 
 // The cache policy one FFN layer's order was designed for (the layout's `admission` and `pinned`, docs/formats.md),
@@ -78,7 +80,8 @@ inline constexpr const char* kCacheAdmissions = "\"all\", \"linking-aligned\" or
 struct ImageCachePolicy {
   std::string admission;          // "" (none recorded) or one of cache_admission_known's rules
   std::vector<uint32_t> pinned;   // slots (bundle positions in the layer's region) always resident, hottest first
-  bool empty() const { return admission.empty() && pinned.empty(); }
+  double small_fraction = 0;      // share of the S3-FIFO part given to its small FIFO; 0 = none recorded, else in (0, 1)
+  bool empty() const { return admission.empty() && pinned.empty() && small_fraction == 0; }
 };
 
 struct ImageManifest {

@@ -55,6 +55,8 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
     const ImageCachePolicy& p = spec.cache_policy[l];
     if (!p.admission.empty() && !cache_admission_known(p.admission))
       throw UsageError("cannot pack: layer " + std::to_string(l) + ": unknown cache admission '" + p.admission + "'");
+    if (!cache_small_fraction_valid(p.small_fraction))
+      throw UsageError("cannot pack: layer " + std::to_string(l) + ": small_fraction must be strictly between 0 and 1");
     std::vector<char> seen(size_t(c.hidden_dim), 0);
     for (uint32_t s : p.pinned) {
       if (s >= seen.size() || seen[s])

@@ -31,8 +31,10 @@ inline uint64_t cache_seed_for_layer(uint64_t seed, uint32_t layer) { return see
 // Applies a layer's recorded cache policy (layout `admission`/`pinned`, image manifest `cache_policy`) on top of `cc`:
 // admission "all" or "linking-aligned" overrides cc.linking_aligned, "isolated" sets linking-aligned with a run admission
 // probability of 0 ("" keeps cc as is), the pinned slots (hottest first)
-// are appended to cc.pinned. The one place nl-layout eval and nl-run turn a policy into a cache configuration.
-void cache_apply_policy(CacheConfig& cc, const std::string& admission, const std::vector<uint32_t>& pinned_slots);
+// are appended to cc.pinned, and a small_fraction other than 0 replaces cc.small_fraction. The one place nl-layout
+// eval and nl-run turn a policy into a cache configuration.
+void cache_apply_policy(CacheConfig& cc, const std::string& admission, const std::vector<uint32_t>& pinned_slots,
+                        double small_fraction = 0);
 
 // Capacity in bundles for a cache holding `ratio` of the layer's FFN bytes.
 uint32_t cache_capacity_for_ratio(double ratio, uint32_t n_slots);
