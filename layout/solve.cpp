@@ -80,23 +80,35 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
         std::vector<LayerCachePolicy> pols = {LayerCachePolicy{}, LayerCachePolicy{opt.admission, {}}};
         for (const auto& c : cands)
           if (!c.pinned.empty()) pols.push_back(c);
-        // Each policy that leaves part of the capacity to S3-FIFO also with a larger small FIFO: with strong
-        // token-to-token persistence a neuron's second access comes one token after its first, and a 10 % small
-        // queue has evicted it (to the ghost) by then, so the second access misses too.
-        for (size_t k = 0, n0 = pols.size(); k < n0 && opt.small_fraction > 0; ++k)
-          if (pols[k].pinned.size() < cap) {
-            LayerCachePolicy p = pols[k];
-            p.small_fraction = opt.small_fraction;
-            pols.push_back(std::move(p));
+        auto run = [&](const std::vector<LayerCachePolicy>& ps) {
+          std::vector<const LayerCachePolicy*> pp;
+          for (const auto& pol : ps) pp.push_back(&pol);
+          const std::vector<LayerEval> es = evaluate_layer_policies(m, o, eg, layer_index, pp, &tm);  // one pass
+          for (size_t k = 0; k < ps.size(); ++k) {
+            const LayerEval& e = es[k];
+            double ms = e.io_ms_per_token();
+            if (io_ms_out == 0 || ms < io_ms_out) io_ms_out = ms;
+            if (e.io_seconds < best_io) best_io = e.io_seconds, best = o, best_policy = ps[k], kept_ours = true;
           }
-        std::vector<const LayerCachePolicy*> pp;
-        for (const auto& pol : pols) pp.push_back(&pol);
-        const std::vector<LayerEval> es = evaluate_layer_policies(m, o, eg, layer_index, pp, &tm);  // one pass
-        for (size_t k = 0; k < pols.size(); ++k) {
-          const LayerEval& e = es[k];
-          double ms = e.io_ms_per_token();
-          if (io_ms_out == 0 || ms < io_ms_out) io_ms_out = ms;
-          if (e.io_seconds < best_io) best_io = e.io_seconds, best = o, best_policy = pols[k], kept_ours = true;
+          return es;
+        };
+        const std::vector<LayerEval> es = run(pols);
+        // The two best of these policies that leave part of the capacity to S3-FIFO, again with a larger small
+        // FIFO: with strong token-to-token persistence a neuron's second access comes one token after its first,
+        // and a 10 % small queue has evicted it (to the ghost list) by then, so the second access misses too.
+        // (Only two: each policy costs a planner and cache pass over the guard tokens.)
+        if (opt.small_fraction > 0) {
+          std::vector<size_t> idx;
+          for (size_t k = 0; k < pols.size(); ++k)
+            if (pols[k].pinned.size() < cap) idx.push_back(k);
+          std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return es[a].io_seconds < es[b].io_seconds; });
+          std::vector<LayerCachePolicy> more;
+          for (size_t i = 0; i < idx.size() && i < 2; ++i) {
+            LayerCachePolicy q = pols[idx[i]];
+            q.small_fraction = opt.small_fraction;
+            more.push_back(std::move(q));
+          }
+          if (!more.empty()) run(more);
         }
       };
       // Variant 1: search from the greedy seed; also with the hottest neurons pinned where they are (the order
