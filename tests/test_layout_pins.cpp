@@ -10,6 +10,7 @@
 
 #include "layout/evaluate.h"
 #include "layout/pins.h"
+#include "mask_test_util.h"
 #include "runtime/plan/read_plan.h"
 #include "runtime/plan/slot_cache.h"
 
@@ -20,21 +21,10 @@ namespace {
 CostFit ufs40() { return default_device().cost; }  // the built-in UFS 4.0 profile
 
 LayerMask random_mask(uint32_t n, uint64_t tokens, std::mt19937_64& rng) {
-  LayerMask m(n, tokens);
-  std::vector<double> rate(n);
-  for (auto& r : rate) r = double(rng() % 1000) / 1000.0 * (rng() % 2 ? 1.0 : 0.1);
-  for (uint32_t v = 0; v < n; ++v)
-    for (uint64_t t = 0; t < tokens; ++t)
-      if (double(rng() % 1000) / 1000.0 < rate[v]) m.set(v, t);
-  return m;
+  return test::random_mask(n, tokens, rng, 1.0, 0.1);
 }
 
-Order shuffled(uint32_t n, std::mt19937_64& rng) {
-  Order o(n);
-  std::iota(o.begin(), o.end(), 0u);
-  std::shuffle(o.begin(), o.end(), rng);
-  return o;
-}
+using test::shuffled;
 
 std::vector<uint64_t> freqs(const LayerMask& m) {
   std::vector<uint64_t> f(m.n_neurons);

@@ -11,27 +11,17 @@
 #include "layout/evaluate.h"
 #include "layout/solve.h"
 #include "layout/span.h"
+#include "mask_test_util.h"
 
 using namespace nl;
 
 namespace {
 
 LayerMask random_mask(uint32_t n, uint64_t tokens, std::mt19937_64& rng) {
-  LayerMask m(n, tokens);
-  std::vector<double> rate(n);
-  for (auto& r : rate) r = double(rng() % 1000) / 1000.0 * (rng() % 2 ? 0.6 : 0.05);
-  for (uint32_t v = 0; v < n; ++v)
-    for (uint64_t t = 0; t < tokens; ++t)
-      if (double(rng() % 1000) / 1000.0 < rate[v]) m.set(v, t);
-  return m;
+  return test::random_mask(n, tokens, rng, 0.6, 0.05);
 }
 
-Order shuffled(uint32_t n, std::mt19937_64& rng) {
-  Order o(n);
-  std::iota(o.begin(), o.end(), 0u);
-  std::shuffle(o.begin(), o.end(), rng);
-  return o;
-}
+using test::shuffled;
 
 // The peel's rule written out directly: each step, for each end, the neuron whose addition leaves that end's union
 // smallest; the end whose union would be the smaller (ties: smaller growth, the left end); ties by index.
@@ -66,16 +56,23 @@ EndsIn brute_peel(const LayerMask& m, const std::vector<uint8_t>& include) {
   return r;
 }
 
+// The first and last slot of `order` holding a neuron active at t and not pinned (-1, -1: none).
+std::pair<int64_t, int64_t> needed_range(const LayerMask& m, const Order& order, const std::set<uint32_t>& pin,
+                                         uint64_t t) {
+  int64_t lo = -1, hi = -1;
+  for (uint32_t s = 0; s < order.size(); ++s)
+    if (m.test(order[s], t) && !pin.count(order[s])) {
+      if (lo < 0) lo = s;
+      hi = s;
+    }
+  return {lo, hi};
+}
+
 uint64_t brute_span(const LayerMask& m, const Order& order, const std::vector<uint32_t>& pinned) {
-  std::set<uint32_t> pin(pinned.begin(), pinned.end());
+  const std::set<uint32_t> pin(pinned.begin(), pinned.end());
   uint64_t total = 0;
   for (uint64_t t = 0; t < m.n_tokens; ++t) {
-    int64_t lo = -1, hi = -1;
-    for (uint32_t s = 0; s < order.size(); ++s)
-      if (m.test(order[s], t) && !pin.count(order[s])) {
-        if (lo < 0) lo = s;
-        hi = s;
-      }
+    const auto [lo, hi] = needed_range(m, order, pin, t);
     if (lo >= 0) total += uint64_t(hi - lo + 1);
   }
   return total;
@@ -83,15 +80,10 @@ uint64_t brute_span(const LayerMask& m, const Order& order, const std::vector<ui
 
 // One read per token from its first to its last needed slot, block-aligned (slot 0 at a block start).
 double brute_cost(const LayerMask& m, const Order& order, const std::vector<uint32_t>& pinned, const SpanCost& c) {
-  std::set<uint32_t> pin(pinned.begin(), pinned.end());
+  const std::set<uint32_t> pin(pinned.begin(), pinned.end());
   double us = 0;
   for (uint64_t t = 0; t < m.n_tokens; ++t) {
-    int64_t lo = -1, hi = -1;
-    for (uint32_t s = 0; s < order.size(); ++s)
-      if (m.test(order[s], t) && !pin.count(order[s])) {
-        if (lo < 0) lo = s;
-        hi = s;
-      }
+    const auto [lo, hi] = needed_range(m, order, pin, t);
     if (lo < 0) continue;
     const uint64_t b = uint64_t(lo) * c.bundle_bytes / c.block_bytes * c.block_bytes;
     const uint64_t e = (uint64_t(hi + 1) * c.bundle_bytes + c.block_bytes - 1) / c.block_bytes * c.block_bytes;
