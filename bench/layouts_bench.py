@@ -6,6 +6,7 @@
 # Not a test: it prints figures (and writes them as JSON). Stdlib only (Debian /usr/bin/python3).
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -120,6 +121,11 @@ def drop_file_cache(path):
 
 def med(xs):
     return statistics.median(xs) if xs else float("nan")
+
+
+def trunc(v, digits):
+    """Ratios are printed cut, not rounded (a ratio is never shown above what was measured)."""
+    return math.floor(v * 10 ** digits) / 10 ** digits
 
 
 def fmt_range(xs, f="%.2f"):
@@ -256,7 +262,7 @@ def print_table(title, rows):
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for x in rows:
         def rr(k):
-            return ("%.2f" % x[k]) if k in x else "-"
+            return ("%.2f" % trunc(x[k], 2)) if k in x else "-"
         print("| %s | %s%s | %s | %s | %s | %.2f | %s | %s | %s | %s | %s | %s |" % (
             x["name"], x["engine_used"], "" if x["direct"] else " (buffered)", x["gap"],
             fmt_range(x["io_ms"]["samples"], "%.3f"), "%.1f" % x["reads"]["median"], x["avg_len"]["median"],
@@ -417,7 +423,7 @@ def targets(rows, label, results, ceiling=None):
     t.append(("efficiency (greedy+ls, auto gap, uring)", ours["eff"]["median"], 0.60))
     print("targets (%s, greedy+ls uring gap=auto, medians):" % label)
     for name, v, want in t:
-        print("  %-48s %6.2f  (target >= %.2f)  %s" % (name, v, want, "met" if v >= want else "NOT met"))
+        print("  %-48s %6.3f  (target >= %.2f)  %s" % (name, trunc(v, 3), want, "met" if v >= want else "NOT met"))
     results.setdefault("targets", {})[label] = [{"what": n, "value": v, "target": w} for n, v, w in t]
     # Effective bandwidth counts the bytes read for cache misses only, so a layout whose cache serves more neurons
     # shows less of it for the same time: the I/O time per token is the like-for-like speed figure.
@@ -429,7 +435,7 @@ def targets(rows, label, results, ceiling=None):
     if sp:
         print("I/O time per token, greedy+ls uring gap=auto faster than (median ratio, no target):")
         for name, v in sp:
-            print("  %-48s %6.2fx" % (name, v))
+            print("  %-48s %6.3fx" % (name, trunc(v, 3)))
         results.setdefault("io_speedup", {})[label] = [{"vs": n, "ratio": v} for n, v in sp]
     if ceiling and ceiling["bound_ms"] > 0:
         # The fit of this disk (nl-run probe) and the eval lower bound: any order, cache and planner at this cache
@@ -439,8 +445,8 @@ def targets(rows, label, results, ceiling=None):
               % ceiling["bound_ms"])
         for m in ("identity", "greedy", "greedy+ls"):
             if m in pred:
-                print("  %-10s predicted %8.3f ms/token; no layout or cache can be more than %5.2fx faster than it here"
-                      % (m, pred[m], pred[m] / ceiling["bound_ms"]))
+                print("  %-10s predicted %8.3f ms/token; no layout or cache can be more than %6.3fx faster than it here"
+                      % (m, pred[m], trunc(pred[m] / ceiling["bound_ms"], 3)))
 
 
 def model_suite(r, a, name, model, tokenizer, work, results):
