@@ -144,9 +144,11 @@ Layout layout_parse(const std::string& text, const std::string& path, const Trac
       }
     }
     if (L.contains("small_fraction")) {
-      if (!L["small_fraction"].is_number() || !(L["small_fraction"].get<double>() > 0 && L["small_fraction"].get<double>() < 1))
+      // 0 is how the struct says "not recorded", so a recorded 0 is refused with the other out-of-range values.
+      const double f = L["small_fraction"].is_number() ? L["small_fraction"].get<double>() : 0.0;
+      if (f == 0 || !cache_small_fraction_valid(f))
         throw InputError(path, where + "'small_fraction' must be a number strictly between 0 and 1");
-      out.small_fraction = L["small_fraction"].get<double>();
+      out.small_fraction = f;
     }
     out.objective = number_or(L, "objective", path, where);
     out.upper_bound = number_or(L, "upper_bound", path, where);

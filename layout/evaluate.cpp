@@ -57,12 +57,10 @@ TokenMajorMask::TokenMajorMask(const LayerMask& m, uint64_t b, uint64_t e)
 
 void TokenMajorMask::append_slots(uint64_t t, const std::vector<uint32_t>& slot_of, std::vector<uint64_t>& slot_bits,
                                   std::vector<uint32_t>& out) const {
-  const uint64_t* tr = row(t);
-  for (uint64_t w = 0; w < words; ++w)
-    for (uint64_t x = tr[w]; x; x &= x - 1) {
-      const uint32_t s = slot_of[w * 64 + uint64_t(__builtin_ctzll(x))];
-      slot_bits[s >> 6] |= uint64_t(1) << (s & 63);
-    }
+  for_each_active(t, [&](uint32_t v) {
+    const uint32_t s = slot_of[v];
+    slot_bits[s >> 6] |= uint64_t(1) << (s & 63);
+  });
   for (uint64_t w = 0; w < slot_bits.size(); ++w) {
     for (uint64_t x = slot_bits[w]; x; x &= x - 1) out.push_back(uint32_t(w * 64 + uint64_t(__builtin_ctzll(x))));
     slot_bits[w] = 0;

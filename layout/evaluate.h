@@ -64,6 +64,13 @@ struct TokenMajorMask {
   TokenMajorMask() = default;
   TokenMajorMask(const LayerMask& m, uint64_t begin, uint64_t end);
   const uint64_t* row(uint64_t t) const { return bits.data() + size_t(t - begin) * words; }
+  // Calls f(v) for each neuron v active at token t, ascending.
+  template <class F>
+  void for_each_active(uint64_t t, F&& f) const {
+    const uint64_t* r = row(t);
+    for (uint64_t w = 0; w < words; ++w)
+      for (uint64_t x = r[w]; x; x &= x - 1) f(uint32_t(w * 64 + uint64_t(__builtin_ctzll(x))));
+  }
   // Appends token t's active neurons as slots of an order, ascending (what the planner takes): slot_of[v] is
   // neuron v's slot; slot_bits is scratch of words_for_tokens(n_neurons) zero words, left zero.
   void append_slots(uint64_t t, const std::vector<uint32_t>& slot_of, std::vector<uint64_t>& slot_bits,

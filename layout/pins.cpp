@@ -93,7 +93,8 @@ std::vector<uint32_t> hottest_first(std::vector<uint32_t> set, const std::vector
   return set;
 }
 
-// pinned (neuron ids, distinct, < n) as flags per neuron.
+}  // namespace
+
 std::vector<uint8_t> pin_flags(uint32_t n, const std::vector<uint32_t>& pinned) {
   std::vector<uint8_t> pin(n, 0);
   for (uint32_t v : pinned) {
@@ -102,8 +103,6 @@ std::vector<uint8_t> pin_flags(uint32_t n, const std::vector<uint32_t>& pinned) 
   }
   return pin;
 }
-
-}  // namespace
 
 double pinned_cost_us(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned,
                       const PinCost& c) {

@@ -29,6 +29,9 @@ struct PinRefineStats {
 // read for the first needed slot, a bundle per needed slot, and between two consecutive needed slots x < y the
 // cheaper of reading the y - x - 1 bundles between (if at most merge_gap) and one more read. Block alignment is
 // ignored (the guard measures the real planner).
+// `pinned` (neuron ids) as one flag per neuron of n; throws InternalError unless they are distinct and < n.
+std::vector<uint8_t> pin_flags(uint32_t n, const std::vector<uint32_t>& pinned);
+
 double pinned_cost_us(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned,
                       const PinCost& c);
 

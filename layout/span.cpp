@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "formats/core/error.h"
+#include "layout/pins.h"
 
 namespace nl {
 
@@ -18,11 +19,7 @@ EndsIn solve_ends_in(const TokenMajorMask& tm, const std::vector<uint8_t>& inclu
   const uint64_t T = tm.end - tm.begin;
   // grow[side][v]: v's active tokens not yet in that end's union (what adding v there would add).
   std::vector<uint64_t> grow[2] = {std::vector<uint64_t>(n, 0), std::vector<uint64_t>(n, 0)};
-  for (uint64_t t = tm.begin; t < tm.end; ++t) {
-    const uint64_t* r = tm.row(t);
-    for (uint64_t w = 0; w < tm.words; ++w)
-      for (uint64_t x = r[w]; x; x &= x - 1) ++grow[0][w * 64 + uint64_t(__builtin_ctzll(x))];
-  }
+  for (uint64_t t = tm.begin; t < tm.end; ++t) tm.for_each_active(t, [&](uint32_t v) { ++grow[0][v]; });
   grow[1] = grow[0];
   std::vector<uint8_t> in_union[2] = {std::vector<uint8_t>(T, 0), std::vector<uint8_t>(T, 0)};
   std::vector<uint8_t> alive = include;
@@ -34,11 +31,8 @@ EndsIn solve_ends_in(const TokenMajorMask& tm, const std::vector<uint8_t>& inclu
   std::vector<uint32_t> toks(start[n]);
   {
     std::vector<uint64_t> fill(start.begin(), start.end() - 1);
-    for (uint64_t t = tm.begin; t < tm.end; ++t) {
-      const uint64_t* r = tm.row(t);
-      for (uint64_t w = 0; w < tm.words; ++w)
-        for (uint64_t x = r[w]; x; x &= x - 1) toks[fill[w * 64 + uint64_t(__builtin_ctzll(x))]++] = uint32_t(t - tm.begin);
-    }
+    for (uint64_t t = tm.begin; t < tm.end; ++t)
+      tm.for_each_active(t, [&](uint32_t v) { toks[fill[v]++] = uint32_t(t - tm.begin); });
   }
   EndsIn r;
   Order* ends[2] = {&r.left, &r.right};
@@ -62,9 +56,7 @@ EndsIn solve_ends_in(const TokenMajorMask& tm, const std::vector<uint8_t>& inclu
       if (in_union[side][t]) continue;
       in_union[side][t] = 1;
       ++covered[side];
-      const uint64_t* r = tm.row(tm.begin + t);
-      for (uint64_t w = 0; w < tm.words; ++w)
-        for (uint64_t x = r[w]; x; x &= x - 1) --grow[side][w * 64 + uint64_t(__builtin_ctzll(x))];
+      tm.for_each_active(tm.begin + t, [&](uint32_t u) { --grow[side][u]; });
     }
     cover[side]->push_back(covered[side]);
   }
@@ -76,19 +68,15 @@ uint64_t span_bundles(const TokenMajorMask& tm, const Order& order, const std::v
   if (order.size() != n) throw InternalError("span_bundles: order length does not match the layer");
   std::vector<uint32_t> slot_of(n);
   for (uint32_t s = 0; s < n; ++s) slot_of[order[s]] = s;
-  std::vector<uint8_t> pin(n, 0);
-  for (uint32_t v : pinned) pin.at(v) = 1;
+  const std::vector<uint8_t> pin = pin_flags(n, pinned);
   uint64_t total = 0;
   for (uint64_t t = tm.begin; t < tm.end; ++t) {
-    const uint64_t* r = tm.row(t);
     uint32_t lo = n, hi = 0;
-    for (uint64_t w = 0; w < tm.words; ++w)
-      for (uint64_t x = r[w]; x; x &= x - 1) {
-        const uint32_t v = uint32_t(w * 64 + uint64_t(__builtin_ctzll(x)));
-        if (pin[v]) continue;
-        lo = std::min(lo, slot_of[v]);
-        hi = std::max(hi, slot_of[v]);
-      }
+    tm.for_each_active(t, [&](uint32_t v) {
+      if (pin[v]) return;
+      lo = std::min(lo, slot_of[v]);
+      hi = std::max(hi, slot_of[v]);
+    });
     if (lo <= hi) total += hi - lo + 1;
   }
   return total;
@@ -114,18 +102,13 @@ Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vecto
   Order o = order;
   std::vector<uint32_t> slot_of(n);
   for (uint32_t s = 0; s < n; ++s) slot_of[o[s]] = s;
-  std::vector<uint8_t> pin(n, 0);
-  for (uint32_t v : pinned) pin.at(v) = 1;
+  const std::vector<uint8_t> pin = pin_flags(n, pinned);
   // Neuron-major token lists of the unpinned neurons (what a swap of two of them touches).
   std::vector<std::vector<uint32_t>> toks(n);
-  for (uint64_t t = tm.begin; t < end; ++t) {
-    const uint64_t* r = tm.row(t);
-    for (uint64_t w = 0; w < tm.words; ++w)
-      for (uint64_t x = r[w]; x; x &= x - 1) {
-        const uint32_t v = uint32_t(w * 64 + uint64_t(__builtin_ctzll(x)));
-        if (!pin[v]) toks[v].push_back(uint32_t(t - tm.begin));
-      }
-  }
+  for (uint64_t t = tm.begin; t < end; ++t)
+    tm.for_each_active(t, [&](uint32_t v) {
+      if (!pin[v]) toks[v].push_back(uint32_t(t - tm.begin));
+    });
   auto cost = [&](uint32_t count, uint32_t lo, uint32_t hi) {
     if (count == 0) return 0.0;
     const uint64_t b = lo * c.bundle_bytes / c.block_bytes * c.block_bytes;
@@ -135,22 +118,19 @@ Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vecto
   std::vector<TokenSpan> sp(T);
   auto rebuild = [&](uint32_t t) {
     TokenSpan s;
-    const uint64_t* r = tm.row(tm.begin + t);
-    for (uint64_t w = 0; w < tm.words; ++w)
-      for (uint64_t x = r[w]; x; x &= x - 1) {
-        const uint32_t v = uint32_t(w * 64 + uint64_t(__builtin_ctzll(x)));
-        if (pin[v]) continue;
-        const uint32_t q = slot_of[v];
-        if (s.count == 0) {
-          s.lo1 = s.lo2 = s.hi1 = s.hi2 = q;
-        } else {
-          if (q < s.lo1) s.lo2 = s.lo1, s.lo1 = q;
-          else if (s.count == 1 || q < s.lo2) s.lo2 = q;
-          if (q > s.hi1) s.hi2 = s.hi1, s.hi1 = q;
-          else if (s.count == 1 || q > s.hi2) s.hi2 = q;
-        }
-        ++s.count;
+    tm.for_each_active(tm.begin + t, [&](uint32_t v) {
+      if (pin[v]) return;
+      const uint32_t q = slot_of[v];
+      if (s.count == 0) {
+        s.lo1 = s.lo2 = s.hi1 = s.hi2 = q;
+      } else {
+        if (q < s.lo1) s.lo2 = s.lo1, s.lo1 = q;
+        else if (s.count == 1 || q < s.lo2) s.lo2 = q;
+        if (q > s.hi1) s.hi2 = s.hi1, s.hi1 = q;
+        else if (s.count == 1 || q > s.hi2) s.hi2 = q;
       }
+      ++s.count;
+    });
     sp[t] = s;
   };
   for (uint32_t t = 0; t < T; ++t) rebuild(t);
