@@ -27,6 +27,8 @@ const char* image_dtype_name(ImageDtype d) {
     case ImageDtype::kF32: return "f32";
     case ImageDtype::kF16: return "f16";
     case ImageDtype::kBF16: return "bf16";
+    case ImageDtype::kQ8_0: return "q8_0";
+    case ImageDtype::kQ4_0: return "q4_0";
   }
   return "?";
 }
@@ -35,6 +37,8 @@ bool image_dtype_parse(const std::string& s, ImageDtype* out) {
   if (s == "f32") *out = ImageDtype::kF32;
   else if (s == "f16") *out = ImageDtype::kF16;
   else if (s == "bf16") *out = ImageDtype::kBF16;
+  else if (s == "q8_0") *out = ImageDtype::kQ8_0;
+  else if (s == "q4_0") *out = ImageDtype::kQ4_0;
   else return false;
   return true;
 }

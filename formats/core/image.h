@@ -21,11 +21,22 @@ inline constexpr uint64_t kImageAlign = 4096;       // region alignment and the 
 inline constexpr uint32_t kImageHeaderBytes = 64;   // meaningful header bytes; the header block is kImageAlign
 inline constexpr char kImageMagic[8] = {'N', 'L', 'W', 'I', 'M', 'G', '\r', '\n'};
 
-enum class ImageDtype : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// Element types of the image. q8_0 / q4_0 are GGUF's Q8_0 / Q4_0 blocks (formats/core/quant.h): a row of n weights
+// (n a multiple of 32) is n / 32 blocks of 34 / 18 bytes.
+enum class ImageDtype : int { kF32 = 0, kF16 = 1, kBF16 = 2, kQ8_0 = 3, kQ4_0 = 4 };
 const char* image_dtype_name(ImageDtype d);
-// "f32" | "f16" | "bf16"; returns false for anything else.
+// "f32" | "f16" | "bf16" | "q8_0" | "q4_0"; returns false for anything else.
 bool image_dtype_parse(const std::string& s, ImageDtype* out);
+inline bool image_dtype_quantized(ImageDtype d) { return d == ImageDtype::kQ8_0 || d == ImageDtype::kQ4_0; }
+// Bytes per element of the plain dtypes (f32 4, f16/bf16 2); quantized dtypes have no per-element size: use
+// image_row_bytes.
 inline size_t image_dtype_bytes(ImageDtype d) { return d == ImageDtype::kF32 ? 4 : 2; }
+// Bytes of a row of n elements (quantized: n must be a multiple of 32, checked by the callers).
+inline size_t image_row_bytes(ImageDtype d, size_t n) {
+  if (d == ImageDtype::kQ8_0) return n / 32 * 34;
+  if (d == ImageDtype::kQ4_0) return n / 32 * 18;
+  return n * image_dtype_bytes(d);
+}
 
 // What one neuron's bundle holds, in this order, each `dim` elements long.
 enum class BundleKind : int {
