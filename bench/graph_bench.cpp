@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/core/rng.h"
 #include "graph/coactivation.h"
 #include "graph/popcount_kernels.h"
 
@@ -38,13 +39,7 @@ double cpu_now() {
 struct Rng {  // xoshiro256**: fast, deterministic
   uint64_t s[4];
   explicit Rng(uint64_t seed) {
-    for (auto& x : s) {
-      seed += 0x9e3779b97f4a7c15ull;
-      uint64_t z = seed;
-      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-      x = z ^ (z >> 31);
-    }
+    for (auto& x : s) x = splitmix64_next(seed);  // seeded by splitmix64 (formats/core/rng.h)
   }
   static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
   uint64_t next() {

@@ -10,13 +10,13 @@ namespace nl::cli {
 
 struct DeviceObjectiveArgs {
   std::string device;            // path; empty = built-in UFS 4.0
-  std::string gap = "auto";
-  double cache_ratio = 0.05;
+  std::string gap = GapPolicy{}.to_string();  // auto
+  double cache_ratio = 0.05;     // the CLI's default cache (EvalConfig's own is none)
   uint64_t bundle_bytes = 0;     // 0 = from the layer width
-  uint32_t window = 0;
-  double run_admit_prob = 0.125;
-  uint32_t isolated_max = 1;
-  bool plain_s3fifo = false;
+  uint32_t window = CacheConfig{}.window_tokens;  // cache defaults: runtime/plan/slot_cache.h, not copies
+  double run_admit_prob = CacheConfig{}.run_admit_prob;
+  uint32_t isolated_max = CacheConfig{}.isolated_max_bundles;
+  bool plain_s3fifo = !CacheConfig{}.linking_aligned;
 };
 
 void add_device_objective_options(CLI::App& c, DeviceObjectiveArgs& a);

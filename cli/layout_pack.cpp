@@ -12,6 +12,7 @@
 #include "formats/core/progress.h"
 #include "formats/layout.h"
 #include "formats/llama2c.h"
+#include "formats/core/rng.h"
 #include "formats/model_source.h"
 #include "formats/safetensors.h"
 
@@ -60,16 +61,8 @@ SyntheticShape synthetic_shape_parse(const std::string& s) {
   return r;
 }
 
-// splitmix64: fast, seedable per layer, so each layer's weights do not depend on the others.
-struct SplitMix {
-  uint64_t x;
-  uint64_t next() {
-    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-};
+// splitmix64 (formats/core/rng.h): fast, seedable per layer, so each layer's weights do not depend on the others.
+using SplitMix = SplitMix64;
 void fill_uniform(std::vector<float>& v, size_t n, float scale, SplitMix& r) {
   v.resize(n);
   for (size_t i = 0; i < n; ++i) v[i] = (float(r.next() >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale;

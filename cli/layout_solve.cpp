@@ -11,15 +11,13 @@
 namespace nl::cli {
 namespace {
 
+// The defaults are SolveOptions' own (layout/solve.h): the options bind to its fields; only the CLI's own inputs
+// and the two options stated differently on the command line (MiB, a negated flag) are kept here.
 struct SolveArgs {
-  std::string trace, out, method = "greedy+ls";
-  uint64_t seed = 1;
-  uint32_t top_k = 256, rcm_min_count = 1, sample_tokens = 8192, neighbours = 6, kicks = 0, pin_rounds = 8;
-  double small_fraction = 0.5;
-  double time_budget = 0, hot_share = 0.0, pin_share = 1.0;
-  std::string admission = "all";
-  uint64_t max_evaluations = 0, guard_tokens = 16384, full_matrix_mib = 1024;
-  bool miss_stream = false, no_weight_guard = false;  // 0 = the default budget (per neuron, see solve.h)
+  std::string trace, out;
+  SolveOptions o;
+  uint64_t full_matrix_mib = SolveOptions{}.full_matrix_bytes >> 20;
+  bool no_weight_guard = !SolveOptions{}.guard_weight;
   DeviceObjectiveArgs dev;
 };
 
@@ -29,84 +27,68 @@ void add_io_options(CLI::App& c, SolveArgs& a) {
 }
 
 void add_method_options(CLI::App& c, SolveArgs& a) {
-  c.add_option("--method", a.method, "identity, frequency, greedy, greedy+ls (default), rcm")
+  c.add_option("--method", a.o.method, "identity, frequency, greedy, greedy+ls (default), rcm")
       ->check(CLI::IsMember(layout_methods()))->group("Method");
-  c.add_option("--seed", a.seed, "Seed (same inputs and seed -> byte-identical layout)")->group("Method");
-  c.add_option("--top-k", a.top_k, "Co-activation candidates kept per neuron")->check(CLI::Range(2u, 4096u))->group("Method");
+  c.add_option("--seed", a.o.seed, "Seed (same inputs and seed -> byte-identical layout)")->group("Method");
+  c.add_option("--top-k", a.o.top_k, "Co-activation candidates kept per neuron")->check(CLI::Range(2u, 4096u))->group("Method");
   c.add_option("--full-matrix-mib", a.full_matrix_mib,
                "greedy: every pair (the paper's Algorithm 1) when a layer's pair counts fit in this many MiB, else top-k (0 = top-k)")
       ->check(CLI::Range(uint64_t(0), uint64_t(1) << 30))->group("Method");
-  c.add_option("--rcm-min-count", a.rcm_min_count, "rcm: keep candidate pairs co-active at least this often")
+  c.add_option("--rcm-min-count", a.o.rcm_min_count, "rcm: keep candidate pairs co-active at least this often")
       ->check(CLI::Range(1u, 1u << 30))->group("Method");
 }
 
 void add_search_options(CLI::App& c, SolveArgs& a) {
   const char* grp = "Local search (greedy+ls)";
-  c.add_option("--sample-tokens", a.sample_tokens, "Profile tokens the search objective is measured on")
+  c.add_option("--sample-tokens", a.o.ls.sample_tokens, "Profile tokens the search objective is measured on")
       ->check(CLI::Range(64u, 1u << 30))->group(grp);
-  c.add_option("--neighbours", a.neighbours, "Candidate neighbours tried per neuron")->check(CLI::Range(1u, 4096u))->group(grp);
-  c.add_option("--hot-share", a.hot_share, "Hot block (neurons the cache will hold, moved to the end) as a share of the cache capacity")
+  c.add_option("--neighbours", a.o.ls.neighbours, "Candidate neighbours tried per neuron")->check(CLI::Range(1u, 4096u))->group(grp);
+  c.add_option("--hot-share", a.o.hot_share, "Hot block (neurons the cache will hold, moved to the end) as a share of the cache capacity")
       ->check(CLI::Range(0.0, 1.0))->group(grp);
-  c.add_option("--pin-share", a.pin_share,
+  c.add_option("--pin-share", a.o.pin_share,
                "Share of the cache capacity pinned with the hottest neurons, which leave the path (0 = S3-FIFO only)")
       ->check(CLI::Range(0.0, 1.0))->group(grp);
-  c.add_option("--pin-rounds", a.pin_rounds,
+  c.add_option("--pin-rounds", a.o.pin_rounds,
                "Rounds of swaps refining the pinned set for the searched order by its estimated read savings (0 = hottest only)")
       ->check(CLI::Range(0u, 64u))->group(grp);
-  c.add_option("--small-fraction", a.small_fraction,
+  c.add_option("--small-fraction", a.o.small_fraction,
                "Also try each cache candidate with this share of its S3-FIFO part in the small FIFO (0 = 10 % only)")
       ->check(CLI::Range(0.0, 0.99))->group(grp);
-  c.add_option("--admission", a.admission,
+  c.add_option("--admission", a.o.admission,
                "Cache admission the layout is designed for (recorded in the layout; eval uses it): all, linking-aligned")
       ->check(CLI::IsMember({"all", "linking-aligned", "isolated"}))->group(grp);
-  c.add_flag("--miss-stream", a.miss_stream, "Also try greedy + search on the co-activation of cache misses")->group(grp);
+  c.add_flag("--miss-stream", a.o.miss_stream, "Also try greedy + search on the co-activation of cache misses")->group(grp);
   c.add_flag("--no-weight-guard", a.no_weight_guard,
              "Accept variants with a lower gap-0 path weight than greedy: optimise for the planner only (gap-0 reads may rise)")->group(grp);
-  c.add_option("--max-evaluations", a.max_evaluations,
+  c.add_option("--max-evaluations", a.o.ls.max_evaluations,
                "Move evaluations per layer before the search stops (deterministic budget; 0 = default)")->group(grp);
-  c.add_option("--guard-tokens", a.guard_tokens,
+  c.add_option("--guard-tokens", a.o.guard_tokens,
                "Profile tokens (a prefix) the guard compares the pipelines' I/O time on")
       ->check(CLI::Range(uint64_t(64), uint64_t(1) << 40))->group(grp);
-  c.add_option("--kicks", a.kicks, "Random kicks followed by local search, kept when better")->group(grp);
-  c.add_option("--time-budget", a.time_budget, "Stop kicking after this many seconds per layer (timing-dependent!)")
+  c.add_option("--kicks", a.o.ls.kicks, "Random kicks followed by local search, kept when better")->group(grp);
+  c.add_option("--time-budget", a.o.ls.time_budget_s, "Stop kicking after this many seconds per layer (timing-dependent!)")
       ->check(CLI::Range(0.0, 1e6))->group(grp);
 }
 
 void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
-  SolveOptions o;
-  o.method = a.method;
-  o.seed = a.seed;
-  o.top_k = a.top_k;
-  o.rcm_min_count = a.rcm_min_count;
+  SolveOptions o = a.o;
   o.full_matrix_bytes = a.full_matrix_mib << 20;
   o.eval = eval_config_from(a.dev);
-  o.hot_share = a.hot_share;
-  o.pin_share = a.pin_share;
-  o.pin_rounds = a.pin_rounds;
-  o.small_fraction = a.small_fraction;
-  o.admission = a.admission;
-  o.miss_stream = a.miss_stream;
   o.guard_weight = !a.no_weight_guard;
-  if (a.max_evaluations) o.ls.max_evaluations = a.max_evaluations;
-  o.guard_tokens = a.guard_tokens;
-  o.ls.sample_tokens = a.sample_tokens;
-  o.ls.neighbours = a.neighbours;
-  o.ls.kicks = a.kicks;
-  o.ls.time_budget_s = a.time_budget;
   uint32_t n_layers = 0;
   {
     TraceReader tr(a.trace);
     n_layers = tr.info().n_layers;
   }
-  Progress prog("solve " + a.method, n_layers, !g.quiet, "layers");
+  Progress prog("solve " + o.method, n_layers, !g.quiet, "layers");
   Layout l = solve_trace(a.trace, o, [&](uint32_t layer, const LayerSolve& s) {
     char buf[768];
     int k = std::snprintf(buf, sizeof buf, "layer %u: %s path weight %llu, bound %.0f, %.2f s (count %.2f, greedy %.2f, search %.2f)%s",
-                          layer, a.method.c_str(), static_cast<unsigned long long>(s.objective), s.upper_bound,
+                          layer, o.method.c_str(), static_cast<unsigned long long>(s.objective), s.upper_bound,
                           s.seconds, s.seconds_count, s.seconds_greedy, s.seconds_ls,
                           s.guard_kept_seed ? " (guard kept the greedy seed)" : "");
-    if (a.method == "greedy+ls" && k > 0 && size_t(k) < sizeof buf) {
+    if (o.method == "greedy+ls" && k > 0 && size_t(k) < sizeof buf) {
       std::string pins;
       if (!s.cache.pinned.empty())
         pins = " + " + std::to_string(s.cache.pinned.size()) + (s.pins_refined ? " pinned (refined)" : " pinned (hottest)");
@@ -120,13 +102,13 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   prog.finish();
   layout_write(a.out, l);
   if (g.json) {
-    nlohmann::json j = {{"out", a.out}, {"method", a.method}, {"layers", l.layers.size()}};
+    nlohmann::json j = {{"out", a.out}, {"method", o.method}, {"layers", l.layers.size()}};
     nlohmann::json ls = nlohmann::json::array();
     for (const auto& L : l.layers) ls.push_back({{"objective", L.objective}, {"upper_bound", L.upper_bound}, {"gap", L.gap()}});
     j["per_layer"] = ls;
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("wrote %s (%s, %zu layers)\n", a.out.c_str(), a.method.c_str(), l.layers.size());
+    std::printf("wrote %s (%s, %zu layers)\n", a.out.c_str(), o.method.c_str(), l.layers.size());
   }
 }
 

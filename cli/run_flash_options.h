@@ -20,8 +20,8 @@ struct FlashArgs {
   std::string gap = "off";
   std::string device;           // device profile for --gap auto
   double cache_ratio = 0;
-  uint32_t cache_window = 0;
-  double run_admit_prob = 0.125;
+  uint32_t cache_window = CacheConfig{}.window_tokens;   // runtime/plan/slot_cache.h's defaults, not copies
+  double run_admit_prob = CacheConfig{}.run_admit_prob;
   std::string cache_policy = "manifest";  // manifest | linking-aligned | all
   uint64_t seed = 1;            // cache admission draws (same default as nl-layout eval)
   std::string metrics;          // metrics JSON path

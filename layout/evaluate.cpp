@@ -225,16 +225,3 @@ TraceEval evaluate_trace(const TraceReader& trace, const std::vector<Layout>& la
 }
 
 }  // namespace nl
-
-namespace nl {
-DeviceModel default_device() {
-  DeviceModel d;
-  d.name = "ufs40";
-  d.description = "built-in copy of configs/devices/ufs40.json";
-  d.queue_depth = 32;
-  d.block_bytes = 4096;
-  d.cost.read_latency_us = 8.14;
-  d.cost.bandwidth_MBps = 4267;
-  return d;
-}
-}  // namespace nl

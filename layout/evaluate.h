@@ -124,6 +124,4 @@ uint64_t default_bundle_bytes(uint32_t n_neurons);
 }  // namespace nl
 
 namespace nl {
-// The bundled UFS 4.0 profile (configs/devices/ufs40.json), for when no --device is given.
-DeviceModel default_device();
 }  // namespace nl

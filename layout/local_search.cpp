@@ -10,6 +10,7 @@
 #endif
 
 #include "formats/core/error.h"
+#include "formats/core/rng.h"
 
 namespace nl {
 
@@ -344,13 +345,8 @@ struct Search {
     for (uint32_t k = 0; k < n_act; ++k) push(k);
     descend();
     // Kicks: a random segment reversal, local search, kept only when the objective improved.
-    uint64_t rng = opt.seed * 0x9E3779B97F4A7C15ull + 1;
-    auto next = [&] {
-      uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
-      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-      return z ^ (z >> 31);
-    };
+    SplitMix64 rng{opt.seed * kSplitMixGamma + 1};
+    auto next = [&] { return rng.next(); };
     auto t0 = std::chrono::steady_clock::now();
     for (uint32_t k = 0; k < opt.kicks && n_act > 8 && budget_left(); ++k) {
       if (opt.time_budget_s > 0 &&

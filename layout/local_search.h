@@ -11,13 +11,14 @@
 #include "formats/core/bitmask.h"
 #include "graph/coactivation.h"
 #include "layout/solvers.h"
+#include "runtime/device.h"
 
 namespace nl {
 
 struct LsOptions {
   uint32_t merge_gap = 2;        // g: largest gap (bundles) the planner merges
-  double read_us = 8.14;         // a: cost of one read
-  double bundle_us = 3.84;       // bundle_bytes / B: transfer cost of one bundle
+  double read_us = default_device().cost.read_latency_us;  // a: cost of one read
+  double bundle_us = 16384 / default_device().cost.bandwidth_MBps;  // bundle_bytes / B (16 KiB): one bundle
   uint32_t sample_tokens = 8192; // tokens of the profile trace the objective is measured on (evenly spread)
   uint32_t neighbours = 6;       // candidates per neuron from its top-k list
   uint32_t max_window = 4;       // window terms span at most this many slots (caps g + 1; cost grows with it)

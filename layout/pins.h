@@ -15,8 +15,8 @@
 namespace nl {
 
 struct PinCost {
-  double read_us = 8.14;    // a: one more read
-  double bundle_us = 3.84;  // bundle_bytes / B: one bundle transferred
+  double read_us = default_device().cost.read_latency_us;            // a: one more read
+  double bundle_us = 16384 / default_device().cost.bandwidth_MBps;  // bundle_bytes / B (16 KiB): one bundle
   uint32_t merge_gap = 2;   // the planner merges two reads across at most this many bundles (auto: g * bundle < a*B)
 };
 

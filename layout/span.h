@@ -32,8 +32,8 @@ uint64_t span_bundles(const TokenMajorMask& tm, const Order& order, const std::v
 // The estimated cost of one read per token from its first to its last needed slot: read_us + the aligned bytes
 // (whole blocks, slot 0 at a block start) * us_per_byte.
 struct SpanCost {
-  double read_us = 8.14;
-  double us_per_byte = 1.0 / 4267;  // 1 / (B in MB/s)
+  double read_us = default_device().cost.read_latency_us;
+  double us_per_byte = 1.0 / default_device().cost.bandwidth_MBps;  // 1 / (B in MB/s)
   uint64_t bundle_bytes = 4096;
   uint64_t block_bytes = 4096;
 };

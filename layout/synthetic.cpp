@@ -5,21 +5,12 @@
 #include <numeric>
 #include <random>
 
+#include "formats/core/rng.h"
+
 namespace nl {
 
 namespace {
-// splitmix64-based uniform doubles: identical on every platform (std distributions are not).
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return double(next() >> 11) * (1.0 / 9007199254740992.0); }
-  uint64_t below(uint64_t n) { return n ? next() % n : 0; }
-};
+using Rng = SplitMix64;  // identical on every platform (formats/core/rng.h)
 }  // namespace
 
 LayerMask clustered_mask(const ClusteredTraceSpec& sp) {

@@ -13,18 +13,12 @@
 
 #include "formats/core/error.h"
 #include "formats/core/atomic_file.h"
+#include "formats/core/rng.h"
 #include "formats/trace.h"
 #include "profiler/tokenizer.h"
 
 namespace nl {
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 std::string format_threshold(double v) {
   char buf[64];

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "formats/core/error.h"
+#include "formats/core/rng.h"
 #include "formats/trace.h"
 
 namespace nl {
@@ -51,19 +52,12 @@ uint32_t get_count(const json& obj, const char* key, const std::string& where, c
 
 // ---------------------------------------------------------------- random numbers (own, so files are identical
 // on every platform's standard library)
-uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 class Rng {
  public:
   // One independent stream per (seed, layer, purpose).
   Rng(uint64_t seed, uint64_t layer, uint64_t purpose) {
     uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ (layer + 1) * 0xC2B2AE3D27D4EB4Full ^ (purpose + 7) * 0x165667B19E3779F9ull;
-    for (auto& w : s_) w = splitmix64(x);
+    for (auto& w : s_) w = splitmix64_next(x);  // xoshiro256** seeded by splitmix64, as its authors advise
   }
   uint64_t next() {
     const uint64_t r = rotl(s_[1] * 5, 7) * 9, t = s_[1] << 17;

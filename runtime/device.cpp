@@ -5,6 +5,7 @@
 
 #include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
+#include "nl_default_device.h"
 
 namespace nl {
 
@@ -78,6 +79,11 @@ DeviceModel device_parse(const std::string& text, const std::string& path) {
 }
 
 DeviceModel device_load(const std::string& path) { return device_parse(read_file(path, 1 << 20), path); }
+
+DeviceModel default_device() {
+  static const DeviceModel d = device_parse(kDefaultDeviceJson, std::string(kDefaultDevicePath) + " (built in)");
+  return d;
+}
 
 std::string DeviceModel::to_json() const {
   json j;

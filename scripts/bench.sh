@@ -2,7 +2,7 @@
 # Benchmarks (not tests): each prints its figures and the ratios against baselines measured in the same run.
 #   scripts/bench.sh [BUILD] [--suite all|micro|layouts] [layouts options, e.g. --quick]
 #   micro:   every BUILD/bench/*_bench executable (graph, layout, profiler micro-benchmarks)
-#   layouts: bench/layouts_bench.py, layouts x engines x baselines on real disk reads (README "Benchmarks")
+#   layouts: bench/layouts_bench.py, layouts x engines x baselines on real disk reads (docs/benchmarks.md)
 set -euo pipefail
 BUILD=build
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then BUILD=$1; shift; fi

@@ -1,5 +1,5 @@
-// Helpers shared by the model and profiler tests: locating the shared tiny models (skipping clearly when they
-// are absent) and greedy generation.
+// Helpers shared by the model and profiler tests: greedy generation and small random models (tests that need the
+// shared tiny models skip by name through tests/skip_util.h).
 #pragma once
 #include <doctest/doctest.h>
 
@@ -12,16 +12,6 @@
 #include "runtime/model/model.h"
 
 namespace nl::test {
-
-// Path of a file under NL_MODELS_DIR, or "" (with a skip MESSAGE) when it is absent.
-inline std::string model_file(const std::string& rel) {
-  const std::string p = std::string(NL_MODELS_DIR) + "/" + rel;
-  if (!std::filesystem::exists(p)) {
-    MESSAGE("skipped: " << p << " is absent (shared tiny models not installed; set -DNL_MODELS_DIR)");
-    return "";
-  }
-  return p;
-}
 
 inline int argmax(const float* v, int n) { return int(std::max_element(v, v + n) - v); }
 

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "formats/core/atomic_file.h"
+#include "skip_util.h"
 
 namespace fs = std::filesystem;
 
@@ -100,28 +101,19 @@ TEST_CASE("docs/cli.md names every subcommand and option") {
   CHECK(subs >= 12);
 }
 
-TEST_CASE("the worked example in docs/cli.md runs as written") {
-  const std::string models = NL_MODELS_DIR;
-  if (!fs::exists(models + "/llama2c-stories260K/stories260K.bin")) {
-    MESSAGE("skipped: " << models << " has no llama2c-stories260K (shared tiny models not installed)");
-    return;
-  }
-  if (!fs::exists("/usr/share/common-licenses/GPL-3")) {
-    MESSAGE("skipped: /usr/share/common-licenses/GPL-3 (Debian base-files) is absent");
-    return;
-  }
+TEST_CASE("the worked example in docs/cli.md runs as written" *
+          nl::test::needs_file("/usr/share/common-licenses/GPL-3", "Debian base-files, the example's text")) {
   const std::string doc = nl::read_file(std::string(NL_SOURCE_DIR) + "/docs/cli.md");
   size_t h = doc.find("## Worked example");
   REQUIRE(h != std::string::npos);
   size_t a = doc.find("```sh\n", h), b = doc.find("\n```", a + 6);
   REQUIRE(a != std::string::npos);
   const std::string block = doc.substr(a + 6, b - a - 6 + 1);
-  // Scratch layout mirroring a checkout: root/build -> this build, shared/models -> the models.
+  // Scratch layout mirroring a checkout: root/build -> this build, root/datasets -> the bundled model.
   fs::remove_all("docs_ex");
   fs::create_directories("docs_ex/root");
-  fs::create_directories("docs_ex/shared");
   fs::create_directory_symlink(fs::absolute(NL_BINARY_DIR), "docs_ex/root/build");
-  fs::create_directory_symlink(fs::absolute(models), "docs_ex/shared/models");
+  fs::create_directory_symlink(std::string(NL_SOURCE_DIR) + "/datasets", "docs_ex/root/datasets");
   nl::write_file_atomic("docs_ex/example.sh", block);
   std::string out;
   int rc = run("(cd docs_ex/root && bash -euo pipefail ../example.sh)", &out);

@@ -9,6 +9,7 @@
 #include "formats/core/atomic_file.h"
 #include "formats/trace.h"
 #include "model_test_util.h"
+#include "skip_util.h"
 
 namespace fs = std::filesystem;
 
@@ -30,9 +31,10 @@ std::string tmp(const std::string& n) { return fs::absolute("cli_profile_tmp/" +
 
 }  // namespace
 
-TEST_CASE("nl-profile run: text -> profile + test traces with a JSON summary") {
-  const std::string bin = nl::test::model_file("llama2c-stories260K/stories260K.bin");
-  if (bin.empty()) return;
+// stories260K: a SiLU model (the calibrated default rule, relu>0 refused) with a llama2.c tokenizer.
+TEST_CASE("nl-profile run: text -> profile + test traces with a JSON summary" *
+          nl::test::needs_models({"llama2c-stories260K/stories260K.bin", "llama2c-stories260K/tok512.bin"})) {
+  const std::string bin = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/stories260K.bin";
   const std::string tok = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/tok512.bin";
   fs::create_directories("cli_profile_tmp");
   {
@@ -76,9 +78,9 @@ TEST_CASE("nl-profile run: text -> profile + test traces with a JSON summary") {
   CHECK(r.code == 2);
 }
 
-TEST_CASE("nl-profile convert and generate") {
-  const std::string bin = nl::test::model_file("llama2c-stories260K/stories260K.bin");
-  if (bin.empty()) return;
+TEST_CASE("nl-profile convert and generate" *
+          nl::test::needs_models({"llama2c-stories260K/stories260K.bin", "llama2c-stories260K/tok512.bin"})) {
+  const std::string bin = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/stories260K.bin";
   const std::string tok = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/tok512.bin";
   Result r = run("convert --model " + bin + " --out " + tmp("hf"));
   REQUIRE(r.code == 0);

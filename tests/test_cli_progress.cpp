@@ -18,6 +18,7 @@
 #include "image_test_util.h"
 #include "layout/synthetic.h"
 #include "trace_test_util.h"
+#include "skip_util.h"
 
 namespace fs = std::filesystem;
 using namespace nl;
@@ -67,7 +68,7 @@ TEST_CASE("progress: plain lines to a file, silence with --quiet, a bar on a ter
        "export: 6/6 FFN matrices (100%)"},
   };
   const bool have_script = run("script --version") == 0;
-  if (!have_script) MESSAGE("terminal check skipped: util-linux `script` is absent");
+  if (!have_script) nl::test::skip_part("terminal check: util-linux `script` is absent");
   for (const auto& k : cases) {
     INFO(k.cmd);
     REQUIRE(run(k.cmd) == 0);

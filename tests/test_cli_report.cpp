@@ -15,6 +15,7 @@
 #include "formats/trace.h"
 #include "layout/report.h"
 #include "layout/synthetic.h"
+#include "skip_util.h"
 
 #define STB_IMAGE_IMPLEMENTATION
 #define STB_IMAGE_STATIC
@@ -176,7 +177,7 @@ TEST_CASE("nl-layout report: page content, eval figures, determinism, bad input,
 
   const char* chromium = "/usr/bin/chromium";
   if (::access(chromium, X_OK) != 0) {
-    MESSAGE("skipping the screenshot check: /usr/bin/chromium is absent (scripts/bootstrap.sh report installs it)");
+    nl::test::skip_part("screenshot check: /usr/bin/chromium is absent (scripts/bootstrap.sh report installs it)");
     return;
   }
   std::remove("rep_shot.png");

@@ -14,6 +14,7 @@
 #include "formats/core/atomic_file.h"
 #include "formats/trace.h"
 #include "model_test_util.h"
+#include "skip_util.h"
 
 namespace fs = std::filesystem;
 
@@ -26,14 +27,11 @@ int sh(const std::string& cmd) {
 
 }  // namespace
 
-TEST_CASE("trace_hooks.py on a torch Llama agrees with nl-profile run") {
-  const std::string bin = nl::test::model_file("llama2c-stories260K/stories260K.bin");
-  if (bin.empty()) return;
+TEST_CASE("trace_hooks.py on a torch Llama agrees with nl-profile run" *
+          nl::test::needs_models({"llama2c-stories260K/stories260K.bin", "llama2c-stories260K/tok512.bin"}) *
+          nl::test::needs_python("torch, h5py", "python3-torch python3-h5py: scripts/bootstrap.sh train")) {
+  const std::string bin = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/stories260K.bin";
   const std::string py = NL_PYTHON;
-  if (sh(py + " -c 'import torch, h5py'") != 0) {
-    MESSAGE("skipping: " << py << " lacks torch or h5py (scripts/bootstrap.sh train installs python3-torch)");
-    return;
-  }
   const std::string prof = std::string(NL_BINARY_DIR) + "/cli/nl-profile";
   fs::remove_all("hooks_tmp");
   fs::create_directories("hooks_tmp");

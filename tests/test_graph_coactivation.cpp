@@ -11,6 +11,7 @@
 #include "formats/core/error.h"
 #include "formats/trace.h"
 #include "graph/coactivation.h"
+#include "skip_util.h"
 
 using namespace nl;
 
@@ -152,11 +153,8 @@ TEST_CASE("kernels agree with each other and with the pair reference on a larger
   CHECK(coactivation_count(m, o).upper == ref.upper);
 }
 
-TEST_CASE("sparse equals dense across column-block (512) and token-block (16,384) boundaries") {
-  if (!count_method_supported(CountMethod::Sparse)) {
-    MESSAGE("sparse counting not supported on this CPU: skipped");
-    return;
-  }
+TEST_CASE("sparse equals dense across column-block (512) and token-block (16,384) boundaries" *
+          nl::test::skip_unless(count_method_supported(CountMethod::Sparse), "sparse counting not supported on this CPU")) {
   // Skewed rates: some rows have far more than 16 x 14 active tokens per block (byte-counter widening).
   for (auto [n, tokens, p] : {std::tuple<uint32_t, uint64_t, double>{600, 40001, 0.01}, {515, 3000, 0.9}}) {
     LayerMask m = random_mask(n, tokens, p, n);

@@ -13,6 +13,7 @@
 #include "formats/llama2c.h"
 #include "formats/safetensors.h"
 #include "model_test_util.h"
+#include "skip_util.h"
 
 using namespace nl;
 namespace fs = std::filesystem;
@@ -89,9 +90,8 @@ std::string copy_checkpoint(const std::string& src_dir, const std::string& name)
 
 }  // namespace
 
-TEST_CASE("llama2.c -> safetensors (f32) -> reader gives identical weights and logits") {
-  const std::string bin = test::model_file("llama2c-stories260K/stories260K.bin");
-  if (bin.empty()) return;
+TEST_CASE("llama2.c -> safetensors (f32) -> reader gives identical weights and logits" * test::needs_models({"llama2c-stories260K/stories260K.bin"})) {
+  const std::string bin = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/stories260K.bin";
   const ModelWeights a = read_llama2c(bin);
   const std::string dir = tmp("stories260K-hf");
   write_safetensors_model(dir, a, TensorDtype::kF32);
@@ -113,13 +113,9 @@ TEST_CASE("llama2.c -> safetensors (f32) -> reader gives identical weights and l
   CHECK(slurp(dir + "/model.safetensors") == slurp(dir2 + "/model.safetensors"));
 }
 
-TEST_CASE("the converted checkpoint follows the HF convention: an independent numpy rotate_half forward agrees") {
-  const std::string bin = test::model_file("llama2c-stories260K/stories260K.bin");
-  if (bin.empty()) return;
-  if (std::system((std::string(NL_PYTHON) + " -c 'import numpy' 2>/dev/null").c_str()) != 0) {
-    MESSAGE("skipped: " NL_PYTHON " has no numpy (install python3-numpy)");
-    return;
-  }
+TEST_CASE("the converted checkpoint follows the HF convention: an independent numpy rotate_half forward agrees" *
+          test::needs_models({"llama2c-stories260K/stories260K.bin"}) * test::needs_python("numpy", "python3-numpy")) {
+  const std::string bin = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/stories260K.bin";
   const ModelWeights a = read_llama2c(bin);
   const std::string dir = tmp("stories260K-hf-numpy");
   write_safetensors_model(dir, a, TensorDtype::kF32);

@@ -7,7 +7,9 @@
 
 #include "formats/core/error.h"
 #include "formats/llama2c.h"
+#include "formats/safetensors.h"
 #include "model_test_util.h"
+#include "skip_util.h"
 
 using namespace nl;
 
@@ -55,15 +57,28 @@ void check_paths_agree(const ModelWeights& w, const std::vector<int>& tokens) {
 
 }  // namespace
 
-TEST_CASE("sequence forward equals token-by-token on the shared models") {
-  for (const char* rel : {"llama2c-stories260K/stories260K.bin", "babyllama-tok105/model5000.bin"}) {
-    const std::string p = test::model_file(rel);
-    if (p.empty()) continue;
-    const ModelWeights w = read_llama2c(p);
-    std::vector<int> tokens;
-    for (int i = 0; i < 70; ++i) tokens.push_back((i * 37 + 1) % w.config.vocab_size);
-    check_paths_agree(w, tokens);
-  }
+static void check_shared_model(const char* rel) {
+  const ModelWeights w = read_llama2c(std::string(NL_MODELS_DIR) + "/" + rel);
+  std::vector<int> tokens;
+  for (int i = 0; i < 70; ++i) tokens.push_back((i * 37 + 1) % w.config.vocab_size);
+  check_paths_agree(w, tokens);
+}
+
+TEST_CASE("sequence forward equals token-by-token on stories260K" *
+          test::needs_models({"llama2c-stories260K/stories260K.bin"})) {
+  check_shared_model("llama2c-stories260K/stories260K.bin");
+}
+
+TEST_CASE("sequence forward equals token-by-token on babyllama-tok105" *
+          test::needs_models({"babyllama-tok105/model5000.bin"})) {
+  check_shared_model("babyllama-tok105/model5000.bin");
+}
+
+TEST_CASE("sequence forward equals token-by-token on the bundled tiny ReLU model") {
+  const ModelWeights w = read_model(std::string(NL_SOURCE_DIR) + "/datasets/tiny-relu/model");
+  std::vector<int> tokens;
+  for (int i = 0; i < 70; ++i) tokens.push_back((i * 37 + 1) % w.config.vocab_size);
+  check_paths_agree(w, tokens);
 }
 
 TEST_CASE("sequence forward equals token-by-token on a random ReLU model with odd widths") {

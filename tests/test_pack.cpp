@@ -18,6 +18,7 @@
 #include "formats/safetensors.h"
 #include "runtime/flash_image.h"
 #include "runtime/model/model.h"
+#include "skip_util.h"
 
 using namespace nl;
 
@@ -87,13 +88,9 @@ float max_logit_diff_full_context(const ModelWeights& w, const ModelWeights& p, 
 
 }  // namespace
 
-TEST_CASE("pack: deterministic image, function-preserving permuted export (stories260K)") {
+TEST_CASE("pack: deterministic image, function-preserving permuted export (stories260K)" * test::needs_models({"llama2c-stories260K/stories260K.bin"})) {
   const std::string model = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/stories260K.bin";
   struct stat st {};
-  if (::stat(model.c_str(), &st) != 0) {
-    MESSAGE("skipped: " << model << " is absent");
-    return;
-  }
   ::mkdir("pack_test", 0755);
   ModelWeights w = read_llama2c(model);
   const Layout lay = random_layout(w.config, 3);
@@ -144,13 +141,9 @@ TEST_CASE("pack: deterministic image, function-preserving permuted export (stori
   CHECK(out.find("pack_test/bad_layout.json: ") != std::string::npos);
 }
 
-TEST_CASE("pack streams from safetensors: same image as from llama2.c; permuted safetensors export preserves the function") {
+TEST_CASE("pack streams from safetensors: same image as from llama2.c; permuted safetensors export preserves the function" * test::needs_models({"llama2c-stories260K/stories260K.bin"})) {
   const std::string model = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/stories260K.bin";
   struct stat st {};
-  if (::stat(model.c_str(), &st) != 0) {
-    MESSAGE("skipped: " << model << " is absent");
-    return;
-  }
   ::mkdir("pack_st", 0755);
   ModelWeights w = read_llama2c(model);
   write_safetensors_model("pack_st/hf", w);

@@ -11,6 +11,7 @@
 #include "formats/llama2c.h"
 #include "formats/trace.h"
 #include "model_test_util.h"
+#include "skip_util.h"
 #include "profiler/profile.h"
 #include "profiler/tokenizer.h"
 
@@ -49,9 +50,9 @@ Corpus stories_corpus(const Tokenizer& tok, int seq_len, uint64_t max_tokens) {
 
 }  // namespace
 
-TEST_CASE("stories260K: calibrated trace; counts read back through TraceReader and h5py equal the in-memory counts") {
-  const std::string bin = test::model_file("llama2c-stories260K/stories260K.bin");
-  if (bin.empty()) return;
+TEST_CASE("stories260K: calibrated trace; counts read back through TraceReader and h5py equal the in-memory counts" *
+          test::needs_models({"llama2c-stories260K/stories260K.bin", "llama2c-stories260K/tok512.bin"})) {
+  const std::string bin = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/stories260K.bin";
   const ModelWeights w = read_llama2c(bin);
   const auto tok = open_tokenizer(std::string(NL_MODELS_DIR) + "/llama2c-stories260K/tok512.bin");
   const Corpus all = stories_corpus(*tok, 64, 3000);
@@ -91,8 +92,8 @@ TEST_CASE("stories260K: calibrated trace; counts read back through TraceReader a
     CHECK(bad == 0);
   }
 
-  if (std::system((std::string(NL_PYTHON) + " -c 'import h5py' 2>/dev/null").c_str()) != 0) {
-    MESSAGE("skipped the h5py part: " NL_PYTHON " has no h5py (install python3-h5py)");
+  if (!test::python_has("h5py")) {
+    test::skip_part(NL_PYTHON " has no h5py (install python3-h5py): counts not read back through h5py");
     return;
   }
   const std::string script = tmp("counts.py"), counts = tmp("counts.json");

@@ -11,6 +11,7 @@
 #include "formats/core/error.h"
 #include "model_test_util.h"
 #include "profiler/tokenizer.h"
+#include "skip_util.h"
 
 using namespace nl;
 
@@ -69,9 +70,9 @@ void spit(const std::string& p, const std::string& s) { std::ofstream(p, std::io
 
 }  // namespace
 
-TEST_CASE("llama2.c tokenizer: run.c's merges, the reference text, byte fallback") {
-  const std::string path = test::model_file("llama2c-stories260K/tok512.bin");
-  if (path.empty()) return;
+TEST_CASE("llama2.c tokenizer: run.c's merges, the reference text, byte fallback" *
+          test::needs_models({"llama2c-stories260K/tok512.bin", "llama2c-stories260K/reference-greedy.json"})) {
+  const std::string path = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/tok512.bin";
   const auto tok = open_tokenizer(path);
   CHECK(tok->kind() == "llama2c");
   CHECK(tok->vocab_size() == 512);
@@ -93,9 +94,9 @@ TEST_CASE("llama2.c tokenizer: run.c's merges, the reference text, byte fallback
   CHECK(tok->decode(tok->encode("Hello, world! Ünï")) == "Hello, world! Ünï");
 }
 
-TEST_CASE("SentencePiece tokenizer (babyllama tok105)") {
-  const std::string path = test::model_file("babyllama-tok105/tok105.model");
-  if (path.empty()) return;
+TEST_CASE("SentencePiece tokenizer (babyllama tok105)" *
+          test::needs_models({"babyllama-tok105/tok105.model", "babyllama-tok105/reference-greedy.json"})) {
+  const std::string path = std::string(NL_MODELS_DIR) + "/babyllama-tok105/tok105.model";
   const auto tok = open_tokenizer(path);
   CHECK(tok->kind() == "sentencepiece");
   CHECK(tok->vocab_size() == 105);
@@ -110,9 +111,8 @@ TEST_CASE("SentencePiece tokenizer (babyllama tok105)") {
   CHECK(story.rfind("Once upon a time", 0) == 0);
 }
 
-TEST_CASE("malformed tokenizer files") {
-  const std::string p = test::model_file("llama2c-stories260K/tok512.bin");
-  if (p.empty()) return;
+TEST_CASE("malformed tokenizer files" * test::needs_models({"llama2c-stories260K/tok512.bin"})) {
+  const std::string p = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/tok512.bin";
   const std::string all = read_file(p);
   const std::string cut = tmp("cut.bin");
   spit(cut, all.substr(0, all.size() - 3));

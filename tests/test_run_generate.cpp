@@ -14,6 +14,7 @@
 #include "formats/core/image_writer.h"
 #include "formats/llama2c.h"
 #include "image_test_util.h"
+#include "skip_util.h"
 #include "runtime/flash_ffn.h"
 
 using namespace nl;
@@ -129,13 +130,9 @@ TEST_CASE("generate --select gate equals dense with the manifest's cache policy 
   CHECK(pinned("--cache-ratio 0") == 0);
 }
 
-TEST_CASE("stories260K packed as f32 reproduces the reference greedy tokens through the flash image") {
+TEST_CASE("stories260K packed as f32 reproduces the reference greedy tokens through the flash image" *
+          test::needs_models({"llama2c-stories260K/stories260K.bin", "llama2c-stories260K/reference-greedy.json"})) {
   const std::string model = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/stories260K.bin";
-  struct stat st {};
-  if (::stat(model.c_str(), &st) != 0) {
-    MESSAGE("skipped: " << model << " is absent");
-    return;
-  }
   ModelWeights w = read_llama2c(model);
   const std::string img = dir("stories") + "/stories260K.nlw";
   image_write_model(img, w, ImageSpec{});

@@ -21,6 +21,7 @@
 #include "formats/trace.h"
 #include "image_test_util.h"
 #include "layout/synthetic.h"
+#include "skip_util.h"
 
 using namespace nl;
 
@@ -138,12 +139,9 @@ nlohmann::json json_of(const std::string& bin, const std::string& args) {
 
 }  // namespace
 
-TEST_CASE("tiny-relu end to end: replay equals nl-layout eval for greedy+ls layouts with a recorded cache policy") {
+TEST_CASE("tiny-relu end to end: replay equals nl-layout eval for greedy+ls layouts with a recorded cache policy" *
+          nl::test::needs_file("/usr/share/common-licenses/GPL-3", "Debian base-files, the profiling text")) {
   const std::string text = "/usr/share/common-licenses/GPL-3";
-  if (::access(text.c_str(), R_OK) != 0) {
-    MESSAGE("skipped: " << text << " (Debian base-files) is not readable");
-    return;
-  }
   const std::string d = "replay_eval_tiny";
   ::mkdir(d.c_str(), 0755);
   const std::string model = std::string(NL_SOURCE_DIR) + "/datasets/tiny-relu/model";

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "formats/core/atomic_file.h"
+#include "skip_util.h"
 #include <string>
 
 namespace {
@@ -25,13 +26,9 @@ int sh(const std::string& cmd, std::string* out, bool merge_stderr = false) {
 }
 }  // namespace
 
-TEST_CASE("generate --prompt text: same tokens and text as nl-profile generate (stories260K)") {
+TEST_CASE("generate --prompt text: same tokens and text as nl-profile generate (stories260K)" * nl::test::needs_models({"llama2c-stories260K/stories260K.bin", "llama2c-stories260K/tok512.bin"})) {
   const std::string dir = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/";
   struct stat st {};
-  if (::stat((dir + "stories260K.bin").c_str(), &st) != 0 || ::stat((dir + "tok512.bin").c_str(), &st) != 0) {
-    MESSAGE("skipped: " << dir << " is absent");
-    return;
-  }
   const std::string d = "run_text_test";
   ::mkdir(d.c_str(), 0755);
   const std::string bin = std::string(NL_BINARY_DIR) + "/cli/";

@@ -11,6 +11,7 @@
 #include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
 #include "formats/trace.h"
+#include "skip_util.h"
 
 using namespace nl;
 
@@ -207,14 +208,9 @@ TEST_CASE("chunked word reads equal the whole layer") {
   }
 }
 
-TEST_CASE("the documented h5py snippet reads the same booleans") {
+TEST_CASE("the documented h5py snippet reads the same booleans" * nl::test::needs_python("h5py", "python3-h5py")) {
   auto masks = random_masks({9, 4}, 130, 0.4, 3);
   trace_write("py.h5", opts_for(masks), masks, {0, 70});
-  std::string cmd = std::string(NL_PYTHON) + " -c 'import h5py' 2>/dev/null";
-  if (std::system(cmd.c_str()) != 0) {
-    MESSAGE("skipping: " NL_PYTHON " has no h5py (install python3-h5py)");
-    return;
-  }
   // The snippet is extracted from docs/formats.md so the documentation cannot rot.
   std::string doc = read_file(std::string(NL_SOURCE_DIR) + "/docs/formats.md");
   auto a = doc.find("```python\n"), b = doc.find("```", a + 10);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "formats/core/error.h"
+#include "formats/core/rng.h"
 #include "runtime/plan/read_plan.h"
 
 namespace nl {
@@ -34,7 +35,7 @@ void cache_apply_policy(CacheConfig& cc, const std::string& admission, const std
 
 SlotCache::SlotCache(uint32_t n_slots, const CacheConfig& cfg)
     : cfg_(cfg), n_slots_(n_slots), state_(n_slots, kNone), freq_(n_slots, 0), ghost_stamp_(n_slots, 0),
-      last_active_(cfg.window_tokens ? n_slots : 0, 0), rng_(cfg.seed ^ 0x9E3779B97F4A7C15ull) {
+      last_active_(cfg.window_tokens ? n_slots : 0, 0), rng_(cfg.seed ^ kSplitMixGamma) {
   if (!(cfg_.small_fraction > 0 && cfg_.small_fraction < 1)) throw UsageError("cache: small_fraction must be in (0, 1)");
   if (!(cfg_.run_admit_prob >= 0 && cfg_.run_admit_prob <= 1)) throw UsageError("cache: run_admit_prob must be in [0, 1]");
   cfg_.capacity = std::min(cfg_.capacity, n_slots);
@@ -52,12 +53,7 @@ SlotCache::SlotCache(uint32_t n_slots, const CacheConfig& cfg)
 }
 
 double SlotCache::next_uniform() {
-  // splitmix64: defined output on every platform (std distributions are not).
-  uint64_t z = (rng_ += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return double(z >> 11) * (1.0 / 9007199254740992.0);
+  return unit_double(splitmix64_next(rng_));
 }
 
 uint32_t SlotCache::window_resident() const {
