@@ -13,7 +13,12 @@ PY=python3
 [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
 mkdir -p "$OUT"
 stage() { printf '\n== %s\n' "$1"; shift; for line in "$@"; do printf '   %s\n' "$line"; done; }
-run() { printf '$ %s\n' "$*"; "$@"; }
+run() {  # prints the command as it can be pasted (arguments with spaces quoted), then runs it
+  local a s='$'
+  for a in "$@"; do [[ $a == *' '* ]] && s+=" '$a'" || s+=" $a"; done
+  printf '%s\n' "$s"
+  "$@"
+}
 evaljson() { "$BIN/nl-layout" eval --quiet --json "$@"; }  # the same evaluation, as JSON for the closing table
 
 cat <<'EOF'
@@ -56,8 +61,9 @@ stage "5. evaluate on held-out text at the model's own size: 768-byte bundles (n
   "A bundle is what one neuron needs from flash (its gate row, up row and down column, f16): 768 bytes here, so a" \
   "whole layer is 384 KiB. One read costs as much time as transferring 34 KB, so the read planner merges gaps of up" \
   "to ~45 neurons and a token's active neurons in a layer take only a few reads whatever the order: small bundles" \
-  "leave little to gain, and the orders below differ by little. Columns: reads per token, estimated I/O ms per token" \
-  "on the phone profile (io_ms/tok), and ratios against identity (idn) and greedy (grd); 5 % of the weights cached."
+  "leave little to gain (tenths of a millisecond per token). Reads that merge gaps also fetch unneeded bytes, so" \
+  "fewer reads is not always faster: compare io_ms/tok, the estimated I/O time per token on the phone profile." \
+  "Other columns: reads per token, KiB read, cache hit %, and ratios against identity (idn) and greedy (grd)."
 run "$BIN/nl-layout" eval --trace "$OUT/test.h5" --bundle-bytes 768 \
   --layout "$OUT/layout-identity.json" --layout "$OUT/layout-frequency.json" \
   --layout "$OUT/layout-greedy.json" --layout "$OUT/layout-greedy+ls.json"
