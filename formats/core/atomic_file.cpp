@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "formats/core/error.h"
@@ -159,6 +160,8 @@ CommitGroup::~CommitGroup() {
 }
 
 bool CommitGroup::defer(const std::string& temp, const std::string& final_path, int slot) {
+  static std::mutex m;  // writers of different outputs may finish on different threads
+  std::lock_guard<std::mutex> lock(m);
   if (!g_group) return false;
   g_group->pending_.push_back({temp, final_path, slot});
   return true;
