@@ -54,6 +54,9 @@ CommitGroup* g_group = nullptr;
 
 void install_cleanup_signal_handlers() {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction old {};
+    // An ignored signal stays ignored (nohup; SIGINT in a shell's background job): it would not stop us anyway.
+    if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
     struct sigaction sa {};
     sa.sa_handler = cleanup_on_signal;
     sigemptyset(&sa.sa_mask);
