@@ -1,12 +1,16 @@
 #include "cli/common.h"
 
+#include <dirent.h>
 #include <omp.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <exception>
 #include <iostream>
 #include <new>
 
+#include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
 #include "formats/core/progress.h"
 #include "nl_version.h"
@@ -16,14 +20,103 @@ namespace nl::cli {
 void add_global_options(CLI::App& app, GlobalOptions& g) {
   app.add_flag("-q,--quiet", g.quiet, "Print no progress or informational lines")->group("Global");
   app.add_flag("--json", g.json, "Print machine-readable JSON on stdout where figures are printed")->group("Global");
-  app.add_option("--threads", g.threads, "Worker threads (0 = all cores)")
-      ->check(CLI::Range(0, 4096))
+  // 256: each thread costs a stack and per-thread buffers; 4096 threads took 7 GB before doing anything.
+  app.add_option("--threads", g.threads, "Worker threads (0 = all cores, at most 256)")
+      ->check(CLI::Range(0, 256))
       ->group("Global");
 }
 
 void apply_global_options(const GlobalOptions& g) {
   Progress::set_quiet(g.quiet);
   if (g.threads > 0) omp_set_num_threads(g.threads);
+}
+
+namespace {
+
+struct FileId {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  std::string name;  // set for an output that does not exist yet: (dev, ino) are its folder's
+  bool operator==(const FileId& o) const { return dev == o.dev && ino == o.ino && name == o.name; }
+};
+
+std::string folder_of(const std::string& p) {
+  auto pos = p.find_last_of('/');
+  if (pos == std::string::npos) return ".";
+  if (pos == 0) return "/";
+  return p.substr(0, pos);
+}
+std::string name_of(const std::string& p) {
+  auto pos = p.find_last_of('/');
+  return pos == std::string::npos ? p : p.substr(pos + 1);
+}
+std::string quoted(const NamedPath& n) { return n.option + " " + n.path; }
+
+}  // namespace
+
+void check_paths(const std::vector<NamedPath>& inputs, const std::vector<NamedPath>& outputs) {
+  std::vector<std::pair<FileId, NamedPath>> seen;
+  auto add_input_file = [&](const NamedPath& n, const std::string& path, const struct stat& st) {
+    const std::string kind = file_kind_name(st.st_mode);
+    if (!kind.empty()) throw InputError(path, "is " + kind + ", not a regular file (" + n.option + ")");
+    seen.push_back({FileId{st.st_dev, st.st_ino, ""}, {n.option, path}});
+  };
+  for (const NamedPath& n : inputs) {
+    if (n.path.empty()) continue;
+    struct stat st {};
+    if (::stat(n.path.c_str(), &st) != 0) continue;  // the reader reports a missing input in its own words
+    if (!S_ISDIR(st.st_mode)) {
+      add_input_file(n, n.path, st);
+      continue;
+    }
+    DIR* d = ::opendir(n.path.c_str());
+    if (!d) continue;
+    while (dirent* e = ::readdir(d)) {
+      const std::string p = n.path + "/" + e->d_name;
+      struct stat fs {};
+      if (e->d_name[0] == '.' || ::stat(p.c_str(), &fs) != 0 || S_ISDIR(fs.st_mode)) continue;
+      if (S_ISREG(fs.st_mode)) seen.push_back({FileId{fs.st_dev, fs.st_ino, ""}, {n.option, p}});
+    }
+    ::closedir(d);
+  }
+  for (const NamedPath& n : outputs) {
+    if (n.path.empty()) continue;
+    const std::string folder = folder_of(n.path);
+    struct stat ds {};
+    if (::stat(folder.c_str(), &ds) != 0 || !S_ISDIR(ds.st_mode))
+      throw UsageError(quoted(n) + ": the folder " + folder + " does not exist");
+    if (::access(folder.c_str(), W_OK) != 0) throw IoError(folder, errno_text("cannot write there (" + n.option + ")"));
+    FileId id;
+    struct stat st {};
+    if (::stat(n.path.c_str(), &st) == 0) {
+      const std::string kind = file_kind_name(st.st_mode);
+      if (!kind.empty()) throw UsageError(quoted(n) + " is " + kind + ", not a file this command may replace");
+      id = FileId{st.st_dev, st.st_ino, ""};
+    } else {
+      id = FileId{ds.st_dev, ds.st_ino, name_of(n.path)};
+    }
+    for (const auto& [other_id, other] : seen)
+      if (other_id == id)
+        throw UsageError(quoted(n) + " is the same file as " + quoted(other) + ": refusing to overwrite it");
+    seen.push_back({id, n});
+  }
+}
+
+std::vector<NamedPath> named_paths(const std::string& option, const std::vector<std::string>& paths) {
+  std::vector<NamedPath> r;
+  for (const std::string& p : paths) r.push_back({option, p});
+  return r;
+}
+
+std::vector<NamedPath> hf_folder_outputs(const std::string& option, const std::string& folder) {
+  struct stat st {};
+  // A folder still to be created holds no input; only its parent must exist.
+  if (::stat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return {{option, folder}};
+  return {{option, folder + "/config.json"}, {option, folder + "/model.safetensors"}};
+}
+
+std::string json_dump(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 void info(const GlobalOptions& g, const std::string& line) {
@@ -33,6 +126,7 @@ void info(const GlobalOptions& g, const std::string& line) {
 int run_main(const std::string& name, const std::string& description, int argc, char** argv,
              const std::function<void(CLI::App&)>& setup) {
   try {
+    install_cleanup_signal_handlers();  // SIGINT/SIGTERM remove temporary outputs
     CLI::App app(description, name);
     app.set_version_flag("-V,--version", name + " " + NL_VERSION);
     app.require_subcommand(1);
@@ -57,8 +151,9 @@ int run_main(const std::string& name, const std::string& description, int argc, 
     std::fprintf(stderr, "%s: error: %s\n", name.c_str(), e.what());
     return e.exit_code();
   } catch (const std::bad_alloc&) {
+    // The system refused memory an input asked for: an I/O-class failure, not a bug (docs/cli.md).
     std::fprintf(stderr, "%s: error: out of memory\n", name.c_str());
-    return kExitInternal;
+    return kExitIo;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: internal error: %s\n", name.c_str(), e.what());
     return kExitInternal;

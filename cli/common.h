@@ -3,7 +3,10 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace nl::cli {
 
@@ -22,6 +25,32 @@ void apply_global_options(const GlobalOptions& g);
 // stderr ("<name>: error: ...") and the exit code documented in docs/cli.md.
 int run_main(const std::string& name, const std::string& description, int argc, char** argv,
              const std::function<void(CLI::App&)>& setup);
+
+// A path a command reads or writes, with the option that named it (for the error line).
+struct NamedPath {
+  std::string option, path;
+};
+
+// The files of one command, checked before any work (docs/robustness.md "Inputs and outputs"):
+//  - an input that exists must be a regular file, or a folder (each regular file in it counts as an input); a FIFO,
+//    device or socket is refused (InputError, exit 3): nothing may block or read without end;
+//  - an output's folder must exist (UsageError, exit 2: a typo'd folder is found now, not after an hour of work)
+//    and be writable (IoError, exit 4); an existing output must be a regular file (never a folder, FIFO or device);
+//  - no output may be the same file as an input or another output (device + inode after resolving links; an
+//    output not yet there by its folder's device + inode and its name): UsageError, exit 2.
+// Callers list the files an option implies too (an image's manifest and tokenizer, a model folder's files).
+void check_paths(const std::vector<NamedPath>& inputs, const std::vector<NamedPath>& outputs);
+
+// Each of `paths` named by `option` (an option given several times).
+std::vector<NamedPath> named_paths(const std::string& option, const std::vector<std::string>& paths);
+
+// The files a Hugging Face model folder output holds (config.json, model.safetensors), for check_paths; the folder
+// itself when it does not exist yet.
+std::vector<NamedPath> hf_folder_outputs(const std::string& option, const std::string& folder);
+
+// Every JSON document the CLIs print or write: text that is not UTF-8 (a byte token, a non-UTF-8 prompt or
+// tokenizer piece) becomes U+FFFD instead of an exception that loses the output; text mode prints the raw bytes.
+std::string json_dump(const nlohmann::json& j, int indent = -1);
 
 // An informational line on stderr unless --quiet.
 void info(const GlobalOptions& g, const std::string& line);

@@ -61,6 +61,10 @@ struct Row {
 
 void eval_main(const EvalArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
+  std::vector<NamedPath> inputs = named_paths("--layout", a.layouts);
+  inputs.push_back({"--trace", a.trace});
+  inputs.push_back({"--device", a.dev.device});
+  check_paths(inputs, {});
   TraceReader tr(a.trace);
   const TraceInfo& ti = tr.info();
   EvalConfig ec = eval_config_from(a.dev);
@@ -132,7 +136,7 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
     nlohmann::json gj = nlohmann::json::array();
     for (const auto& gr : gates) gj.push_back({{"require", gr.text}, {"ok", gr.ok}});
     j["gates"] = gj;
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", json_dump(j, 2).c_str());
   } else {
     std::printf("%s: %llu tokens, %u layers; gap %s, cache %.3g of FFN bytes%s, device %s, bundle %llu B\n",
                 a.trace.c_str(), static_cast<unsigned long long>(ti.n_tokens), ti.n_layers, ec.gap.to_string().c_str(),

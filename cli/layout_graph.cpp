@@ -52,6 +52,7 @@ void add_compute_options(CLI::App* c, GraphArgs& a) {
 
 void graph_main(const GraphArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
+  check_paths({{"--trace", a.trace}}, {{"--out", a.out}});
   TraceReader tr(a.trace);
   const TraceInfo& ti = tr.info();
   const std::vector<uint32_t> layers = parse_layers(a.layers, ti.n_layers);
@@ -90,7 +91,7 @@ void graph_main(const GraphArgs& a, const GlobalOptions& g) {
                       {"threads", omp_get_max_threads()},         {"seconds", total_s},
                       {"layers", jl}};
   if (g.json) {
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", json_dump(j, 2).c_str());
     return;
   }
   std::printf("%s: %zu layers, %llu tokens, top-%u%s, kernel %s: %.3f s counting\n", a.out.c_str(), layers.size(),

@@ -18,6 +18,7 @@ struct MergeArgs {
 
 void merge_main(const MergeArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
+  check_paths(named_paths("input", a.inputs), {{"--out", a.out}});
   std::optional<uint32_t> k;
   if (a.top_k >= 0) k = static_cast<uint32_t>(a.top_k);
   info(g, "graph-merge: " + std::to_string(a.inputs.size()) + " inputs -> " + a.out);
@@ -34,7 +35,7 @@ void merge_main(const MergeArgs& a, const GlobalOptions& g) {
   if (g.json) {
     nlohmann::json j = {{"out", a.out}, {"inputs", a.inputs}, {"n_tokens", gi.n_tokens}, {"top_k", gi.top_k},
                         {"layers", gi.layers}};
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", json_dump(j, 2).c_str());
     return;
   }
   std::printf("%s: %zu inputs merged, %zu layers, %llu tokens, top-%u + full matrix\n", a.out.c_str(),

@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include <nlohmann/json.hpp>
 
+#include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
 #include "formats/core/image_writer.h"
 #include "formats/core/progress.h"
@@ -136,11 +137,29 @@ ImageManifest write_synthetic(const std::string& out, const SyntheticShape& s, i
   return iw.commit();
 }
 
+// Outputs and the files they imply (manifest, tokenizer copy, an exported folder's files) against the inputs.
+void pack_check_paths(const PackArgs& a) {
+  std::vector<NamedPath> outputs = {{"--out", a.out}, {"--out", manifest_path_for(a.out)}};
+  if (!a.tokenizer.empty()) outputs.push_back({"--out", a.out + ".tokenizer"});
+  if (!a.export_permuted.empty()) {
+    if (is_llama2c(a.model)) {
+      outputs.push_back({"--export-permuted", a.export_permuted});
+    } else {
+      for (const NamedPath& n : hf_folder_outputs("--export-permuted", a.export_permuted)) outputs.push_back(n);
+    }
+  }
+  check_paths({{"--model", a.model}, {"--layout", a.layout}, {"--tokenizer", a.tokenizer}}, outputs);
+}
+
 void pack_main(const PackArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
   if (a.model.empty() == a.synthetic_shape.empty()) throw UsageError("pack needs --model or --synthetic-shape");
   const bool synthetic = !a.synthetic_shape.empty();
   const std::string dtype = !a.dtype.empty() ? a.dtype : synthetic ? "f16" : "f32";
+  pack_check_paths(a);
+  // Image, manifest, tokenizer copy and permuted model: renamed into place together at the end, after everything
+  // was validated and written, or not at all (a failed pack leaves an existing bundle as it was).
+  CommitGroup outputs;
   std::unique_ptr<ModelSource> src;  // streams the FFN layer by layer
   ImageSpec spec;
   if (!image_dtype_parse(dtype, &spec.dtype)) throw UsageError("unknown --dtype " + dtype);
@@ -200,6 +219,7 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
     prog.finish();
     info(g, "wrote the permuted model " + a.export_permuted);
   }
+  outputs.commit();
   if (g.json) {
     nlohmann::json j = {{"image", a.out},
                         {"manifest", manifest_path_for(a.out)},
@@ -209,7 +229,7 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
                         {"layers", m.config.n_layers},
                         {"dtype", image_dtype_name(m.dtype)}};
     if (!a.export_permuted.empty()) j["permuted_model"] = a.export_permuted;
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", json_dump(j, 2).c_str());
   }
 }
 

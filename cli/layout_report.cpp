@@ -37,6 +37,9 @@ void add_page_options(CLI::App& c, ReportArgs& a) {
 
 void report_main(const ReportArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
+  std::vector<NamedPath> inputs = named_paths("--layout", a.layouts);
+  inputs.push_back({"--trace", a.trace});
+  check_paths(inputs, {{"--out", a.out}});
   ReportOptions o;
   o.trace = a.trace;
   o.layouts = a.layouts;
@@ -52,7 +55,7 @@ void report_main(const ReportArgs& a, const GlobalOptions& g) {
   write_file_atomic(a.out, html);
   if (g.json) {
     nlohmann::json j = {{"out", a.out}, {"bytes", html.size()}, {"layers", o.layers}, {"layouts", a.layouts}};
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", json_dump(j, 2).c_str());
   } else {
     std::printf("wrote %s (%zu bytes, %zu layers drawn, %zu layouts)\n", a.out.c_str(), html.size(), o.layers.size(),
                 a.layouts.size());

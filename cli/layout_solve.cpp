@@ -72,6 +72,7 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
 
 void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
+  check_paths({{"--trace", a.trace}, {"--device", a.dev.device}}, {{"--out", a.out}});
   SolveOptions o = a.o;
   o.full_matrix_bytes = a.full_matrix_mib << 20;
   o.eval = eval_config_from(a.dev);
@@ -106,7 +107,7 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
     nlohmann::json ls = nlohmann::json::array();
     for (const auto& L : l.layers) ls.push_back({{"objective", L.objective}, {"upper_bound", L.upper_bound}, {"gap", L.gap()}});
     j["per_layer"] = ls;
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", json_dump(j, 2).c_str());
   } else {
     std::printf("wrote %s (%s, %zu layers)\n", a.out.c_str(), o.method.c_str(), l.layers.size());
   }

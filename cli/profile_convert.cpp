@@ -27,6 +27,8 @@ void add_convert_options(CLI::App* c, ConvertArgs& a) {
 
 void convert_main(const ConvertArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
+  check_paths({{"--model", a.model}},
+              a.to == "hf" ? hf_folder_outputs("--out", a.out) : std::vector<NamedPath>{{"--out", a.out}});
   const ModelWeights w = read_model(a.model);
   if (a.to == "hf") {
     write_safetensors_model(a.out, w, tensor_dtype_from_name(a.dtype));

@@ -38,7 +38,7 @@ void decode_main(const DecodeArgs& a, const GlobalOptions& g) {
   }
   const std::string text = tok->decode(ids);
   if (g.json)
-    std::printf("%s\n", nlohmann::json({{"tokens", ids}, {"text", text}}).dump(2).c_str());
+    std::printf("%s\n", json_dump(nlohmann::json({{"tokens", ids}, {"text", text}}), 2).c_str());
   else
     std::printf("%s\n", text.c_str());
 }

@@ -47,7 +47,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
     ids.push_back(next);
   }
   if (g.json) {
-    std::printf("%s\n", nlohmann::json({{"tokens", ids}, {"text", tok->decode(ids)}}).dump(2).c_str());
+    std::printf("%s\n", json_dump(nlohmann::json({{"tokens", ids}, {"text", tok->decode(ids)}}), 2).c_str());
   } else {
     std::printf("%s\n", tok->decode(ids).c_str());
   }

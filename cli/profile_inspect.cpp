@@ -24,7 +24,7 @@ void inspect_main(const std::string& path, const GlobalOptions& g) {
   }
   j["layers"] = layers;
   if (g.json) {
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", json_dump(j, 2).c_str());
     return;
   }
   std::printf("%s: model '%s', activation '%s', %u layers, %llu tokens in %zu sequences\n", path.c_str(),

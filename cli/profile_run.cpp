@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
 #include "formats/core/progress.h"
 #include "formats/safetensors.h"
@@ -53,7 +54,13 @@ void add_run_input_options(CLI::App* c, RunArgs& a) {
       ->check(CLI::Range(2, 1 << 20))
       ->capture_default_str()
       ->group("Input");
-  c->add_option("--max-tokens", a.max_tokens, "Stop after this many tokens in all (0 = the whole input)")
+  c->add_option("--max-tokens", a.max_tokens, "Stop after this many tokens in all (0 = the whole input, else >= 2)")
+      ->check(CLI::Validator(
+          [](std::string& s) {  // a sequence is BOS + at least one token: 1 would silently record 2
+            return s == "1" ? std::string("a sequence holds at least 2 tokens (BOS and one more): give 0 or >= 2")
+                            : std::string();
+          },
+          "0 or >= 2"))
       ->capture_default_str()
       ->group("Input");
 }
@@ -107,6 +114,12 @@ void run_main(const RunArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
   if (a.text.empty() && a.token_ids.empty()) throw UsageError("give --text FILE... or --token-ids FILE...");
   if (!a.text.empty() && a.tokenizer.empty()) throw UsageError("--text needs --tokenizer");
+  std::vector<NamedPath> inputs = named_paths("--text", a.text);
+  for (const NamedPath& n : named_paths("--token-ids", a.token_ids)) inputs.push_back(n);
+  inputs.push_back({"--model", a.model});
+  inputs.push_back({"--tokenizer", a.tokenizer});
+  check_paths(inputs, {{"--out", a.out}, {"--test-out", a.test_out}});
+  CommitGroup outputs;  // --out and --test-out commit together or not at all
   const ModelWeights w = read_model(a.model);
   const ModelConfig& c = w.config;
   const int seq_len = std::min(a.seq_len, c.seq_len);
@@ -122,7 +135,9 @@ void run_main(const RunArgs& a, const GlobalOptions& g) {
   } else {
     all = corpus_from_token_files(a.token_ids, c.vocab_size, seq_len, a.max_tokens, a.no_bos ? -1 : 1);
   }
-  if (all.sequences.empty()) throw UsageError("the input holds fewer than 2 tokens");
+  if (all.sequences.empty())  // the files are read and valid, just empty: a bad input file (exit 3), not usage
+    throw InputError(a.text.empty() ? a.token_ids.front() : a.text.front(),
+                     "the input holds fewer than 2 tokens" + std::string(a.text.size() + a.token_ids.size() > 1 ? " (all files together)" : ""));
   Corpus profile, test;
   split_corpus(all, a.test_out.empty() ? 0.0 : a.test_fraction, a.seed, profile, test);
   info(g, "corpus: " + std::to_string(all.n_tokens()) + " tokens in " + std::to_string(all.sequences.size()) +
@@ -151,12 +166,13 @@ void run_main(const RunArgs& a, const GlobalOptions& g) {
   const ProfileResult rp = run_split("profile", profile, a.out);
   ProfileResult rt;
   if (!a.test_out.empty()) rt = run_split("test", test, a.test_out);
+  outputs.commit();
 
   if (g.json) {
     nlohmann::json j = {{"model", po.model_name}, {"activation", rp.activation}, {"profile", summary_json(rp, a.out)}};
     if (!rp.thresholds.empty()) j["thresholds"] = rp.thresholds;
     if (!a.test_out.empty()) j["test"] = summary_json(rt, a.test_out);
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", json_dump(j, 2).c_str());
     return;
   }
   std::printf("model %s: %d layers x %d neurons (%s), activation %s\n", po.model_name.c_str(), c.n_layers,

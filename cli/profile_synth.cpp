@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "formats/core/atomic_file.h"
 #include "formats/core/progress.h"
 #include "profiler/synth.h"
 
@@ -101,6 +102,8 @@ void print_stats(const char* split, const nlohmann::json& j) {
 
 void synth_main(const SynthOptions& o, const GlobalOptions& g) {
   apply_global_options(g);
+  check_paths({{"--preset", o.preset}}, {{"--profile-out", o.profile_out}, {"--test-out", o.test_out}});
+  CommitGroup outputs;  // --profile-out and --test-out commit together or not at all
   SynthPreset p = synth_preset_load(o.preset);
   if (o.full_depth) p.layers = p.layers_full;
   if (o.layers) p.layers = o.layers;
@@ -131,18 +134,18 @@ void synth_main(const SynthOptions& o, const GlobalOptions& g) {
   SynthStats prof = synth_write(p, run, o.profile_out);
   nlohmann::json out = {{"preset", p.name}, {"model", p.model}, {"seed", o.seed}, {"layers", p.layers},
                         {"neurons", p.neurons}, {"profile", stats_json(p, prof, false)}};
-  info(g, "synth: wrote " + o.profile_out);
   if (!o.test_out.empty()) {
     run.split = SynthSplit::Test;
     for (const auto& c : prof.counts) run.frequency_order.push_back(synth_frequency_order(c));
     run.progress = draw("synth test");
     SynthStats test = synth_write(p, run, o.test_out);
     out["test"] = stats_json(p, test, true);
-    info(g, "synth: wrote " + o.test_out);
   }
+  outputs.commit();
+  info(g, "synth: wrote " + o.profile_out + (o.test_out.empty() ? "" : " and " + o.test_out));
   if (!o.stats) return;
   if (g.json) {
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", json_dump(out, 2).c_str());
     return;
   }
   std::printf("%s (%s): %u layers x %u neurons, seed %llu\n", p.name.c_str(), p.model.c_str(), p.layers, p.neurons,

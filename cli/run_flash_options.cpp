@@ -52,7 +52,18 @@ void add_flash_metrics_options(CLI::App* c, FlashArgs& a) {
   c->add_option("--metrics", a.metrics, "Write per-token and total metrics here (JSON)")->group("Output");
 }
 
-std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& g) {
+std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& g,
+                                       const std::vector<NamedPath>& other_inputs) {
+  // The image, its manifest and tokenizer (whichever of image / manifest --image names), the device profile and the
+  // command's other inputs may not be overwritten by --metrics.
+  std::vector<NamedPath> inputs = other_inputs;
+  const std::string suffix = ".json";
+  const bool is_manifest =
+      a.image.size() > suffix.size() && a.image.compare(a.image.size() - suffix.size(), suffix.size(), suffix) == 0;
+  const std::string image = is_manifest ? a.image.substr(0, a.image.size() - suffix.size()) : a.image;
+  for (const std::string& p : {image, manifest_path_for(image), image + ".tokenizer"}) inputs.push_back({"--image", p});
+  inputs.push_back({"--device", a.device});
+  check_paths(inputs, {{"--metrics", a.metrics}});
   IoOptions io;
   if (!io_kind_parse(a.io, &io.kind)) throw UsageError("unknown --io " + a.io);
   io.direct = !a.buffered;
@@ -118,10 +129,10 @@ void flash_report(const FlashArgs& a, const GlobalOptions& g, const FlashImage& 
     if (ffn)
       for (const auto& c : ffn->per_token()) per_token.push_back(counters_json(c));
     m["per_token"] = std::move(per_token);
-    write_file_atomic(a.metrics, m.dump(1) + "\n");
+    write_file_atomic(a.metrics, json_dump(m, 1) + "\n");
   }
   if (g.json) {
-    std::printf("%s\n", j.dump(1).c_str());
+    std::printf("%s\n", json_dump(j, 1).c_str());
     return;
   }
   std::printf("engine %s (%s), dtype %s, gap %s, cache %.3f (policy %s, %llu bundles pinned)\n",

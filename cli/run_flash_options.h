@@ -33,7 +33,10 @@ void add_flash_plan_options(CLI::App* c, FlashArgs& a);
 void add_flash_metrics_options(CLI::App* c, FlashArgs& a);
 
 // Opens the image with the chosen engine (notices on stderr unless --quiet) and verifies it when asked.
-std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& g);
+// Checks the paths first (check_paths: --metrics against the image, its manifest and tokenizer, --device and
+// `other_inputs`).
+std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& g,
+                                       const std::vector<NamedPath>& other_inputs = {});
 FlashFfnOptions flash_ffn_options(const FlashArgs& a, SelectMode select);
 
 // Prints the summary table (or JSON with --json) and writes --metrics. `extra` is merged into the JSON.

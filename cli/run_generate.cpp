@@ -251,7 +251,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
                   p["agreeing_prefix"].get<size_t>());
     }
   }
-  flash_report(a.flash, g, *img, ffn.get(), wall, uint64_t(total - 1), extra.dump());
+  flash_report(a.flash, g, *img, ffn.get(), wall, uint64_t(total - 1), json_dump(extra));
 }
 
 }  // namespace

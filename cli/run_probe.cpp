@@ -16,8 +16,12 @@ struct ProbeArgs {
 };
 
 void add_probe_target_options(CLI::App* c, ProbeArgs& a) {
-  c->add_option("--file", a.probe.file, "Probe file on the disk to measure (created and removed if missing)")
+  c->add_option("--file", a.probe.file,
+                "Probe file on the disk to measure: created (must not exist) and removed afterwards")
       ->required()
+      ->group("Target");
+  c->add_flag("--read-only", a.probe.read_only,
+              "Measure the existing regular file --file by reading it only (a model file, at least 64 MiB)")
       ->group("Target");
   c->add_option("--file-mib", a.file_mib, "Size of the probe file when it is created, MiB")
       ->check(CLI::Range(64, 1 << 20))
@@ -43,6 +47,7 @@ void probe_main(const ProbeArgs& a_in, const GlobalOptions& g) {
   apply_global_options(g);
   ProbeArgs a = a_in;
   a.probe.file_bytes = a.file_mib << 20;
+  check_paths({{"--file", a.probe.read_only ? a.probe.file : ""}}, {{"--out", a.out}, {"--file", a.probe.read_only ? "" : a.probe.file}});
   ProbeResult r = probe_run(a.probe, [&](const std::string& s) { info(g, s); });
   r.model.name = a.name;
   std::string js = r.model.to_json();

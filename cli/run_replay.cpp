@@ -22,12 +22,14 @@ struct ReplayArgs {
 
 void add_replay_trace_options(CLI::App* c, ReplayArgs& a) {
   c->add_option("--trace", a.trace, "Activation trace (HDF5, trace v1)")->required()->check(CLI::ExistingFile)->group("Trace");
-  c->add_option("--max-tokens", a.max_tokens, "Replay at most this many tokens (0 = all)")->group("Trace");
+  c->add_option("--max-tokens", a.max_tokens, "Replay at most this many tokens (0 = all)")
+      ->check(CLI::NonNegativeNumber)  // "-1" would wrap to "all" in an unsigned option
+      ->group("Trace");
 }
 
 void replay_main(const ReplayArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
-  auto img = flash_open(a.flash, g);
+  auto img = flash_open(a.flash, g, {{"--trace", a.trace}});
   const ImageManifest& m = img->manifest();
   TraceReader tr(a.trace);
   const TraceInfo& ti = tr.info();
@@ -59,7 +61,7 @@ void replay_main(const ReplayArgs& a, const GlobalOptions& g) {
   prog.finish();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   nlohmann::json extra = {{"mode", "replay"}, {"trace", a.trace}};
-  flash_report(a.flash, g, *img, &ffn, wall, n, extra.dump());
+  flash_report(a.flash, g, *img, &ffn, wall, n, json_dump(extra));
 }
 
 }  // namespace

@@ -2,14 +2,29 @@
 #pragma once
 #include <hdf5.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <mutex>
+#include <string>
+#include <vector>
+
+#include "formats/core/atomic_file.h"
+#include "formats/core/error.h"
 
 namespace nl::h5 {
 
-// HDF5 prints its own error stack by default; we report one clear line instead.
+// HDF5 prints its own error stack by default; we report one clear line instead. Also: no library shutdown at exit.
+// A file whose close failed (a full disk) stays half-closed in libhdf5's tables, and H5_term_library's second try
+// crashes (H5F__close_cb, SIGSEGV after the error line). Our writers close every file they commit themselves, and
+// the temporary file of a failed write is removed by AtomicPath, so nothing needs the atexit pass. Call before any
+// other HDF5 function (every reader and writer calls this first).
 inline void silence_hdf5() {
   static std::once_flag once;
-  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+  std::call_once(once, [] {
+    H5dont_atexit();
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  });
 }
 
 // RAII for HDF5 identifiers.
@@ -27,12 +42,51 @@ struct Hid {
     return *this;
   }
   ~Hid() { reset(); }
-  void reset() {
-    if (id >= 0 && close) close(id);
+  void reset() { (void)release(); }
+  // Closes now and returns the close function's status (H5Fclose flushes: a full disk fails here).
+  herr_t release() {
+    herr_t rc = 0;
+    if (id >= 0 && close) rc = close(id);
     id = -1;
+    return rc;
   }
   bool ok() const { return id >= 0; }
   operator hid_t() const { return id; }
 };
+
+// A dataset's declared extent is only a claim: unwritten chunks cost no bytes, so a few-kilobyte file can declare
+// terabytes. Before allocating, require the bytes the file really stores to account for the extent: deflate
+// expands at most 1032:1, so 1100:1 plus 1 MiB of slack accepts every honest file.
+inline void check_stored_bytes(const std::string& path, hid_t ds, uint64_t elems, uint64_t elem_bytes, const std::string& what) {
+  constexpr uint64_t kMaxRatio = 1100, kSlack = 1ull << 20;
+  const uint64_t stored = H5Dget_storage_size(ds);
+  if (elems > (~uint64_t(0) - kSlack) / kMaxRatio / elem_bytes ||
+      elems * elem_bytes > stored * kMaxRatio + kSlack)
+    throw InputError(path, what + " declares " + std::to_string(elems) + " elements but the file stores only " +
+                               std::to_string(stored) + " bytes of it (truncated or corrupt file?)");
+}
+
+// Before H5Fopen of an input: a regular file (a FIFO would block libhdf5's open), and an HDF5 signature. When
+// libhdf5 finds none, the file is read through (up to 64 MiB) so that an I/O error (EIO) is reported as one
+// (IoError, exit 4) and not as a file that is not HDF5.
+inline void check_hdf5_input(const std::string& path, const std::string& expected) {
+  int fd = open_regular_input(path);
+  if (H5Fis_hdf5(path.c_str()) > 0) {
+    ::close(fd);
+    return;
+  }
+  std::vector<char> buf(1 << 20);
+  for (int i = 0; i < 64; ++i) {
+    ssize_t r = ::read(fd, buf.data(), buf.size());
+    if (r < 0) {
+      const std::string e = errno_text("read failed");
+      ::close(fd);
+      throw IoError(path, e);
+    }
+    if (r == 0) break;
+  }
+  ::close(fd);
+  throw InputError(path, "not an HDF5 file (or truncated): expected a " + expected);
+}
 
 }  // namespace nl::h5

@@ -64,6 +64,10 @@ Layout layout_parse(const std::string& text, const std::string& path, const Trac
   if (!j.contains("format") || j["format"] != kLayoutFormat)
     throw InputError(path, "format must be \"" + std::string(kLayoutFormat) + "\"");
   if (!j.contains("version") || !j["version"].is_number_integer()) throw InputError(path, "missing integer 'version'");
+  // Unsigned past INT64_MAX (2^63) would wrap negative in get<int64_t>: compare it as what it is.
+  if (j["version"].is_number_unsigned() && j["version"].get<uint64_t>() > uint64_t(kLayoutVersion))
+    throw InputError(path, "layout version " + j["version"].dump() + " is newer than supported (" +
+                               std::to_string(kLayoutVersion) + ")");
   int64_t ver = j["version"].get<int64_t>();
   if (ver > kLayoutVersion)
     throw InputError(path, "layout version " + std::to_string(ver) + " is newer than supported (" +
@@ -158,7 +162,9 @@ Layout layout_parse(const std::string& text, const std::string& path, const Trac
 }
 
 Layout layout_load(const std::string& path, const TraceInfo* trace) {
-  return layout_parse(read_file(path, 1ull << 32), path, trace);
+  // The JSON DOM takes ~37 bytes per byte of text; a real layout (80 layers x 28,672 neurons) is ~16 MB.
+  constexpr uint64_t kLayoutMaxBytes = 64ull << 20;
+  return layout_parse(read_file(path, kLayoutMaxBytes), path, trace);
 }
 
 std::vector<ImageCachePolicy> layout_cache_policy_slots(const Layout& l) {

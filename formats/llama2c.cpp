@@ -44,7 +44,9 @@ void read_exact(int fd, const std::string& path, uint64_t& offset, void* dst, ui
 
 void read_floats(int fd, const std::string& path, uint64_t& offset, std::vector<float>& v, uint64_t n) {
   v.resize(n);
+  const uint64_t at = offset;
   read_exact(fd, path, offset, v.data(), n * sizeof(float));
+  check_finite(path, "the weights at byte " + std::to_string(at), v.data(), n);
 }
 
 // RoPE tables as llama2.c's export.py writes them (freq_cis_real then freq_cis_imag, [seq_len][head_dim/2] each;
@@ -73,8 +75,7 @@ class Llama2cSource : public ModelSource {
  public:
   explicit Llama2cSource(const std::string& path) {
     path_ = path;
-    f_.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (f_.fd < 0) throw IoError(path, errno_text("cannot open"));
+    f_.fd = open_regular_input(path);
     struct stat st;
     if (::fstat(f_.fd, &st) != 0) throw IoError(path, errno_text("stat"));
     const uint64_t file_size = uint64_t(st.st_size);

@@ -3,10 +3,18 @@
 #include "formats/model_source.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "formats/core/error.h"
 
 namespace nl {
+
+void check_finite(const std::string& path, const std::string& what, const float* v, uint64_t n, uint64_t first) {
+  for (uint64_t i = 0; i < n; ++i)
+    if (!std::isfinite(v[i]))
+      throw InputError(path, what + " element " + std::to_string(first + i) + " is " +
+                                 (std::isnan(v[i]) ? "NaN" : "infinite") + ": weights must be finite");
+}
 
 void ffn_order_check(const std::vector<std::vector<uint32_t>>& order, const ModelConfig& c) {
   if (order.empty()) return;

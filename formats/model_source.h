@@ -43,6 +43,10 @@ std::unique_ptr<ModelSource> open_safetensors_source(const std::string& path);
 // By path: a `.bin` file is llama2.c, anything else a Hugging Face folder / config.json / model.safetensors.
 std::unique_ptr<ModelSource> open_model_source(const std::string& path);
 
+// Weights must be finite: a NaN or Inf packs into an image that generates <unk> forever. InputError naming the file,
+// `what` (a tensor) and the first bad element. Every model reader calls it on what it reads.
+void check_finite(const std::string& path, const std::string& what, const float* v, uint64_t n, uint64_t first = 0);
+
 // All of it in memory (readers built on the sources).
 ModelWeights read_model_source(ModelSource& src);
 

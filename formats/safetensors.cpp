@@ -268,8 +268,7 @@ TensorDtype tensor_dtype_from_name(const std::string& name) {
 
 std::vector<SafetensorsEntry> safetensors_header(const std::string& path, uint64_t* data_start) {
   Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) throw IoError(path, errno_text("cannot open"));
+  f.fd = open_regular_input(path);
   struct stat st;
   if (::fstat(f.fd, &st) != 0) throw IoError(path, errno_text("stat"));
   const uint64_t size = uint64_t(st.st_size);
@@ -323,6 +322,27 @@ std::vector<SafetensorsEntry> safetensors_header(const std::string& path, uint64
                                  std::to_string(numel * esize));
     out.push_back(std::move(t));
   }
+  // As the reference loader (safetensors' Metadata::validate): in offset order, each tensor starts where the one
+  // before ends and the last ends at the end of the file. Overlapping or shifted offsets would pack wrong weights.
+  std::vector<const SafetensorsEntry*> by_offset;
+  for (const SafetensorsEntry& t : out) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(), [](const SafetensorsEntry* a, const SafetensorsEntry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  uint64_t expect = 0;
+  const SafetensorsEntry* prev = nullptr;
+  for (const SafetensorsEntry* t : by_offset) {
+    if (t->begin != expect)
+      throw InputError(path, "tensor '" + t->name + "': data_offsets begin at " + std::to_string(t->begin) +
+                                 (t->begin < expect ? ", inside " : ", leaving a gap after ") +
+                                 (prev ? "tensor '" + prev->name + "'" : std::string("the start of the data")) +
+                                 " (which ends at " + std::to_string(expect) + ")");
+    expect = t->end;
+    prev = t;
+  }
+  if (expect != data_size)
+    throw InputError(path, "the tensors cover " + std::to_string(expect) + " bytes of the data section, which has " +
+                               std::to_string(data_size));
   if (data_start) *data_start = 8 + n;
   return out;
 }
@@ -339,8 +359,7 @@ class SafetensorsSource : public ModelSource {
     if (path_.empty()) path_ = ".";
     config_ = read_config(p.config);
     for (auto& e : safetensors_header(p.tensors, &data_start_)) entries_.emplace(e.name, e);
-    f_.fd = ::open(p.tensors.c_str(), O_RDONLY | O_CLOEXEC);
-    if (f_.fd < 0) throw IoError(p.tensors, errno_text("cannot open"));
+    f_.fd = open_regular_input(p.tensors);
   }
 
   ModelWeights read_dense() override {
@@ -438,6 +457,7 @@ class SafetensorsSource : public ModelSource {
   void read_f32(const SafetensorsEntry& e, uint64_t first, uint64_t n, float* dst) {
     if (e.dtype == "F32") {
       pread_exact(f_.fd, tensors_, data_start_ + e.begin + first * 4, dst, n * 4);
+      check_finite(tensors_, "tensor '" + e.name + "'", dst, n, first);
       return;
     }
     raw_.resize(n * 2);
@@ -448,6 +468,7 @@ class SafetensorsSource : public ModelSource {
     } else {
       for (uint64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
     }
+    check_finite(tensors_, "tensor '" + e.name + "'", dst, n, first);
   }
 
   void load(const std::string& name, uint64_t rows, uint64_t cols, std::vector<float>& dst) {

@@ -10,6 +10,7 @@
 #endif
 #include <vector>
 
+#include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
 
 namespace nl {
@@ -152,8 +153,7 @@ std::string sha256_hex(const std::string& data) {
 }
 
 std::string sha256_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw IoError(path, errno_text("cannot open"));
+  int fd = open_regular_input(path);  // a FIFO must not block, a device must not read without end
   Sha256 s;
   std::vector<char> buf(1 << 20);
   for (;;) {

@@ -19,6 +19,7 @@ namespace nl {
 namespace {
 
 using h5::Hid;
+using h5::check_stored_bytes;
 using h5::silence_hdf5;
 
 void write_string_attr(hid_t obj, const char* name, const std::string& value) {
@@ -196,8 +197,8 @@ void TraceWriter::close() {
   write_1d(im.file, "sequences", H5T_STD_I64LE, H5T_NATIVE_INT64, im.sequences);
   if (im.opts.store_tokens) write_1d(im.file, "tokens", H5T_STD_I32LE, H5T_NATIVE_INT32, im.tokens);
   im.masks.clear();
-  if (H5Fflush(im.file, H5F_SCOPE_GLOBAL) < 0) throw IoError(im.out.final_path(), "cannot flush HDF5 file");
-  im.file.reset();
+  if (H5Fflush(im.file, H5F_SCOPE_GLOBAL) < 0) throw IoError(im.out.final_path(), "cannot flush HDF5 file (disk full?)");
+  if (im.file.release() < 0) throw IoError(im.out.final_path(), "cannot close HDF5 file (disk full?)");
   im.out.commit();
   im.closed = true;
 }
@@ -279,18 +280,6 @@ int64_t read_int_attr(const std::string& path, hid_t obj, const char* name, cons
   return v;
 }
 
-// A dataset's declared extent is only a claim: unwritten chunks cost no bytes, so a few-kilobyte file can declare
-// terabytes. Before allocating, require the bytes the file really stores to account for the extent: deflate
-// expands at most 1032:1, so 1100:1 plus 1 MiB of slack accepts every honest file.
-void check_stored_bytes(const std::string& path, hid_t ds, uint64_t elems, uint64_t elem_bytes, const std::string& what) {
-  constexpr uint64_t kMaxRatio = 1100, kSlack = 1ull << 20;
-  const uint64_t stored = H5Dget_storage_size(ds);
-  if (elems > (~uint64_t(0) - kSlack) / kMaxRatio / elem_bytes ||
-      elems * elem_bytes > stored * kMaxRatio + kSlack)
-    throw InputError(path, what + " declares " + std::to_string(elems) + " elements but the file stores only " +
-                               std::to_string(stored) + " bytes of it (truncated or corrupt file?)");
-}
-
 template <class T>
 std::vector<T> read_1d(const std::string& path, hid_t file, const char* name, hid_t mem_type, uint64_t max_len) {
   Hid ds(H5Dopen2(file, name, H5P_DEFAULT), H5Dclose);
@@ -316,9 +305,7 @@ std::vector<T> read_1d(const std::string& path, hid_t file, const char* name, hi
 TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
   silence_hdf5();
   info_.path = path;
-  if (::access(path.c_str(), R_OK) != 0) throw IoError(path, errno_text("cannot open trace"));
-  if (H5Fis_hdf5(path.c_str()) <= 0)
-    throw InputError(path, "not an HDF5 file (or truncated): expected a neuralink-trace v1");
+  h5::check_hdf5_input(path, "neuralink-trace v1");
   impl_->file = Hid(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!impl_->file.ok()) throw InputError(path, "cannot open as HDF5 (truncated or corrupt file?)");
   hid_t f = impl_->file;

@@ -119,6 +119,9 @@ Hid open_ds(const std::string& path, hid_t g, const std::string& gname, const ch
     };
     throw InputError(path, full + " has shape " + fmt(dims) + ", expected " + fmt(want));
   }
+  uint64_t elems = 1;
+  for (hsize_t d : want) elems *= d;
+  h5::check_stored_bytes(path, ds, elems, elem_bytes, full);  // before the caller allocates what it declares
   return ds;
 }
 
@@ -199,8 +202,8 @@ void GraphFileWriter::close() {
   attr_int(im.file, "top_k", im.k);
   attr_int(im.file, "full", im.any && im.full ? 1 : 0);
   im.layers.reset();
-  if (H5Fflush(im.file, H5F_SCOPE_GLOBAL) < 0) throw IoError(im.out.final_path(), "cannot flush HDF5 file");
-  im.file.reset();
+  if (H5Fflush(im.file, H5F_SCOPE_GLOBAL) < 0) throw IoError(im.out.final_path(), "cannot flush HDF5 file (disk full?)");
+  if (im.file.release() < 0) throw IoError(im.out.final_path(), "cannot close HDF5 file (disk full?)");
   im.out.commit();
   im.closed = true;
 }
@@ -215,8 +218,7 @@ struct GraphFileReader::Impl {
 GraphFileReader::GraphFileReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
   silence_hdf5();
   info_.path = path;
-  if (::access(path.c_str(), R_OK) != 0) throw IoError(path, errno_text("cannot open graph file"));
-  if (H5Fis_hdf5(path.c_str()) <= 0) throw InputError(path, "not an HDF5 file (or truncated): expected a neuralink-graph v1");
+  h5::check_hdf5_input(path, "neuralink-graph v1");
   impl_->file = Hid(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!impl_->file.ok()) throw InputError(path, "cannot open as HDF5 (truncated or corrupt file?)");
   hid_t f = impl_->file;
@@ -278,19 +280,23 @@ LayerGraph GraphFileReader::read_layer(size_t i) const {
   lg.n_neurons = n;
   lg.n_tokens = info_.n_tokens;
   lg.k = k;
+  // Each dataset is opened (and its stored bytes checked) before the vector it fills is allocated.
+  Hid freq_ds = open_ds(path, g, gname, "freq", {n}, 8);
   lg.freq.resize(n);
-  read_ds(path, open_ds(path, g, gname, "freq", {n}, 8), H5T_NATIVE_UINT64, lg.freq, "/" + gname + "/freq");
+  read_ds(path, freq_ds, H5T_NATIVE_UINT64, lg.freq, "/" + gname + "/freq");
   for (uint32_t v = 0; v < n; ++v)
     if (lg.freq[v] > lg.n_tokens)
       throw InputError(path, "/" + gname + "/freq[" + std::to_string(v) + "] exceeds n_tokens");
   if (k) {
+    Hid len_ds = open_ds(path, g, gname, "nbr_len", {rows}, 4);
+    Hid nbr_ds = open_ds(path, g, gname, "nbr", {rows, k}, 4);
+    Hid cnt_ds = open_ds(path, g, gname, "nbr_cnt", {rows, k}, 4);
     lg.nbr_len.resize(n);
     lg.nbr.resize(size_t(n) * k);
     lg.nbr_cnt.resize(size_t(n) * k);
-    read_ds(path, open_ds(path, g, gname, "nbr_len", {rows}, 4), H5T_NATIVE_UINT32, lg.nbr_len, "/" + gname + "/nbr_len");
-    read_ds(path, open_ds(path, g, gname, "nbr", {rows, k}, 4), H5T_NATIVE_UINT32, lg.nbr, "/" + gname + "/nbr");
-    read_ds(path, open_ds(path, g, gname, "nbr_cnt", {rows, k}, 4), H5T_NATIVE_UINT32, lg.nbr_cnt,
-            "/" + gname + "/nbr_cnt");
+    read_ds(path, len_ds, H5T_NATIVE_UINT32, lg.nbr_len, "/" + gname + "/nbr_len");
+    read_ds(path, nbr_ds, H5T_NATIVE_UINT32, lg.nbr, "/" + gname + "/nbr");
+    read_ds(path, cnt_ds, H5T_NATIVE_UINT32, lg.nbr_cnt, "/" + gname + "/nbr_cnt");
     // The lists are a contract for the solvers: check them here once.
     for (uint32_t v = 0; v < n; ++v) {
       const std::string at = "/" + gname + " neuron " + std::to_string(v);
@@ -309,9 +315,9 @@ LayerGraph GraphFileReader::read_layer(size_t i) const {
     }
   }
   if (H5Lexists(g, "upper", H5P_DEFAULT) > 0 && n >= 2) {
+    Hid upper_ds = open_ds(path, g, gname, "upper", {hsize_t(uint64_t(n) * (n - 1) / 2)}, 4);
     lg.upper.resize(uint64_t(n) * (n - 1) / 2);
-    read_ds(path, open_ds(path, g, gname, "upper", {lg.upper.size()}, 4), H5T_NATIVE_UINT32, lg.upper,
-            "/" + gname + "/upper");
+    read_ds(path, upper_ds, H5T_NATIVE_UINT32, lg.upper, "/" + gname + "/upper");
     uint32_t mx = 0;
     for (uint32_t c : lg.upper) mx = std::max(mx, c);
     if (mx > lg.n_tokens) throw InputError(path, "/" + gname + "/upper has a count larger than n_tokens");

@@ -13,12 +13,16 @@
 #include <set>
 #include <sstream>
 
+#include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
 #include "formats/core/rng.h"
 #include "formats/trace.h"
 
 namespace nl {
 namespace {
+
+// A workload preset is a few KB of JSON; the bound keeps a device or a wrong file from being read without end.
+constexpr uint64_t kSynthPresetMaxBytes = 1 << 20;
 
 using nlohmann::json;
 
@@ -259,13 +263,10 @@ void synth_preset_validate(const SynthPreset& p, const std::string& origin) {
 }
 
 SynthPreset synth_preset_load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw InputError(path, "cannot open workload preset");
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string text = read_file(path, kSynthPresetMaxBytes);  // a preset is a few KB: /dev/zero is refused
   json j;
   try {
-    j = json::parse(ss.str());
+    j = json::parse(text);
   } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers that overflow
     throw InputError(path, std::string("not valid JSON: ") + e.what());
   }

@@ -261,7 +261,14 @@ TEST_CASE("malformed safetensors checkpoints: one clear error each") {
 
   d = copy_checkpoint(good, "st-missing");
   edit_header(tensors, d + "/model.safetensors", [](json& h) { h.erase("model.layers.1.mlp.up_proj.weight"); });
-  check_error(input_error(d, read), d + "/model.safetensors", "missing tensor 'model.layers.1.mlp.up_proj.weight'");
+  // Its bytes are still there: a gap between tensors, refused as the reference loader does (issue 23 item 9).
+  check_error(input_error(d, read), d + "/model.safetensors", "leaving a gap after");
+
+  d = copy_checkpoint(good, "st-overlap");  // two tensors on the same bytes
+  edit_header(tensors, d + "/model.safetensors", [](json& h) {
+    h["model.layers.1.input_layernorm.weight"]["data_offsets"] = h["model.layers.0.input_layernorm.weight"]["data_offsets"];
+  });
+  check_error(input_error(d, read), d + "/model.safetensors", "inside tensor");
 
   d = copy_checkpoint(good, "st-shape");
   edit_header(tensors, d + "/model.safetensors", [](json& h) {

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
 
 namespace nl {
@@ -22,6 +23,9 @@ void AlignedBuffer::resize(size_t bytes) {
 }
 
 OpenedFile open_for_reading(const std::string& path, bool want_direct) {
+  // Regular files only (a FIFO would block the open; a device is not an image). O_DIRECT reopens by name, so the
+  // check holds for the fd we keep only if nothing swaps the file in between, which no reader here guards against.
+  ::close(open_regular_input(path));
   OpenedFile f;
   if (want_direct) {
     f.fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);

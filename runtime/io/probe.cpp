@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
 #include "runtime/io/file.h"
 #ifdef NL_HAVE_URING
@@ -25,9 +26,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void create_probe_file(const std::string& path, uint64_t bytes) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+// O_EXCL: the probe writes only a file it created itself, never a user's file or a device.
+// Registered for removal (signals, errors) only once created, so that no path of a user's file is ever registered.
+void create_probe_file(const std::string& path, uint64_t bytes, std::string* created_path, int* slot) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == EEXIST)
+    throw UsageError("--file " + path + " exists: the probe writes only a file it creates itself (pass --read-only "
+                     "to measure an existing file by reading it)");
   if (fd < 0) throw IoError(path, errno_text("cannot create probe file"));
+  *slot = cleanup_register(path);
+  *created_path = path;
   const size_t chunk = 4 << 20;
   std::vector<uint64_t> data(chunk / 8);
   std::mt19937_64 rng(12345);
@@ -152,17 +160,31 @@ ProbeResult probe_run(const ProbeOptions& o, const std::function<void(const std:
     if (log) log(s);
   };
   ProbeResult res;
-  bool created = false;
   struct stat st {};
   uint32_t max_size = 0;
   for (uint32_t s : o.sizes) {
     if (s == 0 || s % 4096 != 0) throw UsageError("probe sizes must be positive multiples of 4096");
     max_size = std::max(max_size, s);
   }
-  if (::stat(o.file.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_size) < uint64_t(max_size) * 64) {
-    say("creating probe file " + o.file + " (" + std::to_string(o.file_bytes >> 20) + " MiB)");
-    create_probe_file(o.file, o.file_bytes);
-    created = true;
+  // Removes the file this run created on every way out: return, exception, SIGINT/SIGTERM (signal registry).
+  struct Created {
+    std::string path;
+    int slot = -1;
+    ~Created() {
+      if (path.empty()) return;
+      ::unlink(path.c_str());
+      cleanup_unregister(slot);
+    }
+  } created_file;
+  if (o.read_only) {
+    ::close(open_regular_input(o.file));  // refuses FIFOs and devices
+    if (::stat(o.file.c_str(), &st) != 0) throw IoError(o.file, errno_text("cannot stat"));
+    if (static_cast<uint64_t>(st.st_size) < uint64_t(max_size) * 64)
+      throw UsageError("--read-only --file " + o.file + " holds " + std::to_string(st.st_size) +
+                       " bytes; the probe needs at least " + std::to_string(uint64_t(max_size) * 64));
+  } else {
+    create_probe_file(o.file, o.file_bytes, &created_file.path, &created_file.slot);
+    say("created probe file " + o.file + " (" + std::to_string(o.file_bytes >> 20) + " MiB)");
     ::stat(o.file.c_str(), &st);
   }
   uint64_t file_bytes = static_cast<uint64_t>(st.st_size) & ~uint64_t(4095);
@@ -204,7 +226,6 @@ ProbeResult probe_run(const ProbeOptions& o, const std::function<void(const std:
                   size / pq.seconds_per_read / 1e6);
     say(line);
   }
-  if (created) ::unlink(o.file.c_str());
 
   std::vector<double> b1, s1, bq, sq;
   nlohmann::json measured = nlohmann::json::array();

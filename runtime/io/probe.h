@@ -11,7 +11,8 @@
 namespace nl {
 
 struct ProbeOptions {
-  std::string file;                 // probe file; created (and removed afterwards) if missing or too small
+  std::string file;                 // probe file: created (O_EXCL) and removed afterwards, never an existing file...
+  bool read_only = false;           // ...unless read_only: an existing regular file, only read (a real model file)
   uint64_t file_bytes = 1ull << 30; // size used when the file is created
   uint32_t queue_depth = 32;
   double seconds_per_point = 0.4;   // time budget per (size, depth) point
