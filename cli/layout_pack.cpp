@@ -7,6 +7,7 @@
 #include <map>
 
 #include "cli/commands.h"
+#include "cli/layout_options.h"
 #include <nlohmann/json.hpp>
 
 #include "formats/core/error.h"
@@ -16,6 +17,9 @@
 #include "formats/llama2c.h"
 #include "formats/model_source.h"
 #include "formats/safetensors.h"
+#include "layout/evaluate.h"
+#include "runtime/plan/read_plan.h"
+#include "runtime/device.h"
 #include "runtime/flash_image.h"
 #include "runtime/model/model.h"
 
@@ -23,7 +27,7 @@ namespace nl::cli {
 namespace {
 
 struct PackArgs {
-  std::string model, layout, out, dtype, tokenizer, export_permuted, synthetic_shape;
+  std::string model, layout, out, dtype, tokenizer, export_permuted, synthetic_shape, device;
   int synthetic_layers = 4;
   CLI::Option* layers_opt = nullptr;  // whole synthetic models keep their layer count unless --layers is given
   uint64_t seed = 1;
@@ -59,8 +63,7 @@ const std::map<std::string, SyntheticModel>& synthetic_models() {
   };
   return m;
 }
-// Printed wherever a whole synthetic model is described (pack's output, the manifest's source).
-constexpr const char* kSyntheticNote = "synthetic random weights: meaningless text, real timing";
+constexpr const char* kSyntheticNote = kSyntheticWeightsNote;
 
 // FFN shapes of the paper's models (Neuralink, ASPLOS 2025): width, neurons per layer, bundle kind. Keys are the
 // workload preset names (configs/workloads/*.json), so a synthetic trace and a synthetic image pair up by name.
@@ -138,6 +141,11 @@ void add_pack_input_options(CLI::App* c, PackArgs& a) {
   c->add_option("--seed", a.seed, "Synthetic: weight seed (same shape, seed and layout give identical bytes)")
       ->group("Synthetic");
   c->add_option("--layout", a.layout, "Layout JSON from nl-layout solve (default: identity order)")
+      ->check(CLI::ExistingFile)
+      ->group("Input");
+  c->add_option("--device", a.device,
+                "Device profile the layout was solved for, recorded in the manifest for nl-run (default: the "
+                "built-in UFS 4.0, nl-layout eval's default; needed when the layout names another device)")
       ->check(CLI::ExistingFile)
       ->group("Input");
   c->add_option("--tokenizer", a.tokenizer, "Tokenizer copied beside the image as OUT.tokenizer and named in the manifest (nl-run --prompt finds it)")->group("Input");
@@ -349,9 +357,45 @@ void report_print(const GlobalOptions& g, ImageDtype d, const StoredErrors& erro
               " (f32 Model on the stored weights; the runtime's kernels differ only by rounding)");
 }
 
+// The planner settings a layout was solved / evaluated for: the layout's own parameters where it records them
+// (greedy+ls records gap, cache ratio, device name and admission), else nl-layout eval's defaults (the one
+// definition: DeviceObjectiveArgs and default_device()). The device's fit comes from --device or the built-in
+// profile; a layout solved for another device needs --device.
+ImagePlanner planner_of(const Layout& lay, const std::string& layout_path, const std::string& device_path) {
+  const DeviceObjectiveArgs eval_defaults;
+  const DeviceModel dev = device_path.empty() ? default_device() : device_load(device_path);
+  const nlohmann::json& p = lay.parameters;
+  ImagePlanner r;
+  const bool recorded = p.is_object() && p.contains("gap");
+  r.from = recorded ? "layout" : "nl-layout eval defaults";
+  r.gap = recorded && p["gap"].is_string() ? p["gap"].get<std::string>() : eval_defaults.gap;
+  r.cache_ratio = recorded && p.contains("cache_ratio") && p["cache_ratio"].is_number() ? p["cache_ratio"].get<double>()
+                                                                                          : eval_defaults.cache_ratio;
+  try {
+    GapPolicy::parse(r.gap);
+  } catch (const UsageError&) {
+    throw InputError(layout_path, "parameters.gap '" + r.gap + "' is not off, auto, auto-keep-runs or a bundle count");
+  }
+  if (!(r.cache_ratio >= 0 && r.cache_ratio <= 1))
+    throw InputError(layout_path, "parameters.cache_ratio must be in [0, 1]");
+  r.cache_admission = eval_defaults.plain_s3fifo ? "all" : "linking-aligned";
+  if (recorded && p.contains("admission") && p["admission"].is_string() && cache_admission_known(p["admission"]))
+    r.cache_admission = p["admission"].get<std::string>();
+  const std::string named = recorded && p.contains("device") && p["device"].is_string() ? p["device"].get<std::string>() : "";
+  if (!named.empty() && named != dev.name)
+    throw UsageError("the layout " + layout_path + " was solved for device '" + named + "', " +
+                     (device_path.empty() ? "not the built-in '" + dev.name + "': pass its profile with --device"
+                                          : "--device " + device_path + " is '" + dev.name + "'"));
+  r.device = dev.name;
+  r.read_latency_us = dev.cost.read_latency_us;
+  r.bandwidth_MBps = dev.cost.bandwidth_MBps;
+  return r;
+}
+
 void pack_main(const PackArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
   if (a.model.empty() == a.synthetic_shape.empty()) throw UsageError("pack needs --model or --synthetic-shape");
+  if (!a.device.empty() && a.layout.empty()) throw UsageError("--device names the layout's device: it needs --layout");
   const bool synthetic = !a.synthetic_shape.empty();
   const std::string dtype = !a.dtype.empty() ? a.dtype : synthetic ? "f16" : "f32";
   std::unique_ptr<ModelSource> src;  // streams the FFN layer by layer
@@ -401,6 +445,7 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
       spec.order.push_back(lay.layers[l].order);
     }
     spec.cache_policy = layout_cache_policy_slots(lay);  // pinned neurons -> slots (docs/formats.md)
+    spec.planner = planner_of(lay, a.layout, a.device);
     spec.layout = a.layout;
     spec.layout_method = lay.method;
   }
@@ -423,6 +468,10 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
   info(g, "wrote " + a.out + " (" + std::to_string(m.image_bytes) + " bytes, " + std::to_string(m.regions.size()) +
               " regions, " + image_dtype_name(m.dtype) + ", bundle " + std::to_string(m.bundle_bytes) + " bytes) and " +
               manifest_path_for(a.out) + (m.cache_policy.empty() ? "" : " with the layout's cache policy"));
+  if (!m.planner.empty())
+    info(g, "planner settings for nl-run (" + m.planner.from + "): gap " + m.planner.gap + ", cache " +
+                std::to_string(m.planner.cache_ratio) + " (" + m.planner.cache_admission + "), device " +
+                m.planner.device);
   if (whole) info(g, a.synthetic_shape + " (" + whole->what + "): " + kSyntheticNote);
   LogitCheck lc;
   if (report && !synthetic) lc = logit_check(*src, a.out);

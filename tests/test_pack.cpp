@@ -4,11 +4,13 @@
 #include <doctest/doctest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <functional>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -388,4 +390,104 @@ TEST_CASE("whole synthetic models: every tensor random and seeded per tensor, ge
   }
   CHECK(seen.size() > 1);
   CHECK(q.manifest().dtype == ImageDtype::kQ8_0);
+}
+
+// Issue 18 item 8: pack records the planner settings the layout was solved for (or nl-layout eval's defaults) and
+// nl-run uses them unless the user passes the option. Issue 23 item 7 at the command line: an edited manifest field
+// that changes the computation is refused by nl-run with exit 3 and one line.
+TEST_CASE("pack records the layout's planner settings; nl-run follows them unless told otherwise") {
+  const std::string model = std::string(NL_SOURCE_DIR) + "/datasets/tiny-relu/model";
+  ::mkdir("pack_plan", 0755);
+  ModelWeights w = read_safetensors_model(model);
+  Layout solved = random_layout(w.config, 11);
+  solved.method = "greedy+ls";
+  solved.parameters = {{"gap", "3"}, {"cache_ratio", 0.1}, {"device", "ufs40"}, {"admission", "all"}};
+  layout_write("pack_plan/solved.json", solved);
+  Layout plain = random_layout(w.config, 12);  // records no planner settings: eval's defaults
+  layout_write("pack_plan/plain.json", plain);
+  const std::string bin = std::string(NL_BINARY_DIR) + "/cli/";
+  std::string out;
+  REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --model " + model + " --layout pack_plan/solved.json --out pack_plan/s.nlw", &out) == 0, out);
+  REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --model " + model + " --layout pack_plan/plain.json --out pack_plan/p.nlw", &out) == 0, out);
+  REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --model " + model + " --out pack_plan/i.nlw", &out) == 0, out);
+  const ImageManifest ms = manifest_load("pack_plan/s.nlw.json"), mp = manifest_load("pack_plan/p.nlw.json");
+  CHECK(ms.planner.gap == "3");
+  CHECK(ms.planner.cache_ratio == 0.1);
+  CHECK(ms.planner.cache_admission == "all");
+  CHECK(ms.planner.from == "layout");
+  CHECK(mp.planner.gap == "auto");  // nl-layout eval's defaults
+  CHECK(mp.planner.cache_ratio == 0.05);
+  CHECK(mp.planner.device == "ufs40");
+  CHECK(mp.planner.read_latency_us > 0);
+  CHECK(manifest_load("pack_plan/i.nlw.json").planner.empty());  // identity: nothing was evaluated
+  // A layout solved for another device needs its profile.
+  solved.parameters["device"] = "emmc51";
+  layout_write("pack_plan/other.json", solved);
+  CHECK(sh(bin + "nl-layout -q pack --model " + model + " --layout pack_plan/other.json --out pack_plan/o.nlw", &out) == 2);
+  CHECK(out.find("was solved for device 'emmc51'") != std::string::npos);
+
+  auto run = [&](const std::string& img, const std::string& extra) {
+    std::string o;
+    const int rc = sh(bin + "nl-run -q --json generate --no-direct --image " + img + " --steps 3 --prompt-tokens 1 " + extra + " 2>/dev/null", &o);
+    REQUIRE_MESSAGE(rc == 0, o);
+    return nlohmann::json::parse(o.substr(o.find('{')));
+  };
+  auto j = run("pack_plan/s.nlw", "");
+  CHECK(j["gap"] == "3");
+  CHECK(j["cache_ratio"] == 0.1);
+  j = run("pack_plan/s.nlw", "--gap off");
+  CHECK(j["gap"] == "off");
+  CHECK(j["cache_ratio"] == 0.1);
+  j = run("pack_plan/s.nlw", "--cache-ratio 0");
+  CHECK(j["gap"] == "3");
+  CHECK(j["cache_ratio"] == 0.0);
+  j = run("pack_plan/p.nlw", "");  // gap auto with the manifest's device fit, no --device needed
+  CHECK(j["gap"] == "auto");
+  CHECK(j["cache_ratio"] == 0.05);
+  j = run("pack_plan/i.nlw", "");  // nl-run's own defaults
+  CHECK(j["gap"] == "off");
+  CHECK(j["cache_ratio"] == 0.0);
+
+  // Malformed planner settings: exit 3, one line naming the manifest.
+  nlohmann::json mj = nlohmann::json::parse(read_file("pack_plan/s.nlw.json"));
+  mj["planner"]["gap"] = "sometimes";
+  write_file_atomic("pack_plan/s.nlw.json", mj.dump());
+  CHECK(sh(bin + "nl-run generate --no-direct --image pack_plan/s.nlw --steps 1", &out) == 3);
+  CHECK_MESSAGE(out.find("pack_plan/s.nlw.json: planner.gap 'sometimes'") != std::string::npos, out);
+  mj["planner"]["gap"] = "off";
+  mj["planner"]["cache_ratio"] = 2;
+  write_file_atomic("pack_plan/s.nlw.json", mj.dump());
+  CHECK(sh(bin + "nl-run generate --no-direct --image pack_plan/s.nlw --steps 1", &out) == 3);
+  CHECK(out.find("planner.cache_ratio must be a number in [0, 1]") != std::string::npos);
+}
+
+TEST_CASE("nl-run refuses a manifest whose computation fields were edited: exit 3, one line") {
+  const std::string model = std::string(NL_SOURCE_DIR) + "/datasets/tiny-relu/model";
+  ::mkdir("pack_edit", 0755);
+  const std::string bin = std::string(NL_BINARY_DIR) + "/cli/";
+  std::string out;
+  REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --model " + model + " --dtype f16 --out pack_edit/good.nlw", &out) == 0, out);
+  const nlohmann::json base = nlohmann::json::parse(read_file("pack_edit/good.nlw.json"));
+  REQUIRE(sh(bin + "nl-run -q generate --no-direct --image pack_edit/good.nlw --steps 2", &out) == 0);
+  const std::vector<std::pair<const char*, std::function<void(nlohmann::json&)>>> edits = {
+      {"ffn_act", [](nlohmann::json& j) { j["model"]["ffn_act"] = "silu"; }},
+      {"norm_eps", [](nlohmann::json& j) { j["model"]["norm_eps"] = 1e-6; }},
+      {"rope_theta", [](nlohmann::json& j) { j["model"]["rope_theta"] = 20000.0; }},
+      {"n_heads + n_kv_heads", [](nlohmann::json& j) { j["model"]["n_heads"] = 8; j["model"]["n_kv_heads"] = 4; }},
+      {"n_kv_heads", [](nlohmann::json& j) { j["model"]["n_kv_heads"] = 1; }},
+      {"tensor offset", [](nlohmann::json& j) { j["dense_tensors"][3]["offset"] = j["dense_tensors"][3]["offset"].get<uint64_t>() + 64; }},
+      {"two tensor offsets swapped", [](nlohmann::json& j) { std::swap(j["dense_tensors"][2]["offset"], j["dense_tensors"][4]["offset"]); }},
+      {"order", [](nlohmann::json& j) { std::swap(j["order"][0][0], j["order"][0][1]); }},
+  };
+  for (const auto& [what, edit] : edits) {
+    CAPTURE(what);
+    ::unlink("pack_edit/bad.nlw");
+    REQUIRE(::link("pack_edit/good.nlw", "pack_edit/bad.nlw") == 0);
+    nlohmann::json j = base;
+    edit(j);
+    write_file_atomic("pack_edit/bad.nlw.json", j.dump());
+    CHECK(sh(bin + "nl-run -q generate --no-direct --image pack_edit/bad.nlw --steps 2", &out) == 3);
+    CHECK_MESSAGE(std::count(out.begin(), out.end(), '\n') == 1, out);
+    CHECK_MESSAGE(out.find("pack_edit/bad.nlw.json: ") != std::string::npos, out);
+  }
 }

@@ -230,6 +230,14 @@ std::string manifest_to_json(const ImageManifest& m) {
     }
     j["cache_policy"] = std::move(pol);
   }
+  if (!m.planner.empty()) {
+    const ImagePlanner& p = m.planner;
+    j["planner"] = {{"gap", p.gap},
+                    {"device", {{"name", p.device}, {"read_latency_us", p.read_latency_us}, {"bandwidth_MBps", p.bandwidth_MBps}}},
+                    {"cache_ratio", p.cache_ratio},
+                    {"cache_admission", p.cache_admission},
+                    {"from", p.from}};
+  }
   return j.dump(1) + "\n";
 }
 
@@ -518,6 +526,28 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
         }
         m.cache_policy.push_back(std::move(p));
       }
+    }
+    if (j.contains("planner")) {  // optional (docs/formats.md "Planner settings")
+      const json& p = j["planner"];
+      ImagePlanner& r = m.planner;
+      r.gap = need_str(p, "gap", path, "planner.");
+      if (r.gap.empty()) bad(path, "planner.gap must not be empty");
+      const json& dev = need(p, "device", path, "planner.");
+      r.device = need_str(dev, "name", path, "planner.device.");
+      for (const char* k : {"read_latency_us", "bandwidth_MBps"})
+        if (!need(dev, k, path, "planner.device.").is_number() || !(dev.at(k).get<double>() > 0) ||
+            !std::isfinite(dev.at(k).get<double>()))
+          bad(path, std::string("planner.device.") + k + " must be a positive number");
+      r.read_latency_us = dev.at("read_latency_us").get<double>();
+      r.bandwidth_MBps = dev.at("bandwidth_MBps").get<double>();
+      const json& cr = need(p, "cache_ratio", path, "planner.");
+      if (!cr.is_number() || !(cr.get<double>() >= 0 && cr.get<double>() <= 1))
+        bad(path, "planner.cache_ratio must be a number in [0, 1]");
+      r.cache_ratio = cr.get<double>();
+      r.cache_admission = opt_str(p, "cache_admission");
+      if (!r.cache_admission.empty() && !cache_admission_known(r.cache_admission))
+        bad(path, "planner.cache_admission '" + r.cache_admission + "' is not " + kCacheAdmissions);
+      r.from = opt_str(p, "from");
     }
   } catch (const json::exception& e) {  // a key of the wrong type somewhere we did not check by hand
     bad(path, std::string("malformed manifest: ") + e.what());

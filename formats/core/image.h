@@ -110,6 +110,23 @@ struct ImageCachePolicy {
   bool empty() const { return admission.empty() && pinned.empty() && small_fraction == 0; }
 };
 
+// The planner settings the image's layout was solved and evaluated for (issue 18 item 8), recorded by pack when it
+// packs a layout: from the layout's own parameters where it records them (greedy+ls), else nl-layout eval's
+// defaults. nl-run uses them for every option the user does not pass. Advisory: not covered by the image id.
+struct ImagePlanner {
+  std::string gap;               // as --gap takes it: "off", "auto", "auto-keep-runs" or a bundle count; "" = none
+  std::string device;            // device profile name
+  double read_latency_us = 0;    // the profile's fit at its queue depth: a
+  double bandwidth_MBps = 0;     // B
+  double cache_ratio = 0;        // of each layer's FFN bytes, in [0, 1]
+  std::string cache_admission;   // "" or one of cache_admission_known's rules
+  std::string from;              // "layout" or "nl-layout eval defaults"
+  bool empty() const { return gap.empty(); }
+};
+
+// Said wherever an image of a whole synthetic model is described (pack, nl-run, its manifest's source field).
+inline constexpr const char* kSyntheticWeightsNote = "synthetic random weights: meaningless text, real timing";
+
 struct ImageManifest {
   uint32_t version_major = kImageVersionMajor, version_minor = kImageVersionMinor;
   std::string image_file;    // the image's file name, relative to the manifest's folder
@@ -130,6 +147,7 @@ struct ImageManifest {
   // Per layer (n_layers entries) when any layer records one, else empty (manifests from before the key, layouts
   // without a policy).
   std::vector<ImageCachePolicy> cache_policy;
+  ImagePlanner planner;  // empty when the manifest has no "planner" key (identity images, older manifests)
 
   const ImageRegion& dense() const { return regions[0]; }
   const ImageRegion& ffn(int layer) const { return regions[size_t(1 + layer)]; }

@@ -94,6 +94,7 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
     }
   }
   m_.cache_policy = std::move(spec.cache_policy);
+  m_.planner = std::move(spec.planner);
 
   // Fixed layout: header block, dense region, one region per layer, each aligned.
   m_.dense_tensors = image_dense_tensor_list(c, m_.dtype);
