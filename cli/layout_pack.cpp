@@ -350,7 +350,7 @@ void report_print(const GlobalOptions& g, ImageDtype d, const StoredErrors& erro
     return;
   }
   std::snprintf(buf, sizeof buf, "%d/%d (%.1f %%)", lc->agree, lc->positions,
-                lc->positions ? 100.0 * lc->agree / lc->positions : 0.0);
+                lc->positions ? std::floor(1000.0 * lc->agree / lc->positions) / 10 : 0.0);  // cut, never rounded up
   info(g, std::string("greedy tokens equal to f32 over BOS + ") + std::to_string(lc->positions) +
               " tokens (teacher-forced): " + buf + ", free-running common prefix " +
               std::to_string(lc->common_prefix) + ", max |logit difference| " + std::to_string(lc->max_abs_diff) +
