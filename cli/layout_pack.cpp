@@ -1,10 +1,13 @@
 // nl-layout pack: a model + a layout -> the flash image (model.nlw) and its manifest (model.nlw.json), and optionally
-// the permuted model in the input's own format (llama2.c .bin or a Hugging Face folder).
+// the permuted model in the input's own format (llama2.c .bin or a Hugging Face folder); the storage-error report of
+// f16/bf16/q8_0/q4_0 images; synthetic images (FFN-only shapes for I/O, whole models for timing).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
 
 #include "cli/commands.h"
+#include "cli/layout_options.h"
 #include <nlohmann/json.hpp>
 
 #include "formats/core/atomic_file.h"
@@ -16,15 +19,53 @@
 #include "formats/core/rng.h"
 #include "formats/model_source.h"
 #include "formats/safetensors.h"
+#include "layout/evaluate.h"
+#include "runtime/plan/read_plan.h"
+#include "runtime/device.h"
+#include "runtime/flash_image.h"
+#include "runtime/model/model.h"
 
 namespace nl::cli {
 namespace {
 
 struct PackArgs {
-  std::string model, layout, out, dtype, tokenizer, export_permuted, synthetic_shape;
+  std::string model, layout, out, dtype, tokenizer, export_permuted, synthetic_shape, device;
   int synthetic_layers = 4;
+  CLI::Option* layers_opt = nullptr;  // whole synthetic models keep their layer count unless --layers is given
   uint64_t seed = 1;
 };
+
+// Whole synthetic models (issue 18 item 9): every tensor random, for end-to-end timing at real shapes. All use a
+// gated ReLU FFN (ProSparse / TurboSparse-like: exact zeros, so --select gate is exact). Meaningless text.
+struct SyntheticModel {
+  ModelConfig config;
+  const char* what;
+};
+ModelConfig synth_cfg(int dim, int layers, int heads, int kv_heads, int hidden, int vocab, int seq, float theta) {
+  ModelConfig c;
+  c.dim = dim;
+  c.n_layers = layers;
+  c.n_heads = heads;
+  c.n_kv_heads = kv_heads;
+  c.hidden_dim = hidden;
+  c.vocab_size = vocab;
+  c.seq_len = seq;
+  c.rope_theta = theta;
+  c.norm_eps = 1e-5f;
+  c.act = FfnAct::kRelu;
+  c.shared_classifier = false;
+  return c;
+}
+const std::map<std::string, SyntheticModel>& synthetic_models() {
+  static const std::map<std::string, SyntheticModel> m = {
+      {"llama2-7b", {synth_cfg(4096, 32, 32, 32, 11008, 32000, 4096, 10000.0f), "Llama-2-7B / ProSparse shape"}},
+      {"mistral-7b", {synth_cfg(4096, 32, 32, 8, 14336, 32000, 4096, 1000000.0f), "Mistral-7B / TurboSparse shape"}},
+      {"llama-1b", {synth_cfg(2048, 22, 32, 4, 5632, 32000, 2048, 10000.0f), "TinyLlama-1.1B shape"}},
+      {"tiny-test", {synth_cfg(64, 2, 4, 2, 256, 512, 128, 10000.0f), "tiny shape for tests"}},
+  };
+  return m;
+}
+constexpr const char* kSyntheticNote = kSyntheticWeightsNote;
 
 // FFN shapes of the paper's models (Neuralink, ASPLOS 2025): width, neurons per layer, bundle kind. Keys are the
 // workload preset names (configs/workloads/*.json), so a synthetic trace and a synthetic image pair up by name.
@@ -54,9 +95,11 @@ SyntheticShape synthetic_shape_parse(const std::string& s) {
   }
   const std::string k = kind;
   if (got != 2 || r.dim <= 0 || r.hidden <= 0 || (!k.empty() && k != "plain" && k != "gated")) {
-    std::string names;
+    std::string names, models;
     for (const auto& [n, v] : synthetic_shapes()) names += (names.empty() ? "" : ", ") + n;
-    throw UsageError("--synthetic-shape " + s + ": expected one of " + names + ", or DIMxHIDDEN[xplain|xgated]");
+    for (const auto& [n, v] : synthetic_models()) models += (models.empty() ? "" : ", ") + n;
+    throw UsageError("--synthetic-shape " + s + ": expected a whole model (" + models + "), an FFN-only shape (" +
+                     names + "), or DIMxHIDDEN[xplain|xgated]");
   }
   r.kind = k == "gated" ? BundleKind::kGated : BundleKind::kPlain;
   return r;
@@ -68,20 +111,35 @@ void fill_uniform(std::vector<float>& v, size_t n, float scale, SplitMix& r) {
   v.resize(n);
   for (size_t i = 0; i < n; ++i) v[i] = (float(r.next() >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale;
 }
+// A tensor's own stream, keyed by (seed, tensor name): the bytes do not depend on which tensors came before, so
+// tensors can be generated in any order (and one at a time).
+SplitMix tensor_rng(uint64_t seed, const std::string& name) {
+  return SplitMix{seed * 0x100000001b3ull ^ xxh64_of(name.data(), name.size())};
+}
 
 void add_pack_input_options(CLI::App* c, PackArgs& a) {
   auto* model = c->add_option("--model", a.model, "llama2.c .bin, or a Hugging Face folder / config.json / model.safetensors")
                     ->check(CLI::ExistingPath)
                     ->group("Input");
   auto* synth = c->add_option("--synthetic-shape", a.synthetic_shape,
-                              "Instead of --model: random FFN weights of a paper model's shape, for I/O benchmarks "
-                              "(opt-350m, opt-6.7b, llama2-7b-prosparse, mistral-7b-turbosparse, or DIMxHIDDEN[xplain|xgated])")
+                              "Instead of --model: random weights. A whole model for end-to-end timing (llama2-7b, "
+                              "mistral-7b, llama-1b, tiny-test; meaningless text, real timing) or only the FFN of a "
+                              "paper model's shape, for I/O benchmarks (opt-350m, opt-6.7b, llama2-7b-prosparse, "
+                              "mistral-7b-turbosparse, or DIMxHIDDEN[xplain|xgated])")
                     ->group("Synthetic");
   model->excludes(synth);
-  c->add_option("--layers", a.synthetic_layers, "Synthetic: FFN layers")->check(CLI::Range(1, 4096))->group("Synthetic");
+  a.layers_opt = c->add_option("--layers", a.synthetic_layers,
+                               "Synthetic: layers (FFN-only shapes: default 4; whole models: default the model's)")
+                     ->check(CLI::Range(1, 4096))
+                     ->group("Synthetic");
   c->add_option("--seed", a.seed, "Synthetic: weight seed (same shape, seed and layout give identical bytes)")
       ->group("Synthetic");
   c->add_option("--layout", a.layout, "Layout JSON from nl-layout solve (default: identity order)")
+      ->check(CLI::ExistingFile)
+      ->group("Input");
+  c->add_option("--device", a.device,
+                "Device profile the layout was solved for, recorded in the manifest for nl-run (default: the "
+                "built-in UFS 4.0, nl-layout eval's default; needed when the layout names another device)")
       ->check(CLI::ExistingFile)
       ->group("Input");
   c->add_option("--tokenizer", a.tokenizer, "Tokenizer copied beside the image as OUT.tokenizer and named in the manifest (nl-run --prompt finds it)")->group("Input");
@@ -89,7 +147,11 @@ void add_pack_input_options(CLI::App* c, PackArgs& a) {
 
 void add_pack_output_options(CLI::App* c, PackArgs& a) {
   c->add_option("--out", a.out, "Flash image to write (the manifest goes to OUT.json)")->required()->group("Output");
-  c->add_option("--dtype", a.dtype, "Element type in the image (default f32; f16 with --synthetic-shape)")->check(CLI::IsMember({"f32", "f16", "bf16"}))->group("Output");
+  c->add_option("--dtype", a.dtype,
+                "Element type in the image: f32, f16, bf16, or GGUF-style q8_0 / q4_0 blocks of 32 along dim (needs "
+                "dim % 32 == 0; norms stay f32). Default f32; f16 with --synthetic-shape")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0"}))
+      ->group("Output");
   c->add_option("--export-permuted", a.export_permuted,
                 "Also write the permuted model here, in the input's format (.bin file or Hugging Face folder)")
       ->group("Output");
@@ -113,12 +175,13 @@ ModelConfig synthetic_config(const SyntheticShape& s, int layers) {
 }
 
 ImageManifest write_synthetic(const std::string& out, const SyntheticShape& s, int layers, uint64_t seed,
-                              ImageSpec spec, const ProgressFn& progress) {
+                              ImageSpec spec, const ProgressFn& progress, StoredErrors* errors) {
   spec.config = synthetic_config(s, layers);
   spec.bundle_kind = s.kind;
   const ModelConfig& c = spec.config;
   ImageWriter iw(out, std::move(spec));
   iw.set_progress(progress);
+  iw.set_error_stats(errors);
   for (const DenseTensor& t : image_dense_tensor_list(c)) {
     const bool norm = t.name.find("rms_") != std::string::npos;
     std::vector<float> v(t.elems(), norm ? 1.0f : 0.0f);
@@ -151,9 +214,196 @@ void pack_check_paths(const PackArgs& a) {
   check_paths({{"--model", a.model}, {"--layout", a.layout}, {"--tokenizer", a.tokenizer}}, outputs);
 }
 
+// A whole synthetic model, tensor by tensor: uniform weights of variance 1/in (scale sqrt(3/in)), so activations
+// keep their size through the layers; unit RMS-norm weights; embeddings uniform in [-1, 1]. Memory: one tensor
+// (or one layer's FFN) at a time.
+ImageManifest write_synthetic_model(const std::string& out, const ModelConfig& c, uint64_t seed, ImageSpec spec,
+                                    const ProgressFn& progress, StoredErrors* errors) {
+  spec.config = c;
+  spec.bundle_kind = BundleKind::kGated;
+  ImageWriter iw(out, std::move(spec));
+  iw.set_progress(progress);
+  iw.set_error_stats(errors);
+  std::vector<float> v;
+  for (const DenseTensor& t : image_dense_tensor_list(c)) {
+    if (t.rows == 1) {
+      v.assign(t.elems(), 1.0f);
+    } else {
+      SplitMix r = tensor_rng(seed, t.name);
+      fill_uniform(v, t.elems(), t.name == "tok_embeddings" ? 1.0f : std::sqrt(3.0f / float(t.cols)), r);
+    }
+    iw.add_dense(t.name, v.data(), v.size());
+  }
+  v = {};
+  const size_t mat = size_t(c.dim) * size_t(c.hidden_dim);
+  std::vector<float> gate, up, down;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    SplitMix rg = tensor_rng(seed, p + "w_gate"), ru = tensor_rng(seed, p + "w_up"), rd = tensor_rng(seed, p + "w_down");
+    fill_uniform(gate, mat, std::sqrt(3.0f / float(c.dim)), rg);
+    fill_uniform(up, mat, std::sqrt(3.0f / float(c.dim)), ru);
+    fill_uniform(down, mat, std::sqrt(3.0f / float(c.hidden_dim)), rd);
+    iw.add_layer(l, gate.data(), up.data(), down.data());
+  }
+  return iw.commit();
+}
+
+// ---- storage-error report ----------------------------------------------------------------------------------
+
+// The fixed prompt of the logit check: BOS, then the f32 model's own greedy continuation.
+constexpr int kReportBos = 1;
+constexpr int kReportTokens = 64;
+// The logit check holds the model twice in fp32; above this it is skipped (said so in the report).
+constexpr uint64_t kReportMaxModelBytes = 2ull << 30;
+
+struct LogitCheck {
+  bool done = false;
+  std::string skipped;      // why not, when !done
+  int positions = 0;        // positions compared (teacher-forced on the f32 model's greedy tokens)
+  int agree = 0;            // positions where the stored model's greedy token equals the f32 model's
+  int common_prefix = 0;    // free-running greedy: tokens equal before the first difference
+  double max_abs_diff = 0;  // max |logit difference| over all positions and the vocabulary
+};
+
+uint64_t model_f32_bytes(const ModelConfig& c) {
+  const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), hid = uint64_t(c.hidden_dim);
+  const uint64_t per_layer = 2 * dim * dim + 2 * kv * dim + 3 * hid * dim + 2 * dim;
+  return 4 * (uint64_t(c.vocab_size) * dim * (c.shared_classifier ? 1 : 2) + uint64_t(c.n_layers) * per_layer + dim);
+}
+
+// Runs the f32 source and the image's stored weights (decoded to f32, exactly the values the stored bytes hold)
+// through the same f32 Model: the tokens the stored dtype gives, up to the runtime kernels' rounding.
+LogitCheck logit_check(ModelSource& src, const std::string& image) {
+  LogitCheck r;
+  const ModelConfig& c = src.config();
+  if (model_f32_bytes(c) > kReportMaxModelBytes) {
+    r.skipped = "the model is larger than 2 GiB in f32";
+    return r;
+  }
+  if (c.vocab_size <= kReportBos) {
+    r.skipped = "the vocabulary has no BOS token 1";
+    return r;
+  }
+  const ModelWeights w0 = read_model_source(src);
+  IoOptions io;
+  io.direct = false;
+  FlashImage img(image, io);
+  ModelWeights w1 = img.load_dense();
+  for (int l = 0; l < c.n_layers; ++l) img.load_ffn_layer(l, &w1.layers[size_t(l)]);
+  const int n = std::min(kReportTokens, c.seq_len);
+  const int vocab = c.vocab_size;
+  {
+    Model m0(w0, n), m1(w1, n);
+    int tok = kReportBos;
+    for (int pos = 0; pos < n; ++pos) {
+      const float* a = m0.forward_token(tok, pos);
+      std::vector<float> la(a, a + vocab);
+      const float* b = m1.forward_token(tok, pos);
+      for (int i = 0; i < vocab; ++i) r.max_abs_diff = std::max(r.max_abs_diff, double(std::fabs(la[size_t(i)] - b[i])));
+      const int t0 = int(std::max_element(la.begin(), la.end()) - la.begin());
+      const int t1 = int(std::max_element(b, b + vocab) - b);
+      r.agree += t0 == t1;
+      tok = t0;  // both follow the f32 tokens
+    }
+    r.positions = n;
+  }
+  {
+    Model m0(w0, n), m1(w1, n);
+    int t0 = kReportBos, t1 = kReportBos;
+    for (int pos = 0; pos < n; ++pos) {
+      const float* a = m0.forward_token(t0, pos);
+      t0 = int(std::max_element(a, a + vocab) - a);
+      const float* b = m1.forward_token(t1, pos);
+      t1 = int(std::max_element(b, b + vocab) - b);
+      if (t0 != t1) break;
+      ++r.common_prefix;
+    }
+  }
+  r.done = true;
+  return r;
+}
+
+nlohmann::json report_json(ImageDtype d, const StoredErrors& errors, const LogitCheck* lc) {
+  nlohmann::json j;
+  j["dtype"] = image_dtype_name(d);
+  nlohmann::json rms = nlohmann::json::object();
+  for (const auto& [kind, e] : errors) rms[kind] = e.rel_rms();
+  j["relative_rms_error"] = std::move(rms);
+  if (lc) {
+    if (lc->done)
+      j["logits"] = {{"prompt", "BOS (token 1) + the f32 model's " + std::to_string(lc->positions) + " greedy tokens"},
+                     {"positions", lc->positions},
+                     {"greedy_agree", lc->agree},
+                     {"greedy_agreement", lc->positions ? double(lc->agree) / lc->positions : 0.0},
+                     {"free_running_common_prefix", lc->common_prefix},
+                     {"max_abs_logit_diff", lc->max_abs_diff},
+                     {"computed_with", "f32 Model on the stored weights decoded to f32"}};
+    else
+      j["logits"] = {{"skipped", lc->skipped}};
+  }
+  return j;
+}
+
+void report_print(const GlobalOptions& g, ImageDtype d, const StoredErrors& errors, const LogitCheck* lc) {
+  std::string line = std::string("storage error (") + image_dtype_name(d) + " vs f32 source), relative RMS:";
+  char buf[96];
+  for (const auto& [kind, e] : errors) {
+    std::snprintf(buf, sizeof buf, " %s %.3g", kind.c_str(), e.rel_rms());
+    line += buf;
+  }
+  info(g, line);
+  if (!lc) return;
+  if (!lc->done) {
+    info(g, "logit check skipped: " + lc->skipped);
+    return;
+  }
+  std::snprintf(buf, sizeof buf, "%d/%d (%.1f %%)", lc->agree, lc->positions,
+                lc->positions ? std::floor(1000.0 * lc->agree / lc->positions) / 10 : 0.0);  // cut, never rounded up
+  info(g, std::string("greedy tokens equal to f32 over BOS + ") + std::to_string(lc->positions) +
+              " tokens (teacher-forced): " + buf + ", free-running common prefix " +
+              std::to_string(lc->common_prefix) + ", max |logit difference| " + std::to_string(lc->max_abs_diff) +
+              " (f32 Model on the stored weights; the runtime's kernels differ only by rounding)");
+}
+
+// The planner settings a layout was solved / evaluated for: the layout's own parameters where it records them
+// (greedy+ls records gap, cache ratio, device name and admission), else nl-layout eval's defaults (the one
+// definition: DeviceObjectiveArgs and default_device()). The device's fit comes from --device or the built-in
+// profile; a layout solved for another device needs --device.
+ImagePlanner planner_of(const Layout& lay, const std::string& layout_path, const std::string& device_path) {
+  const DeviceObjectiveArgs eval_defaults;
+  const DeviceModel dev = device_path.empty() ? default_device() : device_load(device_path);
+  const nlohmann::json& p = lay.parameters;
+  ImagePlanner r;
+  const bool recorded = p.is_object() && p.contains("gap");
+  r.from = recorded ? "layout" : "nl-layout eval defaults";
+  r.gap = recorded && p["gap"].is_string() ? p["gap"].get<std::string>() : eval_defaults.gap;
+  r.cache_ratio = recorded && p.contains("cache_ratio") && p["cache_ratio"].is_number() ? p["cache_ratio"].get<double>()
+                                                                                          : eval_defaults.cache_ratio;
+  try {
+    GapPolicy::parse(r.gap);
+  } catch (const UsageError&) {
+    throw InputError(layout_path, "parameters.gap '" + r.gap + "' is not off, auto, auto-keep-runs or a bundle count");
+  }
+  if (!(r.cache_ratio >= 0 && r.cache_ratio <= 1))
+    throw InputError(layout_path, "parameters.cache_ratio must be in [0, 1]");
+  r.cache_admission = eval_defaults.plain_s3fifo ? "all" : "linking-aligned";
+  if (recorded && p.contains("admission") && p["admission"].is_string() && cache_admission_known(p["admission"]))
+    r.cache_admission = p["admission"].get<std::string>();
+  const std::string named = recorded && p.contains("device") && p["device"].is_string() ? p["device"].get<std::string>() : "";
+  if (!named.empty() && named != dev.name)
+    throw UsageError("the layout " + layout_path + " was solved for device '" + named + "', " +
+                     (device_path.empty() ? "not the built-in '" + dev.name + "': pass its profile with --device"
+                                          : "--device " + device_path + " is '" + dev.name + "'"));
+  r.device = dev.name;
+  r.read_latency_us = dev.cost.read_latency_us;
+  r.bandwidth_MBps = dev.cost.bandwidth_MBps;
+  return r;
+}
+
 void pack_main(const PackArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
   if (a.model.empty() == a.synthetic_shape.empty()) throw UsageError("pack needs --model or --synthetic-shape");
+  if (!a.device.empty() && a.layout.empty()) throw UsageError("--device names the layout's device: it needs --layout");
   const bool synthetic = !a.synthetic_shape.empty();
   const std::string dtype = !a.dtype.empty() ? a.dtype : synthetic ? "f16" : "f32";
   pack_check_paths(a);
@@ -165,14 +415,25 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
   if (!image_dtype_parse(dtype, &spec.dtype)) throw UsageError("unknown --dtype " + dtype);
   ModelWeights w;
   SyntheticShape shape;
+  const SyntheticModel* whole = nullptr;
   if (synthetic) {
     if (!a.export_permuted.empty()) throw UsageError("--export-permuted needs --model");
-    shape = synthetic_shape_parse(a.synthetic_shape);
-    w.config = synthetic_config(shape, a.synthetic_layers);
+    if (auto it = synthetic_models().find(a.synthetic_shape); it != synthetic_models().end()) {
+      whole = &it->second;
+      w.config = whole->config;
+      if (a.layers_opt && a.layers_opt->count() > 0) w.config.n_layers = a.synthetic_layers;
+    } else {
+      shape = synthetic_shape_parse(a.synthetic_shape);
+      w.config = synthetic_config(shape, a.synthetic_layers);
+    }
   } else {
     src = open_model_source(a.model);
-    w = src->read_dense();
   }
+  // Refused before anything is read or written (exit 2: the dtype does not fit this model).
+  const ModelConfig& cfg0 = synthetic ? w.config : src->config();
+  if (std::string p = image_dtype_problem(cfg0, spec.dtype); !p.empty())
+    throw UsageError("--dtype " + dtype + " cannot store " + (synthetic ? a.synthetic_shape : a.model) + ": " + p);
+  if (!synthetic) w = src->read_dense();
   if (!a.tokenizer.empty()) {
     // The tokenizer travels with the image (to a phone, say): copied beside it and recorded by its file name, which
     // nl-run resolves relative to the manifest's folder. Copied first, so a manifest never names a missing file.
@@ -180,8 +441,9 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
     write_file_atomic(tok_out, read_file(a.tokenizer, 256ull << 20));
     spec.tokenizer = tok_out.substr(tok_out.rfind('/') == std::string::npos ? 0 : tok_out.rfind('/') + 1);
   }
-  spec.source = synthetic ? "synthetic:" + a.synthetic_shape + " seed " + std::to_string(a.seed) + " (random weights)"
-                          : a.model;
+  spec.source = !synthetic ? a.model
+                : whole    ? "synthetic:" + a.synthetic_shape + " seed " + std::to_string(a.seed) + " (" + kSyntheticNote + ")"
+                           : "synthetic:" + a.synthetic_shape + " seed " + std::to_string(a.seed) + " (random weights)";
   spec.source_format = synthetic ? "" : is_llama2c(a.model) ? "llama2c" : "safetensors";
   if (!a.layout.empty()) {
     Layout lay = layout_load(a.layout);
@@ -195,23 +457,37 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
       spec.order.push_back(lay.layers[l].order);
     }
     spec.cache_policy = layout_cache_policy_slots(lay);  // pinned neurons -> slots (docs/formats.md)
+    spec.planner = planner_of(lay, a.layout, a.device);
     spec.layout = a.layout;
     spec.layout_method = lay.method;
   }
   const auto order = spec.order;
   ImageManifest m;
+  // f32 images store the source exactly: no report.
+  const bool report = spec.dtype != ImageDtype::kF32;
+  StoredErrors errors;
   {
     // Per FFN layer, as the image is written (the dense region comes first).
     Progress prog("pack", uint64_t(w.config.n_layers), !g.quiet, "layers");
     const ProgressFn on_layer = [&prog](uint64_t done, uint64_t) { prog.set(done); };
-    m = synthetic ? write_synthetic(a.out, shape, a.synthetic_layers, a.seed, std::move(spec), on_layer)
-                  : image_write_source(a.out, *src, w, std::move(spec), on_layer);
+    StoredErrors* e = report ? &errors : nullptr;
+    if (whole) m = write_synthetic_model(a.out, w.config, a.seed, std::move(spec), on_layer, e);
+    else if (synthetic) m = write_synthetic(a.out, shape, a.synthetic_layers, a.seed, std::move(spec), on_layer, e);
+    else m = image_write_source(a.out, *src, w, std::move(spec), on_layer, e);
     prog.finish();
   }
   w = ModelWeights{};  // the dense weights are not needed by the export, which streams
   info(g, "wrote " + a.out + " (" + std::to_string(m.image_bytes) + " bytes, " + std::to_string(m.regions.size()) +
-              " regions, bundle " + std::to_string(m.bundle_bytes) + " bytes) and " + manifest_path_for(a.out) +
-              (m.cache_policy.empty() ? "" : " with the layout's cache policy"));
+              " regions, " + image_dtype_name(m.dtype) + ", bundle " + std::to_string(m.bundle_bytes) + " bytes) and " +
+              manifest_path_for(a.out) + (m.cache_policy.empty() ? "" : " with the layout's cache policy"));
+  if (!m.planner.empty())
+    info(g, "planner settings for nl-run (" + m.planner.from + "): gap " + m.planner.gap + ", cache " +
+                std::to_string(m.planner.cache_ratio) + " (" + m.planner.cache_admission + "), device " +
+                m.planner.device);
+  if (whole) info(g, a.synthetic_shape + " (" + whole->what + "): " + kSyntheticNote);
+  LogitCheck lc;
+  if (report && !synthetic) lc = logit_check(*src, a.out);
+  if (report) report_print(g, m.dtype, errors, synthetic ? nullptr : &lc);
   if (!a.export_permuted.empty()) {
     // Streams like the image: one FFN matrix in memory at a time, other tensors copied through in chunks.
     Progress prog("export", 3 * uint64_t(m.config.n_layers), !g.quiet, "FFN matrices");
@@ -228,6 +504,8 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
                         {"regions", m.regions.size()},
                         {"layers", m.config.n_layers},
                         {"dtype", image_dtype_name(m.dtype)}};
+    if (report) j["quantization"] = report_json(m.dtype, errors, synthetic ? nullptr : &lc);
+    if (synthetic) j["synthetic"] = whole ? kSyntheticNote : "synthetic random FFN weights (I/O only)";
     if (!a.export_permuted.empty()) j["permuted_model"] = a.export_permuted;
     std::printf("%s\n", json_dump(j, 2).c_str());
   }

@@ -27,13 +27,13 @@ void add_flash_io_options(CLI::App* c, FlashArgs& a) {
 }
 
 void add_flash_plan_options(CLI::App* c, FlashArgs& a) {
-  c->add_option("--gap", a.gap, "Merge reads across gaps: off | N bundles | auto (needs --device; cached slots inside a run are a gap too) | auto-keep-runs (the cache never splits a run)")->group("Reads");
-  c->add_option("--device", a.device, "Device profile (configs/devices/*.json) for --gap auto")
+  a.gap_opt = c->add_option("--gap", a.gap, "Merge reads across gaps: off | N bundles | auto (needs --device or the manifest's device; cached slots inside a run are a gap too) | auto-keep-runs (the cache never splits a run). Default: the manifest's planner setting (the layout's), else off")->group("Reads");
+  c->add_option("--device", a.device, "Device profile (configs/devices/*.json) for --gap auto (default: the manifest's device fit)")
       ->check(CLI::ExistingFile)
       ->group("Reads");
-  c->add_option("--cache-ratio", a.cache_ratio, "DRAM cache, fraction of each layer's FFN bytes")
-      ->check(CLI::Range(0.0, 1.0))
-      ->group("Cache");
+  a.cache_ratio_opt = c->add_option("--cache-ratio", a.cache_ratio, "DRAM cache, fraction of each layer's FFN bytes. Default: the manifest's planner setting, else 0")
+                          ->check(CLI::Range(0.0, 1.0))
+                          ->group("Cache");
   c->add_option("--cache-window", a.cache_window, "Keep the neurons of the last K tokens resident (LLM in a flash)")
       ->group("Cache");
   c->add_option("--cache-policy", a.cache_policy,
@@ -71,16 +71,41 @@ std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& 
   io.warn = [&g](const std::string& s) { info(g, s); };
   auto img = std::make_unique<FlashImage>(a.image, io);
   if (a.verify) img->verify_all();
+  a.planner = img->manifest().planner;
+  if (!a.planner.empty()) {
+    try {
+      GapPolicy::parse(a.planner.gap);
+    } catch (const UsageError&) {
+      throw InputError(img->manifest_path(), "planner.gap '" + a.planner.gap + "' is not off, auto, auto-keep-runs or a bundle count");
+    }
+  }
+  const bool gap_given = a.gap_opt && a.gap_opt->count() > 0, ratio_given = a.cache_ratio_opt && a.cache_ratio_opt->count() > 0;
+  if (!a.planner.empty() && (!gap_given || !ratio_given))
+    info(g, "planner settings from the manifest (" + a.planner.from + "):" +
+                (gap_given ? "" : " gap " + a.planner.gap) +
+                (ratio_given ? "" : " cache ratio " + std::to_string(a.planner.cache_ratio)) +
+                (a.device.empty() ? ", device " + a.planner.device : ""));
+  if (img->manifest().source.find(kSyntheticWeightsNote) != std::string::npos)
+    info(g, img->image_path() + ": " + kSyntheticWeightsNote);
   return img;
+}
+
+std::string FlashArgs::effective_gap() const {
+  return (gap_opt && gap_opt->count() > 0) || planner.empty() ? gap : planner.gap;
+}
+double FlashArgs::effective_cache_ratio() const {
+  return (cache_ratio_opt && cache_ratio_opt->count() > 0) || planner.empty() ? cache_ratio : planner.cache_ratio;
 }
 
 FlashFfnOptions flash_ffn_options(const FlashArgs& a, SelectMode select) {
   FlashFfnOptions o;
   o.select = select;
-  o.gap = GapPolicy::parse(a.gap);
+  o.gap = GapPolicy::parse(a.effective_gap());
   if (!a.device.empty()) o.cost = device_load(a.device).cost;
-  if (o.gap.mode == GapMode::Auto && a.device.empty()) throw UsageError("--gap auto needs --device PROFILE.json");
-  o.cache_ratio = a.cache_ratio;
+  else if (!a.planner.empty()) o.cost = CostFit{a.planner.read_latency_us, a.planner.bandwidth_MBps};
+  if (o.gap.mode == GapMode::Auto && a.device.empty() && a.planner.empty())
+    throw UsageError("--gap auto needs --device PROFILE.json (the manifest records no device)");
+  o.cache_ratio = a.effective_cache_ratio();
   o.cache.window_tokens = a.cache_window;
   o.cache.run_admit_prob = a.run_admit_prob;
   o.cache.seed = a.seed;
@@ -104,8 +129,13 @@ void flash_report(const FlashArgs& a, const GlobalOptions& g, const FlashImage& 
   j["engine"] = img.io().name();
   j["direct"] = img.io().direct();
   j["dtype"] = image_dtype_name(img.manifest().dtype);
-  j["gap"] = a.gap;
-  j["cache_ratio"] = a.cache_ratio;
+  j["gap"] = a.effective_gap();
+  j["cache_ratio"] = a.effective_cache_ratio();
+  if (!a.planner.empty())
+    j["planner"] = {{"from", "manifest (" + a.planner.from + ")"},
+                    {"gap", a.planner.gap},
+                    {"cache_ratio", a.planner.cache_ratio},
+                    {"device", a.planner.device}};
   j["cache_policy"] = a.cache_policy;
   // The pinned hot set is loaded at start-up, outside the per-token figures.
   j["pinned"] = {{"bundles", ffn ? ffn->pinned_bundles() : 0},
@@ -137,7 +167,8 @@ void flash_report(const FlashArgs& a, const GlobalOptions& g, const FlashImage& 
   }
   std::printf("engine %s (%s), dtype %s, gap %s, cache %.3f (policy %s, %llu bundles pinned)\n",
               j["engine"].get<std::string>().c_str(), j["direct"].get<bool>() ? "O_DIRECT" : "buffered",
-              j["dtype"].get<std::string>().c_str(), a.gap.c_str(), a.cache_ratio, a.cache_policy.c_str(),
+              j["dtype"].get<std::string>().c_str(), a.effective_gap().c_str(), a.effective_cache_ratio(),
+              a.cache_policy.c_str(),
               static_cast<unsigned long long>(ffn ? ffn->pinned_bundles() : 0));
   std::printf("%-24s %14s %14s\n", "", "total", "per token");
   auto row = [&](const char* name, double total, double per_tok) {

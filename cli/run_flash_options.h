@@ -25,6 +25,15 @@ struct FlashArgs {
   std::string cache_policy = "manifest";  // manifest | linking-aligned | all
   uint64_t seed = 1;            // cache admission draws (same default as nl-layout eval)
   std::string metrics;          // metrics JSON path
+  // Options the user passed (the rest follow the manifest's planner settings, when it records them).
+  CLI::Option* gap_opt = nullptr;
+  CLI::Option* cache_ratio_opt = nullptr;
+  // The opened image's planner settings (set by flash_open; empty when the manifest records none).
+  mutable ImagePlanner planner;
+
+  // What runs: the option when given, else the manifest's planner setting, else the option's default.
+  std::string effective_gap() const;
+  double effective_cache_ratio() const;
 };
 
 void add_flash_image_options(CLI::App* c, FlashArgs& a);
@@ -32,9 +41,9 @@ void add_flash_io_options(CLI::App* c, FlashArgs& a);
 void add_flash_plan_options(CLI::App* c, FlashArgs& a);
 void add_flash_metrics_options(CLI::App* c, FlashArgs& a);
 
-// Opens the image with the chosen engine (notices on stderr unless --quiet) and verifies it when asked.
-// Checks the paths first (check_paths: --metrics against the image, its manifest and tokenizer, --device and
-// `other_inputs`).
+// Opens the image with the chosen engine (notices on stderr unless --quiet) and verifies it when asked; takes the
+// manifest's planner settings for the options not given (a.planner). Checks the paths first (check_paths: --metrics
+// against the image, its manifest and tokenizer, --device and `other_inputs`).
 std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& g,
                                        const std::vector<NamedPath>& other_inputs = {});
 FlashFfnOptions flash_ffn_options(const FlashArgs& a, SelectMode select);

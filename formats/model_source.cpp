@@ -84,10 +84,11 @@ void write_cols_permuted(AtomicWriter& out, const std::vector<float>& m, size_t 
 }
 
 ImageManifest image_write_source(const std::string& out, ModelSource& src, const ModelWeights& dense, ImageSpec spec,
-                                 const ProgressFn& progress) {
+                                 const ProgressFn& progress, StoredErrors* errors) {
   spec.config = src.config();
   ImageWriter iw(out, std::move(spec));
   iw.set_progress(progress);
+  iw.set_error_stats(errors);
   image_add_dense_weights(iw, dense);
   LayerWeights f;
   for (int l = 0; l < src.config().n_layers; ++l) {

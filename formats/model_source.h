@@ -53,8 +53,9 @@ ModelWeights read_model_source(ModelSource& src);
 // Writes the flash image + manifest from `src`: the dense tensors of `dense` (src.read_dense()), then one FFN layer
 // at a time read from `src`, so peak memory is the dense weights plus one layer's FFN. spec.config is src's.
 // progress(done, total) counts FFN layers written.
+// errors: when given, the storage error of every tensor against the source is added (ImageWriter::set_error_stats).
 ImageManifest image_write_source(const std::string& image_path, ModelSource& src, const ModelWeights& dense,
-                                 ImageSpec spec, const ProgressFn& progress = {});
+                                 ImageSpec spec, const ProgressFn& progress = {}, StoredErrors* errors = nullptr);
 
 // The in-memory counterpart of write_permuted (every FFN matrix present), for tests and benchmarks:
 // write_llama2c / write_safetensors_model of its result give write_permuted's bytes.

@@ -9,7 +9,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     nl::ImageManifest m = nl::manifest_load(path);
     // A manifest that passes must be usable: every tensor and region lookup stays inside the image.
     for (const auto& t : m.dense_tensors)
-      if (t.offset + t.elems() * nl::image_dtype_bytes(m.dtype) > m.dense().bytes) std::abort();
+      if (t.offset + t.bytes() > m.dense().bytes) std::abort();
     for (int l = 0; l < m.config.n_layers; ++l)
       if (m.ffn(l).offset + m.ffn(l).bytes > m.image_bytes) std::abort();
   });

@@ -80,7 +80,7 @@ ModelWeights FlashImage::load_dense() {
     const DenseTensor* t = m_.find_tensor(name);
     if (!t) throw InputError(manifest_path_, "dense tensor '" + name + "' missing");
     out->resize(t->elems());
-    image_decode(m_.dtype, buf.data() + t->offset, t->elems(), out->data());
+    image_decode(t->dtype, buf.data() + t->offset, t->elems(), out->data());
   };
   get("tok_embeddings", &w.tok_embeddings);
   w.layers.resize(size_t(c.n_layers));
@@ -103,7 +103,7 @@ void FlashImage::load_ffn_layer(int layer, LayerWeights* lw) {
   AlignedBuffer buf;
   read_region(size_t(1 + layer), &buf);
   const size_t dim = size_t(m_.config.dim), hidden = size_t(m_.config.hidden_dim);
-  const size_t esz = image_dtype_bytes(m_.dtype);
+  const size_t part = m_.bundle_part_bytes();
   const bool gated = m_.bundle_kind == BundleKind::kGated;
   lw->w_gate.assign(gated ? hidden * dim : 0, 0.0f);
   lw->w_up.assign(hidden * dim, 0.0f);
@@ -115,10 +115,10 @@ void FlashImage::load_ffn_layer(int layer, LayerWeights* lw) {
     const size_t n = order[s];
     if (gated) {
       image_decode(m_.dtype, b, dim, lw->w_gate.data() + n * dim);
-      b += dim * esz;
+      b += part;
     }
     image_decode(m_.dtype, b, dim, lw->w_up.data() + n * dim);
-    b += dim * esz;
+    b += part;
     image_decode(m_.dtype, b, dim, col.data());
     for (size_t o = 0; o < dim; ++o) lw->w_down[o * hidden + n] = col[o];
   }

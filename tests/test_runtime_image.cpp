@@ -49,6 +49,8 @@ float ref_f16_to_f32(uint16_t b) {
 float reference_round(ImageDtype d, float x) {
   switch (d) {
     case ImageDtype::kF32: return x;
+    case ImageDtype::kQ8_0:
+    case ImageDtype::kQ4_0: break;  // block formats: tests/test_runtime_quant.cpp
     case ImageDtype::kBF16: return bf16_to_f32(ref_bf16(x));
     case ImageDtype::kF16:
 #if defined(__FLT16_MAX__)

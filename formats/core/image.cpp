@@ -13,6 +13,7 @@
 #include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
 #include "formats/core/half.h"
+#include "formats/core/quant.h"
 
 namespace nl {
 
@@ -51,10 +52,12 @@ const DenseTensor* ImageManifest::find_tensor(const std::string& name) const {
   return nullptr;
 }
 
-std::vector<DenseTensor> image_dense_tensor_list(const ModelConfig& c) {
+std::vector<DenseTensor> image_dense_tensor_list(const ModelConfig& c, ImageDtype d) {
   const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), vocab = uint64_t(c.vocab_size);
   std::vector<DenseTensor> v;
-  auto add = [&](std::string name, uint64_t rows, uint64_t cols) { v.push_back({std::move(name), 0, rows, cols}); };
+  auto add = [&](std::string name, uint64_t rows, uint64_t cols) {
+    v.push_back({std::move(name), 0, rows, cols, image_dense_dtype(d, rows)});
+  };
   add("tok_embeddings", vocab, dim);
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
@@ -97,9 +100,59 @@ uint64_t image_id_of(const std::vector<ImageRegion>& regions) {
   return h.digest();
 }
 
+uint64_t image_id_of(const ImageManifest& m) {
+  if (m.version_major == 1 && m.version_minor == 0) return image_id_of(m.regions);
+  // Fixed-width little-endian fields and length-prefixed names: no two different manifests encode alike.
+  std::vector<uint8_t> b;
+  auto u64 = [&b](uint64_t v) {
+    for (int i = 0; i < 8; ++i) b.push_back(uint8_t(v >> (8 * i)));
+  };
+  auto str = [&](const std::string& s) {
+    u64(s.size());
+    b.insert(b.end(), s.begin(), s.end());
+  };
+  for (const auto& r : m.regions) {
+    str(r.name);
+    u64(r.offset);
+    u64(r.bytes);
+    u64(r.xxh64);
+  }
+  const ModelConfig& c = m.config;
+  str("model");
+  for (int v : {c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len}) u64(uint64_t(v));
+  u64(std::bit_cast<uint32_t>(c.rope_theta));
+  u64(std::bit_cast<uint32_t>(c.norm_eps));
+  u64(uint64_t(c.act));
+  u64(c.shared_classifier ? 1 : 0);
+  str(image_dtype_name(m.dtype));
+  str(bundle_kind_name(m.bundle_kind));
+  u64(m.bundle_bytes);
+  str("dense_tensors");
+  u64(m.dense_tensors.size());
+  for (const auto& t : m.dense_tensors) {
+    str(t.name);
+    u64(t.offset);
+    u64(t.rows);
+    u64(t.cols);
+    str(image_dtype_name(t.dtype));
+  }
+  str("order");
+  u64(m.order.size());
+  Xxh64 h;
+  h.update(b.data(), b.size());
+  for (const auto& o : m.order) {
+    const uint64_t n = o.size();
+    h.update(&n, sizeof n);
+    h.update(o.data(), o.size() * sizeof(uint32_t));
+  }
+  return h.digest();
+}
+
 // ---- dtype -----------------------------------------------------------------------------------------------
 
 void image_encode(ImageDtype d, const float* src, size_t n, void* dst) {
+  if (d == ImageDtype::kQ8_0) return quantize_row_q8_0(src, static_cast<BlockQ8_0*>(dst), n);
+  if (d == ImageDtype::kQ4_0) return quantize_row_q4_0(src, static_cast<BlockQ4_0*>(dst), n);
   if (d == ImageDtype::kF32) {
     std::memcpy(dst, src, n * 4);
     return;
@@ -112,6 +165,8 @@ void image_encode(ImageDtype d, const float* src, size_t n, void* dst) {
 }
 
 void image_decode(ImageDtype d, const void* src, size_t n, float* dst) {
+  if (d == ImageDtype::kQ8_0) return dequantize_row_q8_0(static_cast<const BlockQ8_0*>(src), dst, n);
+  if (d == ImageDtype::kQ4_0) return dequantize_row_q4_0(static_cast<const BlockQ4_0*>(src), dst, n);
   if (d == ImageDtype::kF32) {
     std::memcpy(dst, src, n * 4);
     return;
@@ -157,7 +212,8 @@ std::string manifest_to_json(const ImageManifest& m) {
   j["regions"] = std::move(regions);
   json tensors = json::array();
   for (const auto& t : m.dense_tensors)
-    tensors.push_back({{"name", t.name}, {"offset", t.offset}, {"shape", {t.rows, t.cols}}});
+    tensors.push_back(
+        {{"name", t.name}, {"offset", t.offset}, {"shape", {t.rows, t.cols}}, {"dtype", image_dtype_name(t.dtype)}});
   j["dense_tensors"] = std::move(tensors);
   j["order"] = m.order;
   // Written only when a layer records a policy, so images of layouts without one keep their manifest bytes.
@@ -173,6 +229,14 @@ std::string manifest_to_json(const ImageManifest& m) {
       pol.push_back(std::move(e));
     }
     j["cache_policy"] = std::move(pol);
+  }
+  if (!m.planner.empty()) {
+    const ImagePlanner& p = m.planner;
+    j["planner"] = {{"gap", p.gap},
+                    {"device", {{"name", p.device}, {"read_latency_us", p.read_latency_us}, {"bandwidth_MBps", p.bandwidth_MBps}}},
+                    {"cache_ratio", p.cache_ratio},
+                    {"cache_admission", p.cache_admission},
+                    {"from", p.from}};
   }
   return j.dump(1) + "\n";
 }
@@ -221,11 +285,15 @@ uint64_t align_up(uint64_t v) { return (v + kImageAlign - 1) / kImageAlign * kIm
 void check_manifest(const ImageManifest& m, const std::string& path) {
   const ModelConfig& c = m.config;
   if (std::string p = model_config_problem(c); !p.empty()) bad(path, "model config: " + p);
-  const uint64_t want_bundle = uint64_t(bundle_parts(m.bundle_kind)) * uint64_t(c.dim) * image_dtype_bytes(m.dtype);
+  if (!image_row_len_ok(m.dtype, size_t(c.dim)))
+    bad(path, std::string(image_dtype_name(m.dtype)) + " needs dim to be a multiple of 32, the model has dim " +
+                  std::to_string(c.dim));
+  const uint64_t part = image_row_bytes(m.dtype, size_t(c.dim));
+  const uint64_t want_bundle = uint64_t(bundle_parts(m.bundle_kind)) * part;
   if (m.bundle_bytes != want_bundle)
     bad(path, "bundle size " + std::to_string(m.bundle_bytes) + " bytes is inconsistent with the model (" +
-                  std::to_string(bundle_parts(m.bundle_kind)) + " x dim " + std::to_string(c.dim) + " x " +
-                  std::to_string(image_dtype_bytes(m.dtype)) + " bytes = " + std::to_string(want_bundle) + ")");
+                  std::to_string(bundle_parts(m.bundle_kind)) + " x a " + image_dtype_name(m.dtype) + " row of dim " +
+                  std::to_string(c.dim) + " (" + std::to_string(part) + " bytes) = " + std::to_string(want_bundle) + ")");
   if (m.image_bytes % kImageAlign != 0)
     bad(path, "image size " + std::to_string(m.image_bytes) + " is not a multiple of " + std::to_string(kImageAlign));
   if (m.regions.size() != size_t(c.n_layers) + 1)
@@ -254,19 +322,31 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
     if (sorted[i]->offset < sorted[i - 1]->offset + align_up(sorted[i - 1]->bytes))
       bad(path, "regions '" + sorted[i - 1]->name + "' and '" + sorted[i]->name + "' overlap");
   // Dense tensors: exactly the list the config implies, each inside the dense region.
-  auto want = image_dense_tensor_list(c);
+  auto want = image_dense_tensor_list(c, m.dtype);
   if (m.dense_tensors.size() != want.size())
     bad(path, "lists " + std::to_string(m.dense_tensors.size()) + " dense tensors, the model config implies " +
                   std::to_string(want.size()));
-  const uint64_t esz = image_dtype_bytes(m.dtype);
   for (size_t i = 0; i < want.size(); ++i) {
     const DenseTensor& t = m.dense_tensors[i];
     if (t.name != want[i].name || t.rows != want[i].rows || t.cols != want[i].cols)
       bad(path, "dense tensor " + std::to_string(i) + " is '" + t.name + "' [" + std::to_string(t.rows) + "][" +
                     std::to_string(t.cols) + "], expected '" + want[i].name + "' [" + std::to_string(want[i].rows) +
                     "][" + std::to_string(want[i].cols) + "]");
-    if (t.offset > m.dense().bytes || t.elems() * esz > m.dense().bytes - t.offset)
+    // The one storage rule (image_dense_dtype): a reader never meets a combination no writer makes.
+    if (t.dtype != want[i].dtype)
+      bad(path, "dense tensor '" + t.name + "' has dtype " + image_dtype_name(t.dtype) + ", a " +
+                    image_dtype_name(m.dtype) + " image stores it as " + image_dtype_name(want[i].dtype));
+    if (t.offset % kImageTensorAlign != 0)
+      bad(path, "dense tensor '" + t.name + "' offset " + std::to_string(t.offset) + " is not " +
+                    std::to_string(kImageTensorAlign) + "-byte aligned");
+    if (t.offset > m.dense().bytes || t.bytes() > m.dense().bytes - t.offset)
       bad(path, "dense tensor '" + t.name + "' runs past the end of the dense region");
+  }
+  // Tensors in image order do not overlap (an edited offset could alias two tensors).
+  for (size_t i = 1; i < m.dense_tensors.size(); ++i) {
+    const DenseTensor& a = m.dense_tensors[i - 1];
+    if (m.dense_tensors[i].offset < a.offset + a.bytes())
+      bad(path, "dense tensors '" + a.name + "' and '" + m.dense_tensors[i].name + "' overlap or are out of order");
   }
   if (m.order.size() != size_t(c.n_layers))
     bad(path, "has " + std::to_string(m.order.size()) + " layer orders, expected " + std::to_string(c.n_layers));
@@ -301,8 +381,9 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
       seen[s] = 1;
     }
   }
-  if (image_id_of(m.regions) != m.image_id)
-    bad(path, "image id " + hex64(m.image_id) + " does not match its region table (edited by hand?)");
+  if (image_id_of(m) != m.image_id)
+    bad(path, "image id " + hex64(m.image_id) + " does not match its region table and the model, dtypes, tensors "
+              "and order it covers (edited by hand?): re-pack");
 }
 
 }  // namespace
@@ -357,7 +438,7 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
       bad(path, "model.shared_classifier must be true or false");
     c.shared_classifier = mc.at("shared_classifier").get<bool>();
     std::string dt = need_str(j, "dtype", path);
-    if (!image_dtype_parse(dt, &m.dtype)) bad(path, "unknown dtype '" + dt + "' (f32, f16, bf16)");
+    if (!image_dtype_parse(dt, &m.dtype)) bad(path, "unknown dtype '" + dt + "' (f32, f16, bf16, q8_0, q4_0)");
     const json& b = need(j, "bundle", path);
     std::string kind = need_str(b, "kind", path, "bundle.");
     if (kind == "gated") m.bundle_kind = BundleKind::kGated;
@@ -395,6 +476,13 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
         bad(path, "dense tensor '" + d.name + "' shape must be [rows, cols]");
       d.rows = s[0].get<uint64_t>();
       d.cols = s[1].get<uint64_t>();
+      if (t.contains("dtype")) {  // absent in 1.0 manifests: the image dtype
+        const json& dv = t.at("dtype");
+        if (!dv.is_string() || !image_dtype_parse(dv.get<std::string>(), &d.dtype))
+          bad(path, "dense tensor '" + d.name + "' dtype must be one of f32, f16, bf16, q8_0, q4_0");
+      } else {
+        d.dtype = image_dense_dtype(m.dtype, d.rows);
+      }
       m.dense_tensors.push_back(std::move(d));
     }
     const json& order = need(j, "order", path);
@@ -439,6 +527,28 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
         m.cache_policy.push_back(std::move(p));
       }
     }
+    if (j.contains("planner")) {  // optional (docs/formats.md "Planner settings")
+      const json& p = j["planner"];
+      ImagePlanner& r = m.planner;
+      r.gap = need_str(p, "gap", path, "planner.");
+      if (r.gap.empty()) bad(path, "planner.gap must not be empty");
+      const json& dev = need(p, "device", path, "planner.");
+      r.device = need_str(dev, "name", path, "planner.device.");
+      for (const char* k : {"read_latency_us", "bandwidth_MBps"})
+        if (!need(dev, k, path, "planner.device.").is_number() || !(dev.at(k).get<double>() > 0) ||
+            !std::isfinite(dev.at(k).get<double>()))
+          bad(path, std::string("planner.device.") + k + " must be a positive number");
+      r.read_latency_us = dev.at("read_latency_us").get<double>();
+      r.bandwidth_MBps = dev.at("bandwidth_MBps").get<double>();
+      const json& cr = need(p, "cache_ratio", path, "planner.");
+      if (!cr.is_number() || !(cr.get<double>() >= 0 && cr.get<double>() <= 1))
+        bad(path, "planner.cache_ratio must be a number in [0, 1]");
+      r.cache_ratio = cr.get<double>();
+      r.cache_admission = opt_str(p, "cache_admission");
+      if (!r.cache_admission.empty() && !cache_admission_known(r.cache_admission))
+        bad(path, "planner.cache_admission '" + r.cache_admission + "' is not " + kCacheAdmissions);
+      r.from = opt_str(p, "from");
+    }
   } catch (const json::exception& e) {  // a key of the wrong type somewhere we did not check by hand
     bad(path, std::string("malformed manifest: ") + e.what());
   }
@@ -469,6 +579,12 @@ void image_check_header(const std::string& path, const ImageManifest& m, const I
   if (file_bytes != m.image_bytes || h.image_bytes != m.image_bytes)
     bad(path, "is " + std::to_string(file_bytes) + " bytes (header says " + std::to_string(h.image_bytes) +
                   "), its manifest expects " + std::to_string(m.image_bytes) + ": not the image this manifest describes");
+  // The header's minor version picks how the id is computed: a manifest edited down to 1.0 (whose id covers less)
+  // no longer matches its image.
+  if (h.version_major != m.version_major || (h.version_minor == 0) != (m.version_minor == 0))
+    bad(path, "is format version " + std::to_string(h.version_major) + "." + std::to_string(h.version_minor) +
+                  ", its manifest says " + std::to_string(m.version_major) + "." + std::to_string(m.version_minor) +
+                  ": not the image this manifest describes");
   if (h.image_id != m.image_id || h.n_regions != m.regions.size())
     bad(path, "does not match its manifest (image id " + hex64(h.image_id) + ", manifest says " + hex64(m.image_id) +
                   "): re-pack, or use the manifest written with this image");

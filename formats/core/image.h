@@ -16,7 +16,9 @@
 namespace nl {
 
 inline constexpr uint32_t kImageVersionMajor = 1;
-inline constexpr uint32_t kImageVersionMinor = 0;
+// Minor 1: per-tensor dtypes, q8_0 / q4_0, the image id covers every manifest field that changes the computation
+// (image_id_of below). Minor-0 manifests still open (their id covers the region table only).
+inline constexpr uint32_t kImageVersionMinor = 1;
 inline constexpr uint64_t kImageAlign = 4096;       // region alignment and the image's total size granularity
 inline constexpr uint32_t kImageHeaderBytes = 64;   // meaningful header bytes; the header block is kImageAlign
 inline constexpr char kImageMagic[8] = {'N', 'L', 'W', 'I', 'M', 'G', '\r', '\n'};
@@ -37,6 +39,9 @@ inline size_t image_row_bytes(ImageDtype d, size_t n) {
   if (d == ImageDtype::kQ4_0) return n / 32 * 18;
   return n * image_dtype_bytes(d);
 }
+// Quantized rows are whole blocks: a quantized tensor's row length (its `in` dimension) must be a multiple of this.
+inline constexpr size_t kImageQuantBlock = 32;
+inline bool image_row_len_ok(ImageDtype d, size_t n) { return !image_dtype_quantized(d) || n % kImageQuantBlock == 0; }
 
 // What one neuron's bundle holds, in this order, each `dim` elements long.
 enum class BundleKind : int {
@@ -70,13 +75,23 @@ struct ImageRegion {
   uint64_t xxh64 = 0;        // of the payload bytes
 };
 
-// A tensor inside the dense region (row-major [rows][cols], stored in the image dtype).
+// A tensor inside the dense region: row-major [rows][cols], each row of `cols` elements stored in `dtype`
+// (quantized: cols / 32 blocks per row). dtype = image_dense_dtype(image dtype, rows).
 struct DenseTensor {
   std::string name;          // "tok_embeddings", "rms_final", "wcls", "layers.<l>.{rms_att,wq,wk,wv,wo,rms_ffn}"
-  uint64_t offset = 0;       // relative to the dense region
+  uint64_t offset = 0;       // relative to the dense region, a multiple of kImageTensorAlign
   uint64_t rows = 0, cols = 0;
+  ImageDtype dtype = ImageDtype::kF32;
   uint64_t elems() const { return rows * cols; }
+  uint64_t bytes() const { return rows * image_row_bytes(dtype, cols); }
 };
+// Dense tensors start on 64-byte boundaries inside the dense region (cache lines, SIMD loads).
+inline constexpr uint64_t kImageTensorAlign = 64;
+// The dtype a dense tensor is stored in: the image dtype, except 1-D tensors (the RMS norm weights) of quantized
+// images, which stay f32 as GGUF keeps them.
+inline ImageDtype image_dense_dtype(ImageDtype image, uint64_t rows) {
+  return image_dtype_quantized(image) && rows == 1 ? ImageDtype::kF32 : image;
+}
 
 // The cache admission rules a layout or an image may record: "all" (plain S3-FIFO, every miss admitted),
 // "linking-aligned" (the paper's rule: misses read alone admitted, misses inside longer reads with a lower
@@ -95,6 +110,23 @@ struct ImageCachePolicy {
   bool empty() const { return admission.empty() && pinned.empty() && small_fraction == 0; }
 };
 
+// The planner settings the image's layout was solved and evaluated for (issue 18 item 8), recorded by pack when it
+// packs a layout: from the layout's own parameters where it records them (greedy+ls), else nl-layout eval's
+// defaults. nl-run uses them for every option the user does not pass. Advisory: not covered by the image id.
+struct ImagePlanner {
+  std::string gap;               // as --gap takes it: "off", "auto", "auto-keep-runs" or a bundle count; "" = none
+  std::string device;            // device profile name
+  double read_latency_us = 0;    // the profile's fit at its queue depth: a
+  double bandwidth_MBps = 0;     // B
+  double cache_ratio = 0;        // of each layer's FFN bytes, in [0, 1]
+  std::string cache_admission;   // "" or one of cache_admission_known's rules
+  std::string from;              // "layout" or "nl-layout eval defaults"
+  bool empty() const { return gap.empty(); }
+};
+
+// Said wherever an image of a whole synthetic model is described (pack, nl-run, its manifest's source field).
+inline constexpr const char* kSyntheticWeightsNote = "synthetic random weights: meaningless text, real timing";
+
 struct ImageManifest {
   uint32_t version_major = kImageVersionMajor, version_minor = kImageVersionMinor;
   std::string image_file;    // the image's file name, relative to the manifest's folder
@@ -103,7 +135,7 @@ struct ImageManifest {
   ModelConfig config;
   ImageDtype dtype = ImageDtype::kF32;
   BundleKind bundle_kind = BundleKind::kGated;
-  uint64_t bundle_bytes = 0;  // bundle_parts * dim * dtype bytes, no padding between bundles
+  uint64_t bundle_bytes = 0;  // bundle_parts * image_row_bytes(dtype, dim), no padding between bundles
   std::string tokenizer;      // reference to the tokenizer file (as given to pack; may be empty)
   std::string source;         // the model file the image was packed from (free text)
   std::string source_format;  // "llama2c" | "safetensors" | "" (what --export-permuted writes)
@@ -115,18 +147,28 @@ struct ImageManifest {
   // Per layer (n_layers entries) when any layer records one, else empty (manifests from before the key, layouts
   // without a policy).
   std::vector<ImageCachePolicy> cache_policy;
+  ImagePlanner planner;  // empty when the manifest has no "planner" key (identity images, older manifests)
 
   const ImageRegion& dense() const { return regions[0]; }
   const ImageRegion& ffn(int layer) const { return regions[size_t(1 + layer)]; }
   uint64_t bundle_elems() const { return uint64_t(bundle_parts(bundle_kind)) * uint64_t(config.dim); }
+  // Bytes of one part (gate row, up row or down column) of a bundle: image_row_bytes(dtype, dim).
+  uint64_t bundle_part_bytes() const { return image_row_bytes(dtype, size_t(config.dim)); }
   const DenseTensor* find_tensor(const std::string& name) const;
 };
 
-// The dense tensors a model with this config stores, in image order (names as in DenseTensor::name).
-std::vector<DenseTensor> image_dense_tensor_list(const ModelConfig& c);
+// The dense tensors a model with this config stores in an image of dtype `d`, in image order (names as in
+// DenseTensor::name, dtypes by image_dense_dtype; offsets 0, the writer assigns them).
+std::vector<DenseTensor> image_dense_tensor_list(const ModelConfig& c, ImageDtype d = ImageDtype::kF32);
 
-// xxh64 over the region table (name, offset, bytes, checksum of every region): the image id.
+// Format 1.0's image id: xxh64 over the region table (name, offset, bytes, checksum of every region).
 uint64_t image_id_of(const std::vector<ImageRegion>& regions);
+// The image id of a manifest: for version 1.1 and later, xxh64 over the region table and a canonical encoding of
+// every field that changes what the runtime computes (model config incl. ffn_act, norm_eps, rope_theta, heads;
+// dtype; bundle kind and bytes; each dense tensor's name, offset, shape and dtype; the neuron order). The header
+// repeats it, so editing any of these in the manifest is refused at open. Version 1.0: image_id_of(regions).
+// Not covered (advisory): tokenizer, source, layout, cache_policy, planner.
+uint64_t image_id_of(const ImageManifest& m);
 
 // JSON text of a manifest: sorted keys, fixed number formatting, so equal manifests are equal bytes.
 std::string manifest_to_json(const ImageManifest& m);

@@ -1,6 +1,7 @@
 // Streaming flash image writer: fixed layout computed up front, payload hashed as it is written, header last.
 #include "formats/core/image_writer.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "formats/core/error.h"
@@ -9,7 +10,6 @@ namespace nl {
 
 namespace {
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-constexpr uint64_t kTensorAlign = 64;  // dense tensors start on cache lines inside their region
 
 std::string base_name(const std::string& p) {
   auto pos = p.find_last_of('/');
@@ -17,14 +17,43 @@ std::string base_name(const std::string& p) {
 }
 }  // namespace
 
+double StoredError::rel_rms() const { return ref2 > 0 ? std::sqrt(err2 / ref2) : (err2 > 0 ? INFINITY : 0.0); }
+
+std::string dense_tensor_kind(const std::string& name) {
+  const std::string leaf = name.substr(name.find_last_of('.') + 1);
+  if (leaf == "tok_embeddings") return "embeddings";
+  if (leaf == "wcls") return "classifier";
+  if (leaf.rfind("rms_", 0) == 0) return "norms";
+  return "attention." + leaf;
+}
+
+void ImageWriter::account(const std::string& kind, ImageDtype d, const float* src, const void* stored, size_t n) {
+  decoded_.resize(n);
+  image_decode(d, stored, n, decoded_.data());
+  StoredError& e = (*errors_)[kind];
+  for (size_t i = 0; i < n; ++i) {
+    const double r = src[i], x = double(decoded_[i]) - r;
+    e.err2 += x * x;
+    e.ref2 += r * r;
+  }
+  e.elems += n;
+}
+
+std::string image_dtype_problem(const ModelConfig& c, ImageDtype d) {
+  if (image_row_len_ok(d, size_t(c.dim))) return "";
+  return std::string(image_dtype_name(d)) + " stores rows in blocks of 32 weights along dim, and dim " +
+         std::to_string(c.dim) + " is not a multiple of 32 (use f32, f16 or bf16)";
+}
+
 ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_path_(image_path) {
   const ModelConfig& c = spec.config;
   if (std::string p = model_config_problem(c); !p.empty()) throw UsageError("cannot pack: model config: " + p);
+  if (std::string p = image_dtype_problem(c, spec.dtype); !p.empty()) throw UsageError("cannot pack: " + p);
   m_.image_file = base_name(image_path);
   m_.config = c;
   m_.dtype = spec.dtype;
   m_.bundle_kind = spec.bundle_kind;
-  m_.bundle_bytes = uint64_t(bundle_parts(spec.bundle_kind)) * uint64_t(c.dim) * image_dtype_bytes(spec.dtype);
+  m_.bundle_bytes = uint64_t(bundle_parts(spec.bundle_kind)) * image_row_bytes(spec.dtype, size_t(c.dim));
   m_.tokenizer = spec.tokenizer;
   m_.source = spec.source;
   m_.source_format = spec.source_format;
@@ -65,15 +94,15 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
     }
   }
   m_.cache_policy = std::move(spec.cache_policy);
+  m_.planner = std::move(spec.planner);
 
   // Fixed layout: header block, dense region, one region per layer, each aligned.
-  const uint64_t esz = image_dtype_bytes(m_.dtype);
-  m_.dense_tensors = image_dense_tensor_list(c);
+  m_.dense_tensors = image_dense_tensor_list(c, m_.dtype);
   uint64_t off = 0;
   for (auto& t : m_.dense_tensors) {
-    off = align_up(off, kTensorAlign);
+    off = align_up(off, kImageTensorAlign);
     t.offset = off;
-    off += t.elems() * esz;
+    off += t.bytes();
   }
   m_.regions.push_back({"dense", -1, kImageAlign, off, 0});
   for (int l = 0; l < c.n_layers; ++l) {
@@ -102,8 +131,9 @@ void ImageWriter::add_dense(const std::string& name, const float* data, size_t e
   std::vector<char> pad(t.offset - region_pos, 0);
   out_->write(pad.data(), pad.size());
   dense_hash_->update(pad.data(), pad.size());
-  scratch_.resize(elems * image_dtype_bytes(m_.dtype));
-  image_encode(m_.dtype, data, elems, scratch_.data());
+  scratch_.resize(t.bytes());
+  image_encode(t.dtype, data, elems, scratch_.data());  // quantized: cols % 32 == 0, so blocks never span rows
+  if (errors_) account(dense_tensor_kind(name), t.dtype, data, scratch_.data(), elems);
   out_->write(scratch_.data(), scratch_.size());
   dense_hash_->update(scratch_.data(), scratch_.size());
   if (next_tensor_ == m_.dense_tensors.size()) m_.regions[0].xxh64 = dense_hash_->digest();
@@ -124,7 +154,7 @@ void ImageWriter::add_layer(int layer, const float* gate, const float* up, const
   std::vector<float> down_t(hidden * dim);
   for (size_t o = 0; o < dim; ++o)
     for (size_t n = 0; n < hidden; ++n) down_t[n * dim + o] = down[o * hidden + n];
-  const size_t esz = image_dtype_bytes(m_.dtype);
+  const size_t part = m_.bundle_part_bytes();
   Xxh64 h;
   // A few hundred bundles per write keeps syscalls few and memory flat.
   const size_t per_chunk = std::max<size_t>(1, (1u << 20) / m_.bundle_bytes);
@@ -137,12 +167,15 @@ void ImageWriter::add_layer(int layer, const float* gate, const float* up, const
       const size_t n = order[s];
       if (gate) {
         image_encode(m_.dtype, gate + n * dim, dim, p);
-        p += dim * esz;
+        if (errors_) account("ffn.gate", m_.dtype, gate + n * dim, p, dim);
+        p += part;
       }
       image_encode(m_.dtype, up + n * dim, dim, p);
-      p += dim * esz;
+      if (errors_) account("ffn.up", m_.dtype, up + n * dim, p, dim);
+      p += part;
       image_encode(m_.dtype, down_t.data() + n * dim, dim, p);
-      p += dim * esz;
+      if (errors_) account("ffn.down", m_.dtype, down_t.data() + n * dim, p, dim);
+      p += part;
     }
     const size_t bytes = size_t(p - chunk.data());
     out_->write(chunk.data(), bytes);
@@ -157,7 +190,7 @@ ImageManifest ImageWriter::commit() {
     throw InternalError("ImageWriter: commit before every tensor and layer was written");
   out_->pad_to(kImageAlign);
   if (out_->offset() != m_.image_bytes) throw InternalError("ImageWriter: image size drifted");
-  m_.image_id = image_id_of(m_.regions);
+  m_.image_id = image_id_of(m_);
   ImageHeader h{};
   std::memcpy(h.magic, kImageMagic, sizeof h.magic);
   h.version_major = kImageVersionMajor;

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,7 +27,24 @@ struct ImageSpec {
   std::string tokenizer, source, source_format, layout, layout_method;
   std::vector<std::vector<uint32_t>> order;  // per layer slot -> original neuron; empty = identity everywhere
   std::vector<ImageCachePolicy> cache_policy; // per layer (pinned as slots of `order`); empty = none recorded
+  ImagePlanner planner;                       // the layout's planner settings; empty = none recorded
 };
+
+// Why `d` cannot store a model of config `c` ("" when it can): quantized images need dim % 32 == 0 (every
+// quantized row -- dense matrix rows, gate/up rows, down columns -- is `dim` long). Pack checks it before writing.
+std::string image_dtype_problem(const ModelConfig& c, ImageDtype d);
+
+// Storage error of an image against its fp32 source, per tensor kind ("embeddings", "attention.wq", "attention.wk",
+// "attention.wv", "attention.wo", "norms", "classifier", "ffn.gate", "ffn.up", "ffn.down"): what pack reports.
+struct StoredError {
+  double err2 = 0, ref2 = 0;  // sums of (stored - source)^2 and source^2
+  uint64_t elems = 0;
+  // Relative RMS error: sqrt(err2 / ref2) (0 for an all-zero source stored exactly).
+  double rel_rms() const;
+};
+using StoredErrors = std::map<std::string, StoredError>;
+// The kind a dense tensor's name belongs to (see StoredError).
+std::string dense_tensor_kind(const std::string& name);
 
 class ImageWriter {
  public:
@@ -43,6 +61,8 @@ class ImageWriter {
   ImageManifest commit();
   // Called after each FFN layer with (layers written, layers in the model).
   void set_progress(ProgressFn progress) { progress_ = std::move(progress); }
+  // When set, every element written is decoded again and its error against the fp32 input added to `errors`.
+  void set_error_stats(StoredErrors* errors) { errors_ = errors; }
 
  private:
   std::string image_path_;
@@ -53,6 +73,10 @@ class ImageWriter {
   Xxh64* dense_hash_ = nullptr;
   std::vector<char> scratch_;
   ProgressFn progress_;
+  StoredErrors* errors_ = nullptr;
+  std::vector<float> decoded_;
+
+  void account(const std::string& kind, ImageDtype d, const float* src, const void* stored, size_t n);
 
   void start_region(size_t index);
 };
