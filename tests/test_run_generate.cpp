@@ -229,20 +229,23 @@ TEST_CASE("short reads are resumed and EIO mid-generation throws before any toke
 }
 
 TEST_CASE("generate: the same tokens for 1, 2 and 4 threads, gate and dense, every dtype (batched prefill)") {
-  // dim 128 and 512 neurons: the matrix products and the FFN run on several threads (above the work threshold).
+  // dim 256 and 1024 neurons: the matrix products, the up dots and the down projection run on several threads
+  // (above the work threshold); a ReLU model (sparse) and a SiLU model (every neuron).
   const std::string d = dir("threads");
-  ModelConfig c = test::small_config(128, 512, 2);
+  ModelConfig c = test::small_config(256, 1024, 2);
   c.vocab_size = 96;
   c.seq_len = 48;
-  ModelWeights w = test::random_weights(c, 33);
   int checked = 0;
   // TODO(quant): add kQ8_0 and kQ4_0 here once image_write_model packs them (the kernels are tested directly in
   // test_runtime_kernels until then).
+  for (FfnAct act : {FfnAct::kRelu, FfnAct::kSilu})
   for (ImageDtype dt : {ImageDtype::kF32, ImageDtype::kF16, ImageDtype::kBF16}) {
+    c.act = act;
+    const ModelWeights w = test::random_weights(c, 33);
     ImageSpec spec;
     spec.dtype = dt;
     spec.order = test::random_order(c, 5);
-    const std::string img = d + "/m_" + std::string(image_dtype_name(dt)) + ".nlw";
+    const std::string img = d + "/m_" + std::string(ffn_act_name(act)) + "_" + image_dtype_name(dt) + ".nlw";
     image_write_model(img, w, spec);
     const std::string args = " generate --image " + img + " --steps 16 --prompt-tokens 3,9,17,40,2,77,5,11,60 ";
     Result ref = run("--threads 1" + args + "--select dense");
@@ -260,7 +263,7 @@ TEST_CASE("generate: the same tokens for 1, 2 and 4 threads, gate and dense, eve
         ++checked;
       }
   }
-  CHECK(checked == 18);
+  CHECK(checked == 36);
 }
 
 TEST_CASE("batched prefill then decode = token-by-token decode, bitwise (typed dense weights, sparse FFN)") {

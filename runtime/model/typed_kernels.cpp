@@ -628,10 +628,14 @@ void down_project(ImageDtype dt, float* out, int dim, const float* h, const uint
 
 void ffn_bundles(ImageDtype dt, int dim, const PreparedX& x, const float* g, const uint8_t* const* bundles, int n,
                  float* out) {
-  thread_local std::vector<float> h;
-  thread_local std::vector<const uint8_t*> down;
-  h.resize(size_t(n));
-  down.resize(size_t(n));
+  // Scratch per calling thread, used through plain pointers (a thread_local named inside the parallel region would
+  // be each worker's own, empty one).
+  thread_local std::vector<float> h_buf;
+  thread_local std::vector<const uint8_t*> down_buf;
+  h_buf.resize(size_t(n));
+  down_buf.resize(size_t(n));
+  float* h = h_buf.data();
+  const uint8_t** down = down_buf.data();
   const size_t rb = image_row_bytes(dt, size_t(dim));
   const void* xr = x.row(0);
 #pragma omp parallel for schedule(static) if (long(n) * dim > kParallelWork)
@@ -652,7 +656,7 @@ void ffn_bundles(ImageDtype dt, int dim, const PreparedX& x, const float* g, con
       h[size_t(k)] = h[size_t(i)];
       down[size_t(k++)] = bundles[i] + 2 * rb;
     }
-  down_project(dt, out, dim, h.data(), down.data(), k);
+  down_project(dt, out, dim, h, down, k);
 }
 
 }  // namespace nl::kernels
