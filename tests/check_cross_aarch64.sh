@@ -2,7 +2,8 @@
 # The phone build: cross-builds a static aarch64 nl-run (cmake/aarch64-linux-gnu.cmake, runtime only, nl-run target
 # only, in its own build folder), packs the bundled tiny ReLU model and stories260K, and checks that the aarch64
 # binary under qemu-aarch64-static generates exactly the native build's tokens (gate, dense and lowrank selection,
-# f16 and f32 images, a text prompt through the llama2.c tokenizer).
+# f16 and f32 images, a text prompt through the llama2.c tokenizer), and that its typed kernels (NEON, NEON dotprod)
+# equal the portable reference bit for bit.
 # Usage: check_cross_aarch64.sh SRC_DIR NATIVE_BUILD_DIR CROSS_BUILD_DIR MODELS_DIR. Exit 77 = skipped.
 set -euo pipefail
 src=$1; native=$2; cross=$3; models=$4
@@ -70,4 +71,21 @@ a=$(qemu-aarch64-static "$arm" --quiet "${args[@]}" | grep -E '^(tokens|text):')
 echo "$n" | grep -q '^text: Once upon a time, a little' || fail "native nl-run printed no text: $n"
 [ "$n" = "$a" ] || fail "text prompt: native '$n', aarch64 '$a'"
 echo "cross aarch64: text prompt: same $(echo "$n" | tail -1)"
+# TODO(quant): pack q8_0 and q4_0 images here too (gate and dense) once nl-layout pack writes them.
+
+# 3. The typed kernels on aarch64: every NEON path bitwise equal to the portable reference (test_runtime_kernels,
+#    linked against the cross build's runtime; the x86 paths are checked the same way natively), so x86 = aarch64.
+if [ -f /usr/include/doctest/doctest.h ]; then
+  inc=$cross/doctest-include
+  mkdir -p "$inc" && ln -sfn /usr/include/doctest "$inc/doctest"
+  cmake --build "$cross" --target nl_runtime -j "$(nproc)" >>"$cross.build.log" 2>&1 || fail "nl_runtime build failed"
+  aarch64-linux-gnu-g++ -std=gnu++20 -O2 -static -fopenmp -ffp-contract=off -I"$src" -I"$inc" -DNL_MODELS_DIR='""' \
+    -DNL_SOURCE_DIR='""' -DNL_BINARY_DIR='""' -DNL_PYTHON='""' "$src/tests/doctest_main.cpp" \
+    "$src/tests/test_runtime_kernels.cpp" "$cross/runtime/libnl_runtime.a" "$cross/formats/libnl_formats_core.a" \
+    -o "$cross/test_runtime_kernels" >"$cross.kernels.log" 2>&1 || { tail -20 "$cross.kernels.log"; fail "kernel test build failed"; }
+  qemu-aarch64-static "$cross/test_runtime_kernels" >"$cross.kernels.out" 2>&1 || { tail -30 "$cross.kernels.out"; fail "kernel paths differ on aarch64"; }
+  echo "cross aarch64: typed kernels: $(grep -o 'kernel paths here: .*' "$cross.kernels.out") bitwise equal to portable"
+else
+  echo "cross aarch64: no doctest header: the aarch64 kernel test is not run"
+fi
 echo "cross aarch64: OK (static aarch64 nl-run under qemu generates the native tokens)"
