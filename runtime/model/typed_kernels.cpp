@@ -248,59 +248,52 @@ NL_DOT_BLOCKS_X86(dot_blocks_avx2, NL_AVX2, idot32_avx2)
 NL_DOT_BLOCKS_X86(dot_blocks_vnni, NL_VNNI, idot32_vnni)
 #undef NL_DOT_BLOCKS_X86
 
+// Neuron-major over the whole output range: each column slice is read contiguously (prefetch and TLB friendly) while
+// the partial sums stay in L1; per output the operations are the portable ones, in the same order.
 template <bool Bf16>
 NL_AVX2 void down_h16_avx2(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
-  int o = o0;
-  for (; o + 32 <= o1; o += 32) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int i = 0; i < na; ++i) {
-      const __m256 hv = _mm256_set1_ps(h[i]);
-      const uint8_t* c = cols[i] + 2 * size_t(o);
-      a0 = _mm256_add_ps(a0, _mm256_mul_ps(hv, cvt8<Bf16>(c)));
-      a1 = _mm256_add_ps(a1, _mm256_mul_ps(hv, cvt8<Bf16>(c + 16)));
-      a2 = _mm256_add_ps(a2, _mm256_mul_ps(hv, cvt8<Bf16>(c + 32)));
-      a3 = _mm256_add_ps(a3, _mm256_mul_ps(hv, cvt8<Bf16>(c + 48)));
-    }
-    _mm256_storeu_ps(out + o, a0);
-    _mm256_storeu_ps(out + o + 8, a1);
-    _mm256_storeu_ps(out + o + 16, a2);
-    _mm256_storeu_ps(out + o + 24, a3);
+  const int o8 = o0 + (o1 - o0) / 8 * 8;
+  std::fill(out + o0, out + o1, 0.0f);
+  for (int i = 0; i < na; ++i) {
+    const __m256 hv = _mm256_set1_ps(h[i]);
+    const uint8_t* c = cols[i];
+    for (int o = o0; o < o8; o += 8)
+      _mm256_storeu_ps(out + o,
+                       _mm256_add_ps(_mm256_loadu_ps(out + o), _mm256_mul_ps(hv, cvt8<Bf16>(c + 2 * size_t(o)))));
+    for (int o = o8; o < o1; ++o)
+      out[o] += h[i] * (Bf16 ? bf16_to_f32(ld16(c, size_t(o))) : f16_to_f32(ld16(c, size_t(o))));
   }
-  if (o < o1) down_h16_port<Bf16 ? bf16_to_f32 : f16_to_f32>(out, o, o1, h, cols, na);
 }
 
-NL_AVX2 inline __m256 i8x8_to_f32(const int8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
+NL_AVX2 inline __m256 i8x8_to_f32(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
 
 template <bool Q4>
 NL_AVX2 void down_blocks_avx2(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
-  for (int b = o0 / kQuantBlock; b * kQuantBlock < o1; ++b) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int i = 0; i < na; ++i) {
-      alignas(32) int8_t q[32];
+  std::fill(out + o0, out + o1, 0.0f);
+  const int b0 = o0 / kQuantBlock, b1 = (o1 + kQuantBlock - 1) / kQuantBlock;
+  for (int i = 0; i < na; ++i)
+    for (int b = b0; b < b1; ++b) {
+      __m256i q;
       float d;
       if constexpr (Q4) {
         const BlockQ4_0& blk = reinterpret_cast<const BlockQ4_0*>(cols[i])[b];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(q), q4_unpack(blk));
+        q = q4_unpack(blk);
         d = f16_to_f32(blk.d);
       } else {
         const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(cols[i])[b];
-        std::memcpy(q, blk.qs, 32);
+        q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
         d = f16_to_f32(blk.d);
       }
       const __m256 c = _mm256_set1_ps(h[i] * d);
-      a0 = _mm256_add_ps(a0, _mm256_mul_ps(c, i8x8_to_f32(q)));
-      a1 = _mm256_add_ps(a1, _mm256_mul_ps(c, i8x8_to_f32(q + 8)));
-      a2 = _mm256_add_ps(a2, _mm256_mul_ps(c, i8x8_to_f32(q + 16)));
-      a3 = _mm256_add_ps(a3, _mm256_mul_ps(c, i8x8_to_f32(q + 24)));
+      float* y = out + size_t(b) * kQuantBlock;
+      const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+      _mm256_storeu_ps(y, _mm256_add_ps(_mm256_loadu_ps(y), _mm256_mul_ps(c, i8x8_to_f32(lo))));
+      _mm256_storeu_ps(y + 8,
+                       _mm256_add_ps(_mm256_loadu_ps(y + 8), _mm256_mul_ps(c, i8x8_to_f32(_mm_srli_si128(lo, 8)))));
+      _mm256_storeu_ps(y + 16, _mm256_add_ps(_mm256_loadu_ps(y + 16), _mm256_mul_ps(c, i8x8_to_f32(hi))));
+      _mm256_storeu_ps(y + 24,
+                       _mm256_add_ps(_mm256_loadu_ps(y + 24), _mm256_mul_ps(c, i8x8_to_f32(_mm_srli_si128(hi, 8)))));
     }
-    float* y = out + size_t(b) * kQuantBlock;
-    _mm256_storeu_ps(y, a0);
-    _mm256_storeu_ps(y + 8, a1);
-    _mm256_storeu_ps(y + 16, a2);
-    _mm256_storeu_ps(y + 24, a3);
-  }
 }
 
 const Table kAvx2 = {dot_h16_avx2<false>,
@@ -620,10 +613,16 @@ void down_accum(ImageDtype dt, float* out, int o0, int o1, const float* h, const
 }
 
 void down_project(ImageDtype dt, float* out, int dim, const float* h, const uint8_t* const* cols, int n_active) {
+  // Contiguous output ranges (whole blocks of 32), one per thread: every output is summed in list order by one thread,
+  // so the split (and the thread count) never changes a bit.
   const int chunks = (dim + kChunk - 1) / kChunk;
   const long work = long(dim) * n_active;
-#pragma omp parallel for schedule(static) if (work > kParallelWork)
-  for (int c = 0; c < chunks; ++c) down_accum(dt, out, c * kChunk, std::min(dim, (c + 1) * kChunk), h, cols, n_active);
+#pragma omp parallel if (work > kParallelWork)
+  {
+    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int c0 = int(long(chunks) * t / nt), c1 = int(long(chunks) * (t + 1) / nt);
+    if (c1 > c0) down_accum(dt, out, c0 * kChunk, std::min(dim, c1 * kChunk), h, cols, n_active);
+  }
 }
 
 void ffn_bundles(ImageDtype dt, int dim, const PreparedX& x, const float* g, const uint8_t* const* bundles, int n,
