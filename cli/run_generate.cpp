@@ -131,8 +131,17 @@ std::vector<int> generate_greedy(Model& model, FlashFfn* ffn, const std::vector<
   const int vocab = model.config().vocab_size;
   const int total = int(prompt.size()) + steps;
   std::vector<int> out;
-  int token = prompt[0];
-  for (int pos = 0; pos + 1 < total; ++pos) {
+  int token = prompt[0], pos = 0;
+  if (prompt.size() > 1) {
+    // Batched prefill: all prompt tokens but the last in one pass (matrix-matrix products; per token the same
+    // arithmetic as one at a time, so the tokens are the same), the last one then yields the first logits.
+    pos = int(prompt.size()) - 1;
+    model.forward_sequence(prompt.data(), pos, 0, nullptr);
+    if (ffn) ffn->end_token();
+    token = prompt[size_t(pos)];
+    if (prog) prog->add(uint64_t(pos));
+  }
+  for (; pos + 1 < total; ++pos) {
     const float* logits = model.forward_token(token, pos);
     if (ffn) ffn->end_token();
     if (pos + 1 < int(prompt.size())) {
@@ -169,11 +178,10 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   } else {
     prompt = parse_tokens(a.prompt_tokens, c.vocab_size);
   }
-  ModelWeights w = img->load_dense();
+  const std::unique_ptr<DenseStore> dense = img->load_dense_store();
+  const ModelView& w = dense->view;
   std::unique_ptr<FlashFfn> ffn;
-  if (a.select == "dense") {
-    for (int l = 0; l < c.n_layers; ++l) img->load_ffn_layer(l, &w.layers[size_t(l)]);
-  }
+  if (a.select == "dense") ffn = std::make_unique<FlashFfn>(*img, flash_ffn_options(a.flash, SelectMode::kDense));
   const int total = int(prompt.size()) + a.steps;
   if (total > c.seq_len)
     throw UsageError("prompt + steps = " + std::to_string(total) + " exceeds the model's context " + std::to_string(c.seq_len));
@@ -251,7 +259,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
                   p["agreeing_prefix"].get<size_t>());
     }
   }
-  flash_report(a.flash, g, *img, ffn.get(), wall, uint64_t(total - 1), json_dump(extra));
+  flash_report(a.flash, g, *img, a.select == "dense" ? nullptr : ffn.get(), wall, uint64_t(total - 1), json_dump(extra));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "formats/core/error.h"
+#include "formats/core/quant.h"
 
 namespace nl {
 
@@ -65,19 +66,36 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
       throw UsageError("--select lowrank predicts ReLU sparsity; this model's FFN activation is SiLU (every neuron fires)");
     if (o.lowrank_rank < 1) throw UsageError("--select lowrank:R needs R >= 1");
   }
-  if (o.select == SelectMode::kGate || o.select == SelectMode::kLowRank) {
+  row_bytes_ = image_row_bytes(m_.dtype, size_t(c.dim));
+  if (image_dtype_quantized(m_.dtype) && c.dim % kQuantBlock != 0)
+    throw InputError(img_.manifest_path(), "dim " + std::to_string(c.dim) + " is not a multiple of 32 (" +
+                                               image_dtype_name(m_.dtype) + " bundles)");
+  if (o.select == SelectMode::kGate || o.select == SelectMode::kLowRank || o.select == SelectMode::kDense) {
     if (m_.bundle_kind != BundleKind::kGated)
-      throw UsageError("--select gate|lowrank needs a gated FFN image (this one has plain bundles)");
-    AlignedBuffer buf;
+      throw UsageError("--select gate|dense|lowrank needs a gated FFN image (this one has plain bundles)");
     const size_t dim = size_t(c.dim);
     for (int l = 0; l < c.n_layers; ++l) {
+      AlignedBuffer buf;
       img_.read_region(size_t(1 + l), &buf);  // checksummed here, once
-      std::vector<float> g(size_t(hidden) * dim);
-      for (uint32_t s = 0; s < hidden; ++s) image_decode(m_.dtype, buf.data() + s * m_.bundle_bytes, dim, g.data() + s * dim);
-      if (o.select == SelectMode::kLowRank)
+      if (o.select == SelectMode::kLowRank) {
+        // The predictor is fitted on f32 gate rows, decoded for the fit only.
+        std::vector<float> g(size_t(hidden) * dim);
+        const WeightView gv{m_.dtype, buf.data(), int(hidden), c.dim, size_t(m_.bundle_bytes)};
+        for (uint32_t s = 0; s < hidden; ++s) kernels::dequantize_row(gv, int(s), g.data() + s * dim);
         lowrank_.push_back(lowrank_fit(g.data(), int(hidden), int(dim), o.lowrank_rank, 1 + uint64_t(l)));
-      gate_.push_back(std::move(g));
+      }
+      if (o.select == SelectMode::kDense) {
+        region_.push_back(std::move(buf));
+        gate_view_.push_back({m_.dtype, region_.back().data(), int(hidden), c.dim, size_t(m_.bundle_bytes)});
+      } else {
+        // Only the gate rows stay in DRAM, in the stored dtype.
+        std::vector<uint8_t> g(size_t(hidden) * row_bytes_);
+        for (uint32_t s = 0; s < hidden; ++s)
+          std::memcpy(g.data() + s * row_bytes_, buf.data() + s * m_.bundle_bytes, row_bytes_);
+        gate_bytes_.push_back(std::move(g));
+      }
     }
+    for (auto& g : gate_bytes_) gate_view_.push_back({m_.dtype, g.data(), int(hidden), c.dim, row_bytes_});
     threshold_.assign(size_t(c.n_layers), -std::numeric_limits<float>::infinity());
     calib_.resize(size_t(c.n_layers));
   }
@@ -164,6 +182,7 @@ void FlashFfn::set_phase(LowRankPhase p, double target_recall) {
 }
 
 const uint8_t* FlashFfn::bundle(int layer, uint32_t slot) const {
+  if (!region_.empty()) return region_[size_t(layer)].data() + uint64_t(slot) * m_.bundle_bytes;
   // In one of this token's reads?
   auto it = std::upper_bound(plan_.reads.begin(), plan_.reads.end(), slot,
                              [](uint32_t s, const ReadOp& r) { return s < r.slot_begin; });
@@ -229,29 +248,53 @@ void FlashFfn::replay_layer(int layer, const std::vector<uint32_t>& neurons) {
 }
 
 void FlashFfn::end_token() {
-  token_.tokens = 1;
-  per_token_.push_back(token_);
-  add(total_, token_);
-  ++total_.tokens;
+  if (batch_.empty()) batch_.push_back(token_);
+  for (FlashCounters& t : batch_) {
+    t.tokens = 1;
+    per_token_.push_back(t);
+    add(total_, t);
+    ++total_.tokens;
+  }
+  batch_.clear();
   token_ = FlashCounters{};
+}
+
+void FlashFfn::compute(int layer, float* out, bool gate_in_bundle) {
+  const size_t n = active_.size();
+  bundles_.resize(n);
+  h_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    bundles_[i] = bundle(layer, active_[i]);
+    h_[i] = g_[active_[i]];  // the gate values of the listed neurons, in list order
+  }
+  kernels::ffn_bundles(m_.dtype, m_.config.dim, xq_, gate_in_bundle ? nullptr : h_.data(), bundles_.data(), int(n), out);
 }
 
 void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out, FfnObserver* observer) {
   (void)pos0;
   (void)observer;
-  if (opt_.select == SelectMode::kReplay) throw UsageError("the model forward needs --select gate or lowrank");
+  if (opt_.select == SelectMode::kReplay) throw UsageError("the model forward needs --select gate, dense or lowrank");
   const bool predict = opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kPredict;
   const ModelConfig& c = m_.config;
   const int dim = c.dim, hidden = c.hidden_dim;
-  const size_t esz = image_dtype_bytes(m_.dtype);
   g_.resize(size_t(hidden));
-  row_.resize(size_t(dim) * 3);
+  if (n_tokens > 1 && batch_.size() < size_t(n_tokens)) batch_.resize(size_t(n_tokens));
   for (int t = 0; t < n_tokens; ++t) {
+    // Token t of a batch accounts into its own counters (token_ holds them while it runs).
+    struct Swap {
+      FlashFfn* f;
+      FlashCounters* c;
+      ~Swap() {
+        if (c) std::swap(f->token_, *c);
+      }
+    } swap{this, n_tokens > 1 ? &batch_[size_t(t)] : nullptr};
+    if (swap.c) std::swap(token_, *swap.c);
     const float* xt = x + size_t(t) * dim;
     float* ot = out + size_t(t) * dim;
+    xq_.prepare(m_.dtype, xt, 1, dim);
     if (predict) {
       // Measurement only (untimed): the exact gate, to count which predicted neurons really fire.
-      kernels::matmul(g_.data(), xt, gate_[size_t(layer)].data(), 1, dim, hidden);
+      kernels::matmul(g_.data(), xq_, gate_view_[size_t(layer)], 1);
       auto t0 = Clock::now();
       const LowRankFactors& f = lowrank_[size_t(layer)];
       score_.resize(size_t(hidden));
@@ -270,26 +313,12 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
       pred_.predicted += active_.size();
       load(layer);
       t0 = Clock::now();
-      std::fill(ot, ot + dim, 0.0f);
-      float* gate = row_.data();
-      float* up = row_.data() + dim;
-      float* down = row_.data() + 2 * dim;
-      for (uint32_t s : active_) {
-        // The exact gate from the bundle's own gate row (same decode and summation order as the dense matmul).
-        const uint8_t* b = bundle(layer, s);
-        image_decode(m_.dtype, b, size_t(dim), gate);
-        const float gv = kernels::dot(gate, xt, dim);
-        if (!(gv > 0.0f)) continue;
-        image_decode(m_.dtype, b + size_t(dim) * esz, size_t(dim), up);
-        image_decode(m_.dtype, b + size_t(dim) * esz * 2, size_t(dim), down);
-        const float h = gv * kernels::dot(up, xt, dim);
-        for (int o = 0; o < dim; ++o) ot[o] += h * down[o];
-      }
+      compute(layer, ot, true);
       token_.compute_seconds += since(t0);
       continue;
     }
     auto t0 = Clock::now();
-    kernels::matmul(g_.data(), xt, gate_[size_t(layer)].data(), 1, dim, hidden);
+    kernels::matmul(g_.data(), xq_, gate_view_[size_t(layer)], 1);
     active_.clear();
     for (int s = 0; s < hidden; ++s) {
       if (c.act == FfnAct::kRelu) {
@@ -308,18 +337,9 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
       for (uint32_t s : active_) calib_[size_t(layer)].push_back(score_[s]);
       calib_samples_ += active_.size();
     }
-    load(layer);
+    if (opt_.select != SelectMode::kDense) load(layer);
     t0 = Clock::now();
-    std::fill(ot, ot + dim, 0.0f);
-    float* up = row_.data();
-    float* down = row_.data() + dim;
-    for (uint32_t s : active_) {
-      const uint8_t* b = bundle(layer, s) + size_t(dim) * esz;  // skip the gate row (kept in DRAM)
-      image_decode(m_.dtype, b, size_t(dim), up);
-      image_decode(m_.dtype, b + size_t(dim) * esz, size_t(dim), down);
-      const float h = g_[s] * kernels::dot(up, xt, dim);
-      for (int o = 0; o < dim; ++o) ot[o] += h * down[o];
-    }
+    compute(layer, ot, false);
     token_.compute_seconds += since(t0);
   }
 }

@@ -18,12 +18,15 @@
 #include "runtime/flash_image.h"
 #include "runtime/lowrank.h"
 #include "runtime/model/model.h"
+#include "runtime/model/typed_kernels.h"
 #include "runtime/plan/read_plan.h"
 #include "runtime/plan/slot_cache.h"
 
 namespace nl {
 
-enum class SelectMode { kGate, kReplay, kLowRank };
+// kDense: the whole FFN in DRAM in the stored dtype (every region read and checksummed at start-up), computed with
+// exactly gate mode's arithmetic (same kernels, same neuron order), so gate = dense token for token; no I/O per token.
+enum class SelectMode { kGate, kReplay, kLowRank, kDense };
 
 // Lowrank phases: exact (as gate: the reference run), calibrate (exact, and records the predictor's scores of the
 // neurons that really fire), predict (reads what the predictor selects).
@@ -74,7 +77,7 @@ class FlashFfn : public FfnProvider {
 
   // Replay: plans, reads and accounts one layer-token whose active neurons (original indices) are given.
   void replay_layer(int layer, const std::vector<uint32_t>& active_neurons);
-  // Marks the end of a token (per-token metrics).
+  // Marks the end of a token (per-token metrics); after a forward pass over several tokens, of each of them.
   void end_token();
 
   // Lowrank: switches phase and starts afresh (counters, caches). Leaving kCalibrate sets every layer's threshold
@@ -100,14 +103,21 @@ class FlashFfn : public FfnProvider {
   std::vector<ReadPlanner> planners_;
   std::vector<std::unique_ptr<SlotCache>> caches_;
   std::vector<std::vector<uint32_t>> slot_of_;      // per layer: original neuron -> slot
-  std::vector<std::vector<float>> gate_;            // gate mode: [slot][dim] per layer, fp32
+  size_t row_bytes_ = 0;                            // one bundle part (gate row, up row or down column)
+  std::vector<std::vector<uint8_t>> gate_bytes_;    // gate / lowrank: [slot] gate rows per layer, stored dtype
+  std::vector<AlignedBuffer> region_;               // dense: every FFN region in DRAM
+  std::vector<WeightView> gate_view_;               // per layer: the gate rows (gate_bytes_ or inside region_)
+  kernels::PreparedX xq_;                           // the token's normalised input, as the kernels want it
+  std::vector<float> h_;                            // per active neuron: act(gate)
+  std::vector<const uint8_t*> bundles_;             // per active neuron: its bundle's bytes
   std::vector<std::unordered_map<uint32_t, std::vector<uint8_t>>> store_;  // cached bundles' bytes
   TokenPlan plan_;
   AlignedBuffer staging_;
   std::vector<ReadSpan> spans_;
   std::vector<uint32_t> active_;
-  std::vector<float> g_, row_;
+  std::vector<float> g_;
   FlashCounters total_, token_;
+  std::vector<FlashCounters> batch_;  // per token of a multi-token forward pass, until end_token()
   std::vector<FlashCounters> per_token_;
 
   // Plans and reads `active_` (ascending slots) of `layer`; afterwards bundle(slot) points at each one's bytes.
@@ -126,6 +136,9 @@ class FlashFfn : public FfnProvider {
   uint64_t pinned_bundles_ = 0, pinned_reads_ = 0, pinned_bytes_read_ = 0;
 
   void make_caches();
+  // The FFN output of one token from the active neurons (`active_`, ascending slots, gate values g_ or, for lowrank's
+  // predicted neurons, the bundles' own gate rows): kernels::ffn_bundles, each output summed in slot order.
+  void compute(int layer, float* out, bool gate_in_bundle);
   // Reads the bundles the layer's cache pins (resident from the first token) into the DRAM store.
   void load_pinned(int layer, const std::vector<uint32_t>& pinned);
 };

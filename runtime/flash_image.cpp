@@ -7,6 +7,7 @@
 
 #include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
+#include "formats/core/quant.h"
 
 namespace nl {
 
@@ -97,6 +98,64 @@ ModelWeights FlashImage::load_dense() {
   get("rms_final", &w.rms_final);
   if (!c.shared_classifier) get("wcls", &w.wcls);
   return w;
+}
+
+ImageDtype FlashImage::tensor_dtype(const DenseTensor& t) const {
+  (void)t;  // TODO(quant): per-tensor dtype once DenseTensor carries one (norms stay f32 in q8_0 / q4_0 images)
+  return m_.dtype;
+}
+
+std::unique_ptr<DenseStore> FlashImage::load_dense_store() {
+  auto st = std::make_unique<DenseStore>();
+  read_region(0, &st->bytes);
+  const ModelConfig& c = m_.config;
+  const uint64_t region = m_.dense().bytes;
+  auto find = [&](const std::string& name, uint64_t rows, uint64_t cols) -> const DenseTensor& {
+    const DenseTensor* t = m_.find_tensor(name);
+    if (!t) throw InputError(manifest_path_, "dense tensor '" + name + "' missing");
+    if (t->rows != rows || t->cols != cols)
+      throw InputError(manifest_path_, "dense tensor '" + name + "' is " + std::to_string(t->rows) + "x" +
+                                           std::to_string(t->cols) + ", the config implies " + std::to_string(rows) +
+                                           "x" + std::to_string(cols));
+    const ImageDtype dt = tensor_dtype(*t);
+    if (image_dtype_quantized(dt) && cols % kQuantBlock != 0)
+      throw InputError(manifest_path_, "dense tensor '" + name + "' has " + std::to_string(cols) +
+                                           " columns, not a multiple of 32 (" + image_dtype_name(dt) + ")");
+    if (t->offset > region || rows * image_row_bytes(dt, cols) > region - t->offset)
+      throw InputError(manifest_path_, "dense tensor '" + name + "' lies outside the dense region");
+    return *t;
+  };
+  auto matrix = [&](const std::string& name, int rows, int cols) {
+    const DenseTensor& t = find(name, uint64_t(rows), uint64_t(cols));
+    const ImageDtype dt = tensor_dtype(t);
+    return WeightView{dt, st->bytes.data() + t.offset, rows, cols, image_row_bytes(dt, size_t(cols))};
+  };
+  auto norm = [&](const std::string& name) -> const float* {
+    const DenseTensor& t = find(name, 1, uint64_t(c.dim));
+    std::vector<float> v(size_t(c.dim));
+    image_decode(tensor_dtype(t), st->bytes.data() + t.offset, v.size(), v.data());
+    st->norms.push_back(std::move(v));
+    return st->norms.back().data();
+  };
+  st->norms.reserve(size_t(2 * c.n_layers + 1));  // pointers into it stay valid
+  ModelView& v = st->view;
+  v.config = c;
+  v.source = image_path_;
+  v.tok_embeddings = matrix("tok_embeddings", c.vocab_size, c.dim);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    LayerView lv;
+    lv.rms_att = norm(p + "rms_att");
+    lv.wq = matrix(p + "wq", c.dim, c.dim);
+    lv.wk = matrix(p + "wk", c.kv_dim(), c.dim);
+    lv.wv = matrix(p + "wv", c.kv_dim(), c.dim);
+    lv.wo = matrix(p + "wo", c.dim, c.dim);
+    lv.rms_ffn = norm(p + "rms_ffn");
+    v.layers.push_back(lv);
+  }
+  v.rms_final = norm("rms_final");
+  v.classifier = c.shared_classifier ? v.tok_embeddings : matrix("wcls", c.vocab_size, c.dim);
+  return st;
 }
 
 void FlashImage::load_ffn_layer(int layer, LayerWeights* lw) {

@@ -15,8 +15,21 @@
 #include "formats/core/model_weights.h"
 #include "runtime/io/engine.h"
 #include "runtime/io/file.h"
+#include "runtime/model/weights_view.h"
 
 namespace nl {
+
+// The dense weights in DRAM in their stored dtype: the dense region's bytes as read (no f32 copy of any matrix; norm
+// vectors stored as f16 / bf16 are widened, they are a few KiB). `view` points into it: keep the store alive while a
+// Model uses the view. Not copyable (the view holds pointers into it).
+struct DenseStore {
+  AlignedBuffer bytes;
+  std::vector<std::vector<float>> norms;
+  ModelView view;
+  DenseStore() = default;
+  DenseStore(const DenseStore&) = delete;
+  DenseStore& operator=(const DenseStore&) = delete;
+};
 
 class FlashImage {
  public:
@@ -35,8 +48,12 @@ class FlashImage {
   void verify_all();
   bool region_verified(size_t index) const { return verified_[index] != 0; }
 
-  // The dense weights decoded to fp32 (FFN matrices left empty). Verifies the dense region.
+  // The dense weights decoded to fp32 (FFN matrices left empty; the profiler, tests). Verifies the dense region.
   ModelWeights load_dense();
+  // The dense weights in their stored dtype (what nl-run computes from). Verifies the dense region.
+  std::unique_ptr<DenseStore> load_dense_store();
+  // The dtype one dense tensor is stored in (the one place that decides it).
+  ImageDtype tensor_dtype(const DenseTensor& t) const;
   // Decodes a whole FFN layer back into original neuron order (tests, dense reference runs).
   void load_ffn_layer(int layer, LayerWeights* lw);
 

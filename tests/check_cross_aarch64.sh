@@ -3,7 +3,8 @@
 # only, in its own build folder), packs the bundled tiny ReLU model (always: it is in the repository) and, when the
 # shared models are installed, stories260K, and checks that the aarch64 binary under qemu-aarch64-static generates
 # exactly the native build's tokens (gate, dense and lowrank selection, f16 and f32 images; with stories260K also a
-# text prompt through the llama2.c tokenizer, which the runtime-only build reads).
+# text prompt through the llama2.c tokenizer, which the runtime-only build reads), and that its typed kernels (NEON,
+# NEON dotprod) equal the portable reference bit for bit.
 # Usage: check_cross_aarch64.sh SRC_DIR NATIVE_BUILD_DIR CROSS_BUILD_DIR MODELS_DIR. Exit 77 = skipped; every skip,
 # whole or in part, is printed and written to NATIVE_BUILD_DIR/tests/skipped/cross_aarch64_tokens.txt.
 set -euo pipefail
@@ -57,27 +58,49 @@ done
 "$native/cli/nl-layout" --quiet pack --model "$relu" --dtype f32 --out "$work/relu32.nlw"
 same_tokens "$work/relu32.nlw" "tiny-relu f32 --select gate" --prompt-tokens 1,100,200 --steps 24 --select gate \
   --gap 2 --cache-ratio 0.1
+for dt in q8_0 q4_0; do
+  "$native/cli/nl-layout" --quiet pack --model "$relu" --dtype "$dt" --out "$work/relu_$dt.nlw"
+  for sel in gate dense; do
+    same_tokens "$work/relu_$dt.nlw" "tiny-relu $dt --select $sel" --prompt-tokens 1,100,200 --steps 24 --select "$sel" \
+      --gap 2 --cache-ratio 0.1
+  done
+done
 model=$models/llama2c-stories260K/stories260K.bin
 if [ ! -f "$model" ]; then
   why="stories260K part (SiLU model, text prompt through the llama2.c tokenizer): $model is absent"
   echo "cross aarch64: SKIPPED part: $why" >&2
   echo "part: $why" >"$skipfile"
-  echo "cross aarch64: OK on the bundled tiny ReLU model (static aarch64 nl-run under qemu generates the native tokens)"
-  exit 0
-fi
-for dt in f16 f32; do
-  "$native/cli/nl-layout" --quiet pack --model "$model" --dtype "$dt" --out "$work/m_$dt.nlw" \
-    --tokenizer "$models/llama2c-stories260K/tok512.bin"
-  for sel in gate dense; do
-    same_tokens "$work/m_$dt.nlw" "stories260K $dt --select $sel" --prompt-tokens 1,403,407 --steps 24 --select "$sel" \
-      --gap 2 --cache-ratio 0.1
+else
+  for dt in f16 f32 q8_0; do
+    "$native/cli/nl-layout" --quiet pack --model "$model" --dtype "$dt" --out "$work/m_$dt.nlw" \
+      --tokenizer "$models/llama2c-stories260K/tok512.bin"
+    for sel in gate dense; do
+      same_tokens "$work/m_$dt.nlw" "stories260K $dt --select $sel" --prompt-tokens 1,403,407 --steps 24 --select "$sel" \
+        --gap 2 --cache-ratio 0.1
+    done
   done
-done
-# Text prompt through the runtime's llama2.c tokenizer (the manifest's reference): same tokens and text.
-args=(generate --image "$work/m_f16.nlw" --prompt "Once upon a time, a little" --steps 20)
-n=$("$native/cli/nl-run" --quiet "${args[@]}" | grep -E '^(tokens|text):')
-a=$(qemu-aarch64-static "$arm" --quiet "${args[@]}" | grep -E '^(tokens|text):')
-echo "$n" | grep -q '^text: Once upon a time, a little' || fail "native nl-run printed no text: $n"
-[ "$n" = "$a" ] || fail "text prompt: native '$n', aarch64 '$a'"
-echo "cross aarch64: text prompt: same $(echo "$n" | tail -1)"
+  # Text prompt through the runtime's llama2.c tokenizer (the manifest's reference): same tokens and text.
+  args=(generate --image "$work/m_f16.nlw" --prompt "Once upon a time, a little" --steps 20)
+  n=$("$native/cli/nl-run" --quiet "${args[@]}" | grep -E '^(tokens|text):')
+  a=$(qemu-aarch64-static "$arm" --quiet "${args[@]}" | grep -E '^(tokens|text):')
+  echo "$n" | grep -q '^text: Once upon a time, a little' || fail "native nl-run printed no text: $n"
+  [ "$n" = "$a" ] || fail "text prompt: native '$n', aarch64 '$a'"
+  echo "cross aarch64: text prompt: same $(echo "$n" | tail -1)"
+fi
+
+# 3. The typed kernels on aarch64: every NEON path bitwise equal to the portable reference (test_runtime_kernels,
+#    linked against the cross build's runtime; the x86 paths are checked the same way natively), so x86 = aarch64.
+if [ -f /usr/include/doctest/doctest.h ]; then
+  inc=$cross/doctest-include
+  mkdir -p "$inc" && ln -sfn /usr/include/doctest "$inc/doctest"
+  cmake --build "$cross" --target nl_runtime -j "$(nproc)" >>"$cross.build.log" 2>&1 || fail "nl_runtime build failed"
+  aarch64-linux-gnu-g++ -std=gnu++20 -O2 -static -fopenmp -ffp-contract=off -I"$src" -I"$inc" -DNL_MODELS_DIR='""' \
+    -DNL_SOURCE_DIR='""' -DNL_BINARY_DIR='""' -DNL_PYTHON='""' "$src/tests/doctest_main.cpp" \
+    "$src/tests/test_runtime_kernels.cpp" "$cross/runtime/libnl_runtime.a" "$cross/formats/libnl_formats_core.a" \
+    -o "$cross/test_runtime_kernels" >"$cross.kernels.log" 2>&1 || { tail -20 "$cross.kernels.log"; fail "kernel test build failed"; }
+  qemu-aarch64-static "$cross/test_runtime_kernels" >"$cross.kernels.out" 2>&1 || { tail -30 "$cross.kernels.out"; fail "kernel paths differ on aarch64"; }
+  echo "cross aarch64: typed kernels: $(grep -o 'kernel paths here: .*' "$cross.kernels.out") bitwise equal to portable"
+else
+  echo "cross aarch64: no doctest header: the aarch64 kernel test is not run"
+fi
 echo "cross aarch64: OK (static aarch64 nl-run under qemu generates the native tokens)"

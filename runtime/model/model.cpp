@@ -9,6 +9,7 @@
 #include <string>
 
 #include "formats/core/error.h"
+#include "runtime/model/typed_kernels.h"
 
 namespace nl {
 
@@ -74,10 +75,21 @@ void DenseFfn::ffn(int layer, int pos0, int n, const float* x, float* out, FfnOb
   kernels::matmul_acc64(out, up_.data(), L.w_down.data(), n, c.hidden_dim, c.dim);
 }
 
-Model::Model(const ModelWeights& w, int max_seq) : w_(w), dense_(w), ffn_(&dense_) {
+Model::Model(const ModelWeights& w, int max_seq) {
   if (std::string p = model_weights_problem(w, false); !p.empty()) throw InputError(w.source, p);
-  const ModelConfig& c = w.config;
-  has_dense_ffn_ = model_weights_problem(w, true).empty();
+  v_ = view_of(w);
+  if (model_weights_problem(w, true).empty()) dense_ = std::make_unique<DenseFfn>(w);
+  ffn_ = dense_.get();
+  init(max_seq);
+}
+
+Model::Model(const ModelView& v, int max_seq) : v_(v) {
+  if (std::string p = model_view_problem(v); !p.empty()) throw InputError(v.source, p);
+  init(max_seq);
+}
+
+void Model::init(int max_seq) {
+  const ModelConfig& c = v_.config;
   max_seq_ = max_seq > 0 ? std::min(max_seq, c.seq_len) : c.seq_len;
   const size_t kv_total = size_t(c.n_layers) * size_t(max_seq_) * size_t(c.kv_dim());
   key_cache_.assign(kv_total, 0.0f);
@@ -96,7 +108,7 @@ Model::Model(const ModelWeights& w, int max_seq) : w_(w), dense_(w), ffn_(&dense
 }
 
 void Model::ensure_scratch(int n) {
-  const ModelConfig& c = w_.config;
+  const ModelConfig& c = v_.config;
   const size_t need = size_t(n) * c.dim;
   if (x_.size() >= need) return;
   x_.resize(need);
@@ -105,23 +117,23 @@ void Model::ensure_scratch(int n) {
   att_out_.resize(need);
   tmp_.resize(need);
   k_.resize(size_t(n) * c.kv_dim());
-  v_.resize(size_t(n) * c.kv_dim());
+  vv_.resize(size_t(n) * c.kv_dim());
 }
 
 void Model::check_token(int token) const {
-  if (token < 0 || token >= w_.config.vocab_size)
+  if (token < 0 || token >= v_.config.vocab_size)
     throw UsageError("token id " + std::to_string(token) + " is outside the vocabulary (0.." +
-                     std::to_string(w_.config.vocab_size - 1) + ")");
+                     std::to_string(v_.config.vocab_size - 1) + ")");
 }
 
 const float* Model::forward_token(int token, int pos) {
-  logits_.resize(size_t(w_.config.vocab_size));
+  logits_.resize(size_t(v_.config.vocab_size));
   forward_sequence(&token, 1, pos, logits_.data());
   return logits_.data();
 }
 
 void Model::forward_sequence(const int* tokens, int n, int pos0, float* logits) {
-  const ModelConfig& c = w_.config;
+  const ModelConfig& c = v_.config;
   if (n <= 0) return;
   if (pos0 < 0 || pos0 + n > max_seq_)
     throw UsageError("positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + n - 1) +
@@ -132,21 +144,19 @@ void Model::forward_sequence(const int* tokens, int n, int pos0, float* logits) 
   const int group = c.n_heads / c.n_kv_heads;
   const float att_scale = 1.0f / std::sqrt(float(hd));
 
-  for (int t = 0; t < n; ++t)
-    std::copy_n(w_.tok_embeddings.data() + size_t(tokens[t]) * dim, dim, x_.data() + size_t(t) * dim);
+  for (int t = 0; t < n; ++t) kernels::dequantize_row(v_.tok_embeddings, tokens[t], x_.data() + size_t(t) * dim);
 
-  if (ffn_ == &dense_ && !has_dense_ffn_)
-    throw UsageError(w_.source + ": the model has no FFN weights in memory and no FFN provider is set");
+  if (!ffn_) throw UsageError(v_.source + ": the model has no FFN weights in memory and no FFN provider is set");
   const size_t att_stride = size_t(pos0 + n);
   att_.resize(size_t(omp_get_max_threads()) * att_stride);
 
   for (int l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& L = w_.layers[size_t(l)];
+    const LayerView& L = v_.layers[size_t(l)];
     for (int t = 0; t < n; ++t)
-      kernels::rmsnorm(xb_.data() + size_t(t) * dim, x_.data() + size_t(t) * dim, L.rms_att.data(), dim, c.norm_eps);
-    kernels::matmul(q_.data(), xb_.data(), L.wq.data(), n, dim, dim);
-    kernels::matmul(k_.data(), xb_.data(), L.wk.data(), n, dim, kv_dim);
-    kernels::matmul(v_.data(), xb_.data(), L.wv.data(), n, dim, kv_dim);
+      kernels::rmsnorm(xb_.data() + size_t(t) * dim, x_.data() + size_t(t) * dim, L.rms_att, dim, c.norm_eps);
+    kernels::matmul(q_.data(), xb_.data(), L.wq, n);
+    kernels::matmul(k_.data(), xb_.data(), L.wk, n);
+    kernels::matmul(vv_.data(), xb_.data(), L.wv, n);
 
     // RoPE on interleaved pairs, then append k and v to the cache.
     float* kc = key_cache_.data() + size_t(l) * max_seq_ * kv_dim;
@@ -165,7 +175,7 @@ void Model::forward_sequence(const int* tokens, int n, int pos0, float* logits) 
       rotate(q_.data() + size_t(t) * dim, dim);
       rotate(k_.data() + size_t(t) * kv_dim, kv_dim);
       std::copy_n(k_.data() + size_t(t) * kv_dim, kv_dim, kc + size_t(pos0 + t) * kv_dim);
-      std::copy_n(v_.data() + size_t(t) * kv_dim, kv_dim, vc + size_t(pos0 + t) * kv_dim);
+      std::copy_n(vv_.data() + size_t(t) * kv_dim, kv_dim, vc + size_t(pos0 + t) * kv_dim);
     }
 
     // Causal grouped-query attention: query t sees positions 0 .. pos0+t.
@@ -186,19 +196,19 @@ void Model::forward_sequence(const int* tokens, int n, int pos0, float* logits) 
           for (int i = 0; i < hd; ++i) o[i] += a * vr[i];
         }
       }
-    kernels::matmul(tmp_.data(), att_out_.data(), L.wo.data(), n, dim, dim);
+    kernels::matmul(tmp_.data(), att_out_.data(), L.wo, n);
     for (size_t i = 0; i < size_t(n) * dim; ++i) x_[i] += tmp_[i];
 
     for (int t = 0; t < n; ++t)
-      kernels::rmsnorm(xb_.data() + size_t(t) * dim, x_.data() + size_t(t) * dim, L.rms_ffn.data(), dim, c.norm_eps);
+      kernels::rmsnorm(xb_.data() + size_t(t) * dim, x_.data() + size_t(t) * dim, L.rms_ffn, dim, c.norm_eps);
     ffn_->ffn(l, pos0, n, xb_.data(), tmp_.data(), observer_);
     for (size_t i = 0; i < size_t(n) * dim; ++i) x_[i] += tmp_[i];
   }
 
   if (!logits) return;
   for (int t = 0; t < n; ++t)
-    kernels::rmsnorm(xb_.data() + size_t(t) * dim, x_.data() + size_t(t) * dim, w_.rms_final.data(), dim, c.norm_eps);
-  kernels::matmul(logits, xb_.data(), w_.classifier(), n, dim, c.vocab_size);
+    kernels::rmsnorm(xb_.data() + size_t(t) * dim, x_.data() + size_t(t) * dim, v_.rms_final, dim, c.norm_eps);
+  kernels::matmul(logits, xb_.data(), v_.classifier, n);
 }
 
 }  // namespace nl

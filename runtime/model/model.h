@@ -1,5 +1,5 @@
 // The Llama-family forward pass (RMSNorm, RoPE, grouped-query attention with a KV cache, gated FFN with SiLU or
-// ReLU), fp32, OpenMP. Two paths with identical arithmetic: forward_token() for generation and
+// ReLU), fp32 activations over weights in their stored dtype (runtime/model/weights_view.h), OpenMP. Two paths with identical arithmetic: forward_token() for generation and
 // forward_sequence() for profiling, which runs whole sequences through matrix-matrix products.
 //
 // The FFN is pluggable: an FfnProvider computes a layer's FFN (the default is the dense one over the weights in
@@ -7,10 +7,12 @@
 // which neurons fire. Weights are a plain struct (formats/core/model_weights.h) filled by any reader.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "formats/core/model_weights.h"
+#include "runtime/model/weights_view.h"
 
 namespace nl {
 
@@ -53,15 +55,19 @@ std::string model_weights_problem(const ModelWeights& w, bool need_ffn = true);
 // Not thread-safe: one instance per generating thread; the math inside uses OpenMP.
 class Model {
  public:
-  // Throws InputError (naming w.source) when the weights do not match the config.
-  // `max_seq` bounds the KV cache (0 = config.seq_len).
+  // f32 weights with the dense FFN (when present). Throws InputError (naming w.source) when the weights do not match
+  // the config. `max_seq` bounds the KV cache (0 = config.seq_len).
   explicit Model(const ModelWeights& w, int max_seq = 0);
+  // Typed weights (an image's dense region): no FFN of its own, set_ffn() must provide one.
+  explicit Model(const ModelView& v, int max_seq = 0);
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
 
-  const ModelConfig& config() const { return w_.config; }
+  const ModelConfig& config() const { return v_.config; }
   int max_seq() const { return max_seq_; }
 
   // nullptr restores the dense FFN. The provider must outlive its use.
-  void set_ffn(FfnProvider* ffn) { ffn_ = ffn ? ffn : &dense_; }
+  void set_ffn(FfnProvider* ffn) { ffn_ = ffn ? ffn : dense_.get(); }
   void set_observer(FfnObserver* obs) { observer_ = obs; }
 
   // One token at position `pos` (0 <= pos < max_seq; positions before it must be in the KV cache).
@@ -74,17 +80,17 @@ class Model {
   void forward_sequence(const int* tokens, int n, int pos0, float* logits);
 
  private:
-  const ModelWeights& w_;
-  int max_seq_;
-  DenseFfn dense_;
-  FfnProvider* ffn_;
+  ModelView v_;
+  int max_seq_ = 0;
+  std::unique_ptr<DenseFfn> dense_;  // only over f32 ModelWeights with FFN matrices
+  FfnProvider* ffn_ = nullptr;
   FfnObserver* observer_ = nullptr;
-  bool has_dense_ffn_ = false;
   std::vector<float> att_;                      // attention scores, one row per OpenMP thread
   std::vector<float> key_cache_, value_cache_;  // [layer][max_seq][kv_dim]
-  std::vector<float> x_, xb_, q_, k_, v_, att_out_, tmp_, logits_;
+  std::vector<float> x_, xb_, q_, k_, vv_, att_out_, tmp_, logits_;
   std::vector<float> rope_cos_, rope_sin_;      // [max_seq][head_dim/2]
 
+  void init(int max_seq);
   void ensure_scratch(int n);
   void check_token(int token) const;
 };

@@ -1,0 +1,661 @@
+// Typed-weight kernels (runtime/model/typed_kernels.h): the portable reference, x86 AVX2 (+F16C) and AVX-VNNI
+// paths, aarch64 NEON (+dotprod) paths, and the run-time dispatch. Every path follows the canonical orders the header
+// defines; tests/test_typed_kernels.cpp checks each available path bitwise against the portable one.
+#include "runtime/model/typed_kernels.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "formats/core/error.h"
+#include "formats/core/half.h"
+#include "runtime/model/model.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+#endif
+
+// The 8-lane helpers are always inlined into their callers; no vector ABI crosses a call.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace nl::kernels {
+namespace {
+
+typedef float v8f __attribute__((vector_size(32)));
+
+// Work (multiply-adds) below which a matrix product stays on the calling thread: a shape-only rule, so the thread
+// count never decides anything but speed.
+constexpr long kParallelWork = 1L << 15;
+// Outputs per down-projection chunk: one quantization block.
+constexpr int kChunk = kQuantBlock;
+
+__attribute__((always_inline)) inline float reduce8(const float* a) {
+  const float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
+  return (s0 + s2) + (s1 + s3);
+}
+
+inline uint16_t ld16(const uint8_t* p, size_t i) {
+  uint16_t v;
+  std::memcpy(&v, p + 2 * i, 2);
+  return v;
+}
+
+struct Table {
+  float (*dot_f16)(const uint8_t* w, const float* x, int n);
+  float (*dot_bf16)(const uint8_t* w, const float* x, int n);
+  float (*dot_q8)(const BlockQ8_0* w, const BlockQ8_0* x, int nb);
+  float (*dot_q4)(const BlockQ4_0* w, const BlockQ8_0* x, int nb);
+  void (*down_f16)(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na);
+  void (*down_bf16)(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na);
+  void (*down_q8)(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na);
+  void (*down_q4)(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na);
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// Portable reference.
+
+template <float (*Cvt)(uint16_t)>
+float dot_h16_port(const uint8_t* w, const float* x, int n) {
+  float acc[32] = {};
+  int i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int l = 0; l < 32; ++l) acc[l] += Cvt(ld16(w, size_t(i + l))) * x[i + l];
+  float s[8];
+  for (int l = 0; l < 8; ++l) s[l] = (acc[l] + acc[l + 8]) + (acc[l + 16] + acc[l + 24]);
+  float tail = 0.0f;
+  for (; i < n; ++i) tail += Cvt(ld16(w, size_t(i))) * x[i];
+  return reduce8(s) + tail;
+}
+
+inline int32_t isum_q8(const BlockQ8_0& w, const BlockQ8_0& x) {
+  int32_t s = 0;
+  for (int j = 0; j < kQuantBlock; ++j) s += int32_t(w.qs[j]) * int32_t(x.qs[j]);
+  return s;
+}
+inline int32_t isum_q4(const BlockQ4_0& w, const BlockQ8_0& x) {
+  int32_t s = 0;
+  for (int j = 0; j < kQuantBlock / 2; ++j)
+    s += (int32_t(w.qs[j] & 15) - 8) * int32_t(x.qs[j]) + (int32_t(w.qs[j] >> 4) - 8) * int32_t(x.qs[j + 16]);
+  return s;
+}
+
+// The float part of the block dot, shared by every path that computes per-block integer sums itself.
+template <class B>
+__attribute__((always_inline)) inline void block_lanes(float* acc, const int32_t* isum, const B* w,
+                                                       const BlockQ8_0* x) {
+  for (int l = 0; l < 8; ++l) acc[l] += float(isum[l]) * (f16_to_f32(w[l].d) * f16_to_f32(x[l].d));
+}
+
+template <class B, int32_t (*Isum)(const B&, const BlockQ8_0&)>
+float dot_blocks_port(const B* w, const BlockQ8_0* x, int nb) {
+  float acc[8] = {};
+  int b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    int32_t s[8];
+    for (int l = 0; l < 8; ++l) s[l] = Isum(w[b + l], x[b + l]);
+    block_lanes(acc, s, w + b, x + b);
+  }
+  float tail = 0.0f;
+  for (; b < nb; ++b) tail += float(Isum(w[b], x[b])) * (f16_to_f32(w[b].d) * f16_to_f32(x[b].d));
+  return reduce8(acc) + tail;
+}
+
+template <float (*Cvt)(uint16_t)>
+void down_h16_port(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
+  std::fill(out + o0, out + o1, 0.0f);
+  for (int i = 0; i < na; ++i)
+    for (int o = o0; o < o1; ++o) out[o] += h[i] * Cvt(ld16(cols[i], size_t(o)));
+}
+
+void down_q8_port(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
+  std::fill(out + o0, out + o1, 0.0f);
+  for (int b = o0 / kQuantBlock; b * kQuantBlock < o1; ++b)
+    for (int i = 0; i < na; ++i) {
+      const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(cols[i])[b];
+      const float c = h[i] * f16_to_f32(blk.d);
+      float* y = out + size_t(b) * kQuantBlock;
+      for (int j = 0; j < kQuantBlock; ++j) y[j] += c * float(blk.qs[j]);
+    }
+}
+
+void down_q4_port(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
+  std::fill(out + o0, out + o1, 0.0f);
+  for (int b = o0 / kQuantBlock; b * kQuantBlock < o1; ++b)
+    for (int i = 0; i < na; ++i) {
+      const BlockQ4_0& blk = reinterpret_cast<const BlockQ4_0*>(cols[i])[b];
+      const float c = h[i] * f16_to_f32(blk.d);
+      float* y = out + size_t(b) * kQuantBlock;
+      for (int j = 0; j < kQuantBlock / 2; ++j) {
+        y[j] += c * float(int(blk.qs[j] & 15) - 8);
+        y[j + 16] += c * float(int(blk.qs[j] >> 4) - 8);
+      }
+    }
+}
+
+void down_f32(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
+  std::fill(out + o0, out + o1, 0.0f);
+  for (int i = 0; i < na; ++i) {
+    const float* c = reinterpret_cast<const float*>(cols[i]);
+    const float hi = h[i];
+    for (int o = o0; o < o1; ++o) out[o] += hi * c[o];
+  }
+}
+
+const Table kPortable = {dot_h16_port<f16_to_f32>,
+                         dot_h16_port<bf16_to_f32>,
+                         dot_blocks_port<BlockQ8_0, isum_q8>,
+                         dot_blocks_port<BlockQ4_0, isum_q4>,
+                         down_h16_port<f16_to_f32>,
+                         down_h16_port<bf16_to_f32>,
+                         down_q8_port,
+                         down_q4_port};
+
+// ---------------------------------------------------------------------------------------------------------------
+// x86: AVX2 + F16C (every x86-64-v3 CPU), and the same with VNNI integer dots (AVX-VNNI or AVX512-VNNI+VL).
+#if defined(__x86_64__)
+#define NL_AVX2 __attribute__((target("avx2,f16c")))
+#define NL_VNNI __attribute__((target("avx2,f16c,avxvnni")))
+
+template <bool Bf16>
+NL_AVX2 inline __m256 cvt8(const uint8_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if constexpr (Bf16)
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+  else
+    return _mm256_cvtph_ps(v);
+}
+
+template <bool Bf16>
+NL_AVX2 float dot_h16_avx2(const uint8_t* w, const float* x, int n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_mul_ps(cvt8<Bf16>(w + 2 * i), _mm256_loadu_ps(x + i)));
+    a1 = _mm256_add_ps(a1, _mm256_mul_ps(cvt8<Bf16>(w + 2 * (i + 8)), _mm256_loadu_ps(x + i + 8)));
+    a2 = _mm256_add_ps(a2, _mm256_mul_ps(cvt8<Bf16>(w + 2 * (i + 16)), _mm256_loadu_ps(x + i + 16)));
+    a3 = _mm256_add_ps(a3, _mm256_mul_ps(cvt8<Bf16>(w + 2 * (i + 24)), _mm256_loadu_ps(x + i + 24)));
+  }
+  alignas(32) float s[8];
+  _mm256_store_ps(s, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  float tail = 0.0f;
+  for (; i < n; ++i) tail += (Bf16 ? bf16_to_f32(ld16(w, size_t(i))) : f16_to_f32(ld16(w, size_t(i)))) * x[i];
+  return reduce8(s) + tail;
+}
+
+// Eight int32x8 vectors to one: lane k = the sum of vector k's lanes (integer: exact in any order).
+NL_AVX2 inline __m256i hsum8x8(const __m256i* s) {
+  const __m256i h01 = _mm256_hadd_epi32(s[0], s[1]), h23 = _mm256_hadd_epi32(s[2], s[3]);
+  const __m256i h45 = _mm256_hadd_epi32(s[4], s[5]), h67 = _mm256_hadd_epi32(s[6], s[7]);
+  const __m256i a = _mm256_hadd_epi32(h01, h23), b = _mm256_hadd_epi32(h45, h67);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+// 32 signed weights (-127..127 as the quantizers write them, or -8..7) times 32 int8 activations, as 8 int32 partial
+// sums. maddubs on |w| and sign(w) * x is exact for |w| <= 127 (a -128 weight could saturate: no quantizer writes one).
+NL_AVX2 inline __m256i idot32_avx2(__m256i w, __m256i x) {
+  const __m256i aw = _mm256_sign_epi8(w, w), sx = _mm256_sign_epi8(x, w);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+}
+NL_VNNI inline __m256i idot32_vnni(__m256i w, __m256i x) {
+  const __m256i aw = _mm256_sign_epi8(w, w), sx = _mm256_sign_epi8(x, w);
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), aw, sx);
+}
+
+NL_AVX2 inline __m256i q4_unpack(const BlockQ4_0& b) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+  const __m128i m = _mm_set1_epi8(15);
+  const __m256i lohi = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+  return _mm256_sub_epi8(lohi, _mm256_set1_epi8(8));
+}
+
+NL_AVX2 inline __m256i wq32(const BlockQ8_0& b) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs)); }
+NL_AVX2 inline __m256i wq32(const BlockQ4_0& b) { return q4_unpack(b); }
+
+// One body, two targets (the VNNI one may use VNNI anywhere, the AVX2 one must not).
+#define NL_DOT_BLOCKS_X86(NAME, TARGET, IDOT)                                                                \
+  template <class B, int32_t (*Isum)(const B&, const BlockQ8_0&)>                                            \
+  TARGET float NAME(const B* w, const BlockQ8_0* x, int nb) {                                                \
+    __m256 acc = _mm256_setzero_ps();                                                                        \
+    int b = 0;                                                                                               \
+    for (; b + 8 <= nb; b += 8) {                                                                            \
+      __m256i s[8];                                                                                          \
+      alignas(16) uint16_t dw[8], dx[8];                                                                     \
+      for (int k = 0; k < 8; ++k) {                                                                          \
+        s[k] = IDOT(wq32(w[b + k]), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b + k].qs)));      \
+        dw[k] = w[b + k].d;                                                                                  \
+        dx[k] = x[b + k].d;                                                                                  \
+      }                                                                                                      \
+      const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dw))),  \
+                                     _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dx)))); \
+      acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(hsum8x8(s)), d));                            \
+    }                                                                                                        \
+    alignas(32) float a[8];                                                                                  \
+    _mm256_store_ps(a, acc);                                                                                 \
+    float tail = 0.0f;                                                                                       \
+    for (; b < nb; ++b) tail += float(Isum(w[b], x[b])) * (f16_to_f32(w[b].d) * f16_to_f32(x[b].d));         \
+    return reduce8(a) + tail;                                                                                \
+  }
+NL_DOT_BLOCKS_X86(dot_blocks_avx2, NL_AVX2, idot32_avx2)
+NL_DOT_BLOCKS_X86(dot_blocks_vnni, NL_VNNI, idot32_vnni)
+#undef NL_DOT_BLOCKS_X86
+
+// Neuron-major over the whole output range: each column slice is read contiguously (prefetch and TLB friendly) while
+// the partial sums stay in L1; per output the operations are the portable ones, in the same order.
+template <bool Bf16>
+NL_AVX2 void down_h16_avx2(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
+  const int o8 = o0 + (o1 - o0) / 8 * 8;
+  std::fill(out + o0, out + o1, 0.0f);
+  for (int i = 0; i < na; ++i) {
+    const __m256 hv = _mm256_set1_ps(h[i]);
+    const uint8_t* c = cols[i];
+    for (int o = o0; o < o8; o += 8)
+      _mm256_storeu_ps(out + o,
+                       _mm256_add_ps(_mm256_loadu_ps(out + o), _mm256_mul_ps(hv, cvt8<Bf16>(c + 2 * size_t(o)))));
+    for (int o = o8; o < o1; ++o)
+      out[o] += h[i] * (Bf16 ? bf16_to_f32(ld16(c, size_t(o))) : f16_to_f32(ld16(c, size_t(o))));
+  }
+}
+
+NL_AVX2 inline __m256 i8x8_to_f32(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+
+template <bool Q4>
+NL_AVX2 void down_blocks_avx2(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
+  std::fill(out + o0, out + o1, 0.0f);
+  const int b0 = o0 / kQuantBlock, b1 = (o1 + kQuantBlock - 1) / kQuantBlock;
+  for (int i = 0; i < na; ++i)
+    for (int b = b0; b < b1; ++b) {
+      __m256i q;
+      float d;
+      if constexpr (Q4) {
+        const BlockQ4_0& blk = reinterpret_cast<const BlockQ4_0*>(cols[i])[b];
+        q = q4_unpack(blk);
+        d = f16_to_f32(blk.d);
+      } else {
+        const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(cols[i])[b];
+        q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
+        d = f16_to_f32(blk.d);
+      }
+      const __m256 c = _mm256_set1_ps(h[i] * d);
+      float* y = out + size_t(b) * kQuantBlock;
+      const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+      _mm256_storeu_ps(y, _mm256_add_ps(_mm256_loadu_ps(y), _mm256_mul_ps(c, i8x8_to_f32(lo))));
+      _mm256_storeu_ps(y + 8,
+                       _mm256_add_ps(_mm256_loadu_ps(y + 8), _mm256_mul_ps(c, i8x8_to_f32(_mm_srli_si128(lo, 8)))));
+      _mm256_storeu_ps(y + 16, _mm256_add_ps(_mm256_loadu_ps(y + 16), _mm256_mul_ps(c, i8x8_to_f32(hi))));
+      _mm256_storeu_ps(y + 24,
+                       _mm256_add_ps(_mm256_loadu_ps(y + 24), _mm256_mul_ps(c, i8x8_to_f32(_mm_srli_si128(hi, 8)))));
+    }
+}
+
+const Table kAvx2 = {dot_h16_avx2<false>,
+                     dot_h16_avx2<true>,
+                     dot_blocks_avx2<BlockQ8_0, isum_q8>,
+                     dot_blocks_avx2<BlockQ4_0, isum_q4>,
+                     down_h16_avx2<false>,
+                     down_h16_avx2<true>,
+                     down_blocks_avx2<false>,
+                     down_blocks_avx2<true>};
+const Table kAvxVnni = {dot_h16_avx2<false>,
+                        dot_h16_avx2<true>,
+                        dot_blocks_vnni<BlockQ8_0, isum_q8>,
+                        dot_blocks_vnni<BlockQ4_0, isum_q4>,
+                        down_h16_avx2<false>,
+                        down_h16_avx2<true>,
+                        down_blocks_avx2<false>,
+                        down_blocks_avx2<true>};
+#endif
+
+// ---------------------------------------------------------------------------------------------------------------
+// aarch64: NEON is baseline; the dot-product instructions (vdotq_s32) are chosen when the CPU has them.
+#if defined(__aarch64__)
+template <bool Bf16>
+inline void cvt8(const uint8_t* p, float32x4_t* lo, float32x4_t* hi) {
+  const uint16x8_t v = vld1q_u16(reinterpret_cast<const uint16_t*>(p));
+  if constexpr (Bf16) {
+    *lo = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(v), 16));
+    *hi = vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(v), 16));
+  } else {
+    *lo = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(v)));
+    *hi = vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(v)));
+  }
+}
+
+template <bool Bf16>
+float dot_h16_neon(const uint8_t* w, const float* x, int n) {
+  float32x4_t a[8];
+  for (auto& v : a) v = vdupq_n_f32(0.0f);
+  int i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 4; ++k) {
+      float32x4_t lo, hi;
+      cvt8<Bf16>(w + 2 * (i + 8 * k), &lo, &hi);
+      a[2 * k] = vaddq_f32(a[2 * k], vmulq_f32(lo, vld1q_f32(x + i + 8 * k)));
+      a[2 * k + 1] = vaddq_f32(a[2 * k + 1], vmulq_f32(hi, vld1q_f32(x + i + 8 * k + 4)));
+    }
+  float s[8];
+  vst1q_f32(s, vaddq_f32(vaddq_f32(a[0], a[2]), vaddq_f32(a[4], a[6])));
+  vst1q_f32(s + 4, vaddq_f32(vaddq_f32(a[1], a[3]), vaddq_f32(a[5], a[7])));
+  float tail = 0.0f;
+  for (; i < n; ++i) tail += (Bf16 ? bf16_to_f32(ld16(w, size_t(i))) : f16_to_f32(ld16(w, size_t(i)))) * x[i];
+  return reduce8(s) + tail;
+}
+
+inline int8x16x2_t wq32(const BlockQ8_0& b) { return {vld1q_s8(b.qs), vld1q_s8(b.qs + 16)}; }
+inline int8x16x2_t wq32(const BlockQ4_0& b) {
+  const uint8x16_t v = vld1q_u8(b.qs);
+  const int8x16_t eight = vdupq_n_s8(8);
+  return {vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(15))), eight),
+          vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), eight)};
+}
+
+inline int32_t idot32_neon(int8x16x2_t w, const int8_t* xq) {
+  const int8x16_t x0 = vld1q_s8(xq), x1 = vld1q_s8(xq + 16);
+  int32x4_t s = vpaddlq_s16(vmull_s8(vget_low_s8(w.val[0]), vget_low_s8(x0)));
+  s = vpadalq_s16(s, vmull_high_s8(w.val[0], x0));
+  s = vpadalq_s16(s, vmull_s8(vget_low_s8(w.val[1]), vget_low_s8(x1)));
+  s = vpadalq_s16(s, vmull_high_s8(w.val[1], x1));
+  return vaddvq_s32(s);
+}
+#define NL_DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
+NL_DOTPROD inline int32_t idot32_dotprod(int8x16x2_t w, const int8_t* xq) {
+  const int8x16_t x0 = vld1q_s8(xq), x1 = vld1q_s8(xq + 16);
+  return vaddvq_s32(vdotq_s32(vdotq_s32(vdupq_n_s32(0), w.val[0], x0), w.val[1], x1));
+}
+
+#define NL_DOT_BLOCKS_NEON(NAME, TARGET, IDOT)                                                       \
+  template <class B, int32_t (*Isum)(const B&, const BlockQ8_0&)>                                    \
+  TARGET float NAME(const B* w, const BlockQ8_0* x, int nb) {                                        \
+    float acc[8] = {};                                                                               \
+    int b = 0;                                                                                       \
+    for (; b + 8 <= nb; b += 8) {                                                                    \
+      int32_t s[8];                                                                                  \
+      for (int l = 0; l < 8; ++l) s[l] = IDOT(wq32(w[b + l]), x[b + l].qs);                          \
+      block_lanes(acc, s, w + b, x + b);                                                             \
+    }                                                                                                \
+    float tail = 0.0f;                                                                               \
+    for (; b < nb; ++b) tail += float(Isum(w[b], x[b])) * (f16_to_f32(w[b].d) * f16_to_f32(x[b].d)); \
+    return reduce8(acc) + tail;                                                                      \
+  }
+NL_DOT_BLOCKS_NEON(dot_blocks_neon, , idot32_neon)
+NL_DOT_BLOCKS_NEON(dot_blocks_dotprod, NL_DOTPROD, idot32_dotprod)
+#undef NL_DOT_BLOCKS_NEON
+
+template <bool Bf16>
+void down_h16_neon(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
+  int o = o0;
+  for (; o + 16 <= o1; o += 16) {
+    float32x4_t a[4];
+    for (auto& v : a) v = vdupq_n_f32(0.0f);
+    for (int i = 0; i < na; ++i) {
+      const float32x4_t hv = vdupq_n_f32(h[i]);
+      float32x4_t c0, c1, c2, c3;
+      cvt8<Bf16>(cols[i] + 2 * size_t(o), &c0, &c1);
+      cvt8<Bf16>(cols[i] + 2 * size_t(o + 8), &c2, &c3);
+      a[0] = vaddq_f32(a[0], vmulq_f32(hv, c0));
+      a[1] = vaddq_f32(a[1], vmulq_f32(hv, c1));
+      a[2] = vaddq_f32(a[2], vmulq_f32(hv, c2));
+      a[3] = vaddq_f32(a[3], vmulq_f32(hv, c3));
+    }
+    for (int k = 0; k < 4; ++k) vst1q_f32(out + o + 4 * k, a[k]);
+  }
+  if (o < o1) down_h16_port<Bf16 ? bf16_to_f32 : f16_to_f32>(out, o, o1, h, cols, na);
+}
+
+template <class B>
+void down_blocks_neon(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
+  for (int b = o0 / kQuantBlock; b * kQuantBlock < o1; ++b) {
+    float32x4_t a[8];
+    for (auto& v : a) v = vdupq_n_f32(0.0f);
+    for (int i = 0; i < na; ++i) {
+      const B& blk = reinterpret_cast<const B*>(cols[i])[b];
+      const int8x16x2_t q = wq32(blk);
+      const float32x4_t c = vdupq_n_f32(h[i] * f16_to_f32(blk.d));
+      for (int k = 0; k < 2; ++k) {
+        const int16x8_t lo = vmovl_s8(vget_low_s8(q.val[k])), hi = vmovl_s8(vget_high_s8(q.val[k]));
+        a[4 * k + 0] = vaddq_f32(a[4 * k + 0], vmulq_f32(c, vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)))));
+        a[4 * k + 1] = vaddq_f32(a[4 * k + 1], vmulq_f32(c, vcvtq_f32_s32(vmovl_s16(vget_high_s16(lo)))));
+        a[4 * k + 2] = vaddq_f32(a[4 * k + 2], vmulq_f32(c, vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)))));
+        a[4 * k + 3] = vaddq_f32(a[4 * k + 3], vmulq_f32(c, vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi)))));
+      }
+    }
+    float* y = out + size_t(b) * kQuantBlock;
+    for (int k = 0; k < 8; ++k) vst1q_f32(y + 4 * k, a[k]);
+  }
+}
+
+const Table kNeon = {
+    dot_h16_neon<false>,  dot_h16_neon<true>,  dot_blocks_neon<BlockQ8_0, isum_q8>, dot_blocks_neon<BlockQ4_0, isum_q4>,
+    down_h16_neon<false>, down_h16_neon<true>, down_blocks_neon<BlockQ8_0>,         down_blocks_neon<BlockQ4_0>};
+const Table kNeonDot = {dot_h16_neon<false>,
+                        dot_h16_neon<true>,
+                        dot_blocks_dotprod<BlockQ8_0, isum_q8>,
+                        dot_blocks_dotprod<BlockQ4_0, isum_q4>,
+                        down_h16_neon<false>,
+                        down_h16_neon<true>,
+                        down_blocks_neon<BlockQ8_0>,
+                        down_blocks_neon<BlockQ4_0>};
+#endif
+
+bool isa_supported(Isa isa) {
+  switch (isa) {
+    case Isa::kPortable:
+      return true;
+#if defined(__x86_64__)
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    case Isa::kAvxVnni:
+      return isa_supported(Isa::kAvx2) && __builtin_cpu_supports("avxvnni");
+#endif
+#if defined(__aarch64__)
+    case Isa::kNeon:
+      return true;
+    case Isa::kNeonDot:
+      return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#endif
+    default:
+      return false;
+  }
+}
+
+const Table* table_of(Isa isa) {
+  switch (isa) {
+#if defined(__x86_64__)
+    case Isa::kAvx2:
+      return &kAvx2;
+    case Isa::kAvxVnni:
+      return &kAvxVnni;
+#endif
+#if defined(__aarch64__)
+    case Isa::kNeon:
+      return &kNeon;
+    case Isa::kNeonDot:
+      return &kNeonDot;
+#endif
+    default:
+      return &kPortable;
+  }
+}
+
+Isa best_isa() {
+  const std::vector<Isa> a = available_isas();
+  return a.back();
+}
+
+Isa g_isa = best_isa();
+const Table* g_table = table_of(g_isa);
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kPortable:
+      return "portable";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvxVnni:
+      return "avx-vnni";
+    case Isa::kNeon:
+      return "neon";
+    case Isa::kNeonDot:
+      return "neon-dotprod";
+  }
+  return "?";
+}
+
+std::vector<Isa> available_isas() {
+  std::vector<Isa> out;
+  for (Isa i : {Isa::kPortable, Isa::kAvx2, Isa::kAvxVnni, Isa::kNeon, Isa::kNeonDot})
+    if (isa_supported(i)) out.push_back(i);
+  return out;
+}
+
+Isa active_isa() { return g_isa; }
+
+void set_isa(Isa isa) {
+  if (!isa_supported(isa)) throw InternalError(std::string("kernel path ") + isa_name(isa) + " is not available here");
+  g_isa = isa;
+  g_table = table_of(isa);
+}
+
+void PreparedX::prepare(ImageDtype w_dtype, const float* x, int n, int cols) {
+  dtype_ = w_dtype;
+  x_ = x;
+  cols_ = cols;
+  if (!image_dtype_quantized(w_dtype)) return;
+  if (cols % kQuantBlock != 0)
+    throw InternalError("quantized weights with " + std::to_string(cols) + " columns (not a multiple of 32)");
+  const size_t nb = size_t(cols) / kQuantBlock;
+  q_.resize(size_t(n) * nb);
+  for (int t = 0; t < n; ++t) quantize_row_q8_0(x + size_t(t) * cols, q_.data() + size_t(t) * nb, size_t(cols));
+}
+
+const void* PreparedX::row(int t) const {
+  if (image_dtype_quantized(dtype_)) return q_.data() + size_t(t) * (size_t(cols_) / kQuantBlock);
+  return x_ + size_t(t) * cols_;
+}
+
+float row_dot(ImageDtype dt, const uint8_t* w, const void* x, int n) {
+  switch (dt) {
+    case ImageDtype::kF32:
+      return dot(reinterpret_cast<const float*>(w), static_cast<const float*>(x), n);
+    case ImageDtype::kF16:
+      return g_table->dot_f16(w, static_cast<const float*>(x), n);
+    case ImageDtype::kBF16:
+      return g_table->dot_bf16(w, static_cast<const float*>(x), n);
+    case ImageDtype::kQ8_0:
+      return g_table->dot_q8(reinterpret_cast<const BlockQ8_0*>(w), static_cast<const BlockQ8_0*>(x), n / kQuantBlock);
+    case ImageDtype::kQ4_0:
+      return g_table->dot_q4(reinterpret_cast<const BlockQ4_0*>(w), static_cast<const BlockQ8_0*>(x), n / kQuantBlock);
+  }
+  throw InternalError("row_dot: unknown dtype");
+}
+
+void matmul(float* y, const PreparedX& x, const WeightView& w, int n) {
+  const int rows = w.rows, cols = w.cols;
+  const long work = long(n) * rows * cols;
+  // Each output (t, o) is one row_dot, whichever thread runs it; a row's bytes stay in cache across the tokens.
+#pragma omp parallel for schedule(static) if (work > kParallelWork)
+  for (int o = 0; o < rows; ++o) {
+    const uint8_t* wr = w.row(o);
+    for (int t = 0; t < n; ++t) y[size_t(t) * rows + o] = row_dot(w.dtype, wr, x.row(t), cols);
+  }
+}
+
+void matmul(float* y, const float* x, const WeightView& w, int n) {
+  if (w.dtype == ImageDtype::kF32 && w.row_stride == size_t(w.cols) * sizeof(float) &&
+      reinterpret_cast<uintptr_t>(w.data) % alignof(float) == 0) {
+    // Contiguous f32: the tiled fp32 kernel (same per-output order as dot, so as row_dot).
+    matmul(y, x, reinterpret_cast<const float*>(w.data), n, w.cols, w.rows);
+    return;
+  }
+  thread_local PreparedX px;
+  px.prepare(w.dtype, x, n, w.cols);
+  matmul(y, px, w, n);
+}
+
+void dequantize_row(const WeightView& w, int r, float* out) {
+  const uint8_t* p = w.row(r);
+  switch (w.dtype) {
+    case ImageDtype::kQ8_0:
+      dequantize_row_q8_0(reinterpret_cast<const BlockQ8_0*>(p), out, size_t(w.cols));
+      break;
+    case ImageDtype::kQ4_0:
+      dequantize_row_q4_0(reinterpret_cast<const BlockQ4_0*>(p), out, size_t(w.cols));
+      break;
+    default:
+      image_decode(w.dtype, p, size_t(w.cols), out);
+  }
+}
+
+void down_accum(ImageDtype dt, float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int n_active) {
+  switch (dt) {
+    case ImageDtype::kF32:
+      return down_f32(out, o0, o1, h, cols, n_active);
+    case ImageDtype::kF16:
+      return g_table->down_f16(out, o0, o1, h, cols, n_active);
+    case ImageDtype::kBF16:
+      return g_table->down_bf16(out, o0, o1, h, cols, n_active);
+    case ImageDtype::kQ8_0:
+      return g_table->down_q8(out, o0, o1, h, cols, n_active);
+    case ImageDtype::kQ4_0:
+      return g_table->down_q4(out, o0, o1, h, cols, n_active);
+  }
+  throw InternalError("down_accum: unknown dtype");
+}
+
+void down_project(ImageDtype dt, float* out, int dim, const float* h, const uint8_t* const* cols, int n_active) {
+  // Contiguous output ranges (whole blocks of 32), one per thread: every output is summed in list order by one thread,
+  // so the split (and the thread count) never changes a bit.
+  const int chunks = (dim + kChunk - 1) / kChunk;
+  const long work = long(dim) * n_active;
+#pragma omp parallel if (work > kParallelWork)
+  {
+    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int c0 = int(long(chunks) * t / nt), c1 = int(long(chunks) * (t + 1) / nt);
+    if (c1 > c0) down_accum(dt, out, c0 * kChunk, std::min(dim, c1 * kChunk), h, cols, n_active);
+  }
+}
+
+void ffn_bundles(ImageDtype dt, int dim, const PreparedX& x, const float* g, const uint8_t* const* bundles, int n,
+                 float* out) {
+  // Scratch per calling thread, used through plain pointers (a thread_local named inside the parallel region would
+  // be each worker's own, empty one).
+  thread_local std::vector<float> h_buf;
+  thread_local std::vector<const uint8_t*> down_buf;
+  h_buf.resize(size_t(n));
+  down_buf.resize(size_t(n));
+  float* h = h_buf.data();
+  const uint8_t** down = down_buf.data();
+  const size_t rb = image_row_bytes(dt, size_t(dim));
+  const void* xr = x.row(0);
+#pragma omp parallel for schedule(static) if (long(n) * dim > kParallelWork)
+  for (int i = 0; i < n; ++i) {
+    const uint8_t* b = bundles[i];
+    float gi;
+    if (g) {
+      gi = g[i];
+    } else {
+      gi = row_dot(dt, b, xr, dim);
+      if (!(gi > 0.0f)) gi = 0.0f;
+    }
+    h[size_t(i)] = gi == 0.0f ? 0.0f : gi * row_dot(dt, b + rb, xr, dim);
+  }
+  int k = 0;
+  for (int i = 0; i < n; ++i)
+    if (g || h[size_t(i)] != 0.0f) {
+      h[size_t(k)] = h[size_t(i)];
+      down[size_t(k++)] = bundles[i] + 2 * rb;
+    }
+  down_project(dt, out, dim, h, down, k);
+}
+
+}  // namespace nl::kernels

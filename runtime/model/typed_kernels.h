@@ -1,0 +1,74 @@
+// Kernels over typed weights (runtime/model/weights_view.h): row dot products, matrix-vector / matrix-matrix
+// products and the sparse FFN's down-projection accumulation, for f32, f16, bf16, q8_0 and q4_0 weights, with a
+// portable C++ reference and x86 AVX2 (+F16C), AVX-VNNI and aarch64 NEON (+dotprod) paths
+// chosen at run time.
+//
+// Determinism: every kernel has one canonical summation order that each ISA path reproduces bit for bit (products and
+// sums rounded separately, no FMA; this code is built with -ffp-contract=off):
+// - f32 rows: kernels::dot's order (8 lanes, element i into lane i % 8, reduce8 tree, then the scalar tail).
+// - f16 / bf16 rows (exactly widened to f32): 32 lanes, element i of the first 32*floor(n/32) into lane i % 32;
+//   the lanes are folded as ((l0-7 + l8-15) + (l16-23 + l24-31)) lane-wise, then reduce8, then the scalar tail.
+// - q8_0 / q4_0 rows against activations quantized to q8_0 (quantize_row_q8_0, one rounding rule everywhere): per
+//   block an exact int32 dot, v_b = float(isum_b) * (d_w * d_x); block b of the first 8*floor(nb/8) into lane b % 8,
+//   reduce8, then the remaining blocks summed in order.
+// - down accumulation: out[o] = sum over the listed neurons, in list order, of h_i * w_i[o] (quantized:
+//   (h_i * d_block) * q); each output is its own sum, so any split of the outputs over threads gives the same bits.
+// Thread count never changes a result: matrix products split over output rows, each computed by one thread.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "formats/core/quant.h"
+#include "runtime/model/weights_view.h"
+
+namespace nl::kernels {
+
+enum class Isa { kPortable, kAvx2, kAvxVnni, kNeon, kNeonDot };
+const char* isa_name(Isa isa);
+// The paths this CPU can run, the portable one first.
+std::vector<Isa> available_isas();
+// The path in use (the best available unless set_isa chose another).
+Isa active_isa();
+// Tests and benchmarks: run `isa` from now on (must be available). Not thread-safe against running kernels.
+void set_isa(Isa isa);
+
+// Activations prepared for a weight dtype: f32 as given, or one q8_0 row per token for q8_0 / q4_0 weights.
+// Reused buffers: prepare once per input, then dot many rows.
+class PreparedX {
+ public:
+  void prepare(ImageDtype w_dtype, const float* x, int n, int cols);
+  // Token t's row in the form row_dot wants.
+  const void* row(int t) const;
+  ImageDtype dtype() const { return dtype_; }
+
+ private:
+  ImageDtype dtype_ = ImageDtype::kF32;
+  const float* x_ = nullptr;
+  int cols_ = 0;
+  std::vector<BlockQ8_0> q_;
+};
+
+// One weight row (`n` = cols, a multiple of 32 for q8_0 / q4_0) against one prepared activation row.
+float row_dot(ImageDtype dt, const uint8_t* w, const void* x, int n);
+// y[t][o] = row_dot(w.row(o), x_t) for t < n, o < w.rows; x [n][w.cols] f32. Same numbers for any n, any thread count.
+void matmul(float* y, const float* x, const WeightView& w, int n);
+void matmul(float* y, const PreparedX& x, const WeightView& w, int n);
+// Row r of w widened to f32 (embedding lookups).
+void dequantize_row(const WeightView& w, int r, float* out);
+
+// out[o] for o in [o0, o1) = sum over i < n_active (in that order) of h[i] * col_i[o], where col_i = cols[i] is a
+// down-projection column of `dim` weights in dtype `dt` (quantized in blocks of 32 along dim: o0 and o1 multiples
+// of 32, or o1 = dim). Overwrites out[o0..o1).
+void down_accum(ImageDtype dt, float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int n_active);
+// down_accum over all `dim` outputs, split over threads in blocks of 32 outputs.
+void down_project(ImageDtype dt, float* out, int dim, const float* h, const uint8_t* const* cols, int n_active);
+
+// One token's gated FFN over bundles ([gate row | up row | down column], each image_row_bytes(dt, dim) bytes) of the
+// listed neurons, in list order: h_i = g[i] * (up_i . x); when g is null, g_i = relu(gate_i . x) from the bundle's own
+// gate row and neurons with h_i = 0 drop out. out[dim] = sum_i h_i * down_i (down_project). The up dots run in
+// parallel over neurons; every number is independent of the thread count.
+void ffn_bundles(ImageDtype dt, int dim, const PreparedX& x, const float* g, const uint8_t* const* bundles, int n,
+                 float* out);
+
+}  // namespace nl::kernels

@@ -1,0 +1,51 @@
+// Typed views of a model's weights: a matrix is (dtype, bytes, rows, cols, row stride), so the forward pass reads
+// f32, f16, bf16, q8_0 or q4_0 weights where they lie (an image's dense region in DRAM, a bundle's gate rows) with no
+// f32 copy. view_of(ModelWeights) is the f32 view the profiler and the model readers use (no copy either).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "formats/core/image.h"
+#include "formats/core/model_weights.h"
+
+namespace nl {
+
+// Row-major [rows][cols] in `dtype`, each row quantized along cols (GGUF's convention); row r starts at
+// data + r * row_stride.
+struct WeightView {
+  ImageDtype dtype = ImageDtype::kF32;
+  const uint8_t* data = nullptr;
+  int rows = 0, cols = 0;
+  size_t row_stride = 0;  // bytes
+
+  const uint8_t* row(int r) const { return data + size_t(r) * row_stride; }
+  bool empty() const { return data == nullptr; }
+  static WeightView f32(const float* p, int rows, int cols) {
+    return {ImageDtype::kF32, reinterpret_cast<const uint8_t*>(p), rows, cols, size_t(cols) * sizeof(float)};
+  }
+};
+
+struct LayerView {
+  const float* rms_att = nullptr;  // [dim], always f32
+  WeightView wq, wk, wv, wo;
+  const float* rms_ffn = nullptr;  // [dim]
+};
+
+// What Model needs besides the FFN. Borrowed pointers: the owner (ModelWeights, a DenseStore) outlives the view.
+struct ModelView {
+  ModelConfig config;
+  std::string source;
+  WeightView tok_embeddings;  // [vocab][dim]
+  std::vector<LayerView> layers;
+  const float* rms_final = nullptr;
+  WeightView classifier;  // [vocab][dim] (the embedding when the classifier is shared)
+};
+
+// The f32 view of ModelWeights (sizes must already be checked: model_weights_problem).
+ModelView view_of(const ModelWeights& w);
+// Checks a view's shapes against its config; returns "" or what is wrong.
+std::string model_view_problem(const ModelView& v);
+
+}  // namespace nl

@@ -1,0 +1,171 @@
+// Typed-weight kernels (runtime/model/typed_kernels.h): every SIMD path this CPU has is bitwise equal to the portable
+// reference on random data with odd sizes, matches a double-precision reference within rounding, and matrix products
+// give the same bits for any token count and thread count.
+#include <doctest/doctest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "formats/core/half.h"
+#include "formats/core/image.h"
+#include "formats/core/quant.h"
+#include "runtime/model/typed_kernels.h"
+
+using namespace nl;
+
+namespace {
+
+// A [rows][cols] matrix of random weights (a few large outliers) in dtype `dt`, and its f32 decode.
+struct TypedMatrix {
+  ImageDtype dt;
+  int rows, cols;
+  size_t stride;
+  std::vector<uint8_t> bytes;
+  std::vector<float> f32;  // the stored values widened
+  WeightView view() const { return {dt, bytes.data(), rows, cols, stride}; }
+};
+
+TypedMatrix make_matrix(ImageDtype dt, int rows, int cols, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  TypedMatrix m{dt, rows, cols, image_row_bytes(dt, size_t(cols)), {}, {}};
+  m.bytes.resize(m.stride * size_t(rows));
+  m.f32.resize(size_t(rows) * cols);
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) row[size_t(c)] = nd(rng) * (rng() % 97 == 0 ? 40.0f : 1.0f);
+    uint8_t* dst = m.bytes.data() + size_t(r) * m.stride;
+    if (dt == ImageDtype::kQ8_0)
+      quantize_row_q8_0(row.data(), reinterpret_cast<BlockQ8_0*>(dst), size_t(cols));
+    else if (dt == ImageDtype::kQ4_0)
+      quantize_row_q4_0(row.data(), reinterpret_cast<BlockQ4_0*>(dst), size_t(cols));
+    else
+      image_encode(dt, row.data(), size_t(cols), dst);
+    kernels::dequantize_row(m.view(), r, m.f32.data() + size_t(r) * cols);
+  }
+  return m;
+}
+
+std::vector<float> random_x(int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& v : x) v = nd(rng);
+  return x;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+struct IsaGuard {
+  kernels::Isa saved = kernels::active_isa();
+  ~IsaGuard() { kernels::set_isa(saved); }
+};
+
+const ImageDtype kDtypes[] = {ImageDtype::kF32, ImageDtype::kF16, ImageDtype::kBF16, ImageDtype::kQ8_0,
+                              ImageDtype::kQ4_0};
+
+}  // namespace
+
+TEST_CASE("every kernel path equals the portable reference bit for bit (row dots, matmul, down accumulation)") {
+  IsaGuard guard;
+  const auto isas = kernels::available_isas();
+  MESSAGE("kernel paths here: " << [&] {
+    std::string s;
+    for (auto i : isas) s += std::string(kernels::isa_name(i)) + " ";
+    return s;
+  }());
+  for (ImageDtype dt : kDtypes) {
+    const bool q = image_dtype_quantized(dt);
+    // Odd sizes: tails of every kind (not a multiple of 8 / 32 elements, or of 8 blocks).
+    const std::vector<int> sizes = q ? std::vector<int>{32, 7 * 32, 8 * 32, 9 * 32, 17 * 32, 67 * 32}
+                                     : std::vector<int>{1, 7, 31, 33, 64, 100, 257, 1031};
+    for (int cols : sizes) {
+      CAPTURE(image_dtype_name(dt));
+      CAPTURE(cols);
+      const int rows = 13, n = 3;
+      TypedMatrix m = make_matrix(dt, rows, cols, 17 + uint64_t(cols));
+      const std::vector<float> x = random_x(n * cols, 99 + uint64_t(cols));
+      // Down: `rows` columns of length `cols` (the columns are the matrix rows), h random.
+      const std::vector<float> h = random_x(rows, 5);
+      std::vector<const uint8_t*> colp;
+      for (int r = 0; r < rows; ++r) colp.push_back(m.bytes.data() + size_t(r) * m.stride);
+
+      std::vector<float> ref_mm, ref_down;
+      for (kernels::Isa isa : isas) {
+        CAPTURE(kernels::isa_name(isa));
+        kernels::set_isa(isa);
+        std::vector<float> y(size_t(n) * rows), d(static_cast<size_t>(cols), -1.0f);
+        kernels::matmul(y.data(), x.data(), m.view(), n);
+        kernels::down_project(dt, d.data(), cols, h.data(), colp.data(), rows);
+        if (ref_mm.empty()) {
+          ref_mm = y;
+          ref_down = d;
+          // The portable reference against double precision over the stored values.
+          for (int t = 0; t < n; ++t)
+            for (int o = 0; o < rows; ++o) {
+              std::vector<float> xr(x.begin() + t * cols, x.begin() + (t + 1) * cols);
+              if (q) {  // the activations the kernel sees: q8_0
+                std::vector<BlockQ8_0> xq(size_t(cols) / 32);
+                quantize_row_q8_0(xr.data(), xq.data(), size_t(cols));
+                dequantize_row_q8_0(xq.data(), xr.data(), size_t(cols));
+              }
+              double s = 0, mag = 0;
+              for (int c = 0; c < cols; ++c) {
+                s += double(m.f32[size_t(o) * cols + c]) * xr[size_t(c)];
+                mag += std::fabs(double(m.f32[size_t(o) * cols + c]) * xr[size_t(c)]);
+              }
+              REQUIRE(std::fabs(y[size_t(t) * rows + o] - s) <= 1e-4 * mag + 1e-30);
+            }
+          for (int c = 0; c < cols; ++c) {
+            double s = 0, mag = 0;
+            for (int r = 0; r < rows; ++r) {
+              s += double(h[size_t(r)]) * m.f32[size_t(r) * cols + c];
+              mag += std::fabs(double(h[size_t(r)]) * m.f32[size_t(r) * cols + c]);
+            }
+            REQUIRE(std::fabs(d[size_t(c)] - s) <= 1e-4 * mag + 1e-30);
+          }
+        } else {
+          CHECK(same_bits(y, ref_mm));
+          CHECK(same_bits(d, ref_down));
+        }
+        // Token t of a batch = the same token alone (prefill = token by token).
+        for (int t = 0; t < n; ++t) {
+          std::vector<float> y1(static_cast<size_t>(rows));
+          kernels::matmul(y1.data(), x.data() + size_t(t) * cols, m.view(), 1);
+          CHECK(std::memcmp(y1.data(), y.data() + size_t(t) * rows, sizeof(float) * rows) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("matrix products and the down projection give the same bits for 1, 2, 3 and 4 threads") {
+  const int saved = omp_get_max_threads();
+  for (ImageDtype dt : kDtypes) {
+    CAPTURE(image_dtype_name(dt));
+    const int rows = 301, cols = 640, n = 5, active = 211;
+    TypedMatrix m = make_matrix(dt, rows, cols, 3);
+    const std::vector<float> x = random_x(n * cols, 4), h = random_x(active, 6);
+    std::vector<const uint8_t*> colp;
+    for (int r = 0; r < active; ++r) colp.push_back(m.bytes.data() + size_t(r) * m.stride);
+    std::vector<float> ref_y, ref_d;
+    for (int threads : {1, 2, 3, 4}) {
+      omp_set_num_threads(threads);
+      std::vector<float> y(size_t(n) * rows), d(static_cast<size_t>(cols));
+      kernels::matmul(y.data(), x.data(), m.view(), n);
+      kernels::down_project(dt, d.data(), cols, h.data(), colp.data(), active);
+      if (ref_y.empty()) {
+        ref_y = y;
+        ref_d = d;
+      }
+      CHECK(same_bits(y, ref_y));
+      CHECK(same_bits(d, ref_d));
+    }
+  }
+  omp_set_num_threads(saved);
+}
