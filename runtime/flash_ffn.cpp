@@ -65,9 +65,16 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
       throw UsageError("--select lowrank predicts ReLU sparsity; this model's FFN activation is SiLU (every neuron fires)");
     if (o.lowrank_rank < 1) throw UsageError("--select lowrank:R needs R >= 1");
   }
-  if (o.select == SelectMode::kGate || o.select == SelectMode::kLowRank) {
+  if (o.select == SelectMode::kThreshold && o.act_threshold.size() != size_t(c.n_layers))
+    throw UsageError("--select threshold needs one threshold per layer (" + std::to_string(c.n_layers) + ")");
+  if (o.select == SelectMode::kTrace) {
     if (m_.bundle_kind != BundleKind::kGated)
-      throw UsageError("--select gate|lowrank needs a gated FFN image (this one has plain bundles)");
+      throw UsageError("--select trace needs a gated FFN image (this one has plain bundles)");
+    trace_active_.resize(size_t(c.n_layers));
+  }
+  if (o.select == SelectMode::kGate || o.select == SelectMode::kLowRank || o.select == SelectMode::kThreshold) {
+    if (m_.bundle_kind != BundleKind::kGated)
+      throw UsageError("--select gate|lowrank|threshold needs a gated FFN image (this one has plain bundles)");
     AlignedBuffer buf;
     const size_t dim = size_t(c.dim);
     for (int l = 0; l < c.n_layers; ++l) {
@@ -163,6 +170,27 @@ void FlashFfn::set_phase(LowRankPhase p, double target_recall) {
   pred_ = PredictorCounters{};
 }
 
+void FlashFfn::set_trace_active(int layer, const std::vector<uint32_t>& neurons) {
+  if (opt_.select != SelectMode::kTrace) throw InternalError("set_trace_active outside --select trace");
+  auto& a = trace_active_[size_t(layer)];
+  a.clear();
+  for (uint32_t n : neurons) {
+    if (n >= slot_of_[size_t(layer)].size()) throw InternalError("trace: neuron index out of range");
+    a.push_back(slot_of_[size_t(layer)][n]);
+  }
+  std::sort(a.begin(), a.end());
+}
+
+void FlashFfn::set_thresholds(const std::vector<float>& t) {
+  if (opt_.select != SelectMode::kThreshold || t.size() != opt_.act_threshold.size())
+    throw InternalError("set_thresholds outside --select threshold or with the wrong layer count");
+  opt_.act_threshold = t;
+  make_caches();
+  total_ = token_ = FlashCounters{};
+  per_token_.clear();
+  thr_ = ThresholdCounters{};
+}
+
 const uint8_t* FlashFfn::bundle(int layer, uint32_t slot) const {
   // In one of this token's reads?
   auto it = std::upper_bound(plan_.reads.begin(), plan_.reads.end(), slot,
@@ -239,7 +267,7 @@ void FlashFfn::end_token() {
 void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out, FfnObserver* observer) {
   (void)pos0;
   (void)observer;
-  if (opt_.select == SelectMode::kReplay) throw UsageError("the model forward needs --select gate or lowrank");
+  if (opt_.select == SelectMode::kReplay) throw UsageError("the model forward needs --select gate, lowrank, trace or threshold");
   const bool predict = opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kPredict;
   const ModelConfig& c = m_.config;
   const int dim = c.dim, hidden = c.hidden_dim;
@@ -288,6 +316,32 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
       token_.compute_seconds += since(t0);
       continue;
     }
+    if (opt_.select == SelectMode::kTrace) {
+      // The given neurons' bundles, gate from each bundle's own row (no gate rows in DRAM); ReLU zeros add nothing.
+      active_ = trace_active_[size_t(layer)];
+      load(layer);
+      auto t0 = Clock::now();
+      std::fill(ot, ot + dim, 0.0f);
+      float* gate = row_.data();
+      float* up = row_.data() + dim;
+      float* down = row_.data() + 2 * dim;
+      for (uint32_t s : active_) {
+        const uint8_t* b = bundle(layer, s);
+        image_decode(m_.dtype, b, size_t(dim), gate);
+        float gv = kernels::dot(gate, xt, dim);
+        if (c.act == FfnAct::kRelu) {
+          if (!(gv > 0.0f)) continue;
+        } else {
+          gv = gv / (1.0f + std::exp(-gv));
+        }
+        image_decode(m_.dtype, b + size_t(dim) * esz, size_t(dim), up);
+        image_decode(m_.dtype, b + size_t(dim) * esz * 2, size_t(dim), down);
+        const float h = gv * kernels::dot(up, xt, dim);
+        for (int o = 0; o < dim; ++o) ot[o] += h * down[o];
+      }
+      token_.compute_seconds += since(t0);
+      continue;
+    }
     auto t0 = Clock::now();
     kernels::matmul(g_.data(), xt, gate_[size_t(layer)].data(), 1, dim, hidden);
     active_.clear();
@@ -298,6 +352,22 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
         g_[size_t(s)] = g_[size_t(s)] / (1.0f + std::exp(-g_[size_t(s)]));
         active_.push_back(uint32_t(s));
       }
+    }
+    if (opt_.select == SelectMode::kThreshold) {
+      // CATS: keep |act| > t (ReLU: act > max(0, t)); the mass kept is measured on the same activations.
+      const float thr = opt_.act_threshold[size_t(layer)];
+      size_t k = 0;
+      for (int s = 0; s < hidden; ++s) thr_.mass_total += std::fabs(double(c.act == FfnAct::kRelu ? std::max(0.0f, g_[size_t(s)]) : g_[size_t(s)]));
+      for (uint32_t s : active_) {
+        const float a = std::fabs(g_[s]);
+        if (a > thr) {
+          active_[k++] = s;
+          thr_.mass_kept += double(a);
+        }
+      }
+      active_.resize(k);
+      thr_.kept += k;
+      thr_.total += uint64_t(hidden);
     }
     token_.compute_seconds += since(t0);
     if (opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kCalibrate) {

@@ -1,6 +1,7 @@
 // Streaming flash image writer: fixed layout computed up front, payload hashed as it is written, header last.
 #include "formats/core/image_writer.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "formats/core/error.h"
@@ -65,6 +66,11 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
     }
   }
   m_.cache_policy = std::move(spec.cache_policy);
+  if (!spec.act_threshold.empty() && spec.act_threshold.size() != size_t(c.n_layers))
+    throw UsageError("cannot pack: the activation thresholds have a different layer count");
+  for (double t : spec.act_threshold)
+    if (!(t >= 0) || !std::isfinite(t)) throw UsageError("cannot pack: an activation threshold is negative or not finite");
+  m_.act_threshold = std::move(spec.act_threshold);
 
   // Fixed layout: header block, dense region, one region per layer, each aligned.
   const uint64_t esz = image_dtype_bytes(m_.dtype);

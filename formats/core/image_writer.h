@@ -26,6 +26,7 @@ struct ImageSpec {
   std::string tokenizer, source, source_format, layout, layout_method;
   std::vector<std::vector<uint32_t>> order;  // per layer slot -> original neuron; empty = identity everywhere
   std::vector<ImageCachePolicy> cache_policy; // per layer (pinned as slots of `order`); empty = none recorded
+  std::vector<double> act_threshold;          // per layer CATS threshold; empty = none recorded
 };
 
 class ImageWriter {
