@@ -37,6 +37,10 @@ constexpr uint64_t kF32 = 4;
 constexpr uint64_t kCacheEntryOverhead = 128;
 // Per layer and neuron: slot maps, the cache's state, the planner's arrays (a generous bound).
 constexpr uint64_t kPerNeuronBookkeeping = 32;
+// Per forward pass: the per-token counters and their metrics / JSON report at the end.
+constexpr uint64_t kPerTokenReport = 1024;
+// Allocator slack, the I/O engine, the report: a fixed allowance, plus per thread the touched stack and arena.
+constexpr uint64_t kRuntimeAllowance = 1 << 20, kPerThreadAllowance = 256 << 10;
 
 }  // namespace
 
@@ -127,7 +131,8 @@ MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, in
   p.scratch = kF32 * (5 * dim + 2 * uint64_t(c.kv_dim()) + vocab + ctx * uint64_t(c.head_dim()) +
                       uint64_t(std::max(1, threads)) * ctx + 4 * hid + 3 * dim) +
               16 * vocab + (ffn == FfnResidency::kAll ? 0 : hid * m.bundle_bytes + 2 * kIoBlock) +
-              L * hid * kPerNeuronBookkeeping;
+              L * hid * kPerNeuronBookkeeping + ctx * kPerTokenReport + kRuntimeAllowance +
+              uint64_t(std::max(1, threads)) * kPerThreadAllowance;
   uint64_t largest_ffn_region = 0;
   for (int l = 0; l < c.n_layers; ++l) largest_ffn_region = std::max(largest_ffn_region, m.ffn(l).bytes);
   p.load_transient = std::max(m.dense().bytes, ffn == FfnResidency::kNone ? 0 : largest_ffn_region);
