@@ -14,6 +14,7 @@
 
 #include "cli/commands.h"
 #include "cli/run_flash_options.h"
+#include "formats/core/bitmask.h"
 #include "formats/core/error.h"
 #include "formats/core/progress.h"
 #include "runtime/memory.h"
