@@ -2,7 +2,6 @@
 // DRAM, FFN neurons read from the flash image; a memory budget that sizes the neuron cache; a closing summary
 // (time to first token, prompt and decode tokens/s, I/O share, peak RSS). docs/runtime.md "Generation".
 #include <omp.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -329,6 +328,7 @@ Generation generate(Model& model, FlashFfn* ffn, const std::vector<int>& prompt,
     g.prefill_seconds = g.first_token_seconds = since(t0);
   }
   g.decode_seconds = std::chrono::duration<double>(Clock::now() - t_first).count();
+  if (stream) stream->finish();  // the streamed line ends before progress writes its last line (2>&1 stays readable)
   if (prog) prog->finish();
   return g;
 }
@@ -506,11 +506,10 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   Sampler sampler(sc);
   const bool stream_on = !g.json;
   Streamer stream(tok.get(), prompt, stream_on);
-  Progress prog("generate", uint64_t(total - 1), !g.quiet && !::isatty(1), "tokens");
+  Progress prog("generate", uint64_t(total - 1), !g.quiet, "tokens");
   const auto t0 = Clock::now();
   Generation gen = generate(model, ffn.get(), prompt, a.steps, sampler, stop, &stream, feed.get(), &prog);
   const double wall = since(t0);
-  stream.finish();
   const std::vector<int>& out = gen.tokens;
   const uint64_t forwards = uint64_t(gen.prompt_forwards) + (out.empty() ? 0 : out.size() - 1);
   extra["generated"] = out;
