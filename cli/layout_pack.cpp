@@ -24,12 +24,14 @@
 #include "runtime/device.h"
 #include "runtime/flash_image.h"
 #include "runtime/model/model.h"
+#include "formats/trace.h"
 
 namespace nl::cli {
 namespace {
 
 struct PackArgs {
   std::string model, layout, out, dtype, tokenizer, export_permuted, synthetic_shape, device;
+  std::string act_threshold_from;  // trace whose per-layer thresholds go to the manifest's act_threshold
   int synthetic_layers = 4;
   CLI::Option* layers_opt = nullptr;  // whole synthetic models keep their layer count unless --layers is given
   uint64_t seed = 1;
@@ -81,6 +83,25 @@ const std::map<std::string, SyntheticShape>& synthetic_shapes() {
       {"mistral-7b-turbosparse", {4096, 14336, BundleKind::kGated}}, // 24 KiB
   };
   return m;
+}
+
+// Per-layer CATS thresholds of a trace: its `threshold` layer attributes (calibrated rules), or X of an `abs>X` rule
+// for every layer. InputError naming the trace when it has neither or another layer count.
+std::vector<double> trace_act_thresholds(const std::string& path, int n_layers) {
+  TraceInfo ti = TraceReader(path).info();
+  if (ti.n_layers != uint32_t(n_layers))
+    throw InputError(path, "has " + std::to_string(ti.n_layers) + " layers, the model has " + std::to_string(n_layers));
+  if (!ti.thresholds.empty()) return ti.thresholds;
+  if (ti.activation.rfind("abs>", 0) == 0) {
+    try {
+      size_t used = 0;
+      const double x = std::stod(ti.activation.substr(4), &used);
+      if (used == ti.activation.size() - 4 && x >= 0 && std::isfinite(x)) return std::vector<double>(size_t(n_layers), x);
+    } catch (const std::exception&) {
+    }
+  }
+  throw InputError(path, "records no activation thresholds (activation '" + ti.activation +
+                             "'; profile with --activation calibrated:F or abs>X)");
 }
 
 // "NAME" from the table, or "DIMxHIDDEN" / "DIMxHIDDENxplain|gated" (plain when omitted).
@@ -143,6 +164,11 @@ void add_pack_input_options(CLI::App* c, PackArgs& a) {
       ->check(CLI::ExistingFile)
       ->group("Input");
   c->add_option("--tokenizer", a.tokenizer, "Tokenizer copied beside the image as OUT.tokenizer and named in the manifest (nl-run --prompt finds it)")->group("Input");
+  c->add_option("--act-threshold-from", a.act_threshold_from,
+                "Trace (nl-profile run --activation calibrated:F or abs>X) whose per-layer thresholds go to the "
+                "manifest's act_threshold (nl-run --select threshold)")
+      ->check(CLI::ExistingFile)
+      ->group("Input");
 }
 
 void add_pack_output_options(CLI::App* c, PackArgs& a) {
@@ -461,6 +487,7 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
     spec.layout = a.layout;
     spec.layout_method = lay.method;
   }
+  if (!a.act_threshold_from.empty()) spec.act_threshold = trace_act_thresholds(a.act_threshold_from, w.config.n_layers);
   const auto order = spec.order;
   ImageManifest m;
   // f32 images store the source exactly: no report.

@@ -1,21 +1,35 @@
-// nl-run generate: prompt tokens -> greedy tokens, dense weights in DRAM, FFN neurons read from the flash image.
+// nl-run generate: prompt -> tokens (greedy or sampled), streamed to stdout as they are produced; dense weights in
+// DRAM, FFN neurons read from the flash image; a memory budget that sizes the neuron cache; a closing summary
+// (time to first token, prompt and decode tokens/s, I/O share, peak RSS). docs/runtime.md "Generation".
+#include <omp.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "cli/run_flash_options.h"
+#include "formats/core/bitmask.h"
 #include "formats/core/error.h"
 #include "formats/core/progress.h"
+#include "runtime/memory.h"
 #include "runtime/model/model.h"
+#include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
 #ifdef NL_FULL_BUILD
+#include "cli/run_trace.h"
 #include "profiler/tokenizer.h"  // SentencePiece as well (full builds only: libsentencepiece)
 #endif
 
 namespace nl::cli {
 namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 struct GenerateArgs {
   FlashArgs flash;
@@ -26,6 +40,12 @@ struct GenerateArgs {
   double target_recall = 0.99;
   std::string calibrate_tokens = "1";
   int calibrate_steps = 64;
+  SamplerConfig sampler;
+  bool ignore_eos = false;
+  int context = 0;  // 0 = prompt + steps (at most the model's seq_len)
+  std::string memory_budget;
+  std::string invalid_utf8 = "replace";
+  CLI::Option* cache_ratio_opt = nullptr;  // to tell an explicit --cache-ratio from its default
 };
 
 // "lowrank:R" -> R, else 0.
@@ -40,6 +60,22 @@ int lowrank_rank(const std::string& select) {
   }
 }
 
+// "threshold:T" -> T (>= 0); NaN when `select` is not of that form.
+double select_threshold(const std::string& select) {
+  if (select.rfind("threshold:", 0) != 0) return std::nan("");
+  try {
+    size_t used = 0;
+    const double t = std::stod(select.substr(10), &used);
+    return used == select.size() - 10 && t >= 0 && std::isfinite(t) ? t : -1.0;
+  } catch (const std::exception&) {
+    return -1.0;
+  }
+}
+
+std::string select_trace(const std::string& select) {
+  return select.rfind("trace:", 0) == 0 ? select.substr(6) : std::string();
+}
+
 void add_generate_prompt_options(CLI::App* c, GenerateArgs& a) {
   auto* ids = c->add_option("--prompt-tokens", a.prompt_tokens, "Prompt as comma-separated token ids (default: 1, BOS)")
                   ->group("Prompt");
@@ -49,15 +85,51 @@ void add_generate_prompt_options(CLI::App* c, GenerateArgs& a) {
                 "reference, relative to the manifest's folder. Generated text is printed when one is found")
       ->check(CLI::ExistingFile)
       ->group("Prompt");
-  c->add_option("--steps", a.steps, "Tokens to generate (greedy)")->check(CLI::Range(1, 1 << 20))->group("Prompt");
+  c->add_option("--steps", a.steps, "Tokens to generate at most (fewer when EOS comes first)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->group("Prompt");
   c->add_option("--select", a.select,
                 "Which neurons to read: gate (exact, gate rows in DRAM) | dense (whole FFN decoded into DRAM: the "
                 "reference) | lowrank:R (ReLU models: rank-R SVD predictor of the gate, threshold calibrated to "
-                "--target-recall)")
+                "--target-recall) | threshold:T (CATS: |act(gate x)| > T, gate rows in DRAM) | threshold (the same with the "
+                "manifest's per-layer act_threshold) | trace:T.h5 (full "
+                "builds: each token's neurons from a trace of the same shape; timing benchmarks)")
       ->check([](const std::string& s) {
-        return s == "gate" || s == "dense" || lowrank_rank(s) > 0 ? std::string() : "expected gate, dense or lowrank:R (R >= 1)";
+        return s == "gate" || s == "dense" || s == "threshold" || lowrank_rank(s) > 0 || select_threshold(s) >= 0 ||
+                       !select_trace(s).empty()
+                   ? std::string()
+                   : "expected gate, dense, lowrank:R (R >= 1), threshold, threshold:T (T >= 0) or trace:FILE.h5";
       })
       ->group("Prompt");
+}
+
+void add_generate_sampling_options(CLI::App* c, GenerateArgs& a) {
+  c->add_option("--temperature", a.sampler.temperature, "Sampling temperature; 0 = greedy (argmax)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->group("Sampling");
+  c->add_option("--top-k", a.sampler.top_k, "Keep the K most likely tokens (0 = all)")
+      ->check(CLI::Range(0, 1 << 30))
+      ->group("Sampling");
+  c->add_option("--top-p", a.sampler.top_p, "Keep the smallest set of most likely tokens reaching probability P")
+      ->check(CLI::Range(0.0, 1.0))
+      ->group("Sampling");
+  c->add_flag("--ignore-eos", a.ignore_eos, "Keep generating after the tokenizer's EOS token")->group("Sampling");
+  c->add_option("--invalid-utf8", a.invalid_utf8,
+                "Text that is not UTF-8 (byte tokens) in JSON: replace (U+FFFD per bad byte) or escape (\\xNN); "
+                "stdout always gets the raw bytes")
+      ->check(CLI::IsMember({"replace", "escape"}))
+      ->group("Output");
+}
+
+void add_generate_memory_options(CLI::App* c, GenerateArgs& a) {
+  c->add_option("--context", a.context, "KV cache positions (default: prompt + steps, at most the model's seq_len)")
+      ->check(CLI::Range(1, 1 << 24))
+      ->group("Memory");
+  c->add_option("--memory-budget", a.memory_budget,
+                "DRAM for the whole process (6GiB, 512MiB, 2GB, 80% of MemAvailable): the neuron cache gets what the "
+                "dense weights, gate rows, KV cache and buffers leave (an explicit --cache-ratio wins and is "
+                "checked against it); refused with exit 3 when the fixed part does not fit")
+      ->group("Memory");
 }
 
 void add_generate_predictor_options(CLI::App* c, GenerateArgs& a) {
@@ -117,24 +189,123 @@ std::vector<int> parse_tokens(const std::string& s, int vocab) {
   return v;
 }
 
-int argmax(const float* x, int n) {
-  int best = 0;
-  for (int i = 1; i < n; ++i)
-    if (x[i] > x[best]) best = i;
-  return best;
+// Text for JSON: valid UTF-8 is kept; each byte of an invalid sequence becomes U+FFFD (replace) or "\xNN" (escape).
+std::string json_text(const std::string& s, bool escape) {
+  std::string out;
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = n > 0 && i + n <= s.size();
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
+    if (ok && n > 1) {  // no overlong forms, surrogates or code points past U+10FFFF
+      uint32_t cp = c & (0x7F >> n);
+      for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+      ok = cp >= (n == 2 ? 0x80u : n == 3 ? 0x800u : 0x10000u) && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    }
+    if (ok) {
+      out.append(s, i, n);
+      i += n;
+      continue;
+    }
+    if (escape) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02X", c);
+      out += buf;
+    } else {
+      out += "\xEF\xBF\xBD";
+    }
+    ++i;
+  }
+  return out;
 }
 
-// Feeds the prompt, then `steps` greedy tokens; returns the generated tokens. Ends each token on `ffn` (may be null).
-// `prog` (may be null) counts forward passes.
-std::vector<int> generate_greedy(Model& model, FlashFfn* ffn, const std::vector<int>& prompt, int steps,
-                                 Progress* prog = nullptr) {
+// Writes the text (with a tokenizer) or the ids (without) to stdout as tokens are produced, flushed per token.
+// Raw bytes: a byte token goes out as its byte, even where it leaves UTF-8 incomplete.
+class Streamer {
+ public:
+  Streamer(const Tokenizer* tok, const std::vector<int>& prompt, bool on) : tok_(tok), on_(on) {
+    all_.assign(prompt.begin(), prompt.end());
+    if (!on_) return;
+    if (tok_) {
+      shown_ = tok_->decode(all_);
+      std::fputs("text: ", stdout);
+      std::fwrite(shown_.data(), 1, shown_.size(), stdout);
+    } else {
+      std::fputs("tokens:", stdout);
+    }
+    std::fflush(stdout);
+  }
+  void token(int t) {
+    all_.push_back(t);
+    if (!on_) return;
+    if (tok_) {
+      // The decoded sequence grows at its end; a tokenizer that rewrites earlier text (none we read does) waits.
+      const std::string now = tok_->decode(all_);
+      if (now.size() >= shown_.size() && now.compare(0, shown_.size(), shown_) == 0) {
+        std::fwrite(now.data() + shown_.size(), 1, now.size() - shown_.size(), stdout);
+        shown_ = now;
+      }
+    } else {
+      std::printf(" %d", t);
+    }
+    std::fflush(stdout);
+  }
+  void finish() {
+    if (!on_) return;
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  }
+
+ private:
+  const Tokenizer* tok_;
+  bool on_;
+  std::vector<int32_t> all_;
+  std::string shown_;
+};
+
+// --select trace: each forward pass f takes trace token f (wrapping at the trace's end) for every layer.
+struct TraceFeed {
+  std::vector<LayerMask> masks;
+  uint64_t n_tokens = 0;
+  uint64_t wrapped = 0;  // forward passes that used a wrapped-around trace token
+  std::vector<uint32_t> active;
+  void apply(FlashFfn& ffn, uint64_t forward) {
+    const uint64_t t = forward % n_tokens;
+    if (forward >= n_tokens) ++wrapped;
+    for (size_t l = 0; l < masks.size(); ++l) {
+      active.clear();
+      const LayerMask& mk = masks[l];
+      for (uint32_t k = 0; k < mk.n_neurons; ++k)
+        if (mk.test(k, t)) active.push_back(k);
+      ffn.set_trace_active(int(l), active);
+    }
+  }
+};
+
+struct Generation {
+  std::vector<int> tokens;   // generated (the EOS token included when it stopped generation)
+  bool stopped_at_eos = false;
+  int prompt_forwards = 0;   // forward passes over the prompt (its last one gives the first token's logits)
+  double prefill_seconds = 0, first_token_seconds = 0, decode_seconds = 0;
+};
+
+// Feeds the prompt, then up to `steps` tokens from `sampler`, stopping after a token of `stop`. Ends each forward
+// pass on `ffn` (may be null). `stream`, `feed` and `prog` may be null.
+Generation generate(Model& model, FlashFfn* ffn, const std::vector<int>& prompt, int steps, Sampler& sampler,
+                    const std::vector<int>& stop,
+                    Streamer* stream = nullptr, TraceFeed* feed = nullptr, Progress* prog = nullptr) {
   const int vocab = model.config().vocab_size;
   const int total = int(prompt.size()) + steps;
-  std::vector<int> out;
+  Generation g;
+  g.prompt_forwards = int(prompt.size());
+  const auto t0 = Clock::now();
+  auto t_first = t0;
   int token = prompt[0], pos = 0;
-  if (prompt.size() > 1) {
+  if (prompt.size() > 1 && !feed) {
     // Batched prefill: all prompt tokens but the last in one pass (matrix-matrix products; per token the same
-    // arithmetic as one at a time, so the tokens are the same), the last one then yields the first logits.
+    // arithmetic as one at a time, so the tokens are the same), the last one then yields the first logits. A trace
+    // feed names each forward pass's neurons, so it prefills token by token.
     pos = int(prompt.size()) - 1;
     model.forward_sequence(prompt.data(), pos, 0, nullptr);
     if (ffn) ffn->end_token();
@@ -142,24 +313,53 @@ std::vector<int> generate_greedy(Model& model, FlashFfn* ffn, const std::vector<
     if (prog) prog->add(uint64_t(pos));
   }
   for (; pos + 1 < total; ++pos) {
+    if (feed) feed->apply(*ffn, uint64_t(pos));
     const float* logits = model.forward_token(token, pos);
     if (ffn) ffn->end_token();
+    if (prog) prog->add(1);
     if (pos + 1 < int(prompt.size())) {
       token = prompt[size_t(pos + 1)];
-    } else {
-      token = argmax(logits, vocab);
-      out.push_back(token);
+      continue;
     }
-    if (prog) prog->add(1);
+    if (g.tokens.empty()) g.prefill_seconds = since(t0);
+    token = sampler.sample(logits, vocab);
+    g.tokens.push_back(token);
+    if (stream) stream->token(token);
+    if (g.tokens.size() == 1) {
+      t_first = Clock::now();
+      g.first_token_seconds = since(t0);
+    }
+    if (std::find(stop.begin(), stop.end(), token) != stop.end()) {
+      g.stopped_at_eos = true;
+      break;
+    }
   }
+  if (g.tokens.empty()) {  // steps == 0 cannot happen (--steps >= 1); keep the figures defined
+    g.prefill_seconds = g.first_token_seconds = since(t0);
+  }
+  g.decode_seconds = std::chrono::duration<double>(Clock::now() - t_first).count();
+  if (stream) stream->finish();  // the streamed line ends before progress writes its last line (2>&1 stays readable)
   if (prog) prog->finish();
-  return out;
+  return g;
+}
+
+// Agreement of `out` with `ref`: share of equal positions (over the shorter) and the equal prefix.
+std::pair<double, size_t> agreement(const std::vector<int>& out, const std::vector<int>& ref) {
+  const size_t n = std::min(out.size(), ref.size());
+  size_t same = 0, prefix = 0;
+  for (size_t i = 0; i < n; ++i) same += out[i] == ref[i];
+  while (prefix < n && out[prefix] == ref[prefix]) ++prefix;
+  return {n ? double(same) / double(n) : 1.0, prefix};
 }
 
 void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
-  auto img = flash_open(a.flash, g);
-  const ModelConfig& c = img->manifest().config;
+  if (std::string p = sampler_config_problem(a.sampler); !p.empty()) throw UsageError(p);
+  const uint64_t budget = a.memory_budget.empty() ? 0 : parse_memory_size(a.memory_budget);
+  FlashArgs fa = a.flash;  // the cache ratio may come from the budget
+  auto img = flash_open(fa, g);
+  const ImageManifest& man = img->manifest();
+  const ModelConfig& c = man.config;
   std::unique_ptr<Tokenizer> tok;
   const std::string tok_path = tokenizer_path(a, *img);
   if (!tok_path.empty()) {
@@ -178,19 +378,114 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   } else {
     prompt = parse_tokens(a.prompt_tokens, c.vocab_size);
   }
-  const std::unique_ptr<DenseStore> dense = img->load_dense_store();
-  const ModelView& w = dense->view;
-  std::unique_ptr<FlashFfn> ffn;
-  if (a.select == "dense") ffn = std::make_unique<FlashFfn>(*img, flash_ffn_options(a.flash, SelectMode::kDense));
   const int total = int(prompt.size()) + a.steps;
   if (total > c.seq_len)
     throw UsageError("prompt + steps = " + std::to_string(total) + " exceeds the model's context " + std::to_string(c.seq_len));
+  const int context = a.context ? a.context : total;
+  if (context > c.seq_len)
+    throw UsageError("--context " + std::to_string(context) + " exceeds the model's context " + std::to_string(c.seq_len));
+  if (total > context)
+    throw UsageError("prompt + steps = " + std::to_string(total) + " exceeds --context " + std::to_string(context));
   const int rank = lowrank_rank(a.select);
+  const double thr = select_threshold(a.select);
+  const bool threshold = thr >= 0 || a.select == "threshold";
+  std::vector<float> thresholds;  // per layer
+  if (thr >= 0) thresholds.assign(size_t(c.n_layers), float(thr));
+  if (a.select == "threshold") {
+    if (man.act_threshold.empty())
+      throw InputError(img->manifest_path(), "records no act_threshold: pack with --act-threshold-from TRACE.h5 (a "
+                                             "calibrated trace), or give --select threshold:T");
+    for (double t : man.act_threshold) thresholds.push_back(float(t));
+  }
+  const std::string trace_path = select_trace(a.select);
+  const bool synthetic_image = man.source.rfind("synthetic", 0) == 0;
+  bool synthetic = synthetic_image;
+
+  // The trace first (its masks are part of the process the budget covers).
+  std::unique_ptr<TraceFeed> feed;
   nlohmann::json extra = {{"mode", "generate"}, {"select", a.select}, {"prompt_tokens", prompt}};
+  if (!trace_path.empty()) {
+#ifdef NL_FULL_BUILD
+    feed = std::make_unique<TraceFeed>();
+    TraceInfo ti;
+    feed->masks = read_trace_masks(trace_path, man, &ti);
+    feed->n_tokens = ti.n_tokens;
+    if (!feed->n_tokens) throw InputError(trace_path, "has no tokens");
+    synthetic = synthetic || trace_is_synthetic(ti);
+    extra["trace"] = {{"path", json_text(trace_path, a.invalid_utf8 == "escape")},
+                      {"tokens", ti.n_tokens},
+                      {"activation", json_text(ti.activation, a.invalid_utf8 == "escape")},
+                      {"synthetic", trace_is_synthetic(ti)}};
+#else
+    throw UsageError("--select trace:FILE.h5 reads HDF5 traces: it needs a full build (this is the runtime-only build)");
+#endif
+  }
+
+  // Memory: the fixed part (measured baseline + dense + FFN rows in DRAM + KV + buffers) must fit the budget; the
+  // neuron cache gets the rest unless --cache-ratio was given.
+  const FfnResidency residency = a.select == "dense"      ? FfnResidency::kAll
+                                 : !trace_path.empty()    ? FfnResidency::kNone
+                                                          : FfnResidency::kGateRows;
+  MemoryPlan plan = memory_plan(man, context, residency, omp_get_max_threads(), current_rss_bytes());
+  if (rank > 0) plan.ffn_resident += uint64_t(c.n_layers) * uint64_t(c.hidden_dim + c.dim) * uint64_t(rank) * 4;
+  const bool ratio_given = a.cache_ratio_opt && a.cache_ratio_opt->count() > 0;
+  // The ratio that runs: --cache-ratio, else the manifest's planner setting (effective_cache_ratio); the budget may
+  // size it below. Both fields are set so that flash_ffn_options reads the same figure either way.
+  auto set_ratio = [&fa](double r) { fa.cache_ratio = fa.planner.cache_ratio = r; };
+  set_ratio(fa.effective_cache_ratio());
+  std::string cache_from = ratio_given || budget == 0 ? "--cache-ratio" : "--memory-budget";
+  if (residency == FfnResidency::kAll) set_ratio(0), cache_from = "none (--select dense)";
+  if (budget) {
+    const std::string what = "dense weights " + format_bytes(plan.dense) + " + FFN rows in DRAM " +
+                             format_bytes(plan.ffn_resident) + " + KV cache (" + std::to_string(context) +
+                             " positions) " + format_bytes(plan.kv) + " + buffers " +
+                             format_bytes(plan.scratch + plan.load_transient) + " + the process itself " +
+                             format_bytes(plan.baseline);
+    if (plan.fixed() > budget)
+      throw InputError(img->image_path(), "needs " + format_bytes(plan.fixed()) + " before any neuron cache (" + what +
+                                              "), more than --memory-budget " + a.memory_budget + " = " +
+                                              format_bytes(budget) + "; nothing was loaded");
+    if (residency != FfnResidency::kAll) {
+      if (ratio_given) {
+        plan.cache_bundles_per_layer = cache_capacity_for_ratio(fa.cache_ratio, uint32_t(c.hidden_dim));
+        if (plan.fixed() + plan.cache_bytes(c.n_layers) > budget)
+          throw InputError(img->image_path(), "--cache-ratio " + std::to_string(fa.cache_ratio) + " needs " +
+                                                  format_bytes(plan.cache_bytes(c.n_layers)) + " of neuron cache on top of " +
+                                                  format_bytes(plan.fixed()) + " (" + what +
+                                                  "), more than --memory-budget " + a.memory_budget + " = " +
+                                                  format_bytes(budget) + "; nothing was loaded");
+      } else {
+        plan.cache_bundles_per_layer = cache_bundles_for_budget(plan, man, budget);
+        set_ratio(double(plan.cache_bundles_per_layer) / double(c.hidden_dim));
+      }
+    }
+  } else if (residency != FfnResidency::kAll) {
+    plan.cache_bundles_per_layer = cache_capacity_for_ratio(fa.cache_ratio, uint32_t(c.hidden_dim));
+  }
+
+  // The dense weights in DRAM as stored (no f32 copy); --select dense holds the whole FFN in DRAM the same way.
+  const std::unique_ptr<DenseStore> dense = img->load_dense_store();
+  const ModelView& w = dense->view;
+  std::unique_ptr<FlashFfn> ffn;
+  if (a.select == "dense") ffn = std::make_unique<FlashFfn>(*img, flash_ffn_options(fa, SelectMode::kDense));
+  // Stop tokens: the tokenizer's EOS; llama2.c models also end a text with BOS (run.c stops there). None without a
+  // tokenizer or with --ignore-eos.
+  std::vector<int> stop;
+  if (tok && !a.ignore_eos) {
+    stop.push_back(tok->eos_id());
+    if (tok->kind() == "llama2c") stop.push_back(tok->bos_id());
+  }
+  SamplerConfig sc = a.sampler;
+  sc.seed = fa.seed;
   std::vector<int> reference;
-  if (a.select == "gate" || rank > 0) {
-    FlashFfnOptions fo = flash_ffn_options(a.flash, rank > 0 ? SelectMode::kLowRank : SelectMode::kGate);
+  if (a.select != "dense") {
+    const SelectMode mode = rank > 0 ? SelectMode::kLowRank
+                            : threshold ? SelectMode::kThreshold
+                            : feed      ? SelectMode::kTrace
+                                        : SelectMode::kGate;
+    FlashFfnOptions fo = flash_ffn_options(fa, mode);
     fo.lowrank_rank = rank;
+    if (threshold) fo.act_threshold.assign(size_t(c.n_layers), -std::numeric_limits<float>::infinity());
     ffn = std::make_unique<FlashFfn>(*img, fo);
   }
   if (rank > 0) {
@@ -202,37 +497,89 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
       throw UsageError("calibration prompt + steps = " + std::to_string(cal_total) + " exceeds the model's context " +
                        std::to_string(c.seq_len));
     ffn->set_phase(LowRankPhase::kCalibrate);
-    Model cm(w, cal_total);
-    cm.set_ffn(ffn.get());
-    generate_greedy(cm, ffn.get(), cal, a.calibrate_steps);
+    {
+      Model cm(w, cal_total);
+      cm.set_ffn(ffn.get());
+      Sampler greedy(SamplerConfig{});
+      generate(cm, ffn.get(), cal, a.calibrate_steps, greedy, {});
+    }
     ffn->set_phase(LowRankPhase::kExact, a.target_recall);
     extra["calibration_samples"] = ffn->calibration_samples();
-    Model rm(w, total);
-    rm.set_ffn(ffn.get());
-    reference = generate_greedy(rm, ffn.get(), prompt, a.steps);
-    ffn->set_phase(LowRankPhase::kPredict);
   }
-  Model model(w, total);
+  if (rank > 0 || threshold) {
+    // The exact run (gate selection) on the prompt with the same sampler settings: the tokens to agree with.
+    Model rm(w, context);
+    rm.set_ffn(ffn.get());
+    Sampler s(sc);
+    reference = generate(rm, ffn.get(), prompt, a.steps, s, stop).tokens;
+    if (rank > 0) ffn->set_phase(LowRankPhase::kPredict);
+    if (threshold) ffn->set_thresholds(thresholds);
+  }
+  Model model(w, context);
   if (ffn) model.set_ffn(ffn.get());
-  auto t0 = std::chrono::steady_clock::now();
+  Sampler sampler(sc);
+  const bool stream_on = !g.json;
+  Streamer stream(tok.get(), prompt, stream_on);
   Progress prog("generate", uint64_t(total - 1), !g.quiet, "tokens");
-  std::vector<int> out = generate_greedy(model, ffn.get(), prompt, a.steps, &prog);
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto t0 = Clock::now();
+  Generation gen = generate(model, ffn.get(), prompt, a.steps, sampler, stop, &stream, feed.get(), &prog);
+  const double wall = since(t0);
+  const std::vector<int>& out = gen.tokens;
+  const uint64_t forwards = uint64_t(gen.prompt_forwards) + (out.empty() ? 0 : out.size() - 1);
   extra["generated"] = out;
   std::string text;
+  const bool esc = a.invalid_utf8 == "escape";
   if (tok) {
     std::vector<int32_t> all(prompt.begin(), prompt.end());
     all.insert(all.end(), out.begin(), out.end());
     text = tok->decode(all);  // prompt + continuation (decoding the parts apart would drop the joining space)
-    extra["tokenizer"] = tok_path;
-    extra["text"] = text;
-    if (!a.prompt.empty()) extra["prompt"] = a.prompt;
+    extra["tokenizer"] = json_text(tok_path, esc);
+    extra["text"] = json_text(text, esc);
+    if (!a.prompt.empty()) extra["prompt"] = json_text(a.prompt, esc);
   }
+  // Timing and memory of this run.
+  double decode_io = 0;
+  if (ffn)
+    for (size_t i = size_t(gen.prompt_forwards); i < ffn->per_token().size(); ++i) decode_io += ffn->per_token()[i].io_seconds;
+  const int decode_forwards = out.empty() ? 0 : int(out.size()) - 1;
+  const uint64_t peak = peak_rss_bytes();
+  const double pp_tps = gen.prefill_seconds > 0 ? double(gen.prompt_forwards) / gen.prefill_seconds : 0.0;
+  const double dec_tps = gen.decode_seconds > 0 && decode_forwards ? double(decode_forwards) / gen.decode_seconds : 0.0;
+  const double io_share = gen.decode_seconds > 0 ? decode_io / gen.decode_seconds : 0.0;
+  const std::string label = synthetic ? "synthetic selection from a trace: timing only, text meaningless" : "";
+  extra["generation"] = {{"prompt_tokens", gen.prompt_forwards},
+                         {"generated_tokens", out.size()},
+                         {"stop", gen.stopped_at_eos ? "eos" : "steps"},
+                         {"stop_tokens", stop},
+                         {"time_to_first_token_seconds", gen.first_token_seconds},
+                         {"prefill_seconds", gen.prefill_seconds},
+                         {"prompt_tokens_per_second", pp_tps},
+                         {"decode_forwards", decode_forwards},
+                         {"decode_seconds", gen.decode_seconds},
+                         {"decode_tokens_per_second", dec_tps},
+                         {"decode_io_seconds", decode_io},
+                         {"decode_io_share", io_share},
+                         {"peak_rss_bytes", peak},
+                         {"sampler",
+                          {{"temperature", sc.temperature}, {"top_k", sc.top_k}, {"top_p", sc.top_p}, {"seed", sc.seed}}}};
+  if (synthetic) extra["synthetic"] = label;
+  if (feed) extra["trace"]["wrapped_forwards"] = feed->wrapped;
+  extra["memory"] = {{"budget_bytes", budget},
+                     {"context", context},
+                     {"baseline_bytes", plan.baseline},
+                     {"dense_bytes", plan.dense},
+                     {"ffn_resident_bytes", plan.ffn_resident},
+                     {"kv_cache_bytes", plan.kv},
+                     {"scratch_bytes", plan.scratch},
+                     {"load_transient_bytes", plan.load_transient},
+                     {"fixed_bytes", plan.fixed()},
+                     {"cache_bundles_per_layer", plan.cache_bundles_per_layer},
+                     {"cache_bytes", plan.cache_bytes(c.n_layers)},
+                     {"cache_sized_by", cache_from},
+                     {"peak_rss_bytes", peak}};
   if (rank > 0) {
     const PredictorCounters& p = ffn->predictor();
-    size_t same = 0, prefix = 0;
-    for (size_t i = 0; i < out.size(); ++i) same += out[i] == reference[i];
-    while (prefix < out.size() && out[prefix] == reference[prefix]) ++prefix;
+    const auto [agree, prefix] = agreement(out, reference);
     extra["predictor"] = {{"rank", rank},
                           {"target_recall", a.target_recall},
                           {"calibration_prompt_tokens", parse_tokens(a.calibrate_tokens, c.vocab_size)},
@@ -240,16 +587,27 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
                           {"thresholds", ffn->thresholds()},
                           {"recall", p.recall()},
                           {"precision", p.precision()},
-                          {"predicted_per_layer_token", double(p.predicted) / double(std::max<uint64_t>(1, uint64_t(out.size() + prompt.size() - 1) * uint64_t(c.n_layers)))},
+                          {"predicted_per_layer_token", double(p.predicted) / double(std::max<uint64_t>(1, forwards * uint64_t(c.n_layers)))},
                           {"dense_tokens", reference},
-                          {"token_agreement", out.empty() ? 1.0 : double(same) / double(out.size())},
+                          {"token_agreement", agree},
+                          {"agreeing_prefix", prefix}};
+  }
+  if (threshold) {
+    const ThresholdCounters& tc = ffn->threshold_counters();
+    const auto [agree, prefix] = agreement(out, reference);
+    extra["threshold"] = {{"t", thresholds},
+                          {"mass_recall", tc.mass_recall()},
+                          {"kept_fraction", tc.total ? double(tc.kept) / double(tc.total) : 1.0},
+                          {"dense_tokens", reference},
+                          {"token_agreement", agree},
                           {"agreeing_prefix", prefix}};
   }
   if (!g.json) {
-    std::printf("tokens:");
-    for (int t : out) std::printf(" %d", t);
-    std::printf("\n");
-    if (tok) std::printf("text: %s\n", text.c_str());
+    if (tok) {  // the text streamed above; the ids now
+      std::printf("tokens:");
+      for (int t : out) std::printf(" %d", t);
+      std::printf("\n");
+    }
     if (rank > 0) {
       const auto& p = extra["predictor"];
       std::printf("lowrank:%d predictor: recall %.4f, precision %.4f (target recall %.3f on %llu calibration samples); "
@@ -258,8 +616,24 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
                   static_cast<unsigned long long>(ffn->calibration_samples()), p["token_agreement"].get<double>(),
                   p["agreeing_prefix"].get<size_t>());
     }
+    if (threshold) {
+      const auto& p = extra["threshold"];
+      std::printf("%s: |act| mass recall %.4f, neurons kept %.4f; token agreement with dense %.4f, first %zu "
+                  "tokens identical\n",
+                  a.select.c_str(), p["mass_recall"].get<double>(), p["kept_fraction"].get<double>(),
+                  p["token_agreement"].get<double>(), p["agreeing_prefix"].get<size_t>());
+    }
+    if (synthetic) std::printf("%s\n", label.c_str());
   }
-  flash_report(a.flash, g, *img, a.select == "dense" ? nullptr : ffn.get(), wall, uint64_t(total - 1), json_dump(extra));
+  if (!g.quiet)
+    std::fprintf(stderr,
+                 "generate: %d prompt tokens in %.3f s (%.1f tok/s), first token after %.3f s; %d decode tokens in "
+                 "%.3f s (%.1f tok/s), I/O %.1f%% of decode; peak RSS %s%s%s\n",
+                 gen.prompt_forwards, gen.prefill_seconds, pp_tps, gen.first_token_seconds, decode_forwards,
+                 gen.decode_seconds, dec_tps, io_share * 100, format_bytes(peak).c_str(),
+                 budget ? (" (budget " + format_bytes(budget) + ")").c_str() : "",
+                 synthetic ? (" [" + label + "]").c_str() : "");
+  flash_report(fa, g, *img, a.select == "dense" ? nullptr : ffn.get(), wall, forwards, json_dump(extra));
 }
 
 }  // namespace
@@ -269,10 +643,13 @@ void add_run_generate(CLI::App& app, GlobalOptions& g) {
   CLI::App* c = app.add_subcommand("generate", "Generate tokens, reading only the needed FFN neurons from the image");
   add_flash_image_options(c, a.flash);
   add_generate_prompt_options(c, a);
+  add_generate_sampling_options(c, a);
+  add_generate_memory_options(c, a);
   add_generate_predictor_options(c, a);
   add_flash_io_options(c, a.flash);
   add_flash_plan_options(c, a.flash);
   add_flash_metrics_options(c, a.flash);
+  a.cache_ratio_opt = c->get_option("--cache-ratio");
   c->callback([&g] { generate_main(a, g); });
 }
 

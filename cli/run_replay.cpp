@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/run_flash_options.h"
+#include "cli/run_trace.h"
 #include "formats/core/error.h"
 #include "formats/core/progress.h"
 #include "formats/trace.h"
@@ -31,17 +32,8 @@ void replay_main(const ReplayArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
   auto img = flash_open(a.flash, g, {{"--trace", a.trace}});
   const ImageManifest& m = img->manifest();
-  TraceReader tr(a.trace);
-  const TraceInfo& ti = tr.info();
-  if (ti.n_layers != uint32_t(m.config.n_layers))
-    throw InputError(a.trace, "has " + std::to_string(ti.n_layers) + " layers, the image has " + std::to_string(m.config.n_layers));
-  std::vector<LayerMask> masks;
-  for (uint32_t l = 0; l < ti.n_layers; ++l) {
-    if (ti.n_neurons[l] != uint32_t(m.config.hidden_dim))
-      throw InputError(a.trace, "layer " + std::to_string(l) + " has " + std::to_string(ti.n_neurons[l]) +
-                                    " neurons, the image has " + std::to_string(m.config.hidden_dim));
-    masks.push_back(tr.read_layer(l));
-  }
+  TraceInfo ti;
+  std::vector<LayerMask> masks = read_trace_masks(a.trace, m, &ti);
   const uint64_t n = a.max_tokens ? std::min(a.max_tokens, ti.n_tokens) : ti.n_tokens;
   FlashFfn ffn(*img, flash_ffn_options(a.flash, SelectMode::kReplay));
   std::vector<uint32_t> active;

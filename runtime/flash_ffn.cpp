@@ -70,9 +70,17 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
   if (image_dtype_quantized(m_.dtype) && c.dim % kQuantBlock != 0)
     throw InputError(img_.manifest_path(), "dim " + std::to_string(c.dim) + " is not a multiple of 32 (" +
                                                image_dtype_name(m_.dtype) + " bundles)");
-  if (o.select == SelectMode::kGate || o.select == SelectMode::kLowRank || o.select == SelectMode::kDense) {
+  if (o.select == SelectMode::kThreshold && o.act_threshold.size() != size_t(c.n_layers))
+    throw UsageError("--select threshold needs one threshold per layer (" + std::to_string(c.n_layers) + ")");
+  if (o.select == SelectMode::kTrace) {
     if (m_.bundle_kind != BundleKind::kGated)
-      throw UsageError("--select gate|dense|lowrank needs a gated FFN image (this one has plain bundles)");
+      throw UsageError("--select trace needs a gated FFN image (this one has plain bundles)");
+    trace_active_.resize(size_t(c.n_layers));
+  }
+  if (o.select == SelectMode::kGate || o.select == SelectMode::kLowRank || o.select == SelectMode::kDense ||
+      o.select == SelectMode::kThreshold) {
+    if (m_.bundle_kind != BundleKind::kGated)
+      throw UsageError("--select gate|dense|lowrank|threshold needs a gated FFN image (this one has plain bundles)");
     const size_t dim = size_t(c.dim);
     for (int l = 0; l < c.n_layers; ++l) {
       AlignedBuffer buf;
@@ -181,6 +189,27 @@ void FlashFfn::set_phase(LowRankPhase p, double target_recall) {
   pred_ = PredictorCounters{};
 }
 
+void FlashFfn::set_trace_active(int layer, const std::vector<uint32_t>& neurons) {
+  if (opt_.select != SelectMode::kTrace) throw InternalError("set_trace_active outside --select trace");
+  auto& a = trace_active_[size_t(layer)];
+  a.clear();
+  for (uint32_t n : neurons) {
+    if (n >= slot_of_[size_t(layer)].size()) throw InternalError("trace: neuron index out of range");
+    a.push_back(slot_of_[size_t(layer)][n]);
+  }
+  std::sort(a.begin(), a.end());
+}
+
+void FlashFfn::set_thresholds(const std::vector<float>& t) {
+  if (opt_.select != SelectMode::kThreshold || t.size() != opt_.act_threshold.size())
+    throw InternalError("set_thresholds outside --select threshold or with the wrong layer count");
+  opt_.act_threshold = t;
+  make_caches();
+  total_ = token_ = FlashCounters{};
+  per_token_.clear();
+  thr_ = ThresholdCounters{};
+}
+
 const uint8_t* FlashFfn::bundle(int layer, uint32_t slot) const {
   if (!region_.empty()) return region_[size_t(layer)].data() + uint64_t(slot) * m_.bundle_bytes;
   // In one of this token's reads?
@@ -273,7 +302,8 @@ void FlashFfn::compute(int layer, float* out, bool gate_in_bundle) {
 void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out, FfnObserver* observer) {
   (void)pos0;
   (void)observer;
-  if (opt_.select == SelectMode::kReplay) throw UsageError("the model forward needs --select gate, dense or lowrank");
+  if (opt_.select == SelectMode::kReplay)
+    throw UsageError("the model forward needs --select gate, dense, lowrank, trace or threshold");
   const bool predict = opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kPredict;
   const ModelConfig& c = m_.config;
   const int dim = c.dim, hidden = c.hidden_dim;
@@ -317,6 +347,24 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
       token_.compute_seconds += since(t0);
       continue;
     }
+    if (opt_.select == SelectMode::kTrace) {
+      // The given neurons' bundles; each gate from the bundle's own row (no gate rows in DRAM), in the stored dtype.
+      // ReLU: ffn_bundles applies the gate itself (zeros add nothing); SiLU: the gates first, then the same sum.
+      active_ = trace_active_[size_t(layer)];
+      load(layer);
+      auto t0 = Clock::now();
+      if (c.act == FfnAct::kRelu) {
+        compute(layer, ot, true);
+      } else {
+        for (uint32_t s : active_) {
+          const float gv = kernels::row_dot(m_.dtype, bundle(layer, s), xq_.row(0), dim);
+          g_[s] = gv / (1.0f + std::exp(-gv));
+        }
+        compute(layer, ot, false);
+      }
+      token_.compute_seconds += since(t0);
+      continue;
+    }
     auto t0 = Clock::now();
     kernels::matmul(g_.data(), xq_, gate_view_[size_t(layer)], 1);
     active_.clear();
@@ -327,6 +375,22 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
         g_[size_t(s)] = g_[size_t(s)] / (1.0f + std::exp(-g_[size_t(s)]));
         active_.push_back(uint32_t(s));
       }
+    }
+    if (opt_.select == SelectMode::kThreshold) {
+      // CATS: keep |act| > t (ReLU: act > max(0, t)); the mass kept is measured on the same activations.
+      const float thr = opt_.act_threshold[size_t(layer)];
+      size_t k = 0;
+      for (int s = 0; s < hidden; ++s) thr_.mass_total += std::fabs(double(c.act == FfnAct::kRelu ? std::max(0.0f, g_[size_t(s)]) : g_[size_t(s)]));
+      for (uint32_t s : active_) {
+        const float a = std::fabs(g_[s]);
+        if (a > thr) {
+          active_[k++] = s;
+          thr_.mass_kept += double(a);
+        }
+      }
+      active_.resize(k);
+      thr_.kept += k;
+      thr_.total += uint64_t(hidden);
     }
     token_.compute_seconds += since(t0);
     if (opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kCalibrate) {

@@ -7,6 +7,9 @@
 // calibrated to a target recall; the predicted bundles are read and their exact gate rows decide each neuron's
 // contribution, so a missed neuron is the only error). Lowrank also keeps the full gate in DRAM, to measure
 // recall and precision against the truth (measurement only: outside the timed compute).
+// `trace` (benchmarks: the caller names each layer-token's active neurons, e.g. from a trace of the same shape; their
+// bundles are read and computed for real, gate from the bundle's own gate row) and `threshold` (CATS: gate rows in
+// DRAM as for gate; a neuron is read only when |act(gate x)| > t_l, the rest contribute nothing).
 // Not thread-safe: one instance per generating thread.
 #pragma once
 #include <cstdint>
@@ -26,7 +29,8 @@ namespace nl {
 
 // kDense: the whole FFN in DRAM in the stored dtype (every region read and checksummed at start-up), computed with
 // exactly gate mode's arithmetic (same kernels, same neuron order), so gate = dense token for token; no I/O per token.
-enum class SelectMode { kGate, kReplay, kLowRank, kDense };
+// kTrace: the active neurons come from a trace (set_trace_active); kThreshold: CATS, |act(gate x)| > t per layer.
+enum class SelectMode { kGate, kReplay, kLowRank, kDense, kTrace, kThreshold };
 
 // Lowrank phases: exact (as gate: the reference run), calibrate (exact, and records the predictor's scores of the
 // neurons that really fire), predict (reads what the predictor selects).
@@ -54,6 +58,15 @@ struct FlashFfnOptions {
   CacheConfig cache;          // admission parameters, window, seed (capacity and per-layer seed are derived)
   CachePolicyMode cache_policy = CachePolicyMode::kManifest;
   int lowrank_rank = 0;       // lowrank: R
+  std::vector<float> act_threshold;  // threshold: t per layer (|act(gate x)| > t fires; ReLU models: act > t)
+};
+
+// Threshold selection: the |act(gate x)| mass and the neuron count the threshold keeps against all neurons (gate
+// rows in DRAM give every activation), summed over layer-tokens.
+struct ThresholdCounters {
+  double mass_kept = 0, mass_total = 0;
+  uint64_t kept = 0, total = 0;
+  double mass_recall() const { return mass_total > 0 ? mass_kept / mass_total : 1.0; }
 };
 
 // Totals (and, per token, the same figures summed over layers).
@@ -77,6 +90,11 @@ class FlashFfn : public FfnProvider {
 
   // Replay: plans, reads and accounts one layer-token whose active neurons (original indices) are given.
   void replay_layer(int layer, const std::vector<uint32_t>& active_neurons);
+  // Trace: the active neurons (original indices) of `layer` for the next forward pass.
+  void set_trace_active(int layer, const std::vector<uint32_t>& active_neurons);
+  // Threshold: replaces the per-layer thresholds and starts afresh (counters, caches), as set_phase does.
+  void set_thresholds(const std::vector<float>& t);
+  const ThresholdCounters& threshold_counters() const { return thr_; }
   // Marks the end of a token (per-token metrics); after a forward pass over several tokens, of each of them.
   void end_token();
 
@@ -132,6 +150,8 @@ class FlashFfn : public FfnProvider {
   uint64_t calib_samples_ = 0;
   PredictorCounters pred_;
   std::vector<float> score_, tmp_;
+  std::vector<std::vector<uint32_t>> trace_active_;  // trace: per layer, ascending slots of the next forward pass
+  ThresholdCounters thr_;
 
   uint64_t pinned_bundles_ = 0, pinned_reads_ = 0, pinned_bytes_read_ = 0;
 

@@ -238,6 +238,7 @@ std::string manifest_to_json(const ImageManifest& m) {
                     {"cache_admission", p.cache_admission},
                     {"from", p.from}};
   }
+  if (!m.act_threshold.empty()) j["act_threshold"] = m.act_threshold;
   return j.dump(1) + "\n";
 }
 
@@ -361,6 +362,11 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
       seen[n] = 1;
     }
   }
+  if (!m.act_threshold.empty() && m.act_threshold.size() != size_t(c.n_layers))
+    bad(path, "act_threshold has " + std::to_string(m.act_threshold.size()) + " entries, expected one per layer (" +
+                  std::to_string(c.n_layers) + ")");
+  for (double t : m.act_threshold)
+    if (!(t >= 0) || !std::isfinite(t)) bad(path, "act_threshold entries must be finite and >= 0");
   if (!m.cache_policy.empty() && m.cache_policy.size() != size_t(c.n_layers))
     bad(path, "cache_policy has " + std::to_string(m.cache_policy.size()) + " entries, expected one per layer (" +
                   std::to_string(c.n_layers) + ")");
@@ -548,6 +554,14 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
       if (!r.cache_admission.empty() && !cache_admission_known(r.cache_admission))
         bad(path, "planner.cache_admission '" + r.cache_admission + "' is not " + kCacheAdmissions);
       r.from = opt_str(p, "from");
+    }
+    if (j.contains("act_threshold")) {  // optional (docs/formats.md)
+      const json& at = j["act_threshold"];
+      if (!at.is_array()) bad(path, "'act_threshold' must be an array with one number per layer");
+      for (const json& x : at) {
+        if (!x.is_number()) bad(path, "act_threshold entries must be numbers");
+        m.act_threshold.push_back(x.get<double>());
+      }
     }
   } catch (const json::exception& e) {  // a key of the wrong type somewhere we did not check by hand
     bad(path, std::string("malformed manifest: ") + e.what());

@@ -148,6 +148,9 @@ struct ImageManifest {
   // without a policy).
   std::vector<ImageCachePolicy> cache_policy;
   ImagePlanner planner;  // empty when the manifest has no "planner" key (identity images, older manifests)
+  // Optional `act_threshold`: per layer (n_layers entries) the CATS threshold t (|act(gate x)| > t fires) recorded
+  // by pack from a calibrated trace (`nl-layout pack --act-threshold-from`); empty when absent.
+  std::vector<double> act_threshold;
 
   const ImageRegion& dense() const { return regions[0]; }
   const ImageRegion& ffn(int layer) const { return regions[size_t(1 + layer)]; }

@@ -95,6 +95,11 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
   }
   m_.cache_policy = std::move(spec.cache_policy);
   m_.planner = std::move(spec.planner);
+  if (!spec.act_threshold.empty() && spec.act_threshold.size() != size_t(c.n_layers))
+    throw UsageError("cannot pack: the activation thresholds have a different layer count");
+  for (double t : spec.act_threshold)
+    if (!(t >= 0) || !std::isfinite(t)) throw UsageError("cannot pack: an activation threshold is negative or not finite");
+  m_.act_threshold = std::move(spec.act_threshold);
 
   // Fixed layout: header block, dense region, one region per layer, each aligned.
   m_.dense_tensors = image_dense_tensor_list(c, m_.dtype);

@@ -1,0 +1,168 @@
+// DRAM accounting and the memory budget (runtime/memory.h).
+#include "runtime/memory.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "formats/core/error.h"
+#include "runtime/io/file.h"
+
+namespace nl {
+
+namespace {
+
+// A "Key:   123 kB" line of a /proc file, in bytes; 0 when absent.
+uint64_t proc_kb(const char* file, const char* key) {
+  std::ifstream f(file);
+  std::string line;
+  const size_t n = std::strlen(key);
+  while (std::getline(f, line))
+    if (line.compare(0, n, key) == 0 && line.size() > n && line[n] == ':')
+      return uint64_t(std::strtoull(line.c_str() + n + 1, nullptr, 10)) * 1024;
+  return 0;
+}
+
+uint64_t maxrss_bytes() {
+  rusage ru{};
+  return ::getrusage(RUSAGE_SELF, &ru) == 0 ? uint64_t(ru.ru_maxrss) * 1024 : 0;  // Linux: KiB
+}
+
+constexpr uint64_t kF32 = 4;
+// Bookkeeping of one cached bundle beside its bytes: hash-map node, vector header, two allocator headers.
+constexpr uint64_t kCacheEntryOverhead = 128;
+// Per layer and neuron: slot maps, the cache's state, the planner's arrays (a generous bound).
+constexpr uint64_t kPerNeuronBookkeeping = 32;
+// Per forward pass: the per-token counters and their metrics / JSON report at the end.
+constexpr uint64_t kPerTokenReport = 1024;
+// Allocator slack, the I/O engine, the report: a fixed allowance, plus per thread the touched stack and arena.
+constexpr uint64_t kRuntimeAllowance = 1 << 20, kPerThreadAllowance = 256 << 10;
+
+}  // namespace
+
+uint64_t parse_memory_size(const std::string& s, const std::string& option) {
+  auto bad = [&]() { return UsageError(option + ": '" + s + "' is not a size (e.g. 6GiB, 512MiB, 2GB, 80%)"); };
+  if (s.empty()) throw bad();
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    throw bad();
+  }
+  if (!(v > 0) || !std::isfinite(v)) throw bad();
+  std::string unit = s.substr(used);
+  for (char& ch : unit) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  double mult = 0;
+  if (unit.empty() || unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "kib")
+    mult = 1024.0;
+  else if (unit == "m" || unit == "mib")
+    mult = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tib")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "kb")
+    mult = 1e3;
+  else if (unit == "mb")
+    mult = 1e6;
+  else if (unit == "gb")
+    mult = 1e9;
+  else if (unit == "tb")
+    mult = 1e12;
+  else if (unit == "%") {
+    if (v > 100) throw UsageError(option + ": '" + s + "' is more than 100% of the available memory");
+    const uint64_t avail = mem_available_bytes();
+    if (!avail) throw UsageError(option + ": '" + s + "' needs MemAvailable from /proc/meminfo, which is unreadable");
+    return uint64_t(std::floor(double(avail) * v / 100.0));
+  } else {
+    throw bad();
+  }
+  const double b = std::floor(v * mult);
+  if (b >= 1.8e19) throw bad();
+  return uint64_t(b);
+}
+
+uint64_t mem_available_bytes() { return proc_kb("/proc/meminfo", "MemAvailable"); }
+
+uint64_t current_rss_bytes() { return proc_kb("/proc/self/status", "VmRSS"); }
+
+uint64_t peak_rss_bytes() {
+  const uint64_t hwm = proc_kb("/proc/self/status", "VmHWM");
+  return hwm ? hwm : maxrss_bytes();
+}
+
+uint64_t dense_dram_bytes(const ImageManifest& m) {
+  // FlashImage::load_dense_store keeps the dense region as stored and widens the norm vectors to f32.
+  uint64_t norms = 0;
+  for (const DenseTensor& t : m.dense_tensors)
+    if (t.rows == 1) norms += t.elems() * kF32;
+  return io_align_up(m.dense().bytes) + norms;  // read_region pads the buffer to the I/O alignment
+}
+
+// --select gate / threshold / lowrank keep each layer's gate rows in the stored dtype (FlashFfn).
+uint64_t gate_row_dram_bytes(const ImageManifest& m) { return image_row_bytes(m.dtype, size_t(m.config.dim)); }
+
+// --select dense keeps every FFN region in DRAM as stored.
+uint64_t ffn_dense_dram_bytes(const ImageManifest& m) {
+  uint64_t b = 0;
+  for (int l = 0; l < m.config.n_layers; ++l) b += io_align_up(m.ffn(l).bytes);
+  return b;
+}
+
+uint64_t kv_cache_bytes(const ModelConfig& c, int context) {
+  return 2 * uint64_t(c.n_layers) * uint64_t(context) * uint64_t(c.kv_dim()) * kF32;
+}
+
+MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, int threads, uint64_t baseline) {
+  const ModelConfig& c = m.config;
+  const uint64_t dim = uint64_t(c.dim), hid = uint64_t(c.hidden_dim), L = uint64_t(c.n_layers);
+  const uint64_t ctx = uint64_t(context), vocab = uint64_t(c.vocab_size);
+  MemoryPlan p;
+  p.baseline = baseline;
+  p.dense = dense_dram_bytes(m);
+  if (ffn == FfnResidency::kGateRows) p.ffn_resident = L * hid * gate_row_dram_bytes(m);
+  if (ffn == FfnResidency::kAll) p.ffn_resident = ffn_dense_dram_bytes(m);
+  p.kv = kv_cache_bytes(c, context);
+  // Model activations (x, xb, q, attention out, tmp; k, v), logits, RoPE tables, one attention row per thread,
+  // the FFN's gate/up rows, the sampler's candidate list (token, double) and the staging of one whole layer's reads
+  // (a layer whose every neuron fires) plus the alignment of each end.
+  p.scratch = kF32 * (5 * dim + 2 * uint64_t(c.kv_dim()) + vocab + ctx * uint64_t(c.head_dim()) +
+                      uint64_t(std::max(1, threads)) * ctx + 4 * hid + 3 * dim) +
+              16 * vocab + (ffn == FfnResidency::kAll ? 0 : hid * m.bundle_bytes + 2 * kIoBlock) +
+              L * hid * kPerNeuronBookkeeping + ctx * kPerTokenReport + kRuntimeAllowance +
+              uint64_t(std::max(1, threads)) * kPerThreadAllowance;
+  uint64_t largest_ffn_region = 0;
+  for (int l = 0; l < c.n_layers; ++l) largest_ffn_region = std::max(largest_ffn_region, m.ffn(l).bytes);
+  // The dense region is read straight into its store (counted in `dense`); gate-row modes read one FFN region at a
+  // time to copy its gate rows out, --select dense keeps its regions (counted in `ffn_resident`).
+  p.load_transient = ffn == FfnResidency::kGateRows ? largest_ffn_region : 0;
+  p.cache_bundle_cost = m.bundle_bytes + kCacheEntryOverhead;
+  return p;
+}
+
+uint32_t cache_bundles_for_budget(const MemoryPlan& plan, const ImageManifest& m, uint64_t budget) {
+  if (budget <= plan.fixed()) return 0;
+  const uint64_t per_layer = (budget - plan.fixed()) / uint64_t(std::max(1, m.config.n_layers));
+  return uint32_t(std::min<uint64_t>(per_layer / plan.cache_bundle_cost, uint64_t(m.config.hidden_dim)));
+}
+
+std::string format_bytes(uint64_t b) {
+  // Cut, never rounded up: a budget message must not overstate what fits.
+  char buf[64];
+  if (b >= (1ULL << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", std::floor(double(b) / double(1ULL << 30) * 100) / 100);
+  else if (b >= (1ULL << 20))
+    std::snprintf(buf, sizeof buf, "%.1f MiB", std::floor(double(b) / double(1ULL << 20) * 10) / 10);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f KiB", std::floor(double(b) / 1024.0 * 10) / 10);
+  return buf;
+}
+
+}  // namespace nl

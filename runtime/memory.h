@@ -1,0 +1,59 @@
+// DRAM accounting for nl-run: what the process holds (dense weights, FFN rows kept in DRAM, KV cache, scratch and
+// I/O staging, the neuron cache), a budget parsed from the command line, and the process's resident set as the
+// kernel reports it (/proc/self/status VmRSS / VmHWM). The runtime sizes its neuron cache from the budget and
+// refuses to start when the fixed part alone does not fit (docs/runtime.md "Generation").
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "formats/core/image.h"
+
+namespace nl {
+
+// "6GiB", "512MiB", "64KiB", "2GB" (decimal), "123456" (bytes), or "80%" of MemAvailable (/proc/meminfo).
+// Throws UsageError naming `option` on anything else.
+uint64_t parse_memory_size(const std::string& s, const std::string& option = "--memory-budget");
+
+// MemAvailable from /proc/meminfo (0 when unreadable).
+uint64_t mem_available_bytes();
+// This process's resident set now (VmRSS) and its peak (VmHWM); getrusage's ru_maxrss when /proc is not mounted.
+uint64_t current_rss_bytes();
+uint64_t peak_rss_bytes();
+
+// Bytes the dense weights (embeddings, attention, norms, classifier) occupy in DRAM once loaded. The one place
+// that knows how FlashImage::load_dense_store holds them: the dense region as stored, norm vectors widened to f32.
+uint64_t dense_dram_bytes(const ImageManifest& m);
+// FFN bytes kept in DRAM: per neuron, the gate row in the stored dtype for gate-style selection (as FlashFfn keeps
+// it); for --select dense every FFN region as stored.
+uint64_t gate_row_dram_bytes(const ImageManifest& m);
+uint64_t ffn_dense_dram_bytes(const ImageManifest& m);
+// The KV cache of `context` positions (keys and values, f32, every layer).
+uint64_t kv_cache_bytes(const ModelConfig& c, int context);
+
+// What a generate run will hold, in bytes. `fixed()` must fit the budget; the rest goes to the neuron cache.
+struct MemoryPlan {
+  uint64_t baseline = 0;           // the process before loading anything (code, libraries, heap): measured
+  uint64_t dense = 0;              // dense_dram_bytes
+  uint64_t ffn_resident = 0;       // gate rows (gate / threshold / lowrank) or the whole FFN (dense)
+  uint64_t kv = 0;                 // kv_cache_bytes
+  uint64_t scratch = 0;            // activations, logits, RoPE tables, attention rows, one layer's I/O staging
+  uint64_t load_transient = 0;     // the largest region buffer held while loading (one FFN region, gate-row modes)
+  uint64_t cache_bundle_cost = 0;  // DRAM per cached bundle (bytes + bookkeeping)
+  uint32_t cache_bundles_per_layer = 0;
+  uint64_t fixed() const { return baseline + dense + ffn_resident + kv + scratch + load_transient; }
+  uint64_t cache_bytes(int n_layers) const {
+    return uint64_t(cache_bundles_per_layer) * uint64_t(n_layers) * cache_bundle_cost;
+  }
+};
+
+enum class FfnResidency { kNone, kGateRows, kAll };
+
+// The fixed part for this image, context and threads; the cache left at zero.
+MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, int threads, uint64_t baseline);
+// Neuron-cache bundles per layer that fit in `budget - plan.fixed()` (0 when nothing is left), at most hidden_dim.
+uint32_t cache_bundles_for_budget(const MemoryPlan& plan, const ImageManifest& m, uint64_t budget);
+
+// "1.50 GiB", "512.0 MiB", "12.0 KiB" (binary units, for messages).
+std::string format_bytes(uint64_t b);
+
+}  // namespace nl

@@ -1,0 +1,54 @@
+// Next-token sampling for generation: greedy (temperature 0) or temperature + top-k + top-p over the logits, drawn
+// with the sampler's own seeded PRNG (splitmix64), so the same seed gives the same tokens on every thread count and
+// CPU. Order (as llama2.c and Hugging Face's logits warpers): divide by the temperature, keep the top-k logits, keep
+// the smallest set of most likely tokens whose probability reaches top-p, renormalise, draw one.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace nl {
+
+struct SamplerConfig {
+  double temperature = 0;  // 0 = greedy (argmax; ties go to the lowest id)
+  int top_k = 0;           // 0 = off (all tokens)
+  double top_p = 1.0;      // 1 = off; in (0, 1]
+  uint64_t seed = 1;
+};
+
+// "" or what is wrong with the settings (negative temperature, top-p outside (0, 1], negative top-k).
+std::string sampler_config_problem(const SamplerConfig& c);
+
+// Deterministic 64-bit generator (splitmix64): the same sequence on every platform and compiler.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : s_(seed) {}
+  uint64_t next();
+  // Uniform in [0, 1) with 53 random bits.
+  double uniform() { return double(next() >> 11) * 0x1.0p-53; }
+
+ private:
+  uint64_t s_;
+};
+
+// Index of the largest value (the lowest index among equal maxima).
+int argmax(const float* x, int n);
+
+// Not thread-safe: one sampler per generation.
+class Sampler {
+ public:
+  explicit Sampler(const SamplerConfig& c);  // throws UsageError on bad settings
+  const SamplerConfig& config() const { return c_; }
+  // One token from logits [n]. Greedy consumes no random numbers; otherwise exactly one draw per call.
+  int sample(const float* logits, int n);
+  // The renormalised distribution the last sample() drew from (token ids descending by probability; greedy: the
+  // argmax with probability 1). For tests and diagnostics.
+  const std::vector<std::pair<int, double>>& last_distribution() const { return cand_; }
+
+ private:
+  SamplerConfig c_;
+  SplitMix64 rng_;
+  std::vector<std::pair<int, double>> cand_;  // (token, scaled logit, then probability)
+};
+
+}  // namespace nl
