@@ -53,12 +53,9 @@ if [ -x "$DIR/bin/llama-bench" ] && [ -f "$DIR/gguf-py/gguf/__init__.py" ]; then
   build_ids # only the driver is missing or older than its source
   exit 0
 fi
-for c in npm git cmake g++ tar; do
-  command -v "$c" >/dev/null || {
-    echo "llamacpp: '$c' is missing (scripts/bootstrap.sh build llamacpp installs it)" >&2
-    exit 1
-  }
-done
+boot=$(dirname "$0")/bootstrap.sh
+"$boot" llamacpp
+command -v npm >/dev/null || "$boot" npm
 mkdir -p "$DIR"
 cd "$DIR"
 if [ ! -d src/.git ]; then
