@@ -282,7 +282,7 @@ def main():
         w.write_ti_data_to_file()
         for name, t, shape, produce in plan:
             data = produce()
-            if t == gguf.GGMLQuantizationType.F32:
+            if t == gguf.GGMLQuantizationType.F32 and data.dtype != np.uint8:  # stored bytes are written as is
                 data = np.ascontiguousarray(data, dtype=np.float32)
             w.write_tensor_data(np.ascontiguousarray(data))
         w.close()

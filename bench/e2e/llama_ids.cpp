@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   ggml_backend_load_all();
   llama_model_params mp = llama_model_default_params();
   mp.n_gpu_layers = 0;
-  mp.use_mmap = use_mmap;
+  if (!use_mmap) mp.load_mode = LLAMA_LOAD_MODE_NONE;  // default AUTO = mmap on the CPU backend
   llama_model* model = llama_model_load_from_file(model_path.c_str(), mp);
   if (!model) {
     fprintf(stderr, "llama-ids: %s: cannot load the model\n", model_path.c_str());

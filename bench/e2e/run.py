@@ -130,6 +130,7 @@ class Bench:
                                        capture_output=True).returncode == 0
         help_gen = run([self.tool("nl-run"), "generate", "--help"])["out"]
         help_pack = run([self.tool("nl-layout"), "pack", "--help"])["out"]
+        self.pack_help = help_pack
         self.has_threads = "--threads" in help_gen
         self.has_trace_select = "trace:" in help_gen
         self.pack_dtypes = [d for d in ("f32", "f16", "bf16", "q8_0", "q4_0") if d in help_pack]
@@ -165,21 +166,24 @@ class Bench:
             synthetic = False
         else:
             spec = SYNTH[shape]
-            if spec.get("pack_shape"):
-                raise Unavailable("needs nl-layout pack --synthetic-shape %s (issue 18); a random llama2.c file of "
-                                  "this shape is %.1f GB f32, not written by this bench" %
-                                  (spec["pack_shape"], params(spec["config"]) * 4 / 1e9))
+            cfg = spec["config"]
+            whole = spec.get("pack_shape") and spec["pack_shape"] in self.pack_help
             model = os.path.join(d, "random.bin")
-            if not os.path.exists(model):
-                log("  writing random weights (synthetic) %s" % model)
-                write_random_llama2c(model, spec["config"], 1)
+            if not whole and params(cfg) * 4 > self.a.max_random_gb * 1e9:
+                raise Unavailable("needs nl-layout pack --synthetic-shape %s (issue 18); a random llama2.c file of "
+                                  "this shape is %.1f GB f32 (over --max-random-gb %g)" %
+                                  (spec.get("pack_shape", shape), params(cfg) * 4 / 1e9, self.a.max_random_gb))
+            if not whole and not os.path.exists(model):
+                log("  writing random weights (synthetic, %.1f GB f32) %s" % (params(cfg) * 4 / 1e9, model))
+                write_random_llama2c(model, cfg, 1)
+            if whole:
+                model = None
             tok = None
             trace = os.path.join(d, "profile.h5")
             if not os.path.exists(trace):
                 run(self.nice() + [self.tool("nl-profile"), "synth", "--preset",
                                    os.path.join(SRC, "configs", "workloads", spec["preset"] + ".json"), "--layers",
-                                   str(spec["config"][2]), "--neurons", str(spec["config"][1]), "--profile-out",
-                                   trace, "-q"])
+                                   str(cfg[2]), "--neurons", str(cfg[1]), "--profile-out", trace, "-q"])
             synthetic = True
         images = {}
         for m in LAYOUTS:
@@ -189,10 +193,11 @@ class Bench:
                                    "-q"])
             img = os.path.join(d, "%s.%s.nlw" % (m, dtype))
             if not os.path.exists(img + ".json"):
-                argv = [self.tool("nl-layout"), "pack", "--model", model, "--layout", lay, "--dtype", dtype,
-                        "--out", img, "-q"]
-                if tok:
-                    argv += ["--tokenizer", tok]
+                src = ["--model", model] if model else ["--synthetic-shape", SYNTH[shape]["pack_shape"]]
+                argv = [self.tool("nl-layout"), "pack"] + src + ["--layout", lay, "--dtype", dtype, "--out", img,
+                                                                 "-q"]
+                # No --tokenizer: both engines are driven with ids (nl-run --json with a tokenizer throws on
+                # continuations that decode to invalid UTF-8).
                 run(self.nice() + argv)
             images[m] = img
         gg = os.path.join(d, "model.%s.gguf" % dtype)
@@ -402,15 +407,23 @@ class Bench:
 
     def main(self):
         for shape in self.a.shapes.split(","):
+            if shape not in SYNTH and shape != "stories260k":
+                raise SystemExit("e2e: unknown shape %s (stories260k, %s)" % (shape, ", ".join(SYNTH)))
+            d = os.path.join(self.work, shape)
             for dtype in self.a.dtypes.split(","):
                 res = self.shape(shape, dtype)
                 self.results["shapes"].append(res)
                 print_shape(res)
-                if not self.a.keep and shape not in ("stories260k",):
-                    for f in os.listdir(os.path.join(self.work, shape)) if os.path.isdir(
-                            os.path.join(self.work, shape)) else []:
-                        if f.endswith((".nlw", ".gguf", ".nlw.json")):
-                            os.unlink(os.path.join(self.work, shape, f))  # disk: one shape's files at a time
+                sys.stdout.flush()
+                self.clean(d, shape, (".nlw", ".gguf", ".nlw.json"))  # disk: one shape and dtype at a time
+            self.clean(d, shape, (".bin",))
+
+    def clean(self, d, shape, suffixes):
+        if self.a.keep or shape == "stories260k" or not os.path.isdir(d):
+            return
+        for f in os.listdir(d):
+            if f.endswith(suffixes):
+                os.unlink(os.path.join(d, f))
         if self.a.json:
             tmp = self.a.json + ".tmp"
             with open(tmp, "w") as f:
@@ -495,6 +508,8 @@ def main():
                     help="folder holding llama2c-stories260K/ (as the tests' NL_MODELS_DIR)")
     ap.add_argument("--work", default="/tmp/nl-e2e")
     ap.add_argument("--nice", type=int, default=0)
+    ap.add_argument("--max-random-gb", type=float, default=6.0,
+                    help="write random llama2.c models up to this size (f32) when pack has no whole-model shape")
     ap.add_argument("--keep", action="store_true", help="keep the synthetic shapes' images and GGUF files")
     ap.add_argument("--agreement-only", action="store_true", help="only the greedy-token agreement, no timing")
     ap.add_argument("--smoke", action="store_true", help="stories260k f32, 1 rep, 8 tokens (the test suite's run)")
