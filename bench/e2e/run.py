@@ -126,8 +126,11 @@ class Bench:
         self.work = a.work
         os.makedirs(self.work, exist_ok=True)
         self.ldir = llamacpp_dir()
-        self.llama_ok = subprocess.run([os.path.join(SRC, "scripts", "llamacpp.sh"), "check"],
-                                       capture_output=True).returncode == 0
+        # llama-ids and gguf-py are what the rows need; llama-bench only the kernel row.
+        self.gguf_py = next((g for g in (os.path.join(self.ldir, "gguf-py"), os.path.join(self.ldir, "src", "gguf-py"))
+                             if os.path.isfile(os.path.join(g, "gguf", "__init__.py"))), None)
+        self.llama_ok = os.access(os.path.join(self.ldir, "bin", "llama-ids"), os.X_OK) and self.gguf_py is not None
+        self.llama_bench = os.path.join(self.ldir, "bin", "llama-bench")
         help_gen = run([self.tool("nl-run"), "generate", "--help"])["out"]
         help_pack = run([self.tool("nl-layout"), "pack", "--help"])["out"]
         self.pack_help = help_pack
@@ -203,7 +206,7 @@ class Bench:
         gg = os.path.join(d, "model.%s.gguf" % dtype)
         if self.llama_ok and not os.path.exists(gg):
             argv = ["/usr/bin/python3", os.path.join(SRC, "scripts", "gguf_from_image.py"), "--image",
-                    images["identity"], "--out", gg, "--gguf-py", os.path.join(self.ldir, "gguf-py")]
+                    images["identity"], "--out", gg, "--gguf-py", self.gguf_py]
             if tok:
                 argv += ["--tokenizer", tok]
             run(self.nice() + argv)
@@ -258,7 +261,7 @@ class Bench:
                 "wall_s": r["wall_s"]}, r
 
     def llama_bench_tg(self, gguf, threads):
-        argv = self.nice() + [os.path.join(self.ldir, "bin", "llama-bench"), "-m", gguf, "-p", "0", "-n",
+        argv = self.nice() + [self.llama_bench, "-m", gguf, "-p", "0", "-n",
                               str(self.a.steps), "-t", str(threads), "-r", str(max(2, self.a.reps)), "-o", "json"]
         r = run(argv)
         j = json.loads(r["out"])
@@ -396,7 +399,9 @@ class Bench:
             res["bound"] = {"compute_ms": comp, "io_ms": io_ms, "bound_ms": max(comp, io_ms),
                             "device": self.device.get("name"), "bandwidth_MBps": self.device["bandwidth_MBps"]}
         # Kernel row: everything in DRAM, same dtype; llama-bench tg at 1 and the bench's threads.
-        if self.llama_ok and comp is not None:
+        if self.llama_ok and comp is not None and not os.access(self.llama_bench, os.X_OK):
+            res["unavailable"]["kernel row"] = "llama-bench not built (scripts/llamacpp.sh)"
+        elif self.llama_ok and comp is not None:
             k = {"nl_dense_tok_s": 1e3 / comp, "nl_threads": self.a.threads if self.has_threads else 1, "llama": {}}
             for t in sorted({1, self.a.threads}):
                 ts, sd = self.llama_bench_tg(p["gguf"], t)
