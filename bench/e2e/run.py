@@ -139,6 +139,7 @@ class Bench:
         self.pack_dtypes = [d for d in ("f32", "f16", "bf16", "q8_0", "q4_0") if d in help_pack]
         self.device = json.load(open(a.device))
         self.results = {"shapes": [], "settings": vars(a).copy(), "llamacpp_dir": self.ldir,
+                        "loadavg_start": os.getloadavg(),
                         "nl_run_threads_option": self.has_threads, "nl_run_trace_select": self.has_trace_select}
 
     def tool(self, name):
@@ -420,6 +421,7 @@ class Bench:
                 self.results["shapes"].append(res)
                 print_shape(res)
                 sys.stdout.flush()
+                self.write_json()  # after every shape: a cut-off run keeps what it measured
                 self.clean(d, shape, (".nlw", ".gguf", ".nlw.json"))  # disk: one shape and dtype at a time
             self.clean(d, shape, (".bin",))
 
@@ -429,6 +431,8 @@ class Bench:
         for f in os.listdir(d):
             if f.endswith(suffixes):
                 os.unlink(os.path.join(d, f))
+
+    def write_json(self):
         if self.a.json:
             tmp = self.a.json + ".tmp"
             with open(tmp, "w") as f:
