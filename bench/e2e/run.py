@@ -409,6 +409,7 @@ class Bench:
                 k["llama"][str(t)] = {"tg_tok_s": ts, "stddev": sd}
             res["kernel"] = k
         res["rows"] = rows
+        res["loadavg_end"] = os.getloadavg()  # a time-shared CPU slows OpenMP barriers most: say what it was
         return res
 
     def main(self):
@@ -470,7 +471,8 @@ def print_shape(res):
     rows = res.get("rows", {})
     if not rows:
         return
-    print("nl-run selection: --select %s" % res.get("select", "?"))
+    print("nl-run selection: --select %s; load average at the end %s" % (
+        res.get("select", "?"), " ".join("%.1f" % x for x in res.get("loadavg_end", ()))))
     base = rows.get("llama.cpp mmap, capped", {})
     ident = rows.get("nl-run identity, capped", {})
     bound = res.get("bound")
