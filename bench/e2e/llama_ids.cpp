@@ -125,10 +125,11 @@ int main(int argc, char** argv) {
   for (double s : step_ms) decode += s;
   printf("{\"prompt_tokens\": %zu, \"tokens\": [", prompt.size());
   for (size_t i = 0; i < out.size(); i++) printf("%s%d", i ? ", " : "", out[i]);
-  printf("], \"load_ms\": %.3f, \"prefill_ms\": %.3f, \"ttft_ms\": %.3f, \"decode_ms_per_token\": %.4f, "
-         "\"threads\": %d, \"mmap\": %s}\n",
-         t_loaded - t_start, t_prefill, t_first, step_ms.empty() ? 0.0 : decode / double(step_ms.size()), n_threads,
-         use_mmap ? "true" : "false");
+  printf(
+      "], \"load_ms\": %.3f, \"prefill_ms\": %.3f, \"ttft_ms\": %.3f, \"decode_ms_per_token\": %.4f, "
+      "\"threads\": %d, \"mmap\": %s}\n",
+      t_loaded - t_start, t_prefill, t_first, step_ms.empty() ? 0.0 : decode / double(step_ms.size()), n_threads,
+      use_mmap ? "true" : "false");
   llama_free(ctx);
   llama_model_free(model);
   return 0;
