@@ -354,8 +354,9 @@ class Bench:
                         while fh.read(1 << 24):
                             pass
                 cg = MemoryCgroup(cap) if capped else None
-                if capped and not cg.path:
-                    raise SystemExit("e2e: no memory cgroup: %s" % cg.reason)
+                if capped and not cg.path:  # 77: the smoke test reports it as skipped, with this reason
+                    print("e2e: cannot cap memory (needs root and a memory cgroup): %s" % cg.reason, file=sys.stderr)
+                    sys.exit(77)
                 try:
                     if kind == "llama":
                         s, r = self.llama_generate(p["gguf"], prompt, steps, cg)
