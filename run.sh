@@ -2,7 +2,7 @@
 # The two set-up commands of the README, on a fresh Debian 12 machine (as root, or with the packages installed):
 #   ./run.sh demo   text -> profile -> layout -> pack -> run on the bundled default
 #   ./run.sh test   build everything and run every test
-# Other verbs: build (just build), bench [--suite all|micro|layouts] [--quick] (benchmarks, not part of the tests).
+# Other verbs: build (just build), bench [--suite all|micro|layouts|e2e] [--quick] (benchmarks, not part of the tests).
 set -euo pipefail
 cd "$(dirname "$0")"
 BUILD=${NL_BUILD_DIR:-build}
@@ -23,6 +23,7 @@ case "${1:-}" in
     ;;
   test)
     build cross fuzz report train  # tests: aarch64 under qemu, libFuzzer smoke, Chromium screenshot, PyTorch hooks
+    scripts/llamacpp.sh            # the real llama.cpp for the e2e smoke (built once, cached outside the repo)
     rm -rf "$BUILD/tests/skipped"   # each test writes why it skipped (all or part) here; listed at the end
     rc=0
     (cd "$BUILD" && ctest --output-on-failure -j "$(nproc)") || rc=$?

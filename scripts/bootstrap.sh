@@ -7,6 +7,7 @@
 #   report + headless Chromium for the HTML report test
 #   train  + PyTorch (CPU) for datasets/tiny-relu/train.py and the trace-hook test (profiler/python)
 #   fuzz   + clang and libFuzzer for fuzz/ (the fuzz smoke is part of ./run.sh test)
+#   llamacpp + git, CMake, g++, ccache for scripts/llamacpp.sh (the real llama.cpp baseline of bench/e2e); npm: + npm
 set -euo pipefail
 
 declare -A GROUP
@@ -16,12 +17,14 @@ GROUP[cross]="g++-aarch64-linux-gnu qemu-user-static"
 GROUP[report]="chromium"
 GROUP[train]="python3-torch libopenblas0-pthread python3-sentencepiece"
 GROUP[fuzz]="clang libclang-rt-14-dev"
+GROUP[llamacpp]="git cmake g++ ninja-build ccache"
+GROUP[npm]="npm"  # only when no npm is on PATH (scripts/llamacpp.sh asks; NodeSource installs ship their own)
 
 groups=("$@")
 [ ${#groups[@]} -eq 0 ] && groups=(build)
 want=()
 for g in "${groups[@]}"; do
-  [ -n "${GROUP[$g]+x}" ] || { echo "bootstrap: unknown group '$g' (build, demo, cross, report, train, fuzz)" >&2; exit 2; }
+  [ -n "${GROUP[$g]+x}" ] || { echo "bootstrap: unknown group '$g' (build, demo, cross, report, train, fuzz, llamacpp, npm)" >&2; exit 2; }
   # shellcheck disable=SC2206
   want+=(${GROUP[$g]})
 done

@@ -1,0 +1,538 @@
+#!/usr/bin/python3
+# End-to-end benchmark against the real llama.cpp (issue 19): the same weights in a GGUF (scripts/gguf_from_image.py)
+# and in our flash images, greedy tokens from the same prompt ids, a phone-like memory cap (a memory cgroup), cold
+# page cache for the model files before each run, alternated repetitions, medians [min-max].
+#   bench/e2e/run.py --build build [--shapes stories260k,187m,1b,llama2-7b,mistral-7b] [--dtypes f32,f16,q8_0]
+#                    [--reps 3] [--prompt 16] [--steps 32] [--threads 2] [--work DIR] [--smoke] [--json OUT]
+# Rows per shape and dtype: llama.cpp mmap capped / uncapped (warm), nl-run identity / greedy / greedy+ls (capped),
+# the bound; kernel row: nl-run --select dense vs llama-bench tg, everything in DRAM. Agreement: greedy tokens of
+# nl-run (dense and gate) against llama.cpp. Figures of random-weight shapes are labelled synthetic.
+# Not a test (prints figures); tests/e2e_smoke.sh runs --smoke (stories260K, 1 rep, a few tokens) and checks its JSON.
+# Stdlib only; helpers shared with the layouts bench (cgroup, page-cache dropping, medians) are imported from it.
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))
+from layouts_bench import MemoryCgroup, drop_file_cache, med, trunc  # noqa: E402  (one copy of each helper)
+
+LAYOUTS = ["identity", "greedy", "greedy+ls"]
+DENSE_ROW = "nl-run --select dense, uncapped (warm)"
+MIB = 1 << 20
+
+# Random-weight Llama shapes (llama2.c config order: dim, hidden, layers, heads, kv heads, vocab, seq_len) and the
+# synthetic workload preset whose calibrated activity gives their traces. The whole-model shapes of issue 18 are
+# packed by `nl-layout pack --synthetic-shape NAME` once it supports them.
+SYNTH = {
+    "187m": {"config": (1024, 2816, 12, 16, 16, 32000, 512), "preset": "llama2-7b-prosparse"},
+    "1b": {"pack_shape": "llama-1b", "config": (2048, 5632, 22, 32, 4, 32000, 2048), "preset": "llama2-7b-prosparse"},
+    "llama2-7b": {"pack_shape": "llama2-7b", "config": (4096, 11008, 32, 32, 32, 32000, 4096),
+                  "preset": "llama2-7b-prosparse"},
+    "mistral-7b": {"pack_shape": "mistral-7b", "config": (4096, 14336, 32, 32, 8, 32000, 4096),
+                   "preset": "mistral-7b-turbosparse"},
+}
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Unavailable(Exception):
+    """A row or shape this checkout cannot run, with the reason (reported, never dropped silently)."""
+
+
+def run(argv, check=True, cgroup=None, capture=True):
+    """Runs argv (in cgroup when given); returns dict(out, err, rc, wall_s, maxrss_kib, read_bytes)."""
+    t0 = time.monotonic()
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE if capture else subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         preexec_fn=cgroup.enter if cgroup else None)
+    out, err = p.communicate() if capture else (b"", p.stderr.read())
+    # communicate() reaped the child; its rusage comes from RUSAGE_CHILDREN deltas, so wait4 is used instead below.
+    wall = time.monotonic() - t0
+    r = {"out": out.decode(errors="replace"), "err": err.decode(errors="replace"), "rc": p.returncode, "wall_s": wall}
+    if check and p.returncode != 0:
+        raise SystemExit("e2e: %s failed (exit %d): %s" % (" ".join(argv), p.returncode, r["err"].strip()[-2000:]))
+    return r
+
+
+def run_measured(argv, cgroup=None):
+    """Runs argv and measures the child itself: wall, peak RSS (ru_maxrss), bytes read from storage (ru_inblock,
+    512-byte units: block-layer reads, page faults of mmap and O_DIRECT alike), and the cgroup's peak usage."""
+    t0 = time.monotonic()
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=cgroup.enter if cgroup else None)
+    out = p.stdout.read()
+    err = p.stderr.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.monotonic() - t0
+    rc = os.waitstatus_to_exitcode(status)
+    peak = None
+    if cgroup and cgroup.path:
+        for knob in ("memory.peak", "memory.max_usage_in_bytes"):
+            try:
+                peak = int(open(os.path.join(cgroup.path, knob)).read())
+                break
+            except OSError:
+                pass
+    return {"out": out.decode(errors="replace"), "err": err.decode(errors="replace"), "rc": rc, "wall_s": wall,
+            "maxrss_kib": ru.ru_maxrss, "read_bytes": ru.ru_inblock * 512, "cgroup_peak": peak}
+
+
+def llamacpp_dir():
+    return subprocess.run([os.path.join(SRC, "scripts", "llamacpp.sh"), "dir"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def write_random_llama2c(path, cfg, seed):
+    """A random Llama model as a llama2.c .bin (f32, shared classifier), uniform in +-1/sqrt(fan-in), norms 1.
+    Streams tensor by tensor (a 1B model never sits in DRAM)."""
+    import numpy as np
+    dim, hidden, layers, heads, kv, vocab, seq = cfg
+    kv_dim = dim // heads * kv
+    rng = np.random.default_rng(seed)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        np.asarray(cfg, dtype="<i4").tofile(f)
+
+        def mat(rows, cols):
+            a = 1.0 / np.sqrt(cols)
+            for r0 in range(0, rows, 4096):
+                rng.uniform(-a, a, size=(min(4096, rows - r0), cols)).astype("<f4").tofile(f)
+
+        mat(vocab, dim)
+        for name, rows, cols in (("rms_att", 0, 0), ("wq", dim, dim), ("wk", kv_dim, dim), ("wv", kv_dim, dim),
+                                 ("wo", dim, dim), ("rms_ffn", 0, 0), ("w1", hidden, dim), ("w2", dim, hidden),
+                                 ("w3", hidden, dim)):
+            for _ in range(layers):
+                if rows == 0:
+                    np.ones(dim, dtype="<f4").tofile(f)
+                else:
+                    mat(rows, cols)
+        np.ones(dim, dtype="<f4").tofile(f)  # rms_final
+        np.zeros(seq * (dim // heads), dtype="<f4").tofile(f)  # freq_cis_real + imag (ignored by the readers)
+    os.replace(tmp, path)
+
+
+class Bench:
+    def __init__(self, a):
+        self.a = a
+        self.cli = os.path.join(os.path.abspath(a.build), "cli")
+        self.work = a.work
+        os.makedirs(self.work, exist_ok=True)
+        self.ldir = llamacpp_dir()
+        # llama-ids and gguf-py are what the rows need; llama-bench only the kernel row.
+        self.gguf_py = next((g for g in (os.path.join(self.ldir, "gguf-py"), os.path.join(self.ldir, "src", "gguf-py"))
+                             if os.path.isfile(os.path.join(g, "gguf", "__init__.py"))), None)
+        self.llama_ok = os.access(os.path.join(self.ldir, "bin", "llama-ids"), os.X_OK) and self.gguf_py is not None
+        self.llama_bench = os.path.join(self.ldir, "bin", "llama-bench")
+        help_gen = run([self.tool("nl-run"), "generate", "--help"])["out"]
+        help_pack = run([self.tool("nl-layout"), "pack", "--help"])["out"]
+        self.pack_help = help_pack
+        self.has_threads = "--threads" in help_gen
+        self.has_trace_select = "trace:" in help_gen
+        self.pack_dtypes = [d for d in ("f32", "f16", "bf16", "q8_0", "q4_0") if d in help_pack]
+        self.device = json.load(open(a.device))
+        self.results = {"shapes": [], "settings": vars(a).copy(), "llamacpp_dir": self.ldir,
+                        "loadavg_start": os.getloadavg(),
+                        "nl_run_threads_option": self.has_threads, "nl_run_trace_select": self.has_trace_select}
+
+    def tool(self, name):
+        return os.path.join(self.cli, name)
+
+    def nice(self):
+        return ["nice", "-n", str(self.a.nice)] if self.a.nice else []
+
+    # -----------------------------------------------------------------------------------------------------------
+    # Preparation: source model, trace, layouts, images, GGUF
+
+    def prepare(self, shape, dtype, d):
+        """Returns dict(images={method: path}, gguf, tokenizer, synthetic, trace, notes)."""
+        os.makedirs(d, exist_ok=True)
+        notes = []
+        if dtype not in self.pack_dtypes:
+            raise Unavailable("nl-layout pack on this checkout has no --dtype %s (issue 18)" % dtype)
+        if shape == "stories260k":
+            stories = os.path.join(self.a.models, "llama2c-stories260K")
+            model, tok = os.path.join(stories, "stories260K.bin"), os.path.join(stories, "tok512.bin")
+            if not os.path.exists(model):
+                raise Unavailable("%s not found (--models)" % model)
+            trace = os.path.join(d, "profile.h5")
+            if not os.path.exists(trace):
+                run(self.nice() + [self.tool("nl-profile"), "run", "--model", model, "--tokenizer", tok, "--text",
+                                   "/usr/share/common-licenses/GPL-3", "--seq-len", "128", "--max-tokens",
+                                   str(self.a.profile_tokens), "--out", trace, "-q"])
+            synthetic = False
+        else:
+            spec = SYNTH[shape]
+            cfg = spec["config"]
+            whole = spec.get("pack_shape") and spec["pack_shape"] in self.pack_help
+            model = os.path.join(d, "random.bin")
+            if not whole and params(cfg) * 4 > self.a.max_random_gb * 1e9:
+                raise Unavailable("needs nl-layout pack --synthetic-shape %s (issue 18); a random llama2.c file of "
+                                  "this shape is %.1f GB f32 (over --max-random-gb %g)" %
+                                  (spec.get("pack_shape", shape), params(cfg) * 4 / 1e9, self.a.max_random_gb))
+            if not whole and not os.path.exists(model):
+                log("  writing random weights (synthetic, %.1f GB f32) %s" % (params(cfg) * 4 / 1e9, model))
+                write_random_llama2c(model, cfg, 1)
+            if whole:
+                model = None
+            tok = None
+            trace = os.path.join(d, "profile.h5")
+            if not os.path.exists(trace):
+                run(self.nice() + [self.tool("nl-profile"), "synth", "--preset",
+                                   os.path.join(SRC, "configs", "workloads", spec["preset"] + ".json"), "--layers",
+                                   str(cfg[2]), "--neurons", str(cfg[1]), "--profile-out", trace, "-q"])
+            synthetic = True
+        images = {}
+        for m in LAYOUTS:
+            lay = os.path.join(d, "layout.%s.json" % m)
+            if not os.path.exists(lay):
+                run(self.nice() + [self.tool("nl-layout"), "solve", "--trace", trace, "--method", m, "--out", lay,
+                                   "-q"])
+            img = os.path.join(d, "%s.%s.nlw" % (m, dtype))
+            if not os.path.exists(img + ".json"):
+                src = ["--model", model] if model else ["--synthetic-shape", SYNTH[shape]["pack_shape"]]
+                argv = [self.tool("nl-layout"), "pack"] + src + ["--layout", lay, "--dtype", dtype, "--out", img,
+                                                                 "-q"]
+                # No --tokenizer: both engines are driven with ids (nl-run --json with a tokenizer throws on
+                # continuations that decode to invalid UTF-8).
+                run(self.nice() + argv)
+            images[m] = img
+        gg = os.path.join(d, "model.%s.gguf" % dtype)
+        if self.llama_ok and not os.path.exists(gg):
+            argv = ["/usr/bin/python3", os.path.join(SRC, "scripts", "gguf_from_image.py"), "--image",
+                    images["identity"], "--out", gg, "--gguf-py", self.gguf_py]
+            if tok:
+                argv += ["--tokenizer", tok]
+            run(self.nice() + argv)
+        return {"images": images, "gguf": gg, "synthetic": synthetic, "trace": trace, "notes": notes,
+                "model": model}
+
+    # -----------------------------------------------------------------------------------------------------------
+    # Runs
+
+    def prompt(self, vocab):
+        """The fixed prompt: BOS + a deterministic id sequence (the same for both engines)."""
+        ids, x = [1], 12345
+        while len(ids) < self.a.prompt:
+            x = (x * 1103515245 + 12345) % (1 << 31)
+            ids.append(3 + x % (vocab - 3))
+        return ids
+
+    def nl_generate(self, image, select, prompt, steps, cgroup=None, extra=()):
+        argv = self.nice() + [self.tool("nl-run"), "generate", "--image", image, "--select", select,
+                              "--prompt-tokens", ",".join(map(str, prompt)), "--steps", str(steps), "--json", "-q"] + list(extra)
+        if self.has_threads:
+            argv += ["--threads", str(self.a.threads)]
+        r = run_measured(argv, cgroup)
+        if r["rc"] != 0:
+            return None, r
+        j = json.loads(r["out"])
+        total = len(prompt) + steps
+        passes = total - 1
+        loop = j["wall_seconds"]
+        # nl-run on main has no batched prefill and no per-token clock: every pass (prompt or decode) is one token's
+        # forward, so the loop's wall time is split evenly. A runtime that reports ttft / decode figures is used as is.
+        ttft = j.get("ttft_ms", j.get("time_to_first_token_ms"))
+        dec = j.get("decode_ms_per_token")
+        if ttft is None:
+            ttft = (r["wall_s"] - loop + loop * len(prompt) / passes) * 1e3
+        if dec is None:
+            dec = loop / passes * 1e3
+        return {"tokens": j["generated"], "ttft_ms": ttft, "decode_ms": dec, "read_bytes": r["read_bytes"],
+                "maxrss_kib": r["maxrss_kib"], "cgroup_peak": r["cgroup_peak"], "wall_s": r["wall_s"],
+                "bytes_needed_per_token": j["per_token_mean"]["bytes_needed"],
+                "bytes_read_ffn_per_token": j["per_token_mean"]["bytes_read"]}, r
+
+    def llama_generate(self, gguf, prompt, steps, cgroup=None):
+        argv = self.nice() + [os.path.join(self.ldir, "bin", "llama-ids"), "-m", gguf, "--prompt-tokens",
+                              ",".join(map(str, prompt)), "-n", str(steps), "-t", str(self.a.threads)]
+        r = run_measured(argv, cgroup)
+        if r["rc"] != 0:
+            return None, r
+        j = json.loads(r["out"].strip().splitlines()[-1])
+        return {"tokens": j["tokens"], "ttft_ms": j["ttft_ms"], "decode_ms": j["decode_ms_per_token"],
+                "read_bytes": r["read_bytes"], "maxrss_kib": r["maxrss_kib"], "cgroup_peak": r["cgroup_peak"],
+                "wall_s": r["wall_s"]}, r
+
+    def llama_bench_tg(self, gguf, threads):
+        argv = self.nice() + [self.llama_bench, "-m", gguf, "-p", "0", "-n",
+                              str(self.a.steps), "-t", str(threads), "-r", str(max(2, self.a.reps)), "-o", "json"]
+        r = run(argv)
+        j = json.loads(r["out"])
+        return j[0]["avg_ts"], j[0].get("stddev_ts", 0.0)
+
+    # -----------------------------------------------------------------------------------------------------------
+
+    def shape(self, shape, dtype):
+        d = os.path.join(self.work, shape)
+        res = {"shape": shape, "dtype": dtype, "rows": {}, "unavailable": {}}
+        log("== %s %s" % (shape, dtype))
+        try:
+            p = self.prepare(shape, dtype, d)
+        except Unavailable as e:
+            res["not_available"] = str(e)
+            log("  not available: %s" % e)
+            return res
+        res["synthetic"] = p["synthetic"]
+        man = json.load(open(p["images"]["identity"] + ".json"))
+        cfg = man["model"]
+        prompt = self.prompt(cfg["vocab_size"])
+        steps = self.a.steps
+        res["prompt"] = prompt
+        # The cap: non-FFN bytes + 10 % of the FFN bytes + KV cache (f16 K and V, prompt + steps positions) + 256 MiB.
+        ffn_bytes = sum(r["bytes"] for r in man["regions"][1:])
+        dense_bytes = man["regions"][0]["bytes"]
+        kv_bytes = 2 * cfg["n_layers"] * (len(prompt) + steps) * (cfg["dim"] // cfg["n_heads"] * cfg["n_kv_heads"]) * 2
+        cap = dense_bytes + ffn_bytes // 10 + kv_bytes + 256 * MIB
+        res.update({"ffn_bytes": ffn_bytes, "non_ffn_bytes": dense_bytes, "kv_bytes": kv_bytes, "cap_bytes": cap})
+        log("  cap %.1f MiB = non-FFN %.1f + 10%% of FFN %.1f + KV %.2f + 256 MiB" %
+            (cap / MIB, dense_bytes / MIB, ffn_bytes / MIB / 10, kv_bytes / MIB))
+        files = [p["images"][m] for m in LAYOUTS] + ([p["gguf"]] if self.llama_ok else [])
+
+        # Agreement (warm, uncapped): nl-run dense and gate vs llama.cpp.
+        dense, r = self.nl_generate(p["images"]["identity"], "dense", prompt, steps)
+        if dense is None:
+            raise SystemExit("e2e: nl-run dense failed: %s" % r["err"].strip()[-1000:])
+        agree = {"nl_dense": dense["tokens"]}
+        gate, _ = self.nl_generate(p["images"]["identity"], "gate", prompt, steps)
+        if gate:
+            agree["nl_gate"] = gate["tokens"]
+        if self.llama_ok:
+            ll, r = self.llama_generate(p["gguf"], prompt, steps)
+            if ll is None:
+                raise SystemExit("e2e: llama-ids failed: %s" % r["err"].strip()[-1000:])
+            agree["llama"] = ll["tokens"]
+            same = sum(1 for x, y in zip(ll["tokens"], dense["tokens"]) if x == y)
+            prefix = 0
+            while prefix < len(ll["tokens"]) and ll["tokens"][prefix] == dense["tokens"][prefix]:
+                prefix += 1
+            agree.update({"agree": same, "of": len(ll["tokens"]), "prefix": prefix})
+            log("  agreement nl-run dense vs llama.cpp: %d/%d tokens, first %d identical" % (same, len(ll["tokens"]),
+                                                                                          prefix))
+        else:
+            res["unavailable"]["llama.cpp"] = "not built (scripts/llamacpp.sh)"
+        res["agreement"] = agree
+        if self.a.agreement_only:
+            return res
+
+        # Timed rows, alternated: for each rep, every variant once.
+        variants = []
+        if self.llama_ok:
+            variants += [("llama.cpp mmap, capped", "llama", True), ("llama.cpp mmap, uncapped (warm)", "llama", False)]
+        if self.has_trace_select:
+            sel = "trace:" + p["trace"]
+        elif p["synthetic"]:
+            sel = "gate"
+            res["unavailable"]["nl-run --select trace:"] = ("not on this checkout (issue 18): random SiLU weights "
+                                                           "fire every neuron, so --select gate reads the whole FFN")
+        else:
+            sel = "gate"
+        res["select"] = sel
+        for m in LAYOUTS:
+            variants.append(("nl-run %s, capped" % m, m, True))
+        variants.append((DENSE_ROW, "dense", False))
+        res["unavailable"]["nl-run overlap on/off"] = "no I/O-compute overlap switch on this checkout (issue 18)"
+        samples = {v[0]: [] for v in variants}
+        failures = {}
+        for rep in range(self.a.reps):
+            for name, kind, capped in variants:
+                if name in failures:
+                    continue
+                if capped:
+                    for f in files:
+                        drop_file_cache(f)
+                else:
+                    warm = p["gguf"] if kind == "llama" else p["images"]["identity"]
+                    with open(warm, "rb") as fh:  # warm: the whole file in page cache
+                        while fh.read(1 << 24):
+                            pass
+                cg = MemoryCgroup(cap) if capped else None
+                if capped and not cg.path:  # 77: the smoke test reports it as skipped, with this reason
+                    print("e2e: cannot cap memory (needs root and a memory cgroup): %s" % cg.reason, file=sys.stderr)
+                    sys.exit(77)
+                try:
+                    if kind == "llama":
+                        s, r = self.llama_generate(p["gguf"], prompt, steps, cg)
+                    elif kind == "dense":
+                        s, r = self.nl_generate(p["images"]["identity"], "dense", prompt, steps)
+                    else:
+                        s, r = self.nl_generate(p["images"][kind], sel, prompt, steps, cg,
+                                                ["--cache-ratio", "0.1"])
+                finally:
+                    if cg:
+                        cg.close()
+                if s is None:
+                    failures[name] = "exit %d%s: %s" % (r["rc"], " (killed: over the memory cap?)" if r["rc"] < 0 or
+                                                        r["rc"] == 137 else "", r["err"].strip()[-300:])
+                    log("  %s failed: %s" % (name, failures[name]))
+                    continue
+                samples[name].append(s)
+                log("  rep %d %-34s ttft %8.1f ms  decode %8.2f ms/token  read %6.1f MiB  peak RSS %6.1f MiB" %
+                    (rep, name, s["ttft_ms"], s["decode_ms"], s["read_bytes"] / MIB, s["maxrss_kib"] / 1024))
+        n_tok = len(prompt) + steps - 1  # forward passes: the prompt, then every generated token but the last
+        rows = {}
+        for name, kind, capped in variants:
+            ss = samples[name]
+            if not ss:
+                rows[name] = {"failed": failures.get(name, "no samples")}
+                continue
+            rows[name] = {
+                "ttft_ms": [s["ttft_ms"] for s in ss], "decode_ms": [s["decode_ms"] for s in ss],
+                "tok_s": [1e3 / s["decode_ms"] for s in ss if s["decode_ms"] > 0],
+                "read_bytes_per_token": [s["read_bytes"] / n_tok for s in ss],
+                "peak_rss_mib": [s["maxrss_kib"] / 1024 for s in ss],
+                "cgroup_peak_mib": [s["cgroup_peak"] / MIB for s in ss if s["cgroup_peak"]],
+                "tokens_equal_agreement_run": all(s["tokens"] == ss[0]["tokens"] for s in ss)}
+            if kind != "llama":
+                rows[name]["bytes_needed_per_token"] = med([s["bytes_needed_per_token"] for s in ss])
+        # The bound: max(compute with everything in DRAM, needed bytes at the device's bandwidth).
+        comp = med(rows[DENSE_ROW]["decode_ms"]) if "decode_ms" in rows.get(DENSE_ROW, {}) else None
+        bw = self.device["bandwidth_MBps"] * 1e6
+        need = rows.get("nl-run identity, capped", {}).get("bytes_needed_per_token")
+        if need is not None and comp is not None:
+            io_ms = need / bw * 1e3
+            res["bound"] = {"compute_ms": comp, "io_ms": io_ms, "bound_ms": max(comp, io_ms),
+                            "device": self.device.get("name"), "bandwidth_MBps": self.device["bandwidth_MBps"]}
+        # Kernel row: everything in DRAM, same dtype; llama-bench tg at 1 and the bench's threads.
+        if self.llama_ok and comp is not None and not os.access(self.llama_bench, os.X_OK):
+            res["unavailable"]["kernel row"] = "llama-bench not built (scripts/llamacpp.sh)"
+        elif self.llama_ok and comp is not None:
+            k = {"nl_dense_tok_s": 1e3 / comp, "nl_threads": self.a.threads if self.has_threads else 1, "llama": {}}
+            for t in sorted({1, self.a.threads}):
+                ts, sd = self.llama_bench_tg(p["gguf"], t)
+                k["llama"][str(t)] = {"tg_tok_s": ts, "stddev": sd}
+            res["kernel"] = k
+        res["rows"] = rows
+        res["loadavg_end"] = os.getloadavg()  # a time-shared CPU slows OpenMP barriers most: say what it was
+        return res
+
+    def main(self):
+        for shape in self.a.shapes.split(","):
+            if shape not in SYNTH and shape != "stories260k":
+                raise SystemExit("e2e: unknown shape %s (stories260k, %s)" % (shape, ", ".join(SYNTH)))
+            d = os.path.join(self.work, shape)
+            for dtype in self.a.dtypes.split(","):
+                res = self.shape(shape, dtype)
+                self.results["shapes"].append(res)
+                print_shape(res)
+                sys.stdout.flush()
+                self.write_json()  # after every shape: a cut-off run keeps what it measured
+                self.clean(d, shape, (".nlw", ".gguf", ".nlw.json"))  # disk: one shape and dtype at a time
+            self.clean(d, shape, (".bin",))
+
+    def clean(self, d, shape, suffixes):
+        if self.a.keep or shape == "stories260k" or not os.path.isdir(d):
+            return
+        for f in os.listdir(d):
+            if f.endswith(suffixes):
+                os.unlink(os.path.join(d, f))
+
+    def write_json(self):
+        if self.a.json:
+            tmp = self.a.json + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.results, f, indent=1)
+            os.replace(tmp, self.a.json)
+
+
+def params(cfg):
+    dim, hidden, layers, heads, kv, vocab, _ = cfg
+    return vocab * dim + layers * (2 * dim * dim + 2 * dim * dim // heads * kv + 3 * dim * hidden)
+
+
+def fr(xs, f="%.2f"):
+    if not xs:
+        return "-"
+    return (f + " [" + f + "-" + f + "]") % (med(xs), min(xs), max(xs))
+
+
+def print_shape(res):
+    tag = " (SYNTHETIC: random weights, meaningless text, real timing)" if res.get("synthetic") else ""
+    print("\n== %s %s%s" % (res["shape"], res["dtype"], tag))
+    if "not_available" in res:
+        print("not available: %s" % res["not_available"])
+        return
+    ag = res.get("agreement", {})
+    if "agree" in ag:
+        print("greedy tokens, nl-run --select dense vs llama.cpp: %d/%d equal, first %d identical" %
+              (ag["agree"], ag["of"], ag["prefix"]))
+        if "nl_gate" in ag:
+            print("nl-run --select gate vs dense: %s" % ("identical" if ag["nl_gate"] == ag["nl_dense"] else "DIFFER"))
+    print("cap %.1f MiB = non-FFN %.1f MiB + 10%% of FFN %.1f MiB + KV %.2f MiB + 256 MiB" %
+          (res["cap_bytes"] / MIB, res["non_ffn_bytes"] / MIB, res["ffn_bytes"] / MIB / 10, res["kv_bytes"] / MIB))
+    for k, v in res.get("unavailable", {}).items():
+        print("not available: %s: %s" % (k, v))
+    rows = res.get("rows", {})
+    if not rows:
+        return
+    print("nl-run selection: --select %s; load average at the end %s" % (
+        res.get("select", "?"), " ".join("%.1f" % x for x in res.get("loadavg_end", ()))))
+    base = rows.get("llama.cpp mmap, capped", {})
+    ident = rows.get("nl-run identity, capped", {})
+    bound = res.get("bound")
+    print("%-34s %-26s %-26s %-22s %-14s %-14s %-9s %-9s %-7s" % (
+        "row", "TTFT ms", "decode ms/token", "tok/s", "read B/token", "peak RSS MiB", "x llama", "x ident",
+        "bound%"))
+    for name, r in rows.items():
+        if "failed" in r:
+            print("%-34s failed: %s" % (name, r["failed"]))
+            continue
+        dm = med(r["decode_ms"])
+        vs_l = "%.3f" % trunc(med(base["decode_ms"]) / dm, 3) if base.get("decode_ms") else "-"
+        vs_i = "%.3f" % trunc(med(ident["decode_ms"]) / dm, 3) if ident.get("decode_ms") else "-"
+        share = "%.3f" % trunc(bound["bound_ms"] / dm, 3) if bound else "-"
+        print("%-34s %-26s %-26s %-22s %-14.0f %-14.1f %-9s %-9s %-7s" % (
+            name, fr(r["ttft_ms"], "%.1f"), fr(r["decode_ms"]), fr(r["tok_s"], "%.1f"),
+            med(r["read_bytes_per_token"]), med(r["peak_rss_mib"]), vs_l, vs_i, share))
+    if bound:
+        print("bound: %.3f ms/token = max(compute in DRAM %.3f, needed bytes at %s %.0f MB/s %.3f)" % (
+            bound["bound_ms"], bound["compute_ms"], bound["device"], bound["bandwidth_MBps"], bound["io_ms"]))
+    k = res.get("kernel")
+    if k:
+        for t, v in sorted(k["llama"].items()):
+            print("kernel row (all in DRAM): nl-run --select dense %.1f tok/s (%d thread%s), llama-bench tg%s %.1f "
+                  "tok/s (+-%.1f) at %s thread%s: %.3fx" % (
+                      k["nl_dense_tok_s"], k["nl_threads"], "s" if k["nl_threads"] > 1 else "",
+                      "", v["tg_tok_s"], v["stddev"], t, "s" if t != "1" else "",
+                      trunc(k["nl_dense_tok_s"] / v["tg_tok_s"], 3)))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--build", default=os.path.join(SRC, "build"))
+    ap.add_argument("--shapes", default="stories260k,187m,1b,llama2-7b,mistral-7b")
+    ap.add_argument("--dtypes", default="f32,f16,q8_0")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--prompt", type=int, default=16, help="prompt tokens (BOS + fixed ids)")
+    ap.add_argument("--steps", type=int, default=32, help="decoded tokens")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--profile-tokens", type=int, default=16384, help="real models: tokens profiled for the layouts")
+    ap.add_argument("--device", default=os.path.join(SRC, "configs", "devices", "devbox.json"),
+                    help="device profile for the bound's bandwidth (nl-run probe writes one)")
+    ap.add_argument("--models", default=os.environ.get("NL_MODELS_DIR", os.path.join(SRC, "..", "shared", "models")),
+                    help="folder holding llama2c-stories260K/ (as the tests' NL_MODELS_DIR)")
+    ap.add_argument("--work", default="/tmp/nl-e2e")
+    ap.add_argument("--nice", type=int, default=0)
+    ap.add_argument("--max-random-gb", type=float, default=6.0,
+                    help="write random llama2.c models up to this size (f32) when pack has no whole-model shape")
+    ap.add_argument("--keep", action="store_true", help="keep the synthetic shapes' images and GGUF files")
+    ap.add_argument("--agreement-only", action="store_true", help="only the greedy-token agreement, no timing")
+    ap.add_argument("--smoke", action="store_true", help="stories260k f32, 1 rep, 8 tokens (the test suite's run)")
+    ap.add_argument("--json", help="write all figures here")
+    a = ap.parse_args()
+    if a.smoke:
+        a.shapes, a.dtypes, a.reps, a.steps, a.profile_tokens = "stories260k", "f32", 1, 8, 2048
+    if a.threads < 1 or a.reps < 1 or a.prompt < 1 or a.steps < 2:
+        ap.error("--threads, --reps, --prompt must be >= 1 and --steps >= 2")
+    Bench(a).main()
+
+
+if __name__ == "__main__":
+    main()

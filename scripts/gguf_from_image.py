@@ -1,0 +1,306 @@
+#!/usr/bin/python3
+# Writes a GGUF file for llama.cpp (arch "llama") holding exactly the weights of one of our flash images
+# (model.nlw + model.nlw.json), with llama.cpp's own gguf-py (scripts/llamacpp.sh exposes it). Used by the
+# end-to-end benchmark (bench/e2e/run.py) so that both engines run the same weights.
+#
+#   gguf_from_image.py --image model.nlw --out model.gguf [--tokenizer tok.bin] [--gguf-py DIR]
+#
+# Weights: the dense tensors are copied as stored (f32 / f16 / bf16 / q8_0 / q4_0 rows are the same element and
+# block layouts in GGUF); norms are written as f32 (ggml multiplies by f32 norms; widening is exact). The FFN
+# bundles are put back in the original neuron order (the manifest's `order`), so the GGUF does not depend on the
+# layout. gate and up rows are copied as stored; ffn_down is stored in our bundles as one column per neuron
+# (quantized dtypes: blocks along dim), but GGUF stores ffn_down as [dim][hidden] rows quantized along hidden, so
+# for q8_0 / q4_0 it is dequantized and requantized with gguf-py's reference quantizer (not byte-identical:
+# one more rounding of the down projection); f32 / f16 / bf16 are transposed exactly.
+# RoPE: our canonical convention rotates interleaved pairs (2j, 2j+1) of each head (llama2.c, Meta's original
+# checkpoints); llama.cpp's LLaMA arch uses LLAMA_ROPE_TYPE_NORM, the same pairs (convert_hf_to_gguf.py permutes
+# Hugging Face's rotate_half rows back into it), so q/k rows are written unchanged. Checked by greedy-token
+# agreement with nl-run (bench/e2e/run.py --agreement, tests/e2e_smoke.sh).
+# Tokenizer: a llama2.c tokenizer.bin (--tokenizer, or the one the manifest names) becomes a "llama" (SPM) vocab
+# exactly as llama.cpp's convert-llama2c-to-ggml builds it; without one (synthetic models) a minimal llama-style
+# vocab of the model's size is written (<unk>, <s>, </s>, 256 byte tokens, then "[N]" pieces): both engines are
+# driven with token ids, never text.
+# Streams: tensor data is written one tensor at a time from a memory map of the image (a 7B image never sits in
+# DRAM); the output goes to a temporary file renamed into place. Exit codes: 2 usage, 3 bad input, 4 I/O error.
+import argparse
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+EXIT_USAGE, EXIT_INPUT, EXIT_IO = 2, 3, 4
+
+
+def fail(code, msg):
+    print("gguf_from_image: " + msg, file=sys.stderr)
+    sys.exit(code)
+
+
+def find_gguf_py(explicit):
+    if explicit:
+        return explicit
+    env = os.environ.get("NL_LLAMACPP_DIR")
+    base = env or os.path.join(os.path.expanduser("~"), ".cache", "nl-llamacpp", "3.22.1")
+    return os.path.join(base, "gguf-py")
+
+
+# Element / block layouts of our image dtypes (docs/formats.md; formats/core/image.h image_row_bytes).
+BLOCK = 32
+Q_BYTES = {"q8_0": 34, "q4_0": 18}
+
+
+def row_bytes(dtype, n):
+    if dtype in Q_BYTES:
+        if n % BLOCK:
+            raise ValueError("row of %d elements is not a multiple of %d" % (n, BLOCK))
+        return n // BLOCK * Q_BYTES[dtype]
+    return n * (4 if dtype == "f32" else 2)
+
+
+def decode(dtype, raw, n_rows, n_cols):
+    """Rows of stored elements (uint8 [n_rows][row_bytes]) -> float32 [n_rows][n_cols]."""
+    raw = np.ascontiguousarray(raw).reshape(n_rows, -1)
+    if dtype == "f32":
+        return raw.view("<f4").reshape(n_rows, n_cols)
+    if dtype == "f16":
+        return raw.view("<f2").astype(np.float32).reshape(n_rows, n_cols)
+    if dtype == "bf16":
+        return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(n_rows, n_cols)
+    blocks = raw.reshape(n_rows, n_cols // BLOCK, Q_BYTES[dtype])
+    d = blocks[:, :, :2].copy().view("<f2").astype(np.float32)  # [rows][blocks][1]
+    if dtype == "q8_0":
+        q = blocks[:, :, 2:].view(np.int8).astype(np.float32)
+    else:
+        qs = blocks[:, :, 2:]
+        q = np.concatenate([(qs & 0x0F), (qs >> 4)], axis=2).astype(np.float32) - 8.0
+    return (q * d).reshape(n_rows, n_cols)
+
+
+def read_llama2c_vocab(path, n_vocab):
+    """tokenizer.bin of llama2.c -> (tokens, scores, types) as llama.cpp's convert-llama2c-to-ggml builds them."""
+    try:
+        data = open(path, "rb").read()
+    except OSError as e:
+        fail(EXIT_IO, "%s: %s" % (path, e.strerror))
+    pos, tokens, scores, types = 4, [], [], []
+    for tid in range(n_vocab):
+        if pos + 8 > len(data):
+            fail(EXIT_INPUT, "%s: truncated at token %d of %d" % (path, tid, n_vocab))
+        score, length = struct.unpack_from("<fi", data, pos)
+        pos += 8
+        if length < 0 or pos + length > len(data):
+            fail(EXIT_INPUT, "%s: token %d has a bad length %d" % (path, tid, length))
+        text = data[pos:pos + length]
+        pos += length
+        ttype = 1  # NORMAL (llama.cpp's llama_token_type)
+        if tid == 0:
+            text, ttype = b"<unk>", 2  # UNKNOWN
+        elif tid in (1, 2):
+            text, ttype = (b"<s>" if tid == 1 else b"</s>"), 3  # CONTROL
+        elif not text:
+            ttype = 3
+        elif len(text) == 6 and text.startswith(b"<0x") and text.endswith(b">"):
+            ttype = 6  # BYTE
+        tokens.append(text.replace(b" ", "\u2581".encode()))
+        scores.append(score)
+        types.append(ttype)
+    return tokens, scores, types
+
+
+def synthetic_vocab(n_vocab):
+    """A minimal llama-style (SPM) vocab: <unk> <s> </s>, byte fallback tokens, then unique pieces."""
+    tokens, types = [b"<unk>", b"<s>", b"</s>"], [2, 3, 3]
+    for b in range(256):
+        if len(tokens) >= n_vocab:
+            break
+        tokens.append(("<0x%02X>" % b).encode())
+        types.append(6)
+    while len(tokens) < n_vocab:
+        tokens.append(("[%d]" % len(tokens)).encode())
+        types.append(1)
+    tokens, types = tokens[:n_vocab], types[:n_vocab]
+    return tokens, [0.0] * n_vocab, types
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Write a llama.cpp GGUF holding exactly a flash image's weights.")
+    ap.add_argument("--image", required=True, help="model.nlw (its manifest is model.nlw.json)")
+    ap.add_argument("--out", required=True, help="output .gguf")
+    ap.add_argument("--tokenizer", help="llama2.c tokenizer.bin (default: the manifest's; none: synthetic vocab)")
+    ap.add_argument("--gguf-py", help="llama.cpp's gguf-py folder (default: scripts/llamacpp.sh's cache)")
+    args = ap.parse_args()
+
+    gdir = find_gguf_py(args.gguf_py)
+    if not os.path.isfile(os.path.join(gdir, "gguf", "__init__.py")):
+        fail(EXIT_USAGE, "llama.cpp's gguf-py not found in %s (run scripts/llamacpp.sh)" % gdir)
+    sys.path.insert(0, gdir)
+    import gguf  # noqa: E402  (llama.cpp's own writer)
+
+    image = args.image
+    mpath = image + ".json"
+    if os.path.realpath(args.out) in (os.path.realpath(image), os.path.realpath(mpath)):
+        fail(EXIT_USAGE, "--out %s would overwrite an input" % args.out)
+    try:
+        man = json.load(open(mpath))
+    except OSError as e:
+        fail(EXIT_IO, "%s: %s" % (mpath, e.strerror))
+    except ValueError as e:
+        fail(EXIT_INPUT, "%s: not JSON: %s" % (mpath, e))
+    if man.get("format") != "neuralink-image" or man.get("version") != 1:
+        fail(EXIT_INPUT, "%s: not a neuralink-image version 1 manifest" % mpath)
+    try:
+        cfg, dtype, bundle = man["model"], man["dtype"], man["bundle"]
+        dim, hidden, n_layers = cfg["dim"], cfg["hidden_dim"], cfg["n_layers"]
+        n_heads, n_kv, vocab = cfg["n_heads"], cfg["n_kv_heads"], cfg["vocab_size"]
+        regions, tensors, order = man["regions"], {t["name"]: t for t in man["dense_tensors"]}, man["order"]
+    except KeyError as e:
+        fail(EXIT_INPUT, "%s: missing key %s" % (mpath, e))
+    if dtype not in ("f32", "f16", "bf16", "q8_0", "q4_0"):
+        fail(EXIT_INPUT, "%s: dtype %r is not supported" % (mpath, dtype))
+    if cfg.get("ffn_act", "silu") != "silu":
+        fail(EXIT_INPUT, "%s: ffn_act %s: llama.cpp's LLaMA arch computes SiLU only (src/models/llama.cpp)"
+             % (mpath, cfg.get("ffn_act")))
+    if bundle["kind"] != "gated":
+        fail(EXIT_INPUT, "%s: bundle kind %s: llama.cpp's LLaMA arch needs a gated FFN" % (mpath, bundle["kind"]))
+    rb = row_bytes(dtype, dim)
+    if bundle["bytes"] != 3 * rb:
+        fail(EXIT_INPUT, "%s: bundle bytes %d, expected 3 x %d" % (mpath, bundle["bytes"], rb))
+    ipath = os.path.join(os.path.dirname(mpath), man["image"]["file"])
+    try:
+        img = np.memmap(ipath, dtype=np.uint8, mode="r")
+    except OSError as e:
+        fail(EXIT_IO, "%s: %s" % (ipath, e.strerror))
+    if img.size != man["image"]["bytes"]:
+        fail(EXIT_INPUT, "%s: %d bytes, the manifest says %d" % (ipath, img.size, man["image"]["bytes"]))
+    dense_off = regions[0]["offset"]
+
+    tok_path = args.tokenizer
+    if tok_path is None and man.get("tokenizer"):
+        tok_path = os.path.join(os.path.dirname(mpath), man["tokenizer"])
+    if tok_path and tok_path.endswith(".model"):
+        fail(EXIT_USAGE, "%s: SentencePiece .model tokenizers are not converted; give a llama2.c tokenizer.bin"
+             % tok_path)
+    tokens, scores, types = read_llama2c_vocab(tok_path, vocab) if tok_path else synthetic_vocab(vocab)
+
+    qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+             "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0,
+             "q4_0": gguf.GGMLQuantizationType.Q4_0}[dtype]
+
+    def dense_raw(name):
+        t = tensors.get(name)
+        if t is None:
+            fail(EXIT_INPUT, "%s: dense tensor %s missing" % (mpath, name))
+        rows, cols = t["shape"]
+        tdtype = t.get("dtype", dtype)  # a per-tensor dtype, if a manifest records one
+        n = rows * row_bytes(tdtype, cols)
+        start = dense_off + t["offset"]
+        return img[start:start + n], rows, cols, tdtype
+
+    # (name, ggml type, numpy shape [rows][cols] of elements, producer of the bytes) in file order.
+    plan = []
+
+    def add_dense(gname, name, norm=False):
+        raw, rows, cols, tdtype = dense_raw(name)
+        if norm or tdtype == "f32":
+            plan.append((gname, gguf.GGMLQuantizationType.F32, (cols,) if norm else (rows, cols),
+                         lambda: decode(tdtype, raw, rows, cols).reshape(-1) if norm else decode(tdtype, raw, rows,
+                                                                                                  cols)))
+        else:
+            t = {"f16": gguf.GGMLQuantizationType.F16, "bf16": gguf.GGMLQuantizationType.BF16,
+                 "q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}[tdtype]
+            plan.append((gname, t, (rows, cols), lambda: np.asarray(raw)))
+
+    def ffn(layer, part):
+        """gate (0) / up (1) rows [hidden][dim] in original neuron order, as stored bytes; down (2) [dim][hidden]."""
+        reg = regions[1 + layer]
+        if reg["bytes"] != hidden * bundle["bytes"]:
+            fail(EXIT_INPUT, "%s: region %s has %d bytes, expected %d" % (mpath, reg["name"], reg["bytes"],
+                                                                          hidden * bundle["bytes"]))
+        b = img[reg["offset"]:reg["offset"] + reg["bytes"]].reshape(hidden, bundle["bytes"])
+        inv = np.empty(hidden, dtype=np.int64)
+        inv[np.asarray(order[layer], dtype=np.int64)] = np.arange(hidden)  # neuron -> slot
+        rows = b[inv, part * rb:(part + 1) * rb]  # [hidden][row bytes], neuron order
+        if part < 2:
+            return np.ascontiguousarray(rows)
+        down = decode(dtype, rows, hidden, dim).T  # [dim][hidden]
+        if dtype in ("f32",):
+            return np.ascontiguousarray(down)
+        if dtype == "f16":
+            return np.ascontiguousarray(down).astype(np.float16).view(np.uint8)  # exact: values were f16
+        if dtype == "bf16":
+            return (np.ascontiguousarray(down).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+        return gguf.quants.quantize(np.ascontiguousarray(down), qtype)  # requantized along hidden
+
+    add_dense("token_embd.weight", "tok_embeddings")
+    for l in range(n_layers):
+        p = "layers.%d." % l
+        add_dense("blk.%d.attn_norm.weight" % l, p + "rms_att", norm=True)
+        add_dense("blk.%d.attn_q.weight" % l, p + "wq")
+        add_dense("blk.%d.attn_k.weight" % l, p + "wk")
+        add_dense("blk.%d.attn_v.weight" % l, p + "wv")
+        add_dense("blk.%d.attn_output.weight" % l, p + "wo")
+        add_dense("blk.%d.ffn_norm.weight" % l, p + "rms_ffn", norm=True)
+        for part, gname, shape in ((0, "ffn_gate", (hidden, dim)), (1, "ffn_up", (hidden, dim)),
+                                   (2, "ffn_down", (dim, hidden))):
+            plan.append(("blk.%d.%s.weight" % (l, gname), qtype, shape, lambda l=l, part=part: ffn(l, part)))
+    add_dense("output_norm.weight", "rms_final", norm=True)
+    if not cfg.get("shared_classifier", True):
+        add_dense("output.weight", "wcls")
+
+    tmp = args.out + ".tmp%d" % os.getpid()
+    try:
+        w = gguf.GGUFWriter(tmp, "llama")
+        w.add_name(os.path.basename(image))
+        w.add_context_length(int(cfg["seq_len"]))
+        w.add_embedding_length(dim)
+        w.add_block_count(n_layers)
+        w.add_feed_forward_length(hidden)
+        w.add_head_count(n_heads)
+        w.add_head_count_kv(n_kv)
+        w.add_rope_dimension_count(dim // n_heads)
+        w.add_rope_freq_base(float(cfg.get("rope_theta", 10000.0)))
+        w.add_layer_norm_rms_eps(float(cfg.get("norm_eps", 1e-5)))
+        w.add_vocab_size(vocab)
+        w.add_file_type({"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2, "bf16": 32}[dtype])
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+        w.add_add_bos_token(True)
+        for name, t, shape, _ in plan:
+            bs, ts = gguf.GGML_QUANT_SIZES[t]
+            nbytes = shape[-1] // bs * ts * (shape[0] if len(shape) == 2 else 1)
+            w.add_tensor_info(name, shape, np.float32 if t == gguf.GGMLQuantizationType.F32 else np.float16,
+                              nbytes, raw_dtype=t)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for name, t, shape, produce in plan:
+            data = produce()
+            if t == gguf.GGMLQuantizationType.F32 and data.dtype != np.uint8:  # stored bytes are written as is
+                data = np.ascontiguousarray(data, dtype=np.float32)
+            w.write_tensor_data(np.ascontiguousarray(data))
+        w.close()
+        os.replace(tmp, args.out)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        fail(EXIT_IO, "%s: %s" % (args.out, e.strerror or e))
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()
