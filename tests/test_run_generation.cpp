@@ -153,6 +153,12 @@ TEST_CASE("text mode streams the ids, then the summary table; the closing line o
   CHECK(g["time_to_first_token_seconds"].get<double>() >= g["prefill_seconds"].get<double>());
   CHECK(g["decode_io_share"].get<double>() >= 0);
   CHECK(g["decode_io_share"].get<double>() <= 1);
+  // The KV cache is sized for --context (default prompt + steps); prompt + steps must fit in it.
+  CHECK(j["memory"]["context"] == 14);
+  const json c50 = run_json("--image " + t.image + " --prompt-tokens 1,100 --steps 12 --context 50");
+  CHECK(c50["memory"]["kv_cache_bytes"] == 2ULL * 4 * 50 * 64 * 4);  // K and V, 4 layers, kv_dim 64, f32
+  CHECK(c50["generated"] == j["generated"]);
+  CHECK(run("nl-run", "generate --image " + t.image + " --prompt-tokens 1,100 --steps 12 --context 10").rc == 2);
   // --quiet drops the closing line, nothing else.
   Run q = run("nl-run", "-q generate --image " + t.image + " --prompt-tokens 1,100 --steps 12");
   CHECK(q.err.empty());
