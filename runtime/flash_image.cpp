@@ -101,8 +101,8 @@ ModelWeights FlashImage::load_dense() {
 }
 
 ImageDtype FlashImage::tensor_dtype(const DenseTensor& t) const {
-  (void)t;  // TODO(quant): per-tensor dtype once DenseTensor carries one (norms stay f32 in q8_0 / q4_0 images)
-  return m_.dtype;
+  (void)m_;
+  return t.dtype;  // the manifest's per-tensor dtype (norms stay f32 in q8_0 / q4_0 images)
 }
 
 std::unique_ptr<DenseStore> FlashImage::load_dense_store() {

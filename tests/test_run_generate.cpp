@@ -233,10 +233,8 @@ TEST_CASE("generate: the same tokens for 1, 2 and 4 threads, gate and dense, eve
   c.vocab_size = 96;
   c.seq_len = 48;
   int checked = 0;
-  // TODO(quant): add kQ8_0 and kQ4_0 here once image_write_model packs them (the kernels are tested directly in
-  // test_runtime_kernels until then).
   for (FfnAct act : {FfnAct::kRelu, FfnAct::kSilu})
-  for (ImageDtype dt : {ImageDtype::kF32, ImageDtype::kF16, ImageDtype::kBF16}) {
+  for (ImageDtype dt : {ImageDtype::kF32, ImageDtype::kF16, ImageDtype::kBF16, ImageDtype::kQ8_0, ImageDtype::kQ4_0}) {
     c.act = act;
     const ModelWeights w = test::random_weights(c, 33);
     ImageSpec spec;
@@ -260,7 +258,7 @@ TEST_CASE("generate: the same tokens for 1, 2 and 4 threads, gate and dense, eve
         ++checked;
       }
   }
-  CHECK(checked == 36);
+  CHECK(checked == 60);
 }
 
 TEST_CASE("batched prefill then decode = token-by-token decode, bitwise (typed dense weights, sparse FFN)") {
@@ -269,7 +267,7 @@ TEST_CASE("batched prefill then decode = token-by-token decode, bitwise (typed d
   c.vocab_size = 64;
   c.seq_len = 40;
   ModelWeights w = test::random_weights(c, 9);
-  for (ImageDtype dt : {ImageDtype::kF32, ImageDtype::kF16, ImageDtype::kBF16}) {
+  for (ImageDtype dt : {ImageDtype::kF32, ImageDtype::kF16, ImageDtype::kBF16, ImageDtype::kQ8_0, ImageDtype::kQ4_0}) {
     CAPTURE(image_dtype_name(dt));
     ImageSpec spec;
     spec.dtype = dt;
