@@ -512,9 +512,6 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
                 std::to_string(m.planner.cache_ratio) + " (" + m.planner.cache_admission + "), device " +
                 m.planner.device);
   if (whole) info(g, a.synthetic_shape + " (" + whole->what + "): " + kSyntheticNote);
-  LogitCheck lc;
-  if (report && !synthetic) lc = logit_check(*src, a.out);
-  if (report) report_print(g, m.dtype, errors, synthetic ? nullptr : &lc);
   if (!a.export_permuted.empty()) {
     // Streams like the image: one FFN matrix in memory at a time, other tensors copied through in chunks.
     Progress prog("export", 3 * uint64_t(m.config.n_layers), !g.quiet, "FFN matrices");
@@ -523,6 +520,10 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
     info(g, "wrote the permuted model " + a.export_permuted);
   }
   outputs.commit();
+  // The logit check reads the image back, so it runs once the outputs are in place (it writes nothing).
+  LogitCheck lc;
+  if (report && !synthetic) lc = logit_check(*src, a.out);
+  if (report) report_print(g, m.dtype, errors, synthetic ? nullptr : &lc);
   if (g.json) {
     nlohmann::json j = {{"image", a.out},
                         {"manifest", manifest_path_for(a.out)},

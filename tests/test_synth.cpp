@@ -295,7 +295,7 @@ TEST_CASE("bad presets are rejected with one clear message naming the file and t
       CHECK(m.find('\n') == std::string::npos);
     }
   }
-  CHECK_THROWS_AS(synth_preset_load("no_such_preset.json"), InputError);
+  CHECK_THROWS_AS(synth_preset_load("no_such_preset.json"), IoError);
   std::remove("preset_good.json");
   std::remove("preset_bad.json");
 }
