@@ -132,9 +132,10 @@ class Bench:
         self.llama_ok = os.access(os.path.join(self.ldir, "bin", "llama-ids"), os.X_OK) and self.gguf_py is not None
         self.llama_bench = os.path.join(self.ldir, "bin", "llama-bench")
         help_gen = run([self.tool("nl-run"), "generate", "--help"])["out"]
+        help_run = run([self.tool("nl-run"), "--help"])["out"]  # --threads is a global option of nl-run
         help_pack = run([self.tool("nl-layout"), "pack", "--help"])["out"]
         self.pack_help = help_pack
-        self.has_threads = "--threads" in help_gen
+        self.has_threads = "--threads" in help_gen or "--threads" in help_run
         self.has_trace_select = "trace:" in help_gen
         self.pack_dtypes = [d for d in ("f32", "f16", "bf16", "q8_0", "q4_0") if d in help_pack]
         self.device = json.load(open(a.device))
@@ -225,11 +226,10 @@ class Bench:
             ids.append(3 + x % (vocab - 3))
         return ids
 
-    def nl_generate(self, image, select, prompt, steps, cgroup=None, extra=()):
-        argv = self.nice() + [self.tool("nl-run"), "generate", "--image", image, "--select", select,
+    def nl_generate(self, image, select, prompt, steps, cgroup=None, extra=(), threads=None):
+        glob = ["--threads", str(threads or self.a.threads)] if self.has_threads else []
+        argv = self.nice() + [self.tool("nl-run")] + glob + ["generate", "--image", image, "--select", select,
                               "--prompt-tokens", ",".join(map(str, prompt)), "--steps", str(steps), "--json", "-q"] + list(extra)
-        if self.has_threads:
-            argv += ["--threads", str(self.a.threads)]
         r = run_measured(argv, cgroup)
         if r["rc"] != 0:
             return None, r
@@ -241,6 +241,11 @@ class Bench:
         # forward, so the loop's wall time is split evenly. A runtime that reports ttft / decode figures is used as is.
         ttft = j.get("ttft_ms", j.get("time_to_first_token_ms"))
         dec = j.get("decode_ms_per_token")
+        gen = j.get("generation", {})  # the runtime's own clock (batched prefill, per-token decode), when it has one
+        if ttft is None and "time_to_first_token_seconds" in gen:
+            ttft = (r["wall_s"] - loop + gen["time_to_first_token_seconds"]) * 1e3  # start-up + prefill + first token
+        if dec is None and gen.get("decode_tokens_per_second"):
+            dec = 1e3 / gen["decode_tokens_per_second"]
         if ttft is None:
             ttft = (r["wall_s"] - loop + loop * len(prompt) / passes) * 1e3
         if dec is None:
@@ -404,10 +409,22 @@ class Bench:
         if self.llama_ok and comp is not None and not os.access(self.llama_bench, os.X_OK):
             res["unavailable"]["kernel row"] = "llama-bench not built (scripts/llamacpp.sh)"
         elif self.llama_ok and comp is not None:
-            k = {"nl_dense_tok_s": 1e3 / comp, "nl_threads": self.a.threads if self.has_threads else 1, "llama": {}}
+            # Both engines at the same thread counts: nl-run --select dense (median of the reps) and llama-bench tg.
+            k = {"nl_dense_tok_s": 1e3 / comp, "nl_threads": self.a.threads if self.has_threads else 1, "llama": {},
+                 "nl": {}}
             for t in sorted({1, self.a.threads}):
                 ts, sd = self.llama_bench_tg(p["gguf"], t)
                 k["llama"][str(t)] = {"tg_tok_s": ts, "stddev": sd}
+                if t == k["nl_threads"]:
+                    k["nl"][str(t)] = {"tok_s": 1e3 / comp}
+                elif self.has_threads:
+                    ms = []
+                    for _ in range(self.a.reps):
+                        g, _r = self.nl_generate(p["images"]["identity"], "dense", prompt, steps, threads=t)
+                        if g:
+                            ms.append(g["decode_ms"])
+                    if ms:
+                        k["nl"][str(t)] = {"tok_s": 1e3 / med(ms)}
             res["kernel"] = k
         res["rows"] = rows
         res["loadavg_end"] = os.getloadavg()  # a time-shared CPU slows OpenMP barriers most: say what it was
@@ -497,11 +514,14 @@ def print_shape(res):
     k = res.get("kernel")
     if k:
         for t, v in sorted(k["llama"].items()):
-            print("kernel row (all in DRAM): nl-run --select dense %.1f tok/s (%d thread%s), llama-bench tg%s %.1f "
-                  "tok/s (+-%.1f) at %s thread%s: %.3fx" % (
-                      k["nl_dense_tok_s"], k["nl_threads"], "s" if k["nl_threads"] > 1 else "",
-                      "", v["tg_tok_s"], v["stddev"], t, "s" if t != "1" else "",
-                      trunc(k["nl_dense_tok_s"] / v["tg_tok_s"], 3)))
+            nl = k.get("nl", {}).get(t)
+            if not nl:
+                print("kernel row (all in DRAM), %s thread%s: llama-bench tg %.1f tok/s; nl-run not measured at this "
+                      "thread count" % (t, "s" if t != "1" else "", v["tg_tok_s"]))
+                continue
+            print("kernel row (all in DRAM), %s thread%s: nl-run --select dense %.1f tok/s, llama-bench tg %.1f tok/s "
+                  "(+-%.1f): %.3fx" % (t, "s" if t != "1" else "", nl["tok_s"], v["tg_tok_s"], v["stddev"],
+                                       trunc(nl["tok_s"] / v["tg_tok_s"], 3)))
 
 
 def main():
