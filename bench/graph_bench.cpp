@@ -13,9 +13,9 @@
 #include <omp.h>
 
 #include <chrono>
-#include <ctime>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -130,8 +130,8 @@ LayerResult time_mask(const std::string& name, const LayerMask& m, PopcountKerne
   return {name, n, tokens, density(m), t1 - t0, ops, c1 - c0};
 }
 
-LayerResult time_layer(const std::string& name, uint32_t n, uint64_t tokens, double p, PopcountKernel k,
-                       uint64_t seed, CountMethod method = CountMethod::Dense) {
+LayerResult time_layer(const std::string& name, uint32_t n, uint64_t tokens, double p, PopcountKernel k, uint64_t seed,
+                       CountMethod method = CountMethod::Dense) {
   return time_mask(name, random_mask(n, tokens, p, seed), k, method);
 }
 
@@ -140,9 +140,12 @@ LayerResult time_layer(const std::string& name, uint32_t n, uint64_t tokens, dou
 int main(int argc, char** argv) {
   bool quick = false, json = false, kernels = false;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else if (!std::strcmp(argv[i], "--json")) json = true;
-    else if (!std::strcmp(argv[i], "--kernels")) kernels = true;
+    if (!std::strcmp(argv[i], "--quick"))
+      quick = true;
+    else if (!std::strcmp(argv[i], "--json"))
+      json = true;
+    else if (!std::strcmp(argv[i], "--kernels"))
+      kernels = true;
     else {
       std::fprintf(stderr, "usage: graph_bench [--quick] [--json] [--kernels]\n");
       return 2;
@@ -190,10 +193,11 @@ int main(int argc, char** argv) {
                 100 * r.word_ops / r.seconds / peak_best, popcount_kernel_name(best));
     if (sparse_ok) {
       const LayerResult& q = res_sparse[i];
-      std::printf("   sparse         %8.3f s/layer wall (%.3f CPU-s), %7.2f dense-equivalent Gword-op/s = %5.2f x the "
-                  "peak; %.2f x faster than dense (wall), %.2f x (CPU)\n",
-                  q.seconds, q.cpu_seconds, q.word_ops / q.seconds / 1e9, q.word_ops / q.seconds / peak_best,
-                  r.seconds / q.seconds, r.cpu_seconds / q.cpu_seconds);
+      std::printf(
+          "   sparse         %8.3f s/layer wall (%.3f CPU-s), %7.2f dense-equivalent Gword-op/s = %5.2f x the "
+          "peak; %.2f x faster than dense (wall), %.2f x (CPU)\n",
+          q.seconds, q.cpu_seconds, q.word_ops / q.seconds / 1e9, q.word_ops / q.seconds / peak_best,
+          r.seconds / q.seconds, r.cpu_seconds / q.cpu_seconds);
     }
   }
 
@@ -212,10 +216,11 @@ int main(int argc, char** argv) {
     opt_layer_s = r0.seconds * double(scale) * scale * scale * 2;  // n^2 * tokens scaling
     opt_layer_cpu = r0.cpu_seconds * double(scale) * scale * scale * 2;
   }
-  std::printf("OPT-6.7B-shaped model (32 x 16384 neurons, 131072 tokens, 3.2 %% active), %s: counting %.1f s wall on %d "
-              "threads, %.1f CPU-s = %.1f s if the %d threads had their cores alone (EXTRAPOLATED: 32 x one %s layer)\n",
-              count_method_name(auto_m), 32 * opt_layer_s, threads, 32 * opt_layer_cpu, 32 * opt_layer_cpu / threads,
-              threads, quick ? "scaled" : "measured");
+  std::printf(
+      "OPT-6.7B-shaped model (32 x 16384 neurons, 131072 tokens, 3.2 %% active), %s: counting %.1f s wall on %d "
+      "threads, %.1f CPU-s = %.1f s if the %d threads had their cores alone (EXTRAPOLATED: 32 x one %s layer)\n",
+      count_method_name(auto_m), 32 * opt_layer_s, threads, 32 * opt_layer_cpu, 32 * opt_layer_cpu / threads, threads,
+      quick ? "scaled" : "measured");
 
   // 4. Other kernels on a slice, relative to the best.
   if (kernels) {
@@ -234,10 +239,11 @@ int main(int argc, char** argv) {
     std::printf("{\"threads\": %d, \"kernel\": \"%s\", \"peak_words_per_s\": %.6g, \"layers\": [", threads,
                 popcount_kernel_name(best), peak_best);
     for (size_t i = 0; i < res.size(); ++i)
-      std::printf("%s{\"name\": \"%s\", \"n\": %u, \"tokens\": %llu, \"dense_seconds\": %.6g, "
-                  "\"dense_word_ops_per_s\": %.6g, \"sparse_seconds\": %.6g}",
-                  i ? ", " : "", res[i].name.c_str(), res[i].n, (unsigned long long)res[i].tokens, res[i].seconds,
-                  res[i].word_ops / res[i].seconds, sparse_ok ? res_sparse[i].seconds : 0.0);
+      std::printf(
+          "%s{\"name\": \"%s\", \"n\": %u, \"tokens\": %llu, \"dense_seconds\": %.6g, "
+          "\"dense_word_ops_per_s\": %.6g, \"sparse_seconds\": %.6g}",
+          i ? ", " : "", res[i].name.c_str(), res[i].n, (unsigned long long)res[i].tokens, res[i].seconds,
+          res[i].word_ops / res[i].seconds, sparse_ok ? res_sparse[i].seconds : 0.0);
     std::printf("], \"opt67b_counting_s_extrapolated\": %.6g}\n", 32 * opt_layer_s);
   }
   return 0;

@@ -92,7 +92,8 @@ void bench_matvec(int reps, const std::vector<int>& threads) {
                             ImageDtype::kQ4_0};
   const auto isas = kernels::available_isas();
   std::printf(
-      "== matvec (synthetic random weights; weights cycled through copies of >= 96 MiB per dtype, so mostly from DRAM)\n");
+      "== matvec (synthetic random weights; weights cycled through copies of >= 96 MiB per dtype, so mostly from "
+      "DRAM)\n");
   std::printf("%-22s %-6s %-13s %3s %22s %26s\n", "shape", "dtype", "path", "thr", "GB/s median [min-max]",
               "GFLOP/s median [min-max]");
   for (const Shape& sh : shapes) {

@@ -32,20 +32,34 @@ int main(int argc, char** argv) {
   bool keep_weight = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
-    if (k == "--neurons") spec.n_neurons = uint32_t(std::stoul(v));
-    else if (k == "--tokens") spec.n_tokens = std::stoull(v);
-    else if (k == "--test-tokens") test_tokens = std::stoull(v);
-    else if (k == "--cluster-rate") spec.cluster_rate = std::stod(v);
-    else if (k == "--cluster-size") spec.cluster_size = uint32_t(std::stoul(v));
-    else if (k == "--hot-fraction") spec.hot_fraction = std::stod(v);
-    else if (k == "--methods") methods = v;
-    else if (k == "--hot-share") hot_share = std::stod(v);
-    else if (k == "--pin-share") pin_share = std::stod(v);
-    else if (k == "--max-evaluations") max_evaluations = std::stoull(v);
-    else if (k == "--kicks") kicks = uint32_t(std::stoul(v));
-    else if (k == "--keep-weight") keep_weight = v != "0";
-    else if (k == "--sample-tokens") sample_tokens = uint32_t(std::stoul(v));
-    else if (k == "--neighbours") neighbours = uint32_t(std::stoul(v));
+    if (k == "--neurons")
+      spec.n_neurons = uint32_t(std::stoul(v));
+    else if (k == "--tokens")
+      spec.n_tokens = std::stoull(v);
+    else if (k == "--test-tokens")
+      test_tokens = std::stoull(v);
+    else if (k == "--cluster-rate")
+      spec.cluster_rate = std::stod(v);
+    else if (k == "--cluster-size")
+      spec.cluster_size = uint32_t(std::stoul(v));
+    else if (k == "--hot-fraction")
+      spec.hot_fraction = std::stod(v);
+    else if (k == "--methods")
+      methods = v;
+    else if (k == "--hot-share")
+      hot_share = std::stod(v);
+    else if (k == "--pin-share")
+      pin_share = std::stod(v);
+    else if (k == "--max-evaluations")
+      max_evaluations = std::stoull(v);
+    else if (k == "--kicks")
+      kicks = uint32_t(std::stoul(v));
+    else if (k == "--keep-weight")
+      keep_weight = v != "0";
+    else if (k == "--sample-tokens")
+      sample_tokens = uint32_t(std::stoul(v));
+    else if (k == "--neighbours")
+      neighbours = uint32_t(std::stoul(v));
     else {
       std::fprintf(stderr, "layout_bench: unknown option %s\n", k.c_str());
       return 2;
@@ -55,7 +69,7 @@ int main(int argc, char** argv) {
   LayerMask prof = clustered_mask(spec);
   ClusteredTraceSpec ts = spec;
   ts.n_tokens = test_tokens;
-  ts.seed = spec.seed;  // same hidden structure (the seed fixes the clusters)...
+  ts.seed = spec.seed;                  // same hidden structure (the seed fixes the clusters)...
   LayerMask test = clustered_mask(ts);  // ...but note: identical seed also repeats the first tokens; see below
   // Held-out tokens: generate a longer run and keep only the tokens after the profile's.
   ts.n_tokens = spec.n_tokens + test_tokens;
@@ -67,10 +81,11 @@ int main(int argc, char** argv) {
   uint64_t act = 0;
   for (uint32_t n = 0; n < spec.n_neurons; ++n) act += test.count(n);
   double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("synthetic clustered layer: %u neurons, %llu profile + %llu held-out tokens, %.2f %% active "
-              "(generated in %.1f s)\n",
-              spec.n_neurons, (unsigned long long)spec.n_tokens, (unsigned long long)test_tokens,
-              100.0 * double(act) / double(spec.n_neurons) / double(test_tokens), gen_s);
+  std::printf(
+      "synthetic clustered layer: %u neurons, %llu profile + %llu held-out tokens, %.2f %% active "
+      "(generated in %.1f s)\n",
+      spec.n_neurons, (unsigned long long)spec.n_tokens, (unsigned long long)test_tokens,
+      100.0 * double(act) / double(spec.n_neurons) / double(test_tokens), gen_s);
 
   EvalConfig e5;
   e5.device = default_device();
@@ -110,15 +125,17 @@ int main(int argc, char** argv) {
                 g0.reads_per_token(), g5.avg_read_bundles(), g5.io_ms_per_token(), 100 * g5.hit_rate(),
                 greedy_io > 0 ? g5.io_ms_per_token() / greedy_io : 0.0);
     if (m == "greedy+ls")
-      std::printf("  ls: moves %llu, evaluations %llu, refused by weight %llu, weight %llu -> %llu, guard kept seed %d, "
-                  "hot block fell back %d\n",
-                  (unsigned long long)s.ls.moves, (unsigned long long)s.ls.evaluations,
-                  (unsigned long long)s.ls.refused_by_weight, (unsigned long long)s.ls.weight_seed,
-                  (unsigned long long)s.ls.weight_final, int(s.guard_kept_seed), int(s.ls.fell_back));
+      std::printf(
+          "  ls: moves %llu, evaluations %llu, refused by weight %llu, weight %llu -> %llu, guard kept seed %d, "
+          "hot block fell back %d\n",
+          (unsigned long long)s.ls.moves, (unsigned long long)s.ls.evaluations,
+          (unsigned long long)s.ls.refused_by_weight, (unsigned long long)s.ls.weight_seed,
+          (unsigned long long)s.ls.weight_final, int(s.guard_kept_seed), int(s.ls.fell_back));
     if (m == "greedy")
-      std::printf("  greedy: %llu candidate pairs, %llu accepted, %u fragments, %llu endpoint links, %llu index links\n",
-                  (unsigned long long)s.greedy.candidates, (unsigned long long)s.greedy.accepted, s.greedy.fragments,
-                  (unsigned long long)s.greedy.endpoint_links, (unsigned long long)s.greedy.index_links);
+      std::printf(
+          "  greedy: %llu candidate pairs, %llu accepted, %u fragments, %llu endpoint links, %llu index links\n",
+          (unsigned long long)s.greedy.candidates, (unsigned long long)s.greedy.accepted, s.greedy.fragments,
+          (unsigned long long)s.greedy.endpoint_links, (unsigned long long)s.greedy.index_links);
     std::fflush(stdout);
     prog.add(1);
   }

@@ -50,7 +50,8 @@ uint64_t write_synthetic_llama2c(const std::string& path, const ModelConfig& c) 
       n -= k;
     }
   };
-  const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), hid = uint64_t(c.hidden_dim), L = uint64_t(c.n_layers);
+  const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), hid = uint64_t(c.hidden_dim),
+                 L = uint64_t(c.n_layers);
   put(uint64_t(c.vocab_size) * dim);
   put(L * dim);
   put(L * dim * dim);
@@ -123,11 +124,16 @@ int main(int argc, char** argv) {
   std::string dir = "/tmp", dtype = "f16";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--dim") c.dim = std::atoi(v.c_str());
-    else if (k == "--hidden") c.hidden_dim = std::atoi(v.c_str());
-    else if (k == "--layers") c.n_layers = std::atoi(v.c_str());
-    else if (k == "--dir") dir = v;
-    else if (k == "--dtype") dtype = v;
+    if (k == "--dim")
+      c.dim = std::atoi(v.c_str());
+    else if (k == "--hidden")
+      c.hidden_dim = std::atoi(v.c_str());
+    else if (k == "--layers")
+      c.n_layers = std::atoi(v.c_str());
+    else if (k == "--dir")
+      dir = v;
+    else if (k == "--dtype")
+      dtype = v;
     else {
       std::fprintf(stderr, "usage: pack_bench [--dim D] [--hidden H] [--layers L] [--dir DIR] [--dtype f16|f32]\n");
       return 2;
@@ -184,22 +190,24 @@ int main(int argc, char** argv) {
   std::printf("model: llama2.c, dim %d, hidden %d, %d layers, %.1f MB (FFN layer %.1f MB); image dtype %s\n", c.dim,
               c.hidden_dim, c.n_layers, mb, ffn_layer_mb, dtype.c_str());
   std::printf("%-22s %10s %10s %12s %14s\n", "variant", "seconds", "MB/s", "peak RSS MB", "RSS / model");
-  for (auto [name, r] : {std::pair<const char*, Run>{"streaming (per layer)", streaming}, {"whole model loaded", loaded}})
+  for (auto [name, r] :
+       {std::pair<const char*, Run>{"streaming (per layer)", streaming}, {"whole model loaded", loaded}})
     std::printf("%-22s %10.2f %10.1f %12.1f %14.3f\n", name, r.seconds, mb / r.seconds, r.max_rss_kb / 1024.0,
                 r.max_rss_kb * 1024.0 / double(bytes));
-  std::printf("streaming / loaded: time %.3f, peak RSS %.3f; images identical: %s\n", streaming.seconds / loaded.seconds,
-              double(streaming.max_rss_kb) / double(loaded.max_rss_kb), same ? "yes" : "NO");
+  std::printf("streaming / loaded: time %.3f, peak RSS %.3f; images identical: %s\n",
+              streaming.seconds / loaded.seconds, double(streaming.max_rss_kb) / double(loaded.max_rss_kb),
+              same ? "yes" : "NO");
   std::printf("permuted export (llama2.c, random layout):\n");
-  for (auto [name, r] : {std::pair<const char*, Run>{"streaming (per matrix)", export_streaming},
-                         {"whole model loaded", export_loaded}})
+  for (auto [name, r] :
+       {std::pair<const char*, Run>{"streaming (per matrix)", export_streaming}, {"whole model loaded", export_loaded}})
     std::printf("%-22s %10.2f %10.1f %12.1f %14.3f\n", name, r.seconds, mb / r.seconds, r.max_rss_kb / 1024.0,
                 r.max_rss_kb * 1024.0 / double(bytes));
   std::printf("streaming / loaded: time %.3f, peak RSS %.3f; exports identical: %s\n",
               export_streaming.seconds / export_loaded.seconds,
               double(export_streaming.max_rss_kb) / double(export_loaded.max_rss_kb), export_same ? "yes" : "NO");
   std::printf("permuted export (safetensors f32, random layout):\n");
-  for (auto [name, r] : {std::pair<const char*, Run>{"streaming (per matrix)", st_streaming},
-                         {"whole model loaded", st_loaded}})
+  for (auto [name, r] :
+       {std::pair<const char*, Run>{"streaming (per matrix)", st_streaming}, {"whole model loaded", st_loaded}})
     std::printf("%-22s %10.2f %10.1f %12.1f %14.3f\n", name, r.seconds, mb / r.seconds, r.max_rss_kb / 1024.0,
                 r.max_rss_kb * 1024.0 / double(bytes));
   std::printf("streaming / loaded: time %.3f, peak RSS %.3f; exports identical: %s\n",

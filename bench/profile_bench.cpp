@@ -1,7 +1,7 @@
 // Profiling throughput: tokens/s of the sequence-batched forward (matrix-matrix products) against token by token,
 // for the shared tiny models, forward only and forward + trace writing (nl-profile's inner loop).
-// Usage: profile_bench [--models DIR] [--tokens N] [--synthetic-tokens N] [--seq-len L] [--reps R] [--threads T] [--quiet]
-// Prints one line per (model, mode) with the median of R runs, and the batched/token-by-token ratio.
+// Usage: profile_bench [--models DIR] [--tokens N] [--synthetic-tokens N] [--seq-len L] [--reps R] [--threads T]
+// [--quiet] Prints one line per (model, mode) with the median of R runs, and the batched/token-by-token ratio.
 #include <omp.h>
 
 #include <algorithm>
@@ -90,12 +90,18 @@ int main(int argc, char** argv) {
     } else if (i + 1 >= argc) {
       std::fprintf(stderr, "option %s needs a value\n", argv[i]);
       return 2;
-    } else if (!std::strcmp(argv[i], "--models")) models = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--tokens")) tokens = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (!std::strcmp(argv[i], "--seq-len")) seq_len = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--synthetic-tokens")) synthetic_tokens = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
+    } else if (!std::strcmp(argv[i], "--models"))
+      models = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--tokens"))
+      tokens = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (!std::strcmp(argv[i], "--seq-len"))
+      seq_len = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--synthetic-tokens"))
+      synthetic_tokens = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (!std::strcmp(argv[i], "--reps"))
+      reps = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--threads"))
+      threads = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;

@@ -24,19 +24,27 @@ struct EvalArgs {
 };
 
 void add_input_options(CLI::App& c, EvalArgs& a) {
-  c.add_option("--trace", a.trace, "Held-out trace (HDF5, trace v1)")->required()->check(CLI::ExistingFile)->group("Input");
-  c.add_option("--layout", a.layouts, "Layout JSON (repeat for several)")->required()->check(CLI::ExistingFile)->group("Input");
+  c.add_option("--trace", a.trace, "Held-out trace (HDF5, trace v1)")
+      ->required()
+      ->check(CLI::ExistingFile)
+      ->group("Input");
+  c.add_option("--layout", a.layouts, "Layout JSON (repeat for several)")
+      ->required()
+      ->check(CLI::ExistingFile)
+      ->group("Input");
 }
 
 void add_report_options(CLI::App& c, EvalArgs& a) {
   c.add_flag("--per-layer", a.per_layer, "Also print per-layer figures")->group("Report");
   c.add_option("--require", a.require,
                "Quality gate, e.g. \"greedy+ls.io_ms <= 0.95 * greedy.io_ms\" (metrics: reads, io_ms, avg_len, "
-               "max_len, bytes_read, bytes_needed, hit_rate); exit 5 when violated")->group("Report");
+               "max_len, bytes_read, bytes_needed, hit_rate); exit 5 when violated")
+      ->group("Report");
   c.add_option("--seed", a.seed, "Seed of the cache's admission draws")->group("Report");
   c.add_flag("!--same-cache", a.layout_cache,
              "Ignore the layouts' own cache policies (admission, pinned set): every layout gets the cache set by the "
-             "device options (ablation)")->group("Report");
+             "device options (ablation)")
+      ->group("Report");
 }
 
 struct Row {
@@ -108,8 +116,12 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
     }));
 
   if (g.json) {
-    nlohmann::json j = {{"trace", a.trace},       {"tokens", ti.n_tokens},   {"gap", ec.gap.to_string()},
-                        {"cache_ratio", ec.cache_ratio}, {"device", ec.device.name}, {"bundle_bytes", bb},
+    nlohmann::json j = {{"trace", a.trace},
+                        {"tokens", ti.n_tokens},
+                        {"gap", ec.gap.to_string()},
+                        {"cache_ratio", ec.cache_ratio},
+                        {"device", ec.device.name},
+                        {"bundle_bytes", bb},
                         {"window", ec.cache.window_tokens}};
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& r : rows) {
@@ -125,8 +137,11 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
       if (a.per_layer) {
         nlohmann::json pl = nlohmann::json::array();
         for (const auto& le : r.layers)
-          pl.push_back({{"reads", le.reads_per_token()}, {"io_ms", le.io_ms_per_token()}, {"avg_len", le.avg_read_bundles()},
-                        {"max_len", le.max_read_bundles}, {"hit_rate", le.hit_rate()}});
+          pl.push_back({{"reads", le.reads_per_token()},
+                        {"io_ms", le.io_ms_per_token()},
+                        {"avg_len", le.avg_read_bundles()},
+                        {"max_len", le.max_read_bundles},
+                        {"hit_rate", le.hit_rate()}});
         x["per_layer"] = pl;
       }
       arr.push_back(x);
@@ -140,7 +155,8 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
   } else {
     std::printf("%s: %llu tokens, %u layers; gap %s, cache %.3g of FFN bytes%s, device %s, bundle %llu B\n",
                 a.trace.c_str(), static_cast<unsigned long long>(ti.n_tokens), ti.n_layers, ec.gap.to_string().c_str(),
-                ec.cache_ratio, ec.cache.window_tokens ? (", window " + std::to_string(ec.cache.window_tokens)).c_str() : "",
+                ec.cache_ratio,
+                ec.cache.window_tokens ? (", window " + std::to_string(ec.cache.window_tokens)).c_str() : "",
                 ec.device.name.c_str(), static_cast<unsigned long long>(bb));
     std::printf("%-14s %10s %8s %8s %11s %9s %6s %10s %8s %8s %8s %8s\n", "layout", "reads/tok", "avg_len", "max_len",
                 "KiB_rd/tok", "rd/need", "hit%", "io_ms/tok", "rd/idn", "io/idn", "rd/grd", "io/grd");
@@ -152,25 +168,29 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
                   double(t.bytes_read) / 1024.0 / double(std::max<uint64_t>(1, t.tokens)),
                   ratio(double(t.bytes_read), double(t.bytes_needed)), 100.0 * t.hit_rate(), t.io_ms_per_token());
       if (ident)
-        std::printf(" %8.3f %8.3f", ratio(double(t.reads), double(ident->total.reads)), ratio(t.io_seconds, ident->total.io_seconds));
+        std::printf(" %8.3f %8.3f", ratio(double(t.reads), double(ident->total.reads)),
+                    ratio(t.io_seconds, ident->total.io_seconds));
       else
         std::printf(" %8s %8s", "-", "-");
       if (greedy)
-        std::printf(" %8.3f %8.3f\n", ratio(double(t.reads), double(greedy->total.reads)), ratio(t.io_seconds, greedy->total.io_seconds));
+        std::printf(" %8.3f %8.3f\n", ratio(double(t.reads), double(greedy->total.reads)),
+                    ratio(t.io_seconds, greedy->total.io_seconds));
       else
         std::printf(" %8s %8s\n", "-", "-");
     }
     if (bound_ms > 0) {
-      std::printf("lower bound for any order and cache of this capacity: %.4f io_ms/tok (each token: one read of its active\n"
-                  "neurons beyond the capacity, every cache slot a hit, no gap bytes); io / bound:", bound_ms);
+      std::printf(
+          "lower bound for any order and cache of this capacity: %.4f io_ms/tok (each token: one read of its active\n"
+          "neurons beyond the capacity, every cache slot a hit, no gap bytes); io / bound:",
+          bound_ms);
       for (const auto& r : rows) std::printf(" %s %.3f", r.name.c_str(), r.total.io_ms_per_token() / bound_ms);
       std::printf("\n");
     }
     if (a.per_layer)
       for (const auto& r : rows)
         for (size_t l = 0; l < r.layers.size(); ++l)
-          std::printf("  %-14s layer %3zu: reads/tok %.2f, io_ms/tok %.4f, avg_len %.2f, hit%% %.2f\n", r.name.c_str(), l,
-                      r.layers[l].reads_per_token(), r.layers[l].io_ms_per_token(), r.layers[l].avg_read_bundles(),
+          std::printf("  %-14s layer %3zu: reads/tok %.2f, io_ms/tok %.4f, avg_len %.2f, hit%% %.2f\n", r.name.c_str(),
+                      l, r.layers[l].reads_per_token(), r.layers[l].io_ms_per_token(), r.layers[l].avg_read_bundles(),
                       100.0 * r.layers[l].hit_rate());
     for (const auto& gr : gates) std::printf("gate %s: %s\n", gr.ok ? "ok" : "VIOLATED", gr.text.c_str());
   }

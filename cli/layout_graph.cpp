@@ -41,8 +41,9 @@ void add_compute_options(CLI::App* c, GraphArgs& a) {
   c->add_option("--kernel", a.kernel, "Popcount kernel")
       ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512"}))
       ->capture_default_str();
-  c->add_option("--method", a.method, "Counting method: dense (AND+popcount per pair), sparse (per active token; "
-                                      "AVX-512), auto (sparse below 20 % active)")
+  c->add_option("--method", a.method,
+                "Counting method: dense (AND+popcount per pair), sparse (per active token; "
+                "AVX-512), auto (sparse below 20 % active)")
       ->check(CLI::IsMember({"auto", "dense", "sparse"}))
       ->capture_default_str();
   c->add_option("--chunk-mib", a.chunk_mib, "Mask words held per token chunk, MiB")
@@ -62,7 +63,8 @@ void graph_main(const GraphArgs& a, const GlobalOptions& g) {
   o.kernel = popcount_kernel_resolve(popcount_kernel_parse(a.kernel));
   o.chunk_bytes = a.chunk_mib << 20;
   o.method = count_method_parse(a.method);
-  if (!count_method_supported(o.method)) throw UsageError("--method sparse needs AVX-512 F/BW/VBMI2, which this CPU lacks");
+  if (!count_method_supported(o.method))
+    throw UsageError("--method sparse needs AVX-512 F/BW/VBMI2, which this CPU lacks");
   info(g, "graph: " + a.trace + ": " + std::to_string(layers.size()) + " layers, " + std::to_string(ti.n_tokens) +
               " tokens, kernel " + popcount_kernel_name(o.kernel) + ", " + std::to_string(omp_get_max_threads()) +
               " threads");
@@ -80,15 +82,23 @@ void graph_main(const GraphArgs& a, const GlobalOptions& g) {
     for (uint32_t len : lg.nbr_len) edges += len;
     const double frac = lg.n_neurons && lg.n_tokens ? double(active) / (double(lg.n_neurons) * double(lg.n_tokens)) : 0;
     w.add_layer(l, lg);
-    jl.push_back({{"layer", l}, {"n_neurons", lg.n_neurons}, {"active_fraction", frac}, {"seconds", s},
+    jl.push_back({{"layer", l},
+                  {"n_neurons", lg.n_neurons},
+                  {"active_fraction", frac},
+                  {"seconds", s},
                   {"neighbour_entries", edges}});
     prog.add();
   }
   w.close();
   prog.finish();
-  nlohmann::json j = {{"trace", a.trace},     {"out", a.out},     {"n_tokens", ti.n_tokens},
-                      {"top_k", a.top_k},     {"full", a.full},   {"kernel", popcount_kernel_name(o.kernel)},
-                      {"threads", omp_get_max_threads()},         {"seconds", total_s},
+  nlohmann::json j = {{"trace", a.trace},
+                      {"out", a.out},
+                      {"n_tokens", ti.n_tokens},
+                      {"top_k", a.top_k},
+                      {"full", a.full},
+                      {"kernel", popcount_kernel_name(o.kernel)},
+                      {"threads", omp_get_max_threads()},
+                      {"seconds", total_s},
                       {"layers", jl}};
   if (g.json) {
     std::printf("%s\n", json_dump(j, 2).c_str());

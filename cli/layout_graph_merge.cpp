@@ -33,13 +33,13 @@ void merge_main(const MergeArgs& a, const GlobalOptions& g) {
   GraphFileReader r(a.out);
   const GraphFileInfo& gi = r.info();
   if (g.json) {
-    nlohmann::json j = {{"out", a.out}, {"inputs", a.inputs}, {"n_tokens", gi.n_tokens}, {"top_k", gi.top_k},
-                        {"layers", gi.layers}};
+    nlohmann::json j = {
+        {"out", a.out}, {"inputs", a.inputs}, {"n_tokens", gi.n_tokens}, {"top_k", gi.top_k}, {"layers", gi.layers}};
     std::printf("%s\n", json_dump(j, 2).c_str());
     return;
   }
-  std::printf("%s: %zu inputs merged, %zu layers, %llu tokens, top-%u + full matrix\n", a.out.c_str(),
-              a.inputs.size(), gi.layers.size(), static_cast<unsigned long long>(gi.n_tokens), gi.top_k);
+  std::printf("%s: %zu inputs merged, %zu layers, %llu tokens, top-%u + full matrix\n", a.out.c_str(), a.inputs.size(),
+              gi.layers.size(), static_cast<unsigned long long>(gi.n_tokens), gi.top_k);
 }
 
 }  // namespace

@@ -25,8 +25,8 @@ std::vector<uint32_t> parse_layers(const std::string& spec, uint32_t n_layers) {
       uint64_t b = dash == std::string::npos ? a : std::stoull(item.substr(dash + 1));
       if (a > b) throw UsageError("--layers: empty range '" + item + "'");
       if (b >= n_layers)
-        throw UsageError("--layers: layer " + std::to_string(b) + " out of range (trace has " + std::to_string(n_layers) +
-                         " layers)");
+        throw UsageError("--layers: layer " + std::to_string(b) + " out of range (trace has " +
+                         std::to_string(n_layers) + " layers)");
       for (uint64_t l = a; l <= b; ++l) out.push_back(uint32_t(l));
     } catch (const std::logic_error&) {
       throw UsageError("--layers: cannot parse '" + item + "' (use all, or e.g. 0,3,5-7)");
@@ -42,18 +42,27 @@ std::vector<uint32_t> parse_layers(const std::string& spec, uint32_t n_layers) {
 void add_device_objective_options(CLI::App& c, DeviceObjectiveArgs& a) {
   const char* grp = "Device objective";
   c.add_option("--device", a.device, "Device profile JSON (default: built-in UFS 4.0 = configs/devices/ufs40.json)")
-      ->check(CLI::ExistingFile)->group(grp);
-  c.add_option("--gap", a.gap, "Gap merging: off, auto (device cost model; cached slots inside a run are a gap too), auto-keep-runs (the paper's rule: the cache never splits a run) or N bundles")->group(grp);
+      ->check(CLI::ExistingFile)
+      ->group(grp);
+  c.add_option("--gap", a.gap,
+               "Gap merging: off, auto (device cost model; cached slots inside a run are a gap too), auto-keep-runs "
+               "(the paper's rule: the cache never splits a run) or N bundles")
+      ->group(grp);
   c.add_option("--cache-ratio", a.cache_ratio, "Cache size as a fraction of each layer's FFN bytes")
-      ->check(CLI::Range(0.0, 1.0))->group(grp);
+      ->check(CLI::Range(0.0, 1.0))
+      ->group(grp);
   c.add_option("--bundle-bytes", a.bundle_bytes, "Bytes per neuron bundle (default: from the layer width)")
-      ->check(CLI::Range(uint64_t(1), uint64_t(1) << 30))->group(grp);
+      ->check(CLI::Range(uint64_t(1), uint64_t(1) << 30))
+      ->group(grp);
   c.add_option("--window", a.window, "Sliding window: neurons active in the last K tokens stay resident")
-      ->check(CLI::Range(0u, 1000000u))->group(grp);
+      ->check(CLI::Range(0u, 1000000u))
+      ->group(grp);
   c.add_option("--run-admit-prob", a.run_admit_prob, "Linking-aligned admission probability inside longer reads")
-      ->check(CLI::Range(0.0, 1.0))->group(grp);
+      ->check(CLI::Range(0.0, 1.0))
+      ->group(grp);
   c.add_option("--isolated-max", a.isolated_max, "Reads of at most this many bundles admit normally")
-      ->check(CLI::Range(0u, 1u << 20))->group(grp);
+      ->check(CLI::Range(0u, 1u << 20))
+      ->group(grp);
   c.add_flag("--plain-s3fifo", a.plain_s3fifo, "Admit every miss (no linking-aligned admission)")->group(grp);
 }
 

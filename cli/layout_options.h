@@ -9,10 +9,10 @@
 namespace nl::cli {
 
 struct DeviceObjectiveArgs {
-  std::string device;            // path; empty = built-in UFS 4.0
-  std::string gap = GapPolicy{}.to_string();  // auto
-  double cache_ratio = 0.05;     // the CLI's default cache (EvalConfig's own is none)
-  uint64_t bundle_bytes = 0;     // 0 = from the layer width
+  std::string device;                             // path; empty = built-in UFS 4.0
+  std::string gap = GapPolicy{}.to_string();      // auto
+  double cache_ratio = 0.05;                      // the CLI's default cache (EvalConfig's own is none)
+  uint64_t bundle_bytes = 0;                      // 0 = from the layer width
   uint32_t window = CacheConfig{}.window_tokens;  // cache defaults: runtime/plan/slot_cache.h, not copies
   double run_admit_prob = CacheConfig{}.run_admit_prob;
   uint32_t isolated_max = CacheConfig{}.isolated_max_bundles;

@@ -5,26 +5,25 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/layout_options.h"
-#include <nlohmann/json.hpp>
-
 #include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
 #include "formats/core/image_writer.h"
 #include "formats/core/progress.h"
+#include "formats/core/rng.h"
 #include "formats/layout.h"
 #include "formats/llama2c.h"
-#include "formats/core/rng.h"
 #include "formats/model_source.h"
 #include "formats/safetensors.h"
+#include "formats/trace.h"
 #include "layout/evaluate.h"
-#include "runtime/plan/read_plan.h"
 #include "runtime/device.h"
 #include "runtime/flash_image.h"
 #include "runtime/model/model.h"
-#include "formats/trace.h"
+#include "runtime/plan/read_plan.h"
 
 namespace nl::cli {
 namespace {
@@ -77,10 +76,10 @@ struct SyntheticShape {
 };
 const std::map<std::string, SyntheticShape>& synthetic_shapes() {
   static const std::map<std::string, SyntheticShape> m = {
-      {"opt-350m", {1024, 4096, BundleKind::kPlain}},                // 4 KiB f16 bundles
-      {"opt-6.7b", {4096, 16384, BundleKind::kPlain}},               // 16 KiB
-      {"llama2-7b-prosparse", {4096, 11008, BundleKind::kGated}},    // 24 KiB
-      {"mistral-7b-turbosparse", {4096, 14336, BundleKind::kGated}}, // 24 KiB
+      {"opt-350m", {1024, 4096, BundleKind::kPlain}},                 // 4 KiB f16 bundles
+      {"opt-6.7b", {4096, 16384, BundleKind::kPlain}},                // 16 KiB
+      {"llama2-7b-prosparse", {4096, 11008, BundleKind::kGated}},     // 24 KiB
+      {"mistral-7b-turbosparse", {4096, 14336, BundleKind::kGated}},  // 24 KiB
   };
   return m;
 }
@@ -96,7 +95,8 @@ std::vector<double> trace_act_thresholds(const std::string& path, int n_layers) 
     try {
       size_t used = 0;
       const double x = std::stod(ti.activation.substr(4), &used);
-      if (used == ti.activation.size() - 4 && x >= 0 && std::isfinite(x)) return std::vector<double>(size_t(n_layers), x);
+      if (used == ti.activation.size() - 4 && x >= 0 && std::isfinite(x))
+        return std::vector<double>(size_t(n_layers), x);
     } catch (const std::exception&) {
     }
   }
@@ -139,9 +139,10 @@ SplitMix tensor_rng(uint64_t seed, const std::string& name) {
 }
 
 void add_pack_input_options(CLI::App* c, PackArgs& a) {
-  auto* model = c->add_option("--model", a.model, "llama2.c .bin, or a Hugging Face folder / config.json / model.safetensors")
-                    ->check(CLI::ExistingPath)
-                    ->group("Input");
+  auto* model =
+      c->add_option("--model", a.model, "llama2.c .bin, or a Hugging Face folder / config.json / model.safetensors")
+          ->check(CLI::ExistingPath)
+          ->group("Input");
   auto* synth = c->add_option("--synthetic-shape", a.synthetic_shape,
                               "Instead of --model: random weights. A whole model for end-to-end timing (llama2-7b, "
                               "mistral-7b, llama-1b, tiny-test; meaningless text, real timing) or only the FFN of a "
@@ -163,7 +164,10 @@ void add_pack_input_options(CLI::App* c, PackArgs& a) {
                 "built-in UFS 4.0, nl-layout eval's default; needed when the layout names another device)")
       ->check(CLI::ExistingFile)
       ->group("Input");
-  c->add_option("--tokenizer", a.tokenizer, "Tokenizer copied beside the image as OUT.tokenizer and named in the manifest (nl-run --prompt finds it)")->group("Input");
+  c->add_option(
+       "--tokenizer", a.tokenizer,
+       "Tokenizer copied beside the image as OUT.tokenizer and named in the manifest (nl-run --prompt finds it)")
+      ->group("Input");
   c->add_option("--act-threshold-from", a.act_threshold_from,
                 "Trace (nl-profile run --activation calibrated:F or abs>X) whose per-layer thresholds go to the "
                 "manifest's act_threshold (nl-run --select threshold)")
@@ -265,7 +269,8 @@ ImageManifest write_synthetic_model(const std::string& out, const ModelConfig& c
   std::vector<float> gate, up, down;
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
-    SplitMix rg = tensor_rng(seed, p + "w_gate"), ru = tensor_rng(seed, p + "w_up"), rd = tensor_rng(seed, p + "w_down");
+    SplitMix rg = tensor_rng(seed, p + "w_gate"), ru = tensor_rng(seed, p + "w_up"),
+             rd = tensor_rng(seed, p + "w_down");
     fill_uniform(gate, mat, std::sqrt(3.0f / float(c.dim)), rg);
     fill_uniform(up, mat, std::sqrt(3.0f / float(c.dim)), ru);
     fill_uniform(down, mat, std::sqrt(3.0f / float(c.hidden_dim)), rd);
@@ -325,7 +330,8 @@ LogitCheck logit_check(ModelSource& src, const std::string& image) {
       const float* a = m0.forward_token(tok, pos);
       std::vector<float> la(a, a + vocab);
       const float* b = m1.forward_token(tok, pos);
-      for (int i = 0; i < vocab; ++i) r.max_abs_diff = std::max(r.max_abs_diff, double(std::fabs(la[size_t(i)] - b[i])));
+      for (int i = 0; i < vocab; ++i)
+        r.max_abs_diff = std::max(r.max_abs_diff, double(std::fabs(la[size_t(i)] - b[i])));
       const int t0 = int(std::max_element(la.begin(), la.end()) - la.begin());
       const int t1 = int(std::max_element(b, b + vocab) - b);
       r.agree += t0 == t1;
@@ -386,8 +392,8 @@ void report_print(const GlobalOptions& g, ImageDtype d, const StoredErrors& erro
   std::snprintf(buf, sizeof buf, "%d/%d (%.1f %%)", lc->agree, lc->positions,
                 lc->positions ? std::floor(1000.0 * lc->agree / lc->positions) / 10 : 0.0);  // cut, never rounded up
   info(g, std::string("greedy tokens equal to f32 over BOS + ") + std::to_string(lc->positions) +
-              " tokens (teacher-forced): " + buf + ", free-running common prefix " +
-              std::to_string(lc->common_prefix) + ", max |logit difference| " + std::to_string(lc->max_abs_diff) +
+              " tokens (teacher-forced): " + buf + ", free-running common prefix " + std::to_string(lc->common_prefix) +
+              ", max |logit difference| " + std::to_string(lc->max_abs_diff) +
               " (f32 Model on the stored weights; the runtime's kernels differ only by rounding)");
 }
 
@@ -404,7 +410,7 @@ ImagePlanner planner_of(const Layout& lay, const std::string& layout_path, const
   r.from = recorded ? "layout" : "nl-layout eval defaults";
   r.gap = recorded && p["gap"].is_string() ? p["gap"].get<std::string>() : eval_defaults.gap;
   r.cache_ratio = recorded && p.contains("cache_ratio") && p["cache_ratio"].is_number() ? p["cache_ratio"].get<double>()
-                                                                                          : eval_defaults.cache_ratio;
+                                                                                        : eval_defaults.cache_ratio;
   try {
     GapPolicy::parse(r.gap);
   } catch (const UsageError&) {
@@ -415,7 +421,8 @@ ImagePlanner planner_of(const Layout& lay, const std::string& layout_path, const
   r.cache_admission = eval_defaults.plain_s3fifo ? "all" : "linking-aligned";
   if (recorded && p.contains("admission") && p["admission"].is_string() && cache_admission_known(p["admission"]))
     r.cache_admission = p["admission"].get<std::string>();
-  const std::string named = recorded && p.contains("device") && p["device"].is_string() ? p["device"].get<std::string>() : "";
+  const std::string named =
+      recorded && p.contains("device") && p["device"].is_string() ? p["device"].get<std::string>() : "";
   if (!named.empty() && named != dev.name)
     throw UsageError("the layout " + layout_path + " was solved for device '" + named + "', " +
                      (device_path.empty() ? "not the built-in '" + dev.name + "': pass its profile with --device"
@@ -468,8 +475,9 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
     spec.tokenizer = tok_out.substr(tok_out.rfind('/') == std::string::npos ? 0 : tok_out.rfind('/') + 1);
   }
   spec.source = !synthetic ? a.model
-                : whole    ? "synthetic:" + a.synthetic_shape + " seed " + std::to_string(a.seed) + " (" + kSyntheticNote + ")"
-                           : "synthetic:" + a.synthetic_shape + " seed " + std::to_string(a.seed) + " (random weights)";
+                : whole
+                    ? "synthetic:" + a.synthetic_shape + " seed " + std::to_string(a.seed) + " (" + kSyntheticNote + ")"
+                    : "synthetic:" + a.synthetic_shape + " seed " + std::to_string(a.seed) + " (random weights)";
   spec.source_format = synthetic ? "" : is_llama2c(a.model) ? "llama2c" : "safetensors";
   if (!a.layout.empty()) {
     Layout lay = layout_load(a.layout);
@@ -478,8 +486,9 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
                                      std::to_string(w.config.n_layers));
     for (size_t l = 0; l < lay.layers.size(); ++l) {
       if (lay.layers[l].order.size() != size_t(w.config.hidden_dim))
-        throw InputError(a.layout, "layer " + std::to_string(l) + " orders " + std::to_string(lay.layers[l].order.size()) +
-                                       " neurons, the model has " + std::to_string(w.config.hidden_dim));
+        throw InputError(a.layout, "layer " + std::to_string(l) + " orders " +
+                                       std::to_string(lay.layers[l].order.size()) + " neurons, the model has " +
+                                       std::to_string(w.config.hidden_dim));
       spec.order.push_back(lay.layers[l].order);
     }
     spec.cache_policy = layout_cache_policy_slots(lay);  // pinned neurons -> slots (docs/formats.md)
@@ -498,9 +507,12 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
     Progress prog("pack", uint64_t(w.config.n_layers), !g.quiet, "layers");
     const ProgressFn on_layer = [&prog](uint64_t done, uint64_t) { prog.set(done); };
     StoredErrors* e = report ? &errors : nullptr;
-    if (whole) m = write_synthetic_model(a.out, w.config, a.seed, std::move(spec), on_layer, e);
-    else if (synthetic) m = write_synthetic(a.out, shape, a.synthetic_layers, a.seed, std::move(spec), on_layer, e);
-    else m = image_write_source(a.out, *src, w, std::move(spec), on_layer, e);
+    if (whole)
+      m = write_synthetic_model(a.out, w.config, a.seed, std::move(spec), on_layer, e);
+    else if (synthetic)
+      m = write_synthetic(a.out, shape, a.synthetic_layers, a.seed, std::move(spec), on_layer, e);
+    else
+      m = image_write_source(a.out, *src, w, std::move(spec), on_layer, e);
     prog.finish();
   }
   w = ModelWeights{};  // the dense weights are not needed by the export, which streams

@@ -22,16 +22,25 @@ struct ReportArgs {
 };
 
 void add_io_options(CLI::App& c, ReportArgs& a) {
-  c.add_option("--trace", a.trace, "Held-out trace (HDF5, trace v1)")->required()->check(CLI::ExistingFile)->group("Input/output");
-  c.add_option("--layout", a.layouts, "Layout JSON (repeat for several)")->required()->check(CLI::ExistingFile)->group("Input/output");
+  c.add_option("--trace", a.trace, "Held-out trace (HDF5, trace v1)")
+      ->required()
+      ->check(CLI::ExistingFile)
+      ->group("Input/output");
+  c.add_option("--layout", a.layouts, "Layout JSON (repeat for several)")
+      ->required()
+      ->check(CLI::ExistingFile)
+      ->group("Input/output");
   c.add_option("--out", a.out, "HTML page to write (atomically)")->required()->group("Input/output");
 }
 
 void add_page_options(CLI::App& c, ReportArgs& a) {
   c.add_option("--layers", a.layers, "Layers drawn: all, or e.g. 0,3,5-7 (the eval table covers every layer)")
-      ->capture_default_str()->group("Page");
+      ->capture_default_str()
+      ->group("Page");
   c.add_option("--pixels", a.pixels, "Heatmap side in pixels (capped at the layer width)")
-      ->check(CLI::Range(16u, 4096u))->capture_default_str()->group("Page");
+      ->check(CLI::Range(16u, 4096u))
+      ->capture_default_str()
+      ->group("Page");
   c.add_option("--seed", a.seed, "Seed of the cache's admission draws (as nl-layout eval)")->group("Page");
 }
 
@@ -66,7 +75,8 @@ void report_main(const ReportArgs& a, const GlobalOptions& g) {
 
 void add_layout_report(CLI::App& app, GlobalOptions& g) {
   static ReportArgs a;
-  CLI::App* c = app.add_subcommand("report", "Self-contained HTML page: co-activation heatmaps, read lengths, eval table");
+  CLI::App* c =
+      app.add_subcommand("report", "Self-contained HTML page: co-activation heatmaps, read lengths, eval table");
   add_io_options(*c, a);
   add_device_objective_options(*c, a.dev);
   add_page_options(*c, a);

@@ -22,52 +22,79 @@ struct SolveArgs {
 };
 
 void add_io_options(CLI::App& c, SolveArgs& a) {
-  c.add_option("--trace", a.trace, "Profile trace (HDF5, trace v1)")->required()->check(CLI::ExistingFile)->group("Input/output");
+  c.add_option("--trace", a.trace, "Profile trace (HDF5, trace v1)")
+      ->required()
+      ->check(CLI::ExistingFile)
+      ->group("Input/output");
   c.add_option("--out", a.out, "Layout JSON to write (atomically)")->required()->group("Input/output");
 }
 
 void add_method_options(CLI::App& c, SolveArgs& a) {
   c.add_option("--method", a.o.method, "identity, frequency, greedy, greedy+ls (default), rcm")
-      ->check(CLI::IsMember(layout_methods()))->group("Method");
+      ->check(CLI::IsMember(layout_methods()))
+      ->group("Method");
   c.add_option("--seed", a.o.seed, "Seed (same inputs and seed -> byte-identical layout)")->group("Method");
-  c.add_option("--top-k", a.o.top_k, "Co-activation candidates kept per neuron")->check(CLI::Range(2u, 4096u))->group("Method");
+  c.add_option("--top-k", a.o.top_k, "Co-activation candidates kept per neuron")
+      ->check(CLI::Range(2u, 4096u))
+      ->group("Method");
   c.add_option("--full-matrix-mib", a.full_matrix_mib,
-               "greedy: every pair (the paper's Algorithm 1) when a layer's pair counts fit in this many MiB, else top-k (0 = top-k)")
-      ->check(CLI::Range(uint64_t(0), uint64_t(1) << 30))->group("Method");
+               "greedy: every pair (the paper's Algorithm 1) when a layer's pair counts fit in this many MiB, else "
+               "top-k (0 = top-k)")
+      ->check(CLI::Range(uint64_t(0), uint64_t(1) << 30))
+      ->group("Method");
   c.add_option("--rcm-min-count", a.o.rcm_min_count, "rcm: keep candidate pairs co-active at least this often")
-      ->check(CLI::Range(1u, 1u << 30))->group("Method");
+      ->check(CLI::Range(1u, 1u << 30))
+      ->group("Method");
 }
 
 void add_search_options(CLI::App& c, SolveArgs& a) {
   const char* grp = "Local search (greedy+ls)";
   c.add_option("--sample-tokens", a.o.ls.sample_tokens, "Profile tokens the search objective is measured on")
-      ->check(CLI::Range(64u, 1u << 30))->group(grp);
-  c.add_option("--neighbours", a.o.ls.neighbours, "Candidate neighbours tried per neuron")->check(CLI::Range(1u, 4096u))->group(grp);
-  c.add_option("--hot-share", a.o.hot_share, "Hot block (neurons the cache will hold, moved to the end) as a share of the cache capacity")
-      ->check(CLI::Range(0.0, 1.0))->group(grp);
+      ->check(CLI::Range(64u, 1u << 30))
+      ->group(grp);
+  c.add_option("--neighbours", a.o.ls.neighbours, "Candidate neighbours tried per neuron")
+      ->check(CLI::Range(1u, 4096u))
+      ->group(grp);
+  c.add_option("--hot-share", a.o.hot_share,
+               "Hot block (neurons the cache will hold, moved to the end) as a share of the cache capacity")
+      ->check(CLI::Range(0.0, 1.0))
+      ->group(grp);
   c.add_option("--pin-share", a.o.pin_share,
                "Share of the cache capacity pinned with the hottest neurons, which leave the path (0 = S3-FIFO only)")
-      ->check(CLI::Range(0.0, 1.0))->group(grp);
+      ->check(CLI::Range(0.0, 1.0))
+      ->group(grp);
   c.add_option("--pin-rounds", a.o.pin_rounds,
-               "Rounds of swaps refining the pinned set for the searched order by its estimated read savings (0 = hottest only)")
-      ->check(CLI::Range(0u, 64u))->group(grp);
+               "Rounds of swaps refining the pinned set for the searched order by its estimated read savings (0 = "
+               "hottest only)")
+      ->check(CLI::Range(0u, 64u))
+      ->group(grp);
   c.add_option("--small-fraction", a.o.small_fraction,
                "Also try each cache candidate with this share of its S3-FIFO part in the small FIFO (0 = 10 % only)")
-      ->check(CLI::Range(0.0, 0.99))->group(grp);
-  c.add_option("--admission", a.o.admission,
-               "Cache admission the layout is designed for (recorded in the layout; eval uses it): all, linking-aligned")
-      ->check(CLI::IsMember({"all", "linking-aligned", "isolated"}))->group(grp);
-  c.add_flag("--miss-stream", a.o.miss_stream, "Also try greedy + search on the co-activation of cache misses")->group(grp);
+      ->check(CLI::Range(0.0, 0.99))
+      ->group(grp);
+  c.add_option(
+       "--admission", a.o.admission,
+       "Cache admission the layout is designed for (recorded in the layout; eval uses it): all, linking-aligned")
+      ->check(CLI::IsMember({"all", "linking-aligned", "isolated"}))
+      ->group(grp);
+  c.add_flag("--miss-stream", a.o.miss_stream, "Also try greedy + search on the co-activation of cache misses")
+      ->group(grp);
   c.add_flag("--no-weight-guard", a.no_weight_guard,
-             "Accept variants with a lower gap-0 path weight than greedy: optimise for the planner only (gap-0 reads may rise)")->group(grp);
+             "Accept variants with a lower gap-0 path weight than greedy: optimise for the planner only (gap-0 reads "
+             "may rise)")
+      ->group(grp);
   c.add_option("--max-evaluations", a.o.ls.max_evaluations,
-               "Move evaluations per layer before the search stops (deterministic budget; 0 = default)")->group(grp);
+               "Move evaluations per layer before the search stops (deterministic budget; 0 = default)")
+      ->group(grp);
   c.add_option("--guard-tokens", a.o.guard_tokens,
                "Profile tokens (a prefix) the guard compares the pipelines' I/O time on")
-      ->check(CLI::Range(uint64_t(64), uint64_t(1) << 40))->group(grp);
+      ->check(CLI::Range(uint64_t(64), uint64_t(1) << 40))
+      ->group(grp);
   c.add_option("--kicks", a.o.ls.kicks, "Random kicks followed by local search, kept when better")->group(grp);
-  c.add_option("--time-budget", a.o.ls.time_budget_s, "Stop kicking after this many seconds per layer (timing-dependent!)")
-      ->check(CLI::Range(0.0, 1e6))->group(grp);
+  c.add_option("--time-budget", a.o.ls.time_budget_s,
+               "Stop kicking after this many seconds per layer (timing-dependent!)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->group(grp);
 }
 
 void solve_main(const SolveArgs& a, const GlobalOptions& g) {
@@ -85,16 +112,23 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   Progress prog("solve " + o.method, n_layers, !g.quiet, "layers");
   Layout l = solve_trace(a.trace, o, [&](uint32_t layer, const LayerSolve& s) {
     char buf[768];
-    int k = std::snprintf(buf, sizeof buf, "layer %u: %s path weight %llu, bound %.0f, %.2f s (count %.2f, greedy %.2f, search %.2f)%s",
-                          layer, o.method.c_str(), static_cast<unsigned long long>(s.objective), s.upper_bound,
-                          s.seconds, s.seconds_count, s.seconds_greedy, s.seconds_ls,
-                          s.guard_kept_seed ? " (guard kept the greedy seed)" : "");
+    int k = std::snprintf(
+        buf, sizeof buf, "layer %u: %s path weight %llu, bound %.0f, %.2f s (count %.2f, greedy %.2f, search %.2f)%s",
+        layer, o.method.c_str(), static_cast<unsigned long long>(s.objective), s.upper_bound, s.seconds,
+        s.seconds_count, s.seconds_greedy, s.seconds_ls, s.guard_kept_seed ? " (guard kept the greedy seed)" : "");
     if (o.method == "greedy+ls" && k > 0 && size_t(k) < sizeof buf) {
       std::string pins;
       if (!s.cache.pinned.empty())
-        pins = " + " + std::to_string(s.cache.pinned.size()) + (s.pins_refined ? " pinned (refined)" : " pinned (hottest)");
-      std::snprintf(buf + k, sizeof buf - size_t(k), "; profile io_ms/tok greedy %.4f, search %.4f, pinned variant %.4f, miss variant %.4f (weight %llu -> %llu), ends-in variant %.4f; kept %s%s, %llu evaluations",
-                    s.io_ms_greedy, s.io_ms_ls, s.io_ms_pinned, s.io_ms_miss, (unsigned long long)s.weight_miss_greedy, (unsigned long long)s.weight_miss, s.io_ms_span, s.guard_kept_seed ? "greedy" : s.cache.admission.empty() ? "ours, paper's cache" : s.cache.admission.c_str(),
+        pins = " + " + std::to_string(s.cache.pinned.size()) +
+               (s.pins_refined ? " pinned (refined)" : " pinned (hottest)");
+      std::snprintf(buf + k, sizeof buf - size_t(k),
+                    "; profile io_ms/tok greedy %.4f, search %.4f, pinned variant %.4f, miss variant %.4f (weight %llu "
+                    "-> %llu), ends-in variant %.4f; kept %s%s, %llu evaluations",
+                    s.io_ms_greedy, s.io_ms_ls, s.io_ms_pinned, s.io_ms_miss, (unsigned long long)s.weight_miss_greedy,
+                    (unsigned long long)s.weight_miss, s.io_ms_span,
+                    s.guard_kept_seed           ? "greedy"
+                    : s.cache.admission.empty() ? "ours, paper's cache"
+                                                : s.cache.admission.c_str(),
                     pins.c_str(), static_cast<unsigned long long>(s.ls.evaluations));
     }
     prog.note(buf);
@@ -105,7 +139,8 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   if (g.json) {
     nlohmann::json j = {{"out", a.out}, {"method", o.method}, {"layers", l.layers.size()}};
     nlohmann::json ls = nlohmann::json::array();
-    for (const auto& L : l.layers) ls.push_back({{"objective", L.objective}, {"upper_bound", L.upper_bound}, {"gap", L.gap()}});
+    for (const auto& L : l.layers)
+      ls.push_back({{"objective", L.objective}, {"upper_bound", L.upper_bound}, {"gap", L.gap()}});
     j["per_layer"] = ls;
     std::printf("%s\n", json_dump(j, 2).c_str());
   } else {

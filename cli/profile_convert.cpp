@@ -37,8 +37,13 @@ void convert_main(const ConvertArgs& a, const GlobalOptions& g) {
   }
   const ModelConfig& c = w.config;
   if (g.json) {
-    std::printf("%s\n", nlohmann::json({{"model", a.model}, {"out", a.out}, {"to", a.to}, {"dtype", a.dtype},
-                                        {"dim", c.dim}, {"hidden_dim", c.hidden_dim}, {"n_layers", c.n_layers},
+    std::printf("%s\n", nlohmann::json({{"model", a.model},
+                                        {"out", a.out},
+                                        {"to", a.to},
+                                        {"dtype", a.dtype},
+                                        {"dim", c.dim},
+                                        {"hidden_dim", c.hidden_dim},
+                                        {"n_layers", c.n_layers},
                                         {"vocab_size", c.vocab_size}})
                             .dump(2)
                             .c_str());

@@ -17,12 +17,16 @@ struct GenerateArgs {
 };
 
 void add_generate_options(CLI::App* c, GenerateArgs& a) {
-  c->add_option("--model", a.model, "Model: llama2.c .bin or a Hugging Face folder")->required()->check(CLI::ExistingPath);
+  c->add_option("--model", a.model, "Model: llama2.c .bin or a Hugging Face folder")
+      ->required()
+      ->check(CLI::ExistingPath);
   c->add_option("--tokenizer", a.tokenizer, "llama2.c tokenizer.bin or SentencePiece .model")
       ->required()
       ->check(CLI::ExistingFile);
   c->add_option("--prompt", a.prompt, "Text to start from (after BOS)");
-  c->add_option("--steps", a.steps, "Positions to run, prompt included")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  c->add_option("--steps", a.steps, "Positions to run, prompt included")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
 }
 
 void generate_main(const GenerateArgs& a, const GlobalOptions& g) {

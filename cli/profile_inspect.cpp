@@ -12,8 +12,12 @@ void inspect_main(const std::string& path, const GlobalOptions& g) {
   apply_global_options(g);
   TraceReader r(path);
   const TraceInfo& ti = r.info();
-  nlohmann::json j = {{"path", path},           {"model", ti.model},   {"activation", ti.activation},
-                      {"n_layers", ti.n_layers}, {"n_tokens", ti.n_tokens}, {"n_sequences", ti.sequences.size()}};
+  nlohmann::json j = {{"path", path},
+                      {"model", ti.model},
+                      {"activation", ti.activation},
+                      {"n_layers", ti.n_layers},
+                      {"n_tokens", ti.n_tokens},
+                      {"n_sequences", ti.sequences.size()}};
   nlohmann::json layers = nlohmann::json::array();
   for (uint32_t l = 0; l < ti.n_layers; ++l) {
     LayerMask m = r.read_layer(l);

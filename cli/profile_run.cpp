@@ -67,7 +67,8 @@ void add_run_input_options(CLI::App* c, RunArgs& a) {
 
 void add_run_output_options(CLI::App* c, RunArgs& a) {
   c->add_option("--out", a.out, "Profile trace to write (HDF5, trace v1)")->required()->group("Output");
-  c->add_option("--test-out", a.test_out, "Held-out test trace (a deterministic share of the sequences)")->group("Output");
+  c->add_option("--test-out", a.test_out, "Held-out test trace (a deterministic share of the sequences)")
+      ->group("Output");
   c->add_option("--test-fraction", a.test_fraction, "Share of sequences held out for --test-out")
       ->check(CLI::Range(0.001, 0.9))
       ->capture_default_str()
@@ -99,9 +100,12 @@ nlohmann::json summary_json(const ProfileResult& r, const std::string& path) {
     if (!r.thresholds.empty()) j["threshold"] = r.thresholds[l];
     layers.push_back(j);
   }
-  return {{"path", path},       {"n_tokens", r.n_tokens},
-          {"n_sequences", r.n_sequences}, {"seconds", r.seconds},
-          {"tokens_per_s", r.seconds > 0 ? double(r.n_tokens) / r.seconds : 0.0}, {"layers", layers}};
+  return {{"path", path},
+          {"n_tokens", r.n_tokens},
+          {"n_sequences", r.n_sequences},
+          {"seconds", r.seconds},
+          {"tokens_per_s", r.seconds > 0 ? double(r.n_tokens) / r.seconds : 0.0},
+          {"layers", layers}};
 }
 
 void print_summary(const char* what, const ProfileResult& r, const std::string& path) {
@@ -137,7 +141,8 @@ void run_main(const RunArgs& a, const GlobalOptions& g) {
   }
   if (all.sequences.empty())  // the files are read and valid, just empty: a bad input file (exit 3), not usage
     throw InputError(a.text.empty() ? a.token_ids.front() : a.text.front(),
-                     "the input holds fewer than 2 tokens" + std::string(a.text.size() + a.token_ids.size() > 1 ? " (all files together)" : ""));
+                     "the input holds fewer than 2 tokens" +
+                         std::string(a.text.size() + a.token_ids.size() > 1 ? " (all files together)" : ""));
   Corpus profile, test;
   split_corpus(all, a.test_out.empty() ? 0.0 : a.test_fraction, a.seed, profile, test);
   info(g, "corpus: " + std::to_string(all.n_tokens()) + " tokens in " + std::to_string(all.sequences.size()) +
@@ -175,8 +180,8 @@ void run_main(const RunArgs& a, const GlobalOptions& g) {
     std::printf("%s\n", json_dump(j, 2).c_str());
     return;
   }
-  std::printf("model %s: %d layers x %d neurons (%s), activation %s\n", po.model_name.c_str(), c.n_layers,
-              c.hidden_dim, ffn_act_name(c.act), rp.activation.c_str());
+  std::printf("model %s: %d layers x %d neurons (%s), activation %s\n", po.model_name.c_str(), c.n_layers, c.hidden_dim,
+              ffn_act_name(c.act), rp.activation.c_str());
   print_summary("profile", rp, a.out);
   if (!a.test_out.empty()) print_summary("test", rt, a.test_out);
   std::printf("%6s %10s %10s%s\n", "layer", "neurons", "active %", rp.thresholds.empty() ? "" : "  threshold");

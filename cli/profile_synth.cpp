@@ -89,7 +89,8 @@ nlohmann::json stats_json(const SynthPreset& p, const SynthStats& s, bool with_f
 void print_stats(const char* split, const nlohmann::json& j) {
   std::printf("%s split: %llu tokens per layer\n", split, static_cast<unsigned long long>(j["tokens"].get<uint64_t>()));
   const bool freq = j.contains("read_length_frequency");
-  std::printf("%6s %10s %12s %14s %s\n", "layer", "active %", "persist %", "len identity", freq ? "  len frequency" : "");
+  std::printf("%6s %10s %12s %14s %s\n", "layer", "active %", "persist %", "len identity",
+              freq ? "  len frequency" : "");
   auto row = [&](const std::string& name, const nlohmann::json& x) {
     std::printf("%6s %10.3f %12.2f %14.3f", name.c_str(), 100 * x["active_fraction"].get<double>(),
                 100 * x["persistence"].get<double>(), x["read_length_identity"].get<double>());
@@ -132,8 +133,8 @@ void synth_main(const SynthOptions& o, const GlobalOptions& g) {
   };
   run.progress = draw("synth profile");
   SynthStats prof = synth_write(p, run, o.profile_out);
-  nlohmann::json out = {{"preset", p.name}, {"model", p.model}, {"seed", o.seed}, {"layers", p.layers},
-                        {"neurons", p.neurons}, {"profile", stats_json(p, prof, false)}};
+  nlohmann::json out = {{"preset", p.name},   {"model", p.model},     {"seed", o.seed},
+                        {"layers", p.layers}, {"neurons", p.neurons}, {"profile", stats_json(p, prof, false)}};
   if (!o.test_out.empty()) {
     run.split = SynthSplit::Test;
     for (const auto& c : prof.counts) run.frequency_order.push_back(synth_frequency_order(c));

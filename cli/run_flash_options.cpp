@@ -15,25 +15,33 @@ void add_flash_image_options(CLI::App* c, FlashArgs& a) {
       ->required()
       ->check(CLI::ExistingFile)
       ->group("Image");
-  c->add_flag("--verify", a.verify, "Check every region's xxh64 at start-up (reads the whole image once)")->group("Image");
+  c->add_flag("--verify", a.verify, "Check every region's xxh64 at start-up (reads the whole image once)")
+      ->group("Image");
 }
 
 void add_flash_io_options(CLI::App* c, FlashArgs& a) {
-  c->add_option("--io", a.io, "I/O engine")
-      ->check(CLI::IsMember({"pread", "preadv", "uring", "mmap"}))
-      ->group("I/O");
+  c->add_option("--io", a.io, "I/O engine")->check(CLI::IsMember({"pread", "preadv", "uring", "mmap"}))->group("I/O");
   c->add_flag("--no-direct", a.buffered, "Buffered reads instead of O_DIRECT")->group("I/O");
-  c->add_option("--queue-depth", a.queue_depth, "uring: reads in flight at most")->check(CLI::Range(1, 4096))->group("I/O");
+  c->add_option("--queue-depth", a.queue_depth, "uring: reads in flight at most")
+      ->check(CLI::Range(1, 4096))
+      ->group("I/O");
 }
 
 void add_flash_plan_options(CLI::App* c, FlashArgs& a) {
-  a.gap_opt = c->add_option("--gap", a.gap, "Merge reads across gaps: off | N bundles | auto (needs --device or the manifest's device; cached slots inside a run are a gap too) | auto-keep-runs (the cache never splits a run). Default: the manifest's planner setting (the layout's), else off")->group("Reads");
-  c->add_option("--device", a.device, "Device profile (configs/devices/*.json) for --gap auto (default: the manifest's device fit)")
+  a.gap_opt = c->add_option("--gap", a.gap,
+                            "Merge reads across gaps: off | N bundles | auto (needs --device or the manifest's device; "
+                            "cached slots inside a run are a gap too) | auto-keep-runs (the cache never splits a run). "
+                            "Default: the manifest's planner setting (the layout's), else off")
+                  ->group("Reads");
+  c->add_option("--device", a.device,
+                "Device profile (configs/devices/*.json) for --gap auto (default: the manifest's device fit)")
       ->check(CLI::ExistingFile)
       ->group("Reads");
-  a.cache_ratio_opt = c->add_option("--cache-ratio", a.cache_ratio, "DRAM cache, fraction of each layer's FFN bytes. Default: the manifest's planner setting, else 0")
-                          ->check(CLI::Range(0.0, 1.0))
-                          ->group("Cache");
+  a.cache_ratio_opt =
+      c->add_option("--cache-ratio", a.cache_ratio,
+                    "DRAM cache, fraction of each layer's FFN bytes. Default: the manifest's planner setting, else 0")
+          ->check(CLI::Range(0.0, 1.0))
+          ->group("Cache");
   c->add_option("--cache-window", a.cache_window, "Keep the neurons of the last K tokens resident (LLM in a flash)")
       ->group("Cache");
   c->add_option("--cache-policy", a.cache_policy,
@@ -76,13 +84,15 @@ std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& 
     try {
       GapPolicy::parse(a.planner.gap);
     } catch (const UsageError&) {
-      throw InputError(img->manifest_path(), "planner.gap '" + a.planner.gap + "' is not off, auto, auto-keep-runs or a bundle count");
+      throw InputError(img->manifest_path(),
+                       "planner.gap '" + a.planner.gap + "' is not off, auto, auto-keep-runs or a bundle count");
     }
   }
-  const bool gap_given = a.gap_opt && a.gap_opt->count() > 0, ratio_given = a.cache_ratio_opt && a.cache_ratio_opt->count() > 0;
+  const bool gap_given = a.gap_opt && a.gap_opt->count() > 0,
+             ratio_given = a.cache_ratio_opt && a.cache_ratio_opt->count() > 0;
   if (!a.planner.empty() && (!gap_given || !ratio_given))
-    info(g, "planner settings from the manifest (" + a.planner.from + "):" +
-                (gap_given ? "" : " gap " + a.planner.gap) +
+    info(g, "planner settings from the manifest (" + a.planner.from +
+                "):" + (gap_given ? "" : " gap " + a.planner.gap) +
                 (ratio_given ? "" : " cache ratio " + std::to_string(a.planner.cache_ratio)) +
                 (a.device.empty() ? ", device " + a.planner.device : ""));
   if (img->manifest().source.find(kSyntheticWeightsNote) != std::string::npos)
@@ -101,22 +111,29 @@ FlashFfnOptions flash_ffn_options(const FlashArgs& a, SelectMode select) {
   FlashFfnOptions o;
   o.select = select;
   o.gap = GapPolicy::parse(a.effective_gap());
-  if (!a.device.empty()) o.cost = device_load(a.device).cost;
-  else if (!a.planner.empty()) o.cost = CostFit{a.planner.read_latency_us, a.planner.bandwidth_MBps};
+  if (!a.device.empty())
+    o.cost = device_load(a.device).cost;
+  else if (!a.planner.empty())
+    o.cost = CostFit{a.planner.read_latency_us, a.planner.bandwidth_MBps};
   if (o.gap.mode == GapMode::Auto && a.device.empty() && a.planner.empty())
     throw UsageError("--gap auto needs --device PROFILE.json (the manifest records no device)");
   o.cache_ratio = a.effective_cache_ratio();
   o.cache.window_tokens = a.cache_window;
   o.cache.run_admit_prob = a.run_admit_prob;
   o.cache.seed = a.seed;
-  if (!cache_policy_mode_parse(a.cache_policy, &o.cache_policy)) throw UsageError("unknown --cache-policy " + a.cache_policy);
+  if (!cache_policy_mode_parse(a.cache_policy, &o.cache_policy))
+    throw UsageError("unknown --cache-policy " + a.cache_policy);
   return o;
 }
 
 namespace {
 nlohmann::json counters_json(const FlashCounters& c) {
-  return {{"active", c.active},         {"reads", c.reads},           {"bytes_read", c.bytes_read},
-          {"bytes_needed", c.bytes_needed}, {"cache_hits", c.cache_hits}, {"io_seconds", c.io_seconds},
+  return {{"active", c.active},
+          {"reads", c.reads},
+          {"bytes_read", c.bytes_read},
+          {"bytes_needed", c.bytes_needed},
+          {"cache_hits", c.cache_hits},
+          {"io_seconds", c.io_seconds},
           {"compute_seconds", c.compute_seconds}};
 }
 }  // namespace
@@ -168,8 +185,7 @@ void flash_report(const FlashArgs& a, const GlobalOptions& g, const FlashImage& 
   std::printf("engine %s (%s), dtype %s, gap %s, cache %.3f (policy %s, %llu bundles pinned)\n",
               j["engine"].get<std::string>().c_str(), j["direct"].get<bool>() ? "O_DIRECT" : "buffered",
               j["dtype"].get<std::string>().c_str(), a.effective_gap().c_str(), a.effective_cache_ratio(),
-              a.cache_policy.c_str(),
-              static_cast<unsigned long long>(ffn ? ffn->pinned_bundles() : 0));
+              a.cache_policy.c_str(), static_cast<unsigned long long>(ffn ? ffn->pinned_bundles() : 0));
   std::printf("%-24s %14s %14s\n", "", "total", "per token");
   auto row = [&](const char* name, double total, double per_tok) {
     std::printf("%-24s %14.0f %14.1f\n", name, total, per_tok);

@@ -15,16 +15,16 @@ struct FlashArgs {
   std::string image;
   bool verify = false;
   std::string io = "pread";
-  bool buffered = false;        // --no-direct
+  bool buffered = false;  // --no-direct
   uint32_t queue_depth = 32;
   std::string gap = "off";
-  std::string device;           // device profile for --gap auto
+  std::string device;  // device profile for --gap auto
   double cache_ratio = 0;
-  uint32_t cache_window = CacheConfig{}.window_tokens;   // runtime/plan/slot_cache.h's defaults, not copies
+  uint32_t cache_window = CacheConfig{}.window_tokens;  // runtime/plan/slot_cache.h's defaults, not copies
   double run_admit_prob = CacheConfig{}.run_admit_prob;
   std::string cache_policy = "manifest";  // manifest | linking-aligned | all
-  uint64_t seed = 1;            // cache admission draws (same default as nl-layout eval)
-  std::string metrics;          // metrics JSON path
+  uint64_t seed = 1;                      // cache admission draws (same default as nl-layout eval)
+  std::string metrics;                    // metrics JSON path
   // Options the user passed (the rest follow the manifest's planner settings, when it records them).
   CLI::Option* gap_opt = nullptr;
   CLI::Option* cache_ratio_opt = nullptr;

@@ -88,12 +88,13 @@ void add_generate_prompt_options(CLI::App* c, GenerateArgs& a) {
   c->add_option("--steps", a.steps, "Tokens to generate at most (fewer when EOS comes first)")
       ->check(CLI::Range(1, 1 << 20))
       ->group("Prompt");
-  c->add_option("--select", a.select,
-                "Which neurons to read: gate (exact, gate rows in DRAM) | dense (whole FFN decoded into DRAM: the "
-                "reference) | lowrank:R (ReLU models: rank-R SVD predictor of the gate, threshold calibrated to "
-                "--target-recall) | threshold:T (CATS: |act(gate x)| > T, gate rows in DRAM) | threshold (the same with the "
-                "manifest's per-layer act_threshold) | trace:T.h5 (full "
-                "builds: each token's neurons from a trace of the same shape; timing benchmarks)")
+  c->add_option(
+       "--select", a.select,
+       "Which neurons to read: gate (exact, gate rows in DRAM) | dense (whole FFN decoded into DRAM: the "
+       "reference) | lowrank:R (ReLU models: rank-R SVD predictor of the gate, threshold calibrated to "
+       "--target-recall) | threshold:T (CATS: |act(gate x)| > T, gate rows in DRAM) | threshold (the same with the "
+       "manifest's per-layer act_threshold) | trace:T.h5 (full "
+       "builds: each token's neurons from a trace of the same shape; timing benchmarks)")
       ->check([](const std::string& s) {
         return s == "gate" || s == "dense" || s == "threshold" || lowrank_rank(s) > 0 || select_threshold(s) >= 0 ||
                        !select_trace(s).empty()
@@ -133,7 +134,8 @@ void add_generate_memory_options(CLI::App* c, GenerateArgs& a) {
 }
 
 void add_generate_predictor_options(CLI::App* c, GenerateArgs& a) {
-  c->add_option("--target-recall", a.target_recall, "lowrank: share of firing neurons the threshold keeps on the calibration tokens")
+  c->add_option("--target-recall", a.target_recall,
+                "lowrank: share of firing neurons the threshold keeps on the calibration tokens")
       ->check(CLI::Range(0.0, 1.0))
       ->group("Predictor");
   c->add_option("--calibrate-prompt-tokens", a.calibrate_tokens,
@@ -284,17 +286,17 @@ struct TraceFeed {
 };
 
 struct Generation {
-  std::vector<int> tokens;   // generated (the EOS token included when it stopped generation)
+  std::vector<int> tokens;  // generated (the EOS token included when it stopped generation)
   bool stopped_at_eos = false;
-  int prompt_forwards = 0;   // forward passes over the prompt (its last one gives the first token's logits)
+  int prompt_forwards = 0;  // forward passes over the prompt (its last one gives the first token's logits)
   double prefill_seconds = 0, first_token_seconds = 0, decode_seconds = 0;
 };
 
 // Feeds the prompt, then up to `steps` tokens from `sampler`, stopping after a token of `stop`. Ends each forward
 // pass on `ffn` (may be null). `stream`, `feed` and `prog` may be null.
 Generation generate(Model& model, FlashFfn* ffn, const std::vector<int>& prompt, int steps, Sampler& sampler,
-                    const std::vector<int>& stop,
-                    Streamer* stream = nullptr, TraceFeed* feed = nullptr, Progress* prog = nullptr) {
+                    const std::vector<int>& stop, Streamer* stream = nullptr, TraceFeed* feed = nullptr,
+                    Progress* prog = nullptr) {
   const int vocab = model.config().vocab_size;
   const int total = int(prompt.size()) + steps;
   Generation g;
@@ -365,14 +367,15 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   if (!tok_path.empty()) {
     tok = open_run_tokenizer(tok_path);
     if (tok->vocab_size() != c.vocab_size)
-      throw InputError(tok_path, "has " + std::to_string(tok->vocab_size()) + " tokens, the model " +
-                                     std::to_string(c.vocab_size));
+      throw InputError(
+          tok_path, "has " + std::to_string(tok->vocab_size()) + " tokens, the model " + std::to_string(c.vocab_size));
   }
   std::vector<int> prompt;
   if (!a.prompt.empty()) {
     if (!tok)
-      throw UsageError("--prompt needs a tokenizer: --tokenizer FILE, or an image packed with --tokenizer whose file "
-                       "sits beside the manifest");
+      throw UsageError(
+          "--prompt needs a tokenizer: --tokenizer FILE, or an image packed with --tokenizer whose file "
+          "sits beside the manifest");
     prompt.push_back(tok->bos_id());
     for (int32_t t : tok->encode(a.prompt)) prompt.push_back(t);
   } else {
@@ -380,10 +383,12 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   }
   const int total = int(prompt.size()) + a.steps;
   if (total > c.seq_len)
-    throw UsageError("prompt + steps = " + std::to_string(total) + " exceeds the model's context " + std::to_string(c.seq_len));
+    throw UsageError("prompt + steps = " + std::to_string(total) + " exceeds the model's context " +
+                     std::to_string(c.seq_len));
   const int context = a.context ? a.context : total;
   if (context > c.seq_len)
-    throw UsageError("--context " + std::to_string(context) + " exceeds the model's context " + std::to_string(c.seq_len));
+    throw UsageError("--context " + std::to_string(context) + " exceeds the model's context " +
+                     std::to_string(c.seq_len));
   if (total > context)
     throw UsageError("prompt + steps = " + std::to_string(total) + " exceeds --context " + std::to_string(context));
   const int rank = lowrank_rank(a.select);
@@ -393,8 +398,9 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   if (thr >= 0) thresholds.assign(size_t(c.n_layers), float(thr));
   if (a.select == "threshold") {
     if (man.act_threshold.empty())
-      throw InputError(img->manifest_path(), "records no act_threshold: pack with --act-threshold-from TRACE.h5 (a "
-                                             "calibrated trace), or give --select threshold:T");
+      throw InputError(img->manifest_path(),
+                       "records no act_threshold: pack with --act-threshold-from TRACE.h5 (a "
+                       "calibrated trace), or give --select threshold:T");
     for (double t : man.act_threshold) thresholds.push_back(float(t));
   }
   const std::string trace_path = select_trace(a.select);
@@ -417,15 +423,16 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
                       {"activation", json_text(ti.activation, a.invalid_utf8 == "escape")},
                       {"synthetic", trace_is_synthetic(ti)}};
 #else
-    throw UsageError("--select trace:FILE.h5 reads HDF5 traces: it needs a full build (this is the runtime-only build)");
+    throw UsageError(
+        "--select trace:FILE.h5 reads HDF5 traces: it needs a full build (this is the runtime-only build)");
 #endif
   }
 
   // Memory: the fixed part (measured baseline + dense + FFN rows in DRAM + KV + buffers) must fit the budget; the
   // neuron cache gets the rest unless --cache-ratio was given.
-  const FfnResidency residency = a.select == "dense"      ? FfnResidency::kAll
-                                 : !trace_path.empty()    ? FfnResidency::kNone
-                                                          : FfnResidency::kGateRows;
+  const FfnResidency residency = a.select == "dense"   ? FfnResidency::kAll
+                                 : !trace_path.empty() ? FfnResidency::kNone
+                                                       : FfnResidency::kGateRows;
   MemoryPlan plan = memory_plan(man, context, residency, omp_get_max_threads(), current_rss_bytes());
   if (rank > 0) plan.ffn_resident += uint64_t(c.n_layers) * uint64_t(c.hidden_dim + c.dim) * uint64_t(rank) * 4;
   const bool ratio_given = a.cache_ratio_opt && a.cache_ratio_opt->count() > 0;
@@ -436,11 +443,10 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   std::string cache_from = ratio_given || budget == 0 ? "--cache-ratio" : "--memory-budget";
   if (residency == FfnResidency::kAll) set_ratio(0), cache_from = "none (--select dense)";
   if (budget) {
-    const std::string what = "dense weights " + format_bytes(plan.dense) + " + FFN rows in DRAM " +
-                             format_bytes(plan.ffn_resident) + " + KV cache (" + std::to_string(context) +
-                             " positions) " + format_bytes(plan.kv) + " + buffers " +
-                             format_bytes(plan.scratch + plan.load_transient) + " + the process itself " +
-                             format_bytes(plan.baseline);
+    const std::string what =
+        "dense weights " + format_bytes(plan.dense) + " + FFN rows in DRAM " + format_bytes(plan.ffn_resident) +
+        " + KV cache (" + std::to_string(context) + " positions) " + format_bytes(plan.kv) + " + buffers " +
+        format_bytes(plan.scratch + plan.load_transient) + " + the process itself " + format_bytes(plan.baseline);
     if (plan.fixed() > budget)
       throw InputError(img->image_path(), "needs " + format_bytes(plan.fixed()) + " before any neuron cache (" + what +
                                               "), more than --memory-budget " + a.memory_budget + " = " +
@@ -450,9 +456,9 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
         plan.cache_bundles_per_layer = cache_capacity_for_ratio(fa.cache_ratio, uint32_t(c.hidden_dim));
         if (plan.fixed() + plan.cache_bytes(c.n_layers) > budget)
           throw InputError(img->image_path(), "--cache-ratio " + std::to_string(fa.cache_ratio) + " needs " +
-                                                  format_bytes(plan.cache_bytes(c.n_layers)) + " of neuron cache on top of " +
-                                                  format_bytes(plan.fixed()) + " (" + what +
-                                                  "), more than --memory-budget " + a.memory_budget + " = " +
+                                                  format_bytes(plan.cache_bytes(c.n_layers)) +
+                                                  " of neuron cache on top of " + format_bytes(plan.fixed()) + " (" +
+                                                  what + "), more than --memory-budget " + a.memory_budget + " = " +
                                                   format_bytes(budget) + "; nothing was loaded");
       } else {
         plan.cache_bundles_per_layer = cache_bundles_for_budget(plan, man, budget);
@@ -479,7 +485,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   sc.seed = fa.seed;
   std::vector<int> reference;
   if (a.select != "dense") {
-    const SelectMode mode = rank > 0 ? SelectMode::kLowRank
+    const SelectMode mode = rank > 0    ? SelectMode::kLowRank
                             : threshold ? SelectMode::kThreshold
                             : feed      ? SelectMode::kTrace
                                         : SelectMode::kGate;
@@ -540,28 +546,29 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   // Timing and memory of this run.
   double decode_io = 0;
   if (ffn)
-    for (size_t i = size_t(gen.prompt_forwards); i < ffn->per_token().size(); ++i) decode_io += ffn->per_token()[i].io_seconds;
+    for (size_t i = size_t(gen.prompt_forwards); i < ffn->per_token().size(); ++i)
+      decode_io += ffn->per_token()[i].io_seconds;
   const int decode_forwards = out.empty() ? 0 : int(out.size()) - 1;
   const uint64_t peak = peak_rss_bytes();
   const double pp_tps = gen.prefill_seconds > 0 ? double(gen.prompt_forwards) / gen.prefill_seconds : 0.0;
   const double dec_tps = gen.decode_seconds > 0 && decode_forwards ? double(decode_forwards) / gen.decode_seconds : 0.0;
   const double io_share = gen.decode_seconds > 0 ? decode_io / gen.decode_seconds : 0.0;
   const std::string label = synthetic ? "synthetic selection from a trace: timing only, text meaningless" : "";
-  extra["generation"] = {{"prompt_tokens", gen.prompt_forwards},
-                         {"generated_tokens", out.size()},
-                         {"stop", gen.stopped_at_eos ? "eos" : "steps"},
-                         {"stop_tokens", stop},
-                         {"time_to_first_token_seconds", gen.first_token_seconds},
-                         {"prefill_seconds", gen.prefill_seconds},
-                         {"prompt_tokens_per_second", pp_tps},
-                         {"decode_forwards", decode_forwards},
-                         {"decode_seconds", gen.decode_seconds},
-                         {"decode_tokens_per_second", dec_tps},
-                         {"decode_io_seconds", decode_io},
-                         {"decode_io_share", io_share},
-                         {"peak_rss_bytes", peak},
-                         {"sampler",
-                          {{"temperature", sc.temperature}, {"top_k", sc.top_k}, {"top_p", sc.top_p}, {"seed", sc.seed}}}};
+  extra["generation"] = {
+      {"prompt_tokens", gen.prompt_forwards},
+      {"generated_tokens", out.size()},
+      {"stop", gen.stopped_at_eos ? "eos" : "steps"},
+      {"stop_tokens", stop},
+      {"time_to_first_token_seconds", gen.first_token_seconds},
+      {"prefill_seconds", gen.prefill_seconds},
+      {"prompt_tokens_per_second", pp_tps},
+      {"decode_forwards", decode_forwards},
+      {"decode_seconds", gen.decode_seconds},
+      {"decode_tokens_per_second", dec_tps},
+      {"decode_io_seconds", decode_io},
+      {"decode_io_share", io_share},
+      {"peak_rss_bytes", peak},
+      {"sampler", {{"temperature", sc.temperature}, {"top_k", sc.top_k}, {"top_p", sc.top_p}, {"seed", sc.seed}}}};
   if (synthetic) extra["synthetic"] = label;
   if (feed) extra["trace"]["wrapped_forwards"] = feed->wrapped;
   extra["memory"] = {{"budget_bytes", budget},
@@ -587,7 +594,8 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
                           {"thresholds", ffn->thresholds()},
                           {"recall", p.recall()},
                           {"precision", p.precision()},
-                          {"predicted_per_layer_token", double(p.predicted) / double(std::max<uint64_t>(1, forwards * uint64_t(c.n_layers)))},
+                          {"predicted_per_layer_token",
+                           double(p.predicted) / double(std::max<uint64_t>(1, forwards * uint64_t(c.n_layers)))},
                           {"dense_tokens", reference},
                           {"token_agreement", agree},
                           {"agreeing_prefix", prefix}};
@@ -610,18 +618,20 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
     }
     if (rank > 0) {
       const auto& p = extra["predictor"];
-      std::printf("lowrank:%d predictor: recall %.4f, precision %.4f (target recall %.3f on %llu calibration samples); "
-                  "token agreement with dense %.4f, first %zu tokens identical\n",
-                  rank, p["recall"].get<double>(), p["precision"].get<double>(), a.target_recall,
-                  static_cast<unsigned long long>(ffn->calibration_samples()), p["token_agreement"].get<double>(),
-                  p["agreeing_prefix"].get<size_t>());
+      std::printf(
+          "lowrank:%d predictor: recall %.4f, precision %.4f (target recall %.3f on %llu calibration samples); "
+          "token agreement with dense %.4f, first %zu tokens identical\n",
+          rank, p["recall"].get<double>(), p["precision"].get<double>(), a.target_recall,
+          static_cast<unsigned long long>(ffn->calibration_samples()), p["token_agreement"].get<double>(),
+          p["agreeing_prefix"].get<size_t>());
     }
     if (threshold) {
       const auto& p = extra["threshold"];
-      std::printf("%s: |act| mass recall %.4f, neurons kept %.4f; token agreement with dense %.4f, first %zu "
-                  "tokens identical\n",
-                  a.select.c_str(), p["mass_recall"].get<double>(), p["kept_fraction"].get<double>(),
-                  p["token_agreement"].get<double>(), p["agreeing_prefix"].get<size_t>());
+      std::printf(
+          "%s: |act| mass recall %.4f, neurons kept %.4f; token agreement with dense %.4f, first %zu "
+          "tokens identical\n",
+          a.select.c_str(), p["mass_recall"].get<double>(), p["kept_fraction"].get<double>(),
+          p["token_agreement"].get<double>(), p["agreeing_prefix"].get<size_t>());
     }
     if (synthetic) std::printf("%s\n", label.c_str());
   }

@@ -47,7 +47,8 @@ void probe_main(const ProbeArgs& a_in, const GlobalOptions& g) {
   apply_global_options(g);
   ProbeArgs a = a_in;
   a.probe.file_bytes = a.file_mib << 20;
-  check_paths({{"--file", a.probe.read_only ? a.probe.file : ""}}, {{"--out", a.out}, {"--file", a.probe.read_only ? "" : a.probe.file}});
+  check_paths({{"--file", a.probe.read_only ? a.probe.file : ""}},
+              {{"--out", a.out}, {"--file", a.probe.read_only ? "" : a.probe.file}});
   ProbeResult r = probe_run(a.probe, [&](const std::string& s) { info(g, s); });
   r.model.name = a.name;
   std::string js = r.model.to_json();
@@ -55,7 +56,8 @@ void probe_main(const ProbeArgs& a_in, const GlobalOptions& g) {
   if (g.json) {
     std::fputs(js.c_str(), stdout);
   } else {
-    std::printf("one read in flight:   a = %.1f us, B = %.0f MB/s\n", r.model.qd1.read_latency_us, r.model.qd1.bandwidth_MBps);
+    std::printf("one read in flight:   a = %.1f us, B = %.0f MB/s\n", r.model.qd1.read_latency_us,
+                r.model.qd1.bandwidth_MBps);
     std::printf("%u reads in flight (%s): a = %.2f us per read (amortised), B = %.0f MB/s\n", r.model.queue_depth,
                 r.engine.c_str(), r.model.cost.read_latency_us, r.model.cost.bandwidth_MBps);
     std::printf("break-even gap: %.0f bytes at depth %u, %.0f bytes at depth 1\n", r.model.cost.break_even_bytes(),

@@ -22,7 +22,10 @@ struct ReplayArgs {
 };
 
 void add_replay_trace_options(CLI::App* c, ReplayArgs& a) {
-  c->add_option("--trace", a.trace, "Activation trace (HDF5, trace v1)")->required()->check(CLI::ExistingFile)->group("Trace");
+  c->add_option("--trace", a.trace, "Activation trace (HDF5, trace v1)")
+      ->required()
+      ->check(CLI::ExistingFile)
+      ->group("Trace");
   c->add_option("--max-tokens", a.max_tokens, "Replay at most this many tokens (0 = all)")
       ->check(CLI::NonNegativeNumber)  // "-1" would wrap to "all" in an unsigned option
       ->group("Trace");

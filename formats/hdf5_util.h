@@ -1,8 +1,7 @@
 // Small HDF5 helpers shared by the HDF5 formats (trace v1 in formats/, graph files in graph/).
 #pragma once
-#include <hdf5.h>
-
 #include <fcntl.h>
+#include <hdf5.h>
 #include <unistd.h>
 
 #include <mutex>
@@ -57,11 +56,11 @@ struct Hid {
 // A dataset's declared extent is only a claim: unwritten chunks cost no bytes, so a few-kilobyte file can declare
 // terabytes. Before allocating, require the bytes the file really stores to account for the extent: deflate
 // expands at most 1032:1, so 1100:1 plus 1 MiB of slack accepts every honest file.
-inline void check_stored_bytes(const std::string& path, hid_t ds, uint64_t elems, uint64_t elem_bytes, const std::string& what) {
+inline void check_stored_bytes(const std::string& path, hid_t ds, uint64_t elems, uint64_t elem_bytes,
+                               const std::string& what) {
   constexpr uint64_t kMaxRatio = 1100, kSlack = 1ull << 20;
   const uint64_t stored = H5Dget_storage_size(ds);
-  if (elems > (~uint64_t(0) - kSlack) / kMaxRatio / elem_bytes ||
-      elems * elem_bytes > stored * kMaxRatio + kSlack)
+  if (elems > (~uint64_t(0) - kSlack) / kMaxRatio / elem_bytes || elems * elem_bytes > stored * kMaxRatio + kSlack)
     throw InputError(path, what + " declares " + std::to_string(elems) + " elements but the file stores only " +
                                std::to_string(stored) + " bytes of it (truncated or corrupt file?)");
 }

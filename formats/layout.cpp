@@ -95,7 +95,8 @@ Layout layout_parse(const std::string& text, const std::string& path, const Trac
   }
   if (!j.contains("layers") || !j["layers"].is_array()) throw InputError(path, "missing array 'layers'");
   const json& layers = j["layers"];
-  if (j.contains("n_layers") && (!j["n_layers"].is_number_integer() || j["n_layers"].get<int64_t>() != int64_t(layers.size())))
+  if (j.contains("n_layers") &&
+      (!j["n_layers"].is_number_integer() || j["n_layers"].get<int64_t>() != int64_t(layers.size())))
     throw InputError(path, "n_layers does not match the number of entries in 'layers'");
   if (trace && layers.size() != trace->n_layers)
     throw InputError(path, "has " + std::to_string(layers.size()) + " layers but trace " + trace->path + " has " +
@@ -118,7 +119,8 @@ Layout layout_parse(const std::string& text, const std::string& path, const Trac
     out.order.resize(o.size());
     std::vector<uint8_t> seen(o.size(), 0);
     for (size_t s = 0; s < o.size(); ++s) {
-      if (!o[s].is_number_integer()) throw InputError(path, where + "order[" + std::to_string(s) + "] is not an integer");
+      if (!o[s].is_number_integer())
+        throw InputError(path, where + "order[" + std::to_string(s) + "] is not an integer");
       int64_t v = o[s].get<int64_t>();
       if (v < 0 || v >= int64_t(o.size()))
         throw InputError(path, where + "order[" + std::to_string(s) + "] = " + std::to_string(v) +

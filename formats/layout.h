@@ -3,10 +3,9 @@
 // and the gap between them. Schema in docs/formats.md "Layout". Written byte-identically for equal inputs.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "formats/core/image.h"
 
@@ -20,19 +19,19 @@ inline constexpr int64_t kLayoutVersion = 1;
 struct LayoutLayer {
   std::vector<uint32_t> order;  // slot -> original neuron index (a permutation of 0..n-1)
   // The cache policy the layout was designed for (eval and the runtime use it at the same capacity):
-  std::string admission;        // "" = not specified (the evaluator's setting), "all" (plain S3-FIFO) or
-                                // "linking-aligned" (the paper's admission rule)
-  std::vector<uint32_t> pinned; // neurons pinned in DRAM (hottest first), part of the capacity; empty = none
-  double small_fraction = 0;    // S3-FIFO's small-queue share of the unpinned capacity; 0 = not specified (0.10)
-  double objective = 0;         // path weight: sum of co-activation counts of adjacent slots (profile trace)
-  double upper_bound = 0;       // 1/2 sum over neurons of their two heaviest co-activation counts
+  std::string admission;         // "" = not specified (the evaluator's setting), "all" (plain S3-FIFO) or
+                                 // "linking-aligned" (the paper's admission rule)
+  std::vector<uint32_t> pinned;  // neurons pinned in DRAM (hottest first), part of the capacity; empty = none
+  double small_fraction = 0;     // S3-FIFO's small-queue share of the unpinned capacity; 0 = not specified (0.10)
+  double objective = 0;          // path weight: sum of co-activation counts of adjacent slots (profile trace)
+  double upper_bound = 0;        // 1/2 sum over neurons of their two heaviest co-activation counts
   double gap() const { return upper_bound > 0 ? (upper_bound - objective) / upper_bound : 0.0; }
 };
 
 struct Layout {
-  std::string method;           // one of layout_methods()
+  std::string method;                                    // one of layout_methods()
   nlohmann::json parameters = nlohmann::json::object();  // method parameters (seed, top_k, ...)
-  std::string trace_sha256;     // of the profile trace file
+  std::string trace_sha256;                              // of the profile trace file
   std::string trace_model;
   uint64_t trace_tokens = 0;
   std::vector<LayoutLayer> layers;

@@ -18,7 +18,7 @@
 namespace nl {
 namespace {
 
-constexpr int32_t kMaxDim = 1 << 20;         // far beyond any real model; guards the size arithmetic
+constexpr int32_t kMaxDim = 1 << 20;  // far beyond any real model; guards the size arithmetic
 constexpr int32_t kMaxLayers = 4096;
 constexpr int32_t kMaxSeq = 1 << 22;
 constexpr uint32_t kExportMagic = 0x616b3432;  // "ak42": llama2.c's newer versioned exports
@@ -80,7 +80,8 @@ class Llama2cSource : public ModelSource {
     if (::fstat(f_.fd, &st) != 0) throw IoError(path, errno_text("stat"));
     const uint64_t file_size = uint64_t(st.st_size);
     if (S_ISDIR(st.st_mode)) throw InputError(path, "is a directory, expected a llama2.c .bin file");
-    if (file_size < 28) throw InputError(path, "too small for a llama2.c header (" + std::to_string(file_size) + " bytes)");
+    if (file_size < 28)
+      throw InputError(path, "too small for a llama2.c header (" + std::to_string(file_size) + " bytes)");
 
     int32_t h[7];
     uint64_t off = 0;
@@ -188,8 +189,10 @@ class Llama2cSource : public ModelSource {
     for (uint64_t group : {w1_, w2_, w3_})
       for (size_t l = 0; l < n_layers; ++l) {
         at(group, l, hid_ * dim_, m);
-        if (group == w2_) write_cols_permuted(out, m, size_t(hid_), perm(l));
-        else write_rows_permuted(out, m, size_t(dim_), perm(l));
+        if (group == w2_)
+          write_cols_permuted(out, m, size_t(hid_), perm(l));
+        else
+          write_rows_permuted(out, m, size_t(dim_), perm(l));
         if (progress) progress(++done, total);
       }
     copy(out, rms_final_, rms_final_ + dim_ * 4);
@@ -223,7 +226,9 @@ class Llama2cSource : public ModelSource {
 
 }  // namespace
 
-std::unique_ptr<ModelSource> open_llama2c_source(const std::string& path) { return std::make_unique<Llama2cSource>(path); }
+std::unique_ptr<ModelSource> open_llama2c_source(const std::string& path) {
+  return std::make_unique<Llama2cSource>(path);
+}
 
 ModelWeights read_model_source(ModelSource& src) {
   ModelWeights w = src.read_dense();
@@ -244,8 +249,9 @@ void write_llama2c(const std::string& path, const ModelWeights& w) {
   for (const auto& L : w.layers)
     if (L.w_gate.empty()) throw UsageError(path + ": the model's FFN weights are not in memory");
   AtomicWriter out(path);
-  const int32_t h[7] = {c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,
-                        c.shared_classifier ? c.vocab_size : -c.vocab_size, c.seq_len};
+  const int32_t h[7] = {c.dim,     c.hidden_dim, c.n_layers,
+                        c.n_heads, c.n_kv_heads, c.shared_classifier ? c.vocab_size : -c.vocab_size,
+                        c.seq_len};
   out.write(h, sizeof h);
   auto put = [&out](const std::vector<float>& v) { out.write(v.data(), v.size() * sizeof(float)); };
   put(w.tok_embeddings);

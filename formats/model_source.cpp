@@ -62,7 +62,8 @@ void write_floats(AtomicWriter& out, const float* p, size_t n) {
 }
 }  // namespace
 
-void write_rows_permuted(AtomicWriter& out, const std::vector<float>& m, size_t cols, const std::vector<uint32_t>& order) {
+void write_rows_permuted(AtomicWriter& out, const std::vector<float>& m, size_t cols,
+                         const std::vector<uint32_t>& order) {
   if (order.empty()) {
     write_floats(out, m.data(), m.size());
     return;
@@ -70,7 +71,8 @@ void write_rows_permuted(AtomicWriter& out, const std::vector<float>& m, size_t 
   for (uint32_t n : order) write_floats(out, m.data() + size_t(n) * cols, cols);  // AtomicWriter buffers the rows
 }
 
-void write_cols_permuted(AtomicWriter& out, const std::vector<float>& m, size_t cols, const std::vector<uint32_t>& order) {
+void write_cols_permuted(AtomicWriter& out, const std::vector<float>& m, size_t cols,
+                         const std::vector<uint32_t>& order) {
   if (order.empty()) {
     write_floats(out, m.data(), m.size());
     return;

@@ -66,8 +66,10 @@ void ffn_permute(ModelWeights& w, const std::vector<std::vector<uint32_t>>& orde
 void ffn_order_check(const std::vector<std::vector<uint32_t>>& order, const ModelConfig& c);
 // Appends m [rows][cols] (fp32) to `out` with its rows in `order` (row s of the output = row order[s]; empty
 // order = unchanged): gate and up matrices.
-void write_rows_permuted(AtomicWriter& out, const std::vector<float>& m, size_t cols, const std::vector<uint32_t>& order);
+void write_rows_permuted(AtomicWriter& out, const std::vector<float>& m, size_t cols,
+                         const std::vector<uint32_t>& order);
 // Appends m [rows][cols] with its columns in `order` (output [r][s] = m[r][order[s]]): down matrices.
-void write_cols_permuted(AtomicWriter& out, const std::vector<float>& m, size_t cols, const std::vector<uint32_t>& order);
+void write_cols_permuted(AtomicWriter& out, const std::vector<float>& m, size_t cols,
+                         const std::vector<uint32_t>& order);
 
 }  // namespace nl

@@ -1,24 +1,24 @@
 // Hugging Face Llama checkpoints (config.json + model.safetensors): reader, writer, and the any-model dispatch.
 #include "formats/safetensors.h"
-#include "formats/model_source.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <charconv>
 #include <algorithm>
+#include <charconv>
 #include <cmath>
-#include <type_traits>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
 #include "formats/core/half.h"
 #include "formats/llama2c.h"
+#include "formats/model_source.h"
 
 namespace nl {
 namespace fs = std::filesystem;
@@ -83,7 +83,8 @@ Paths checkpoint_paths(const std::string& path) {
   } else {
     throw InputError(path, "not a Hugging Face checkpoint (expected a folder, config.json or model.safetensors)");
   }
-  Paths out{(dir / "config.json").string(), p.extension() == ".safetensors" ? p.string() : (dir / "model.safetensors").string()};
+  Paths out{(dir / "config.json").string(),
+            p.extension() == ".safetensors" ? p.string() : (dir / "model.safetensors").string()};
   if (!fs::exists(out.config, ec)) throw InputError(out.config, "missing: a checkpoint needs config.json");
   if (!fs::exists(out.tensors, ec)) {
     if (fs::exists(dir / "model.safetensors.index.json", ec))
@@ -106,7 +107,8 @@ T config_get(const json& j, const std::string& path, const char* key, const T* f
   }
   if constexpr (std::is_floating_point_v<T>) {
     if (!j[key].is_number() || !(std::fabs(j[key].get<double>()) <= 3.0e38))
-      throw InputError(path, std::string("key '") + key + "' has the wrong type or is out of range (a number is needed)");
+      throw InputError(path,
+                       std::string("key '") + key + "' has the wrong type or is out of range (a number is needed)");
   }
   try {
     return j[key].get<T>();
@@ -138,7 +140,8 @@ ModelConfig read_config(const std::string& path) {
   }
   auto get_int = [&](const char* key, const int64_t* fb) {
     const int64_t v = config_get<int64_t>(j, path, key, fb);
-    if (v <= 0 || v > (1 << 24)) throw InputError(path, std::string("key '") + key + "' = " + std::to_string(v) + " is out of range");
+    if (v <= 0 || v > (1 << 24))
+      throw InputError(path, std::string("key '") + key + "' = " + std::to_string(v) + " is out of range");
     return int(v);
   };
   c.dim = get_int("hidden_size", nullptr);
@@ -179,13 +182,14 @@ double float_for_json(float f) {
 struct HfTensor {
   std::string name;
   std::vector<uint64_t> shape;
-  int layer = -1;    // per-layer tensors: the layer (name = model.layers.{layer}.{part})
+  int layer = -1;  // per-layer tensors: the layer (name = model.layers.{layer}.{part})
   std::string part;
-  char ffn = 0;      // FFN matrices: 'g'ate, 'u'p, 'd'own
+  char ffn = 0;  // FFN matrices: 'g'ate, 'u'p, 'd'own
 };
 
 std::vector<HfTensor> hf_tensor_list(const ModelConfig& c) {
-  const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), hid = uint64_t(c.hidden_dim), voc = uint64_t(c.vocab_size);
+  const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), hid = uint64_t(c.hidden_dim),
+                 voc = uint64_t(c.vocab_size);
   std::vector<HfTensor> t;
   t.push_back({"model.embed_tokens.weight", {voc, dim}, -1, "", 0});
   for (int i = 0; i < c.n_layers; ++i) {
@@ -247,7 +251,9 @@ std::string hf_config_text(const ModelConfig& c, TensorDtype dtype) {
                     {"tie_word_embeddings", c.shared_classifier},
                     {"bos_token_id", 1},
                     {"eos_token_id", 2},
-                    {"torch_dtype", dtype == TensorDtype::kF32 ? "float32" : dtype == TensorDtype::kF16 ? "float16" : "bfloat16"}};
+                    {"torch_dtype", dtype == TensorDtype::kF32   ? "float32"
+                                    : dtype == TensorDtype::kF16 ? "float16"
+                                                                 : "bfloat16"}};
   return cfg.dump(2) + "\n";
 }
 
@@ -318,8 +324,8 @@ std::vector<SafetensorsEntry> safetensors_header(const std::string& path, uint64
       throw InputError(path, where + ": data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
                                  "] out of range (data section has " + std::to_string(data_size) + " bytes)");
     if (t.end - t.begin != numel * esize)
-      throw InputError(path, where + ": data_offsets span " + std::to_string(t.end - t.begin) + " bytes, shape and dtype need " +
-                                 std::to_string(numel * esize));
+      throw InputError(path, where + ": data_offsets span " + std::to_string(t.end - t.begin) +
+                                 " bytes, shape and dtype need " + std::to_string(numel * esize));
     out.push_back(std::move(t));
   }
   // As the reference loader (safetensors' Metadata::validate): in offset order, each tensor starts where the one
@@ -421,8 +427,10 @@ class SafetensorsSource : public ModelSource {
       }
       load(t.name, rows, cols, m);
       const std::vector<uint32_t>& perm = order.empty() ? identity : order[size_t(t.layer)];
-      if (t.ffn == 'd') write_cols_permuted(out, m, size_t(cols), perm);
-      else write_rows_permuted(out, m, size_t(cols), perm);
+      if (t.ffn == 'd')
+        write_cols_permuted(out, m, size_t(cols), perm);
+      else
+        write_rows_permuted(out, m, size_t(cols), perm);
       if (progress) progress(++done, total);
     }
     out.commit();

@@ -19,7 +19,7 @@ TensorDtype tensor_dtype_from_name(const std::string& name);
 // One entry of a safetensors header, offsets relative to the start of the data section.
 struct SafetensorsEntry {
   std::string name;
-  std::string dtype;            // as stored: "F32", "F16", "BF16", ...
+  std::string dtype;  // as stored: "F32", "F16", "BF16", ...
   std::vector<uint64_t> shape;
   uint64_t begin = 0, end = 0;
 };

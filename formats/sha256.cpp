@@ -32,10 +32,10 @@ inline uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 // kept as ABEF / CDGH as those instructions want it. Same digest as the portable rounds (test vectors).
 __attribute__((target("sha,sse4.1,ssse3"))) void blocks_shani(uint32_t h[8], const uint8_t* p, size_t n) {
   const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bll, 0x0405060700010203ll);
-  __m128i tmp = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)), 0xB1);   // CDAB
+  __m128i tmp = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)), 0xB1);      // CDAB
   __m128i st1 = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 4)), 0x1B);  // EFGH
-  __m128i st0 = _mm_alignr_epi8(tmp, st1, 8);        // ABEF
-  st1 = _mm_blend_epi16(st1, tmp, 0xF0);            // CDGH
+  __m128i st0 = _mm_alignr_epi8(tmp, st1, 8);                                                       // ABEF
+  st1 = _mm_blend_epi16(st1, tmp, 0xF0);                                                            // CDGH
   for (; n; --n, p += 64) {
     const __m128i abef = st0, cdgh = st1;
     __m128i w[16];
@@ -54,10 +54,10 @@ __attribute__((target("sha,sse4.1,ssse3"))) void blocks_shani(uint32_t h[8], con
     st0 = _mm_add_epi32(st0, abef);
     st1 = _mm_add_epi32(st1, cdgh);
   }
-  tmp = _mm_shuffle_epi32(st0, 0x1B);               // FEBA
-  st1 = _mm_shuffle_epi32(st1, 0xB1);               // DCHG
-  st0 = _mm_blend_epi16(tmp, st1, 0xF0);            // DCBA
-  st1 = _mm_alignr_epi8(st1, tmp, 8);               // ABEF
+  tmp = _mm_shuffle_epi32(st0, 0x1B);     // FEBA
+  st1 = _mm_shuffle_epi32(st1, 0xB1);     // DCHG
+  st0 = _mm_blend_epi16(tmp, st1, 0xF0);  // DCBA
+  st1 = _mm_alignr_epi8(st1, tmp, 8);     // ABEF
   _mm_storeu_si128(reinterpret_cast<__m128i*>(h), st0);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(h + 4), st1);
 }
@@ -102,9 +102,23 @@ void Sha256::block(const uint8_t* p) {
   for (int i = 0; i < 64; ++i) {
     uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + K[i] + w[i];
     uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-    h = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    h = g;
+    g = f;
+    f = e;
+    e = d + t1;
+    d = c;
+    c = b;
+    b = a;
+    a = t1 + t2;
   }
-  h_[0] += a; h_[1] += b; h_[2] += c; h_[3] += d; h_[4] += e; h_[5] += f; h_[6] += g; h_[7] += h;
+  h_[0] += a;
+  h_[1] += b;
+  h_[2] += c;
+  h_[3] += d;
+  h_[4] += e;
+  h_[5] += f;
+  h_[6] += g;
+  h_[7] += h;
 }
 
 void Sha256::update(const void* data, size_t n) {

@@ -19,8 +19,8 @@ class Sha256 {
   uint8_t buf_[64];
   size_t buf_len_ = 0;
   uint64_t total_ = 0;
-  void block(const uint8_t* p);              // portable rounds
-  void blocks(const uint8_t* p, size_t n);   // n whole blocks: SHA-NI where the CPU has it, else block()
+  void block(const uint8_t* p);             // portable rounds
+  void blocks(const uint8_t* p, size_t n);  // n whole blocks: SHA-NI where the CPU has it, else block()
 };
 
 namespace detail {

@@ -5,21 +5,21 @@
 #include <libdeflate.h>
 #endif
 
-#include "formats/hdf5_util.h"
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <mutex>
-#include <unistd.h>
 
 #include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
+#include "formats/hdf5_util.h"
 
 namespace nl {
 namespace {
 
-using h5::Hid;
 using h5::check_stored_bytes;
+using h5::Hid;
 using h5::silence_hdf5;
 
 void write_string_attr(hid_t obj, const char* name, const std::string& value) {
@@ -71,10 +71,10 @@ struct TraceWriter::Impl {
   TraceWriterOptions opts;
   AtomicPath out;
   Hid file;
-  std::vector<Hid> masks;              // per layer dataset
+  std::vector<Hid> masks;                  // per layer dataset
   std::vector<std::vector<uint64_t>> buf;  // per layer: n_neurons * block_words
   uint64_t block_words = 0;
-  uint64_t pos = 0;                    // tokens in the current block
+  uint64_t pos = 0;  // tokens in the current block
   uint64_t words_written = 0;
   std::vector<int64_t> sequences;
   std::vector<int32_t> tokens;
@@ -197,7 +197,8 @@ void TraceWriter::close() {
   write_1d(im.file, "sequences", H5T_STD_I64LE, H5T_NATIVE_INT64, im.sequences);
   if (im.opts.store_tokens) write_1d(im.file, "tokens", H5T_STD_I32LE, H5T_NATIVE_INT32, im.tokens);
   im.masks.clear();
-  if (H5Fflush(im.file, H5F_SCOPE_GLOBAL) < 0) throw IoError(im.out.final_path(), "cannot flush HDF5 file (disk full?)");
+  if (H5Fflush(im.file, H5F_SCOPE_GLOBAL) < 0)
+    throw IoError(im.out.final_path(), "cannot flush HDF5 file (disk full?)");
   if (im.file.release() < 0) throw IoError(im.out.final_path(), "cannot close HDF5 file (disk full?)");
   im.out.commit();
   im.closed = true;
@@ -291,8 +292,8 @@ std::vector<T> read_1d(const std::string& path, hid_t file, const char* name, hi
   hsize_t n = 0;
   H5Sget_simple_extent_dims(space, &n, nullptr);
   if (n > max_len)
-    throw InputError(path, std::string("dataset '") + name + "' has " + std::to_string(n) + " entries, expected at most " +
-                               std::to_string(max_len));
+    throw InputError(path, std::string("dataset '") + name + "' has " + std::to_string(n) +
+                               " entries, expected at most " + std::to_string(max_len));
   check_stored_bytes(path, ds, n, sizeof(T), std::string("dataset '") + name + "'");
   std::vector<T> v(n);
   if (n > 0 && H5Dread(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
@@ -320,7 +321,8 @@ TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>
   info_.model = read_string_attr(path, f, "model", "");
   info_.activation = read_string_attr(path, f, "activation", "");
   int64_t n_layers = read_int_attr(path, f, "n_layers", "");
-  if (n_layers < 0 || n_layers > 100000) throw InputError(path, "n_layers " + std::to_string(n_layers) + " is out of range");
+  if (n_layers < 0 || n_layers > 100000)
+    throw InputError(path, "n_layers " + std::to_string(n_layers) + " is out of range");
   int64_t n_tokens = read_int_attr(path, f, "n_tokens", "");
   if (n_tokens < 0 || n_tokens > (int64_t(1) << 40))
     throw InputError(path, "n_tokens " + std::to_string(n_tokens) + " is out of range");
@@ -363,9 +365,9 @@ TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>
     hsize_t dims[2];
     H5Sget_simple_extent_dims(space, dims, nullptr);
     if (dims[0] != static_cast<hsize_t>(nn) || dims[1] != words)
-      throw InputError(path, "/" + gname + "/mask has shape [" + std::to_string(dims[0]) + "][" + std::to_string(dims[1]) +
-                                 "], expected [" + std::to_string(nn) + "][" + std::to_string(words) +
-                                 "] for n_tokens " + std::to_string(n_tokens));
+      throw InputError(path, "/" + gname + "/mask has shape [" + std::to_string(dims[0]) + "][" +
+                                 std::to_string(dims[1]) + "], expected [" + std::to_string(nn) + "][" +
+                                 std::to_string(words) + "] for n_tokens " + std::to_string(n_tokens));
     check_stored_bytes(path, ds, dims[0] * dims[1], 8, "/" + gname + "/mask");
     impl_->masks.push_back(std::move(ds));
   }
@@ -373,8 +375,7 @@ TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>
   if (H5Lexists(f, "sequences", H5P_DEFAULT) <= 0) throw InputError(path, "missing dataset /sequences");
   info_.sequences = read_1d<int64_t>(path, f, "sequences", H5T_NATIVE_INT64, std::max<uint64_t>(1, info_.n_tokens));
   if (info_.n_tokens > 0) {
-    if (info_.sequences.empty() || info_.sequences[0] != 0)
-      throw InputError(path, "/sequences must start with 0");
+    if (info_.sequences.empty() || info_.sequences[0] != 0) throw InputError(path, "/sequences must start with 0");
     for (size_t i = 0; i < info_.sequences.size(); ++i) {
       if (info_.sequences[i] < 0 || static_cast<uint64_t>(info_.sequences[i]) >= info_.n_tokens)
         throw InputError(path, "/sequences[" + std::to_string(i) + "] = " + std::to_string(info_.sequences[i]) +
@@ -386,8 +387,8 @@ TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>
   if (H5Lexists(f, "tokens", H5P_DEFAULT) > 0) {
     info_.tokens = read_1d<int32_t>(path, f, "tokens", H5T_NATIVE_INT32, info_.n_tokens);
     if (info_.tokens.size() != info_.n_tokens)
-      throw InputError(path, "/tokens has " + std::to_string(info_.tokens.size()) + " entries, expected n_tokens = " +
-                                 std::to_string(info_.n_tokens));
+      throw InputError(path, "/tokens has " + std::to_string(info_.tokens.size()) +
+                                 " entries, expected n_tokens = " + std::to_string(info_.n_tokens));
   }
 }
 
@@ -418,14 +419,17 @@ bool read_mask_deflate(hid_t ds, uint64_t n, uint64_t words, uint64_t* out) {
   const size_t chunk_bytes = size_t(cr * cw * 8);
   struct Dec {
     libdeflate_decompressor* d = libdeflate_alloc_decompressor();
-    ~Dec() { if (d) libdeflate_free_decompressor(d); }
+    ~Dec() {
+      if (d) libdeflate_free_decompressor(d);
+    }
   } dec;
   if (!dec.d) return false;
   std::vector<uint8_t> raw, plain(chunk_bytes);
   for (uint64_t r0 = 0; r0 < n; r0 += cr) {
     for (uint64_t w0 = 0; w0 < words; w0 += cw) {
       hsize_t off[2] = {r0, w0}, stored = 0;
-      if (H5Dget_chunk_storage_size(ds, off, &stored) < 0 || stored == 0 || stored > chunk_bytes + chunk_bytes / 8 + 1024)
+      if (H5Dget_chunk_storage_size(ds, off, &stored) < 0 || stored == 0 ||
+          stored > chunk_bytes + chunk_bytes / 8 + 1024)
         return false;
       raw.resize(size_t(stored));
       uint32_t mask = 0;
@@ -453,7 +457,8 @@ bool read_mask_deflate(hid_t ds, uint64_t n, uint64_t words, uint64_t* out) {
 std::vector<uint64_t> TraceReader::read_layer_words(uint32_t layer, uint64_t word_begin, uint64_t word_count) const {
   if (layer >= info_.n_layers) throw UsageError("layer " + std::to_string(layer) + " out of range");
   uint64_t words = words_for_tokens(info_.n_tokens);
-  if (word_begin > words || word_count > words - word_begin) throw InternalError("read_layer_words: range out of bounds");
+  if (word_begin > words || word_count > words - word_begin)
+    throw InternalError("read_layer_words: range out of bounds");
   uint64_t n = info_.n_neurons[layer];
   std::vector<uint64_t> out(n * word_count);
   if (out.empty()) return out;
@@ -466,12 +471,13 @@ std::vector<uint64_t> TraceReader::read_layer_words(uint32_t layer, uint64_t wor
   }
 #endif
   if (!done) {
-  Hid fspace(H5Dget_space(ds), H5Sclose);
-  hsize_t start[2] = {0, word_begin}, count[2] = {n, word_count};
-  H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count, nullptr);
-  Hid mspace(H5Screate_simple(2, count, nullptr), H5Sclose);
-  if (H5Dread(ds, H5T_NATIVE_UINT64, mspace, fspace, H5P_DEFAULT, out.data()) < 0)
-    throw InputError(info_.path, "cannot read /layers/" + std::to_string(layer) + "/mask (truncated or corrupt file?)");
+    Hid fspace(H5Dget_space(ds), H5Sclose);
+    hsize_t start[2] = {0, word_begin}, count[2] = {n, word_count};
+    H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count, nullptr);
+    Hid mspace(H5Screate_simple(2, count, nullptr), H5Sclose);
+    if (H5Dread(ds, H5T_NATIVE_UINT64, mspace, fspace, H5P_DEFAULT, out.data()) < 0)
+      throw InputError(info_.path,
+                       "cannot read /layers/" + std::to_string(layer) + "/mask (truncated or corrupt file?)");
   }
   // Bits past n_tokens must be zero; clear them so a sloppy writer cannot inject phantom tokens.
   if (word_begin + word_count == words && (info_.n_tokens & 63) != 0) {

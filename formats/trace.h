@@ -16,23 +16,23 @@ inline constexpr int64_t kTraceVersion = 1;
 struct TraceInfo {
   std::string path;
   std::string model;
-  std::string activation;             // the rule, e.g. "relu>0", "abs>0.0123", "synthetic"
+  std::string activation;  // the rule, e.g. "relu>0", "abs>0.0123", "synthetic"
   uint32_t n_layers = 0;
   uint64_t n_tokens = 0;
-  std::vector<uint32_t> n_neurons;    // per layer
-  std::vector<double> thresholds;     // per layer "threshold" attribute when present (empty otherwise)
-  std::vector<int64_t> sequences;     // start token of each independent sequence; first is 0
-  std::vector<int32_t> tokens;        // optional token ids (empty when absent)
+  std::vector<uint32_t> n_neurons;  // per layer
+  std::vector<double> thresholds;   // per layer "threshold" attribute when present (empty otherwise)
+  std::vector<int64_t> sequences;   // start token of each independent sequence; first is 0
+  std::vector<int32_t> tokens;      // optional token ids (empty when absent)
 };
 
 struct TraceWriterOptions {
   std::string model;
   std::string activation;
-  std::vector<uint32_t> n_neurons;    // per layer
-  std::vector<double> thresholds;     // optional, per layer
+  std::vector<uint32_t> n_neurons;  // per layer
+  std::vector<double> thresholds;   // optional, per layer
   bool store_tokens = true;
   int deflate_level = 4;
-  uint32_t block_tokens = 4096;       // tokens buffered in memory per flush (multiple of 64)
+  uint32_t block_tokens = 4096;  // tokens buffered in memory per flush (multiple of 64)
 };
 
 // Streams tokens into a trace file. Memory: n_neurons * block_tokens / 8 bytes per layer.

@@ -64,10 +64,12 @@ void put_dataset(FuzzedDataProvider& p, hid_t loc, const char* name, hid_t good,
   for (int i = 0; i < rank; ++i) {
     const int how = p.ConsumeIntegralInRange(0, 5);
     const hsize_t base = i < int(near.size()) ? near[size_t(i)] : 1;
-    dims[size_t(i)] = how < 3 ? base + hsize_t(how) : how == 3 ? base - std::min<hsize_t>(base, 1)
+    dims[size_t(i)] = how < 3    ? base + hsize_t(how)
+                      : how == 3 ? base - std::min<hsize_t>(base, 1)
                       : how == 4 ? p.ConsumeIntegralInRange<hsize_t>(0, 64)
                                  : p.ConsumeIntegralInRange<hsize_t>(0, hsize_t(1) << 40);
-    elems = dims[size_t(i)] && elems > (uint64_t(1) << 62) / dims[size_t(i)] ? (uint64_t(1) << 62) : elems * dims[size_t(i)];
+    elems = dims[size_t(i)] && elems > (uint64_t(1) << 62) / dims[size_t(i)] ? (uint64_t(1) << 62)
+                                                                             : elems * dims[size_t(i)];
   }
   const hid_t types[] = {good, H5T_STD_U64LE, H5T_STD_I64LE, H5T_STD_I32LE, H5T_STD_U8LE, H5T_IEEE_F64LE};
   const hid_t type = types[p.ConsumeIntegralInRange(0, 5)];
@@ -84,7 +86,9 @@ void put_dataset(FuzzedDataProvider& p, hid_t loc, const char* name, hid_t good,
   if (ds >= 0 && small && elems > 0 && p.ConsumeIntegralInRange(0, 7) != 7) {
     std::vector<uint64_t> data(elems);
     for (size_t i = 0; i < data.size(); ++i)
-      data[i] = p.ConsumeIntegralInRange(0, 15) == 15 ? p.ConsumeIntegral<uint64_t>() : i < values.size() ? values[i] : 0;
+      data[i] = p.ConsumeIntegralInRange(0, 15) == 15 ? p.ConsumeIntegral<uint64_t>()
+                : i < values.size()                   ? values[i]
+                                                      : 0;
     H5Dwrite(ds, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data());
   }
   if (ds >= 0) H5Dclose(ds);

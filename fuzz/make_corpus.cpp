@@ -54,8 +54,10 @@ int main(int argc, char** argv) {
   write_llama2c((out / "llama2c/tiny.bin").string(), w);
   write_safetensors_model((tmp / "st32").string(), w, TensorDtype::kF32);
   write_safetensors_model((tmp / "st16").string(), w, TensorDtype::kBF16);
-  fs::copy_file(tmp / "st32/model.safetensors", out / "safetensors/f32.safetensors", fs::copy_options::overwrite_existing);
-  fs::copy_file(tmp / "st16/model.safetensors", out / "safetensors/bf16.safetensors", fs::copy_options::overwrite_existing);
+  fs::copy_file(tmp / "st32/model.safetensors", out / "safetensors/f32.safetensors",
+                fs::copy_options::overwrite_existing);
+  fs::copy_file(tmp / "st16/model.safetensors", out / "safetensors/bf16.safetensors",
+                fs::copy_options::overwrite_existing);
 
   // Flash image manifests: identity and permuted order, f32 and f16.
   ImageSpec spec;

@@ -219,8 +219,10 @@ void count_chunk(const uint64_t* bits, uint32_t n, uint64_t stride, uint64_t nw,
                  detail::DenseTileFn fn, uint32_t* upper, std::vector<TopKHeaps>* heaps) {
   if (!upper && !heaps) return;
   const auto sink = make_sink(n, upper, heaps);
-  if (method == CountMethod::Sparse) detail::sparse_vertical_chunk(bits, n, stride, nw, sink);
-  else dense_chunk(bits, n, stride, nw, fn, sink);
+  if (method == CountMethod::Sparse)
+    detail::sparse_vertical_chunk(bits, n, stride, nw, sink);
+  else
+    dense_chunk(bits, n, stride, nw, fn, sink);
 }
 
 // Offers every pair of a complete upper triangle to per-thread heaps (row blocks in parallel).
@@ -259,8 +261,8 @@ double active_fraction(const std::vector<uint64_t>& freq, uint32_t n, uint64_t t
 }
 
 // Hardware popcnt where the CPU has it (the portable build would call libgcc's bit-twiddling popcount).
-__attribute__((target("popcnt"))) void row_freq_popcnt(const uint64_t* bits, uint32_t n, uint64_t stride,
-                                                       uint64_t nw, std::vector<uint64_t>& freq) {
+__attribute__((target("popcnt"))) void row_freq_popcnt(const uint64_t* bits, uint32_t n, uint64_t stride, uint64_t nw,
+                                                       std::vector<uint64_t>& freq) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t v = 0; v < int64_t(n); ++v) {
     const uint64_t* r = bits + size_t(v) * stride;
@@ -286,8 +288,10 @@ void row_freq(const uint64_t* bits, uint32_t n, uint64_t stride, uint64_t nw, st
 bool popcount_kernel_supported(PopcountKernel k) {
   switch (k) {
     case PopcountKernel::Auto:
-    case PopcountKernel::Scalar: return true;
-    case PopcountKernel::Avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
+    case PopcountKernel::Scalar:
+      return true;
+    case PopcountKernel::Avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
     case PopcountKernel::Avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vpopcntdq");
   }
@@ -307,21 +311,24 @@ PopcountKernel popcount_kernel_resolve(PopcountKernel k) {
 
 const char* popcount_kernel_name(PopcountKernel k) {
   switch (k) {
-    case PopcountKernel::Auto: return "auto";
-    case PopcountKernel::Scalar: return "scalar";
-    case PopcountKernel::Avx2: return "avx2";
-    case PopcountKernel::Avx512: return "avx512";
+    case PopcountKernel::Auto:
+      return "auto";
+    case PopcountKernel::Scalar:
+      return "scalar";
+    case PopcountKernel::Avx2:
+      return "avx2";
+    case PopcountKernel::Avx512:
+      return "avx512";
   }
   return "?";
 }
 
-bool count_method_supported(CountMethod m) {
-  return m != CountMethod::Sparse || detail::sparse_vertical_supported();
-}
+bool count_method_supported(CountMethod m) { return m != CountMethod::Sparse || detail::sparse_vertical_supported(); }
 
 CountMethod count_method_resolve(CountMethod m, double density) {
   if (m == CountMethod::Auto)
-    return detail::sparse_vertical_supported() && density < kSparseMaxDensity ? CountMethod::Sparse : CountMethod::Dense;
+    return detail::sparse_vertical_supported() && density < kSparseMaxDensity ? CountMethod::Sparse
+                                                                              : CountMethod::Dense;
   if (!count_method_supported(m))
     throw UsageError(std::string("count method '") + count_method_name(m) + "' is not supported by this CPU");
   return m;
@@ -329,9 +336,12 @@ CountMethod count_method_resolve(CountMethod m, double density) {
 
 const char* count_method_name(CountMethod m) {
   switch (m) {
-    case CountMethod::Auto: return "auto";
-    case CountMethod::Dense: return "dense";
-    case CountMethod::Sparse: return "sparse";
+    case CountMethod::Auto:
+      return "auto";
+    case CountMethod::Dense:
+      return "dense";
+    case CountMethod::Sparse:
+      return "sparse";
   }
   return "?";
 }
@@ -415,7 +425,8 @@ LayerGraph coactivation_count_trace(const TraceReader& trace, uint32_t layer, co
     row_freq(chunk.data(), n, nw, nw, cf);
     for (uint32_t v = 0; v < n; ++v) g.freq[v] += cf[v];
     // The method is chosen per chunk from that chunk's density (both are exact).
-    const CountMethod method = count_method_resolve(opt.method, active_fraction(cf, n, std::min(nw * 64, ti.n_tokens - w0 * 64)));
+    const CountMethod method =
+        count_method_resolve(opt.method, active_fraction(cf, n, std::min(nw * 64, ti.n_tokens - w0 * 64)));
     count_chunk(chunk.data(), n, nw, nw, method, fn, g.upper.empty() ? nullptr : g.upper.data(),
                 direct_topk ? &heaps : nullptr);
   }

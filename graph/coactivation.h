@@ -22,8 +22,8 @@ enum class PopcountKernel { Auto, Scalar, Avx2, Avx512 };
 enum class CountMethod { Auto, Dense, Sparse };
 
 struct CoactivationOptions {
-  uint32_t top_k = 32;           // neighbours kept per neuron (0 = none)
-  bool full_matrix = false;      // keep the full upper-triangle counts
+  uint32_t top_k = 32;       // neighbours kept per neuron (0 = none)
+  bool full_matrix = false;  // keep the full upper-triangle counts
   PopcountKernel kernel = PopcountKernel::Auto;
   CountMethod method = CountMethod::Auto;
   // Streaming from a trace: at most this many bytes of mask words are held per chunk of tokens. When a layer
@@ -35,7 +35,7 @@ struct CoactivationOptions {
 struct LayerGraph {
   uint32_t n_neurons = 0;
   uint64_t n_tokens = 0;
-  std::vector<uint64_t> freq;    // f(v): tokens at which v fires
+  std::vector<uint64_t> freq;  // f(v): tokens at which v fires
   // Top-k neighbours of each neuron: nbr[v*k .. v*k+k), by decreasing count, ties by increasing index;
   // only pairs with count > 0; nbr_len[v] entries are valid.
   uint32_t k = 0;
@@ -79,7 +79,7 @@ PopcountKernel popcount_kernel_parse(const std::string& s);  // inverse of name(
 inline constexpr double kSparseMaxDensity = 0.2;
 bool count_method_supported(CountMethod m);
 CountMethod count_method_resolve(CountMethod m, double density);
-const char* count_method_name(CountMethod m);                // "auto", "dense", "sparse"
+const char* count_method_name(CountMethod m);  // "auto", "dense", "sparse"
 CountMethod count_method_parse(const std::string& s);
 
 }  // namespace nl

@@ -2,16 +2,15 @@
 #include "graph/graph_file.h"
 
 #include <hdf5.h>
-
-#include "formats/hdf5_util.h"
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <mutex>
-#include <unistd.h>
 
 #include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
+#include "formats/hdf5_util.h"
 
 namespace nl {
 namespace {
@@ -32,7 +31,8 @@ void attr_string(hid_t obj, const char* name, const std::string& v) {
 void attr_int(hid_t obj, const char* name, int64_t v) {
   Hid space(H5Screate(H5S_SCALAR), H5Sclose);
   Hid a(H5Acreate2(obj, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (!a.ok() || H5Awrite(a, H5T_NATIVE_INT64, &v) < 0) throw InternalError(std::string("cannot write attribute ") + name);
+  if (!a.ok() || H5Awrite(a, H5T_NATIVE_INT64, &v) < 0)
+    throw InternalError(std::string("cannot write attribute ") + name);
 }
 
 // dims: 1-D or 2-D. Small lists are deflated; the full matrix is stored raw (random counts barely compress
@@ -44,8 +44,10 @@ void write_ds(const std::string& path, hid_t g, const char* name, hid_t ftype, h
   Hid dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   if (!v.empty()) {
     std::vector<hsize_t> chunk = dims;
-    if (dims.size() == 1) chunk[0] = std::min<hsize_t>(dims[0], 1 << 20);
-    else chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], (1 << 18) / std::max<hsize_t>(1, dims[1])));
+    if (dims.size() == 1)
+      chunk[0] = std::min<hsize_t>(dims[0], 1 << 20);
+    else
+      chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], (1 << 18) / std::max<hsize_t>(1, dims[1])));
     H5Pset_chunk(dcpl, int(chunk.size()), chunk.data());
     if (compress) {
       H5Pset_shuffle(dcpl);
@@ -191,7 +193,8 @@ void GraphFileWriter::add_layer(uint32_t layer, const LayerGraph& g) {
   write_ds(path, grp, "nbr", H5T_STD_U32LE, H5T_NATIVE_UINT32, g.nbr, {g.k ? n : 0, g.k}, true);
   write_ds(path, grp, "nbr_cnt", H5T_STD_U32LE, H5T_NATIVE_UINT32, g.nbr_cnt, {g.k ? n : 0, g.k}, true);
   if (has_upper)
-    write_ds(path, grp, "upper", H5T_STD_U32LE, H5T_NATIVE_UINT32, g.upper, {hsize_t(uint64_t(n) * (n - 1) / 2)}, false);
+    write_ds(path, grp, "upper", H5T_STD_U32LE, H5T_NATIVE_UINT32, g.upper, {hsize_t(uint64_t(n) * (n - 1) / 2)},
+             false);
 }
 
 void GraphFileWriter::close() {
@@ -202,7 +205,8 @@ void GraphFileWriter::close() {
   attr_int(im.file, "top_k", im.k);
   attr_int(im.file, "full", im.any && im.full ? 1 : 0);
   im.layers.reset();
-  if (H5Fflush(im.file, H5F_SCOPE_GLOBAL) < 0) throw IoError(im.out.final_path(), "cannot flush HDF5 file (disk full?)");
+  if (H5Fflush(im.file, H5F_SCOPE_GLOBAL) < 0)
+    throw IoError(im.out.final_path(), "cannot flush HDF5 file (disk full?)");
   if (im.file.release() < 0) throw IoError(im.out.final_path(), "cannot close HDF5 file (disk full?)");
   im.out.commit();
   im.closed = true;
@@ -231,7 +235,8 @@ GraphFileReader::GraphFileReader(const std::string& path) : impl_(std::make_uniq
   if (version < 1) throw InputError(path, "invalid graph version " + std::to_string(version));
   info_.source = read_string(path, f, "source");
   const int64_t n_layers = read_int(path, f, "n_layers", "");
-  if (n_layers < 0 || n_layers > 100000) throw InputError(path, "n_layers " + std::to_string(n_layers) + " is out of range");
+  if (n_layers < 0 || n_layers > 100000)
+    throw InputError(path, "n_layers " + std::to_string(n_layers) + " is out of range");
   const int64_t n_tokens = read_int(path, f, "n_tokens", "");
   if (n_tokens < 0 || n_tokens > int64_t(UINT32_MAX))
     throw InputError(path, "n_tokens " + std::to_string(n_tokens) + " is out of range (counts are uint32)");
@@ -259,8 +264,10 @@ GraphFileReader::GraphFileReader(const std::string& path) : impl_(std::make_uniq
     open_ds(path, g, gname, "nbr_len", {rows}, 4);
     open_ds(path, g, gname, "nbr", {rows, info_.top_k}, 4);
     open_ds(path, g, gname, "nbr_cnt", {rows, info_.top_k}, 4);
-    if (H5Lexists(g, "upper", H5P_DEFAULT) > 0) open_ds(path, g, gname, "upper", {n * (n > 0 ? n - 1 : 0) / 2}, 4);
-    else if (info_.full && n >= 2) throw InputError(path, "missing dataset /" + gname + "/upper (file says full = 1)");
+    if (H5Lexists(g, "upper", H5P_DEFAULT) > 0)
+      open_ds(path, g, gname, "upper", {n * (n > 0 ? n - 1 : 0) / 2}, 4);
+    else if (info_.full && n >= 2)
+      throw InputError(path, "missing dataset /" + gname + "/upper (file says full = 1)");
     info_.layers.push_back(uint32_t(layer));
     info_.n_neurons.push_back(uint32_t(nn));
     impl_->groups.push_back(std::move(g));
@@ -341,8 +348,8 @@ void graph_file_merge(const std::vector<std::string>& inputs, const std::string&
     if (ri.layers != first.layers || ri.n_neurons != first.n_neurons)
       throw InputError(ri.path, "has different layers or neuron counts than " + first.path);
     if (!top_k && ri.top_k != first.top_k)
-      throw InputError(ri.path, "top_k " + std::to_string(ri.top_k) + " differs from " + first.path +
-                                    " (" + std::to_string(first.top_k) + "); pass --top-k");
+      throw InputError(ri.path, "top_k " + std::to_string(ri.top_k) + " differs from " + first.path + " (" +
+                                    std::to_string(first.top_k) + "); pass --top-k");
     total += ri.n_tokens;
   }
   if (total > UINT32_MAX) throw UsageError("merged token count exceeds 2^32-1 (counts are uint32)");

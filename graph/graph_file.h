@@ -18,12 +18,12 @@ inline constexpr int64_t kGraphVersion = 1;
 
 struct GraphFileInfo {
   std::string path;
-  std::string source;              // what was counted (trace path, or "merge of ...")
-  uint64_t n_tokens = 0;           // tokens counted (same for every layer)
+  std::string source;     // what was counted (trace path, or "merge of ...")
+  uint64_t n_tokens = 0;  // tokens counted (same for every layer)
   uint32_t top_k = 0;
-  bool full = false;               // every layer stores its upper triangle (merging needs it)
-  std::vector<uint32_t> layers;    // trace layer index of each stored layer, ascending
-  std::vector<uint32_t> n_neurons; // per stored layer
+  bool full = false;                // every layer stores its upper triangle (merging needs it)
+  std::vector<uint32_t> layers;     // trace layer index of each stored layer, ascending
+  std::vector<uint32_t> n_neurons;  // per stored layer
 };
 
 // Writes layers one at a time (a full 16,384-neuron matrix is 512 MiB; nothing else is held). All layers must

@@ -27,8 +27,8 @@ inline uint64_t popc(uint64_t x) {
 }
 
 template <bool kHw>
-inline void scalar_tile(const uint64_t* a, uint32_t na, const uint64_t* b, uint32_t nb, uint64_t stride,
-                        uint64_t nw, uint32_t* cnt, uint32_t ld, bool upper) {
+inline void scalar_tile(const uint64_t* a, uint32_t na, const uint64_t* b, uint32_t nb, uint64_t stride, uint64_t nw,
+                        uint32_t* cnt, uint32_t ld, bool upper) {
   uint32_t r = 0;
   for (; r + 4 <= na; r += 4) {
     uint32_t c = upper ? (r & ~3u) : 0;
@@ -84,8 +84,8 @@ __attribute__((target("popcnt"))) void tile_scalar_popcnt(const uint64_t* a, uin
 #define NL_AVX2 __attribute__((target("avx2,popcnt")))
 
 NL_AVX2 inline __m256i avx2_popcnt_bytes(__m256i x) {
-  const __m256i lut = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2, 1, 2, 2, 3, 1, 2,
-                                       2, 3, 2, 3, 3, 4);
+  const __m256i lut =
+      _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4);
   const __m256i low = _mm256_set1_epi8(0x0f);
   __m256i lo = _mm256_and_si256(x, low), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
   return _mm256_add_epi8(_mm256_shuffle_epi8(lut, lo), _mm256_shuffle_epi8(lut, hi));
@@ -171,7 +171,8 @@ NL_AVX2 void tile_avx2(const uint64_t* a, uint32_t na, const uint64_t* b, uint32
 
 // Horizontal sum (GCC 12's _mm512_reduce_add_epi64 warns about an uninitialised temporary under target attributes).
 NL_AVX512 inline uint64_t avx512_hsum(__m512i v) {
-  __m256i h = _mm256_add_epi64(_mm512_mask_extracti64x4_epi64(_mm256_setzero_si256(), 0xff, v, 0), _mm512_mask_extracti64x4_epi64(_mm256_setzero_si256(), 0xff, v, 1));
+  __m256i h = _mm256_add_epi64(_mm512_mask_extracti64x4_epi64(_mm256_setzero_si256(), 0xff, v, 0),
+                               _mm512_mask_extracti64x4_epi64(_mm256_setzero_si256(), 0xff, v, 1));
   __m128i q = _mm_add_epi64(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
   return uint64_t(_mm_cvtsi128_si64(q)) + uint64_t(_mm_extract_epi64(q, 1));
 }
@@ -180,7 +181,8 @@ NL_AVX512 uint64_t avx512_pair(const uint64_t* p, const uint64_t* q, uint64_t nw
   __m512i acc = _mm512_setzero_si512();
   uint64_t w = 0;
   for (; w + 8 <= nw; w += 8)
-    acc = _mm512_add_epi64(acc, _mm512_popcnt_epi64(_mm512_and_si512(_mm512_loadu_si512(p + w), _mm512_loadu_si512(q + w))));
+    acc = _mm512_add_epi64(acc,
+                           _mm512_popcnt_epi64(_mm512_and_si512(_mm512_loadu_si512(p + w), _mm512_loadu_si512(q + w))));
   if (w < nw) {
     __mmask8 m = static_cast<__mmask8>((1u << (nw - w)) - 1);
     acc = _mm512_add_epi64(acc, _mm512_popcnt_epi64(_mm512_and_si512(_mm512_maskz_loadu_epi64(m, p + w),
@@ -189,8 +191,8 @@ NL_AVX512 uint64_t avx512_pair(const uint64_t* p, const uint64_t* q, uint64_t nw
   return avx512_hsum(acc);
 }
 
-NL_AVX512 void tile_avx512(const uint64_t* a, uint32_t na, const uint64_t* b, uint32_t nb, uint64_t stride,
-                           uint64_t nw, uint32_t* cnt, uint32_t ld, bool upper) {
+NL_AVX512 void tile_avx512(const uint64_t* a, uint32_t na, const uint64_t* b, uint32_t nb, uint64_t stride, uint64_t nw,
+                           uint32_t* cnt, uint32_t ld, bool upper) {
   const uint64_t nv = nw / 8 * 8;
   const __mmask8 tail = static_cast<__mmask8>((1u << (nw - nv)) - 1);
   uint32_t r = 0;
@@ -200,17 +202,29 @@ NL_AVX512 void tile_avx512(const uint64_t* a, uint32_t na, const uint64_t* b, ui
       if (upper && c + 3 <= r) continue;
       const uint64_t *a0 = a + r * stride, *a1 = a0 + stride, *a2 = a1 + stride, *a3 = a2 + stride;
       const uint64_t *b0 = b + c * stride, *b1 = b0 + stride, *b2 = b1 + stride, *b3 = b2 + stride;
-      __m512i s00 = _mm512_setzero_si512(), s01 = s00, s02 = s00, s03 = s00, s10 = s00, s11 = s00, s12 = s00,
-              s13 = s00, s20 = s00, s21 = s00, s22 = s00, s23 = s00, s30 = s00, s31 = s00, s32 = s00, s33 = s00;
+      __m512i s00 = _mm512_setzero_si512(), s01 = s00, s02 = s00, s03 = s00, s10 = s00, s11 = s00, s12 = s00, s13 = s00,
+              s20 = s00, s21 = s00, s22 = s00, s23 = s00, s30 = s00, s31 = s00, s32 = s00, s33 = s00;
 #define NL_ACC(s, x, y) s = _mm512_add_epi64(s, _mm512_popcnt_epi64(_mm512_and_si512(x, y)))
-#define NL_STEP(LOAD, off)                                                                                      \
+#define NL_STEP(LOAD, off)                                                                                    \
   do {                                                                                                        \
     const __m512i x0 = LOAD(a0 + (off)), x1 = LOAD(a1 + (off)), x2 = LOAD(a2 + (off)), x3 = LOAD(a3 + (off)); \
     const __m512i y0 = LOAD(b0 + (off)), y1 = LOAD(b1 + (off)), y2 = LOAD(b2 + (off)), y3 = LOAD(b3 + (off)); \
-    NL_ACC(s00, x0, y0); NL_ACC(s01, x0, y1); NL_ACC(s02, x0, y2); NL_ACC(s03, x0, y3);                     \
-    NL_ACC(s10, x1, y0); NL_ACC(s11, x1, y1); NL_ACC(s12, x1, y2); NL_ACC(s13, x1, y3);                     \
-    NL_ACC(s20, x2, y0); NL_ACC(s21, x2, y1); NL_ACC(s22, x2, y2); NL_ACC(s23, x2, y3);                     \
-    NL_ACC(s30, x3, y0); NL_ACC(s31, x3, y1); NL_ACC(s32, x3, y2); NL_ACC(s33, x3, y3);                     \
+    NL_ACC(s00, x0, y0);                                                                                      \
+    NL_ACC(s01, x0, y1);                                                                                      \
+    NL_ACC(s02, x0, y2);                                                                                      \
+    NL_ACC(s03, x0, y3);                                                                                      \
+    NL_ACC(s10, x1, y0);                                                                                      \
+    NL_ACC(s11, x1, y1);                                                                                      \
+    NL_ACC(s12, x1, y2);                                                                                      \
+    NL_ACC(s13, x1, y3);                                                                                      \
+    NL_ACC(s20, x2, y0);                                                                                      \
+    NL_ACC(s21, x2, y1);                                                                                      \
+    NL_ACC(s22, x2, y2);                                                                                      \
+    NL_ACC(s23, x2, y3);                                                                                      \
+    NL_ACC(s30, x3, y0);                                                                                      \
+    NL_ACC(s31, x3, y1);                                                                                      \
+    NL_ACC(s32, x3, y2);                                                                                      \
+    NL_ACC(s33, x3, y3);                                                                                      \
   } while (0)
 #define NL_LOADU(p) _mm512_loadu_si512(p)
 #define NL_LOADT(p) _mm512_maskz_loadu_epi64(tail, p)
@@ -221,11 +235,23 @@ NL_AVX512 void tile_avx512(const uint64_t* a, uint32_t na, const uint64_t* b, ui
 #undef NL_STEP
 #undef NL_ACC
       uint32_t* o = cnt + r * ld + c;
-#define NL_OUT(x, y, s) o[(x) * ld + (y)] += static_cast<uint32_t>(avx512_hsum(s))
-      NL_OUT(0, 0, s00); NL_OUT(0, 1, s01); NL_OUT(0, 2, s02); NL_OUT(0, 3, s03);
-      NL_OUT(1, 0, s10); NL_OUT(1, 1, s11); NL_OUT(1, 2, s12); NL_OUT(1, 3, s13);
-      NL_OUT(2, 0, s20); NL_OUT(2, 1, s21); NL_OUT(2, 2, s22); NL_OUT(2, 3, s23);
-      NL_OUT(3, 0, s30); NL_OUT(3, 1, s31); NL_OUT(3, 2, s32); NL_OUT(3, 3, s33);
+#define NL_OUT(x, y, s) o[(x)*ld + (y)] += static_cast<uint32_t>(avx512_hsum(s))
+      NL_OUT(0, 0, s00);
+      NL_OUT(0, 1, s01);
+      NL_OUT(0, 2, s02);
+      NL_OUT(0, 3, s03);
+      NL_OUT(1, 0, s10);
+      NL_OUT(1, 1, s11);
+      NL_OUT(1, 2, s12);
+      NL_OUT(1, 3, s13);
+      NL_OUT(2, 0, s20);
+      NL_OUT(2, 1, s21);
+      NL_OUT(2, 2, s22);
+      NL_OUT(2, 3, s23);
+      NL_OUT(3, 0, s30);
+      NL_OUT(3, 1, s31);
+      NL_OUT(3, 2, s32);
+      NL_OUT(3, 3, s33);
 #undef NL_OUT
     }
     for (; c < nb; ++c)
@@ -275,9 +301,9 @@ NL_AVX2 uint64_t loop_avx2(const uint64_t* a, const uint64_t* b, uint64_t n, uin
       __m256i b0 = _mm256_setzero_si256(), b1 = b0;
       for (int it = 0; it < 31 && w < n; ++it, w += 8) {
         b0 = _mm256_add_epi8(b0, avx2_popcnt_bytes(_mm256_and_si256(_mm256_loadu_si256((const __m256i*)(a + w)),
-                                                                     _mm256_loadu_si256((const __m256i*)(b + w)))));
+                                                                    _mm256_loadu_si256((const __m256i*)(b + w)))));
         b1 = _mm256_add_epi8(b1, avx2_popcnt_bytes(_mm256_and_si256(_mm256_loadu_si256((const __m256i*)(a + w + 4)),
-                                                                     _mm256_loadu_si256((const __m256i*)(b + w + 4)))));
+                                                                    _mm256_loadu_si256((const __m256i*)(b + w + 4)))));
       }
       acc = _mm256_add_epi64(acc, _mm256_sad_epu8(b0, _mm256_setzero_si256()));
       acc = _mm256_add_epi64(acc, _mm256_sad_epu8(b1, _mm256_setzero_si256()));
@@ -298,10 +324,22 @@ NL_AVX512 uint64_t loop_avx512(const uint64_t* a, const uint64_t* b, uint64_t n,
   for (uint64_t r = 0; r < iters; ++r) {
     __asm__ volatile("" : "+v"(x0), "+v"(x1), "+v"(x2), "+v"(x3), "+v"(y0), "+v"(y1), "+v"(y2), "+v"(y3));
 #define NL_ACC(s, x, y) s = _mm512_add_epi64(s, _mm512_popcnt_epi64(_mm512_and_si512(x, y)))
-    NL_ACC(s00, x0, y0); NL_ACC(s01, x0, y1); NL_ACC(s02, x0, y2); NL_ACC(s03, x0, y3);
-    NL_ACC(s10, x1, y0); NL_ACC(s11, x1, y1); NL_ACC(s12, x1, y2); NL_ACC(s13, x1, y3);
-    NL_ACC(s20, x2, y0); NL_ACC(s21, x2, y1); NL_ACC(s22, x2, y2); NL_ACC(s23, x2, y3);
-    NL_ACC(s30, x3, y0); NL_ACC(s31, x3, y1); NL_ACC(s32, x3, y2); NL_ACC(s33, x3, y3);
+    NL_ACC(s00, x0, y0);
+    NL_ACC(s01, x0, y1);
+    NL_ACC(s02, x0, y2);
+    NL_ACC(s03, x0, y3);
+    NL_ACC(s10, x1, y0);
+    NL_ACC(s11, x1, y1);
+    NL_ACC(s12, x1, y2);
+    NL_ACC(s13, x1, y3);
+    NL_ACC(s20, x2, y0);
+    NL_ACC(s21, x2, y1);
+    NL_ACC(s22, x2, y2);
+    NL_ACC(s23, x2, y3);
+    NL_ACC(s30, x3, y0);
+    NL_ACC(s31, x3, y1);
+    NL_ACC(s32, x3, y2);
+    NL_ACC(s33, x3, y3);
 #undef NL_ACC
   }
   __m512i t = _mm512_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s00, s01), _mm512_add_epi64(s02, s03)),
@@ -315,21 +353,28 @@ NL_AVX512 uint64_t loop_avx512(const uint64_t* a, const uint64_t* b, uint64_t n,
 
 DenseTileFn dense_tile_kernel(PopcountKernel k) {
   switch (k) {
-    case PopcountKernel::Avx512: return tile_avx512;
-    case PopcountKernel::Avx2: return tile_avx2;
-    case PopcountKernel::Scalar: return __builtin_cpu_supports("popcnt") ? tile_scalar_popcnt : tile_scalar;
-    case PopcountKernel::Auto: break;
+    case PopcountKernel::Avx512:
+      return tile_avx512;
+    case PopcountKernel::Avx2:
+      return tile_avx2;
+    case PopcountKernel::Scalar:
+      return __builtin_cpu_supports("popcnt") ? tile_scalar_popcnt : tile_scalar;
+    case PopcountKernel::Auto:
+      break;
   }
   throw InternalError("dense_tile_kernel: kernel not resolved");
 }
 
 uint64_t and_popcount_loop(PopcountKernel k, const uint64_t* a, const uint64_t* b, uint64_t n, uint64_t reps) {
   switch (k) {
-    case PopcountKernel::Avx512: return loop_avx512(a, b, n, reps);
-    case PopcountKernel::Avx2: return loop_avx2(a, b, n, reps);
+    case PopcountKernel::Avx512:
+      return loop_avx512(a, b, n, reps);
+    case PopcountKernel::Avx2:
+      return loop_avx2(a, b, n, reps);
     case PopcountKernel::Scalar:
       return __builtin_cpu_supports("popcnt") ? loop_scalar_popcnt(a, b, n, reps) : loop_scalar(a, b, n, reps);
-    case PopcountKernel::Auto: break;
+    case PopcountKernel::Auto:
+      break;
   }
   throw InternalError("and_popcount_loop: kernel not resolved");
 }

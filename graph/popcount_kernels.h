@@ -1,8 +1,9 @@
 // Dense AND+popcount tile kernels behind run-time dispatch (internal to graph/). Each kernel adds
 // popcount(a_r & b_c) over `nwords` words into cnt[r*ld + c] for a block of rows a_0..a_{na-1} and
 // b_0..b_{nb-1} (rows `stride` words apart). With `upper`, a == b and na == nb: only entries c > r are
-// needed (micro-tiles wholly on or below the diagonal are skipped; others may be computed anyway). The ISA variants are compiled with per-function target
-// attributes, so the default build stays portable; dense_tile_kernel() hands out only what the CPU runs.
+// needed (micro-tiles wholly on or below the diagonal are skipped; others may be computed anyway). The ISA variants are
+// compiled with per-function target attributes, so the default build stays portable; dense_tile_kernel() hands out only
+// what the CPU runs.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -28,8 +29,8 @@ uint64_t and_popcount_loop(PopcountKernel k, const uint64_t* a, const uint64_t* 
 
 // Receives counted blocks: cnt[r*ld + c] = C[i0 + r][j0 + c], meaningful only where j0 + c > i0 + r. Called
 // from OpenMP worker `tid`; blocks from different calls never share a pair.
-using TileSink = std::function<void(int tid, uint32_t i0, uint32_t ni, uint32_t j0, uint32_t nj, const uint32_t* cnt,
-                                    uint64_t ld)>;
+using TileSink =
+    std::function<void(int tid, uint32_t i0, uint32_t ni, uint32_t j0, uint32_t nj, const uint32_t* cnt, uint64_t ld)>;
 
 // Sparse (vertical Harley-Seal) counting of one chunk (rows `stride` words apart, first `nw` used), AVX-512
 // F/BW/VBMI2 only; see sparse_vertical.cpp. Extra memory: 2 bytes per set bit of the chunk, plus per thread a

@@ -10,14 +10,13 @@
 // sink (upper triangle / top-k).
 #include <immintrin.h>
 #include <omp.h>
-
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <new>
-#include <cstring>
 #include <vector>
 
 #include "graph/popcount_kernels.h"
@@ -27,7 +26,7 @@ namespace {
 
 #define NL_SPARSE __attribute__((target("avx512f,avx512bw,avx512vbmi2,popcnt,bmi,bmi2")))
 
-constexpr uint32_t kColBlock = 512;      // neurons per column block: one zmm per token row
+constexpr uint32_t kColBlock = 512;  // neurons per column block: one zmm per token row
 // 16,384 tokens per block: the block's token-major rows (1 MiB) stay in L2 while every row i gathers from them
 // (a 4 MiB block measured ~10x slower: each gathered line came from L3).
 constexpr uint64_t kTokBlockWords = 256;
@@ -107,9 +106,9 @@ void transpose_block(const uint64_t* bits, uint32_t j0, uint32_t nj, uint64_t st
   }
 }
 
-#define NL_CSA(h, l, a, b, c)                         \
-  do {                                              \
-    const __m512i a_ = (a), b_ = (b), c_ = (c);       \
+#define NL_CSA(h, l, a, b, c)                        \
+  do {                                               \
+    const __m512i a_ = (a), b_ = (b), c_ = (c);      \
     h = _mm512_ternarylogic_epi64(a_, b_, c_, 0xE8); \
     l = _mm512_ternarylogic_epi64(a_, b_, c_, 0x96); \
   } while (0)
@@ -125,11 +124,11 @@ NL_SPARSE inline void add_plane(__m512i c8[8], __m512i plane, int weight) {
 // Widens the byte counters into acc[0..512) and clears them.
 NL_SPARSE inline void widen(__m512i c8[8], uint32_t* acc) {
   // Masked forms: GCC 12's unmasked extract/convert warn about an uninitialised pass-through operand.
-#define NL_WIDEN(q)                                                                                         \
-  do {                                                                                                      \
-    __m512i v = _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm512_maskz_extracti32x4_epi32(0xF, c8[g], q));         \
-    uint32_t* p = acc + g * 64 + (q) * 16;                                                                  \
-    _mm512_storeu_si512(p, _mm512_add_epi32(_mm512_loadu_si512(p), v));                                     \
+#define NL_WIDEN(q)                                                                                 \
+  do {                                                                                              \
+    __m512i v = _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm512_maskz_extracti32x4_epi32(0xF, c8[g], q)); \
+    uint32_t* p = acc + g * 64 + (q)*16;                                                            \
+    _mm512_storeu_si512(p, _mm512_add_epi32(_mm512_loadu_si512(p), v));                             \
   } while (0)
   for (int g = 0; g < 8; ++g) {
     NL_WIDEN(0);
@@ -205,10 +204,14 @@ void sparse_vertical_chunk(const uint64_t* bits, uint32_t n, uint64_t stride, ui
     // The transposed block is read at random rows: one 2 MiB huge page where the kernel grants it (no TLB misses).
     constexpr size_t kHuge = size_t(2) << 20;
     const size_t tt_bytes = (kTokBlockWords * 64 * 8 * sizeof(uint64_t) + kHuge - 1) / kHuge * kHuge;
-    std::unique_ptr<uint64_t, void (*)(void*)> tt_mem(static_cast<uint64_t*>(std::aligned_alloc(kHuge, tt_bytes)), std::free);
+    std::unique_ptr<uint64_t, void (*)(void*)> tt_mem(static_cast<uint64_t*>(std::aligned_alloc(kHuge, tt_bytes)),
+                                                      std::free);
     if (!tt_mem) throw std::bad_alloc();
     madvise(tt_mem.get(), tt_bytes, MADV_HUGEPAGE);
-    struct { uint64_t* p; uint64_t* data() const { return p; } } tt{tt_mem.get()};
+    struct {
+      uint64_t* p;
+      uint64_t* data() const { return p; }
+    } tt{tt_mem.get()};
     std::vector<uint32_t> acc;
     const int tid = omp_get_thread_num();
     // Later column blocks have more rows above them: hand them out first.

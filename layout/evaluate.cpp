@@ -31,7 +31,9 @@ uint64_t default_bundle_bytes(uint32_t n_neurons) {
 }
 
 TokenMajorMask::TokenMajorMask(const LayerMask& m, uint64_t b, uint64_t e)
-    : n_neurons(m.n_neurons), begin(std::min(b, m.n_tokens)), end(std::min(e, m.n_tokens)),
+    : n_neurons(m.n_neurons),
+      begin(std::min(b, m.n_tokens)),
+      end(std::min(e, m.n_tokens)),
       words(words_for_tokens(m.n_neurons)) {
   if (end < begin) end = begin;
   bits.assign(size_t(end - begin) * words, 0);
@@ -152,8 +154,8 @@ std::vector<LayerEval> evaluate_policies(const LayerMask& m, const std::vector<u
 }  // namespace
 
 LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
-                         uint32_t layer_index, const LayerCachePolicy* policy,
-                         LayerMask* misses, std::vector<uint64_t>* read_lengths, const TokenMajorMask* tm) {
+                         uint32_t layer_index, const LayerCachePolicy* policy, LayerMask* misses,
+                         std::vector<uint64_t>* read_lengths, const TokenMajorMask* tm) {
   return evaluate_policies(m, order, cfg, layer_index, {policy}, misses, read_lengths, tm)[0];
 }
 
@@ -179,9 +181,8 @@ double io_lower_bound_seconds(const TokenMajorMask& tm, const EvalConfig& cfg) {
   return s;
 }
 
-TraceEval evaluate_trace(const TraceReader& trace, const std::vector<Layout>& layouts,
-                         const EvalConfig& cfg, const std::vector<uint32_t>& hist_layers, Progress* progress,
-                         bool layout_cache) {
+TraceEval evaluate_trace(const TraceReader& trace, const std::vector<Layout>& layouts, const EvalConfig& cfg,
+                         const std::vector<uint32_t>& hist_layers, Progress* progress, bool layout_cache) {
   const TraceInfo& ti = trace.info();
   TraceEval out;
   out.layers.assign(layouts.size(), std::vector<LayerEval>(ti.n_layers));
@@ -205,10 +206,12 @@ TraceEval evaluate_trace(const TraceReader& trace, const std::vector<Layout>& la
       out.bound_seconds[size_t(l)] = io_lower_bound_seconds(tm, e);
       auto h = std::find(hist_layers.begin(), hist_layers.end(), uint32_t(l));
       for (size_t k = 0; k < layouts.size(); ++k) {
-        std::vector<uint64_t>* hist = h == hist_layers.end() ? nullptr : &out.read_lengths[k][size_t(h - hist_layers.begin())];
+        std::vector<uint64_t>* hist =
+            h == hist_layers.end() ? nullptr : &out.read_lengths[k][size_t(h - hist_layers.begin())];
         const LayoutLayer& L = layouts[k].layers[size_t(l)];
         LayerCachePolicy pol{L.admission, L.pinned, L.small_fraction};
-        out.layers[k][size_t(l)] = evaluate_layer(m, L.order, e, uint32_t(l), layout_cache ? &pol : nullptr, nullptr, hist, &tm);
+        out.layers[k][size_t(l)] =
+            evaluate_layer(m, L.order, e, uint32_t(l), layout_cache ? &pol : nullptr, nullptr, hist, &tm);
       }
       if (progress) progress->add(1);
     } catch (...) {

@@ -17,9 +17,9 @@ struct Layout;
 class Progress;
 
 struct EvalConfig {
-  GapPolicy gap;                 // default auto
-  double cache_ratio = 0.0;      // fraction of the layer's FFN bytes held by the cache
-  CacheConfig cache;             // admission parameters, window, seed (capacity is set from cache_ratio)
+  GapPolicy gap;             // default auto
+  double cache_ratio = 0.0;  // fraction of the layer's FFN bytes held by the cache
+  CacheConfig cache;         // admission parameters, window, seed (capacity is set from cache_ratio)
   DeviceModel device;
   uint64_t bundle_bytes = 16384;
   uint64_t token_begin = 0, token_end = UINT64_MAX;  // evaluate tokens [begin, end)
@@ -28,14 +28,14 @@ struct EvalConfig {
 // Sums over the evaluated tokens of one layer.
 struct LayerEval {
   uint64_t tokens = 0;
-  uint64_t active = 0;           // active neurons
+  uint64_t active = 0;  // active neurons
   uint64_t reads = 0;
-  uint64_t bundles_read = 0;     // slots spanned by reads
+  uint64_t bundles_read = 0;  // slots spanned by reads
   uint64_t max_read_bundles = 0;
-  uint64_t bytes_read = 0;       // aligned
-  uint64_t bytes_needed = 0;     // active neurons read from flash (cache misses) x bundle bytes
-  uint64_t hits = 0;             // active neurons served from the cache
-  double io_seconds = 0;         // sum over tokens of reads * a + bytes / B
+  uint64_t bytes_read = 0;    // aligned
+  uint64_t bytes_needed = 0;  // active neurons read from flash (cache misses) x bundle bytes
+  uint64_t hits = 0;          // active neurons served from the cache
+  double io_seconds = 0;      // sum over tokens of reads * a + bytes / B
 
   void add(const LayerEval& o);
   double reads_per_token() const { return tokens ? double(reads) / double(tokens) : 0; }
@@ -58,8 +58,8 @@ struct LayerCachePolicy {
 struct TokenMajorMask {
   uint32_t n_neurons = 0;
   uint64_t begin = 0, end = 0;
-  uint64_t words = 0;            // words per token row = words_for_tokens(n_neurons)
-  std::vector<uint64_t> bits;    // (end - begin) * words
+  uint64_t words = 0;          // words per token row = words_for_tokens(n_neurons)
+  std::vector<uint64_t> bits;  // (end - begin) * words
 
   TokenMajorMask() = default;
   TokenMajorMask(const LayerMask& m, uint64_t begin, uint64_t end);
@@ -78,12 +78,11 @@ struct TokenMajorMask {
 };
 
 // order: slot -> neuron. policy (optional): the layout layer's cache policy, applied on top of cfg.cache.
-// tm (optional): m's tokens in token-major form, shared by several calls; built for this call when absent or not covering
-// the evaluated range.
+// tm (optional): m's tokens in token-major form, shared by several calls; built for this call when absent or not
+// covering the evaluated range.
 LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
-                         uint32_t layer_index, const LayerCachePolicy* policy = nullptr,
-                         LayerMask* misses = nullptr, std::vector<uint64_t>* read_lengths = nullptr,
-                         const TokenMajorMask* tm = nullptr);
+                         uint32_t layer_index, const LayerCachePolicy* policy = nullptr, LayerMask* misses = nullptr,
+                         std::vector<uint64_t>* read_lengths = nullptr, const TokenMajorMask* tm = nullptr);
 // misses (optional): set to the miss stream, a mask of the neurons that were active and not resident in the cache
 // when their token came (what the device had to read), over the evaluated tokens.
 // read_lengths (optional): counts of reads by length in bundles (index = length), grown as needed.
@@ -103,19 +102,20 @@ std::vector<LayerEval> evaluate_layer_policies(const LayerMask& m, const std::ve
 // what any better layout or cache could still gain. Negative with a sliding window (its residency is extra to K).
 double io_lower_bound_seconds(const TokenMajorMask& tm, const EvalConfig& cfg);
 
-// layout_cache: apply each layout layer's own cache policy (LayerCachePolicy). Every layer of a trace under several layouts (checked against the trace by layout_load), layers in
-// parallel: the figures nl-layout eval prints and nl-layout report tabulates. A bundle_bytes of 0 in cfg means
-// default_bundle_bytes of each layer. Read-length histograms are collected for the layers in hist_layers.
+// layout_cache: apply each layout layer's own cache policy (LayerCachePolicy). Every layer of a trace under several
+// layouts (checked against the trace by layout_load), layers in parallel: the figures nl-layout eval prints and
+// nl-layout report tabulates. A bundle_bytes of 0 in cfg means default_bundle_bytes of each layer. Read-length
+// histograms are collected for the layers in hist_layers.
 struct TraceEval {
-  std::vector<std::vector<LayerEval>> layers;   // [layout][layer]
-  std::vector<LayerEval> total;                 // [layout], summed over layers
+  std::vector<std::vector<LayerEval>> layers;                    // [layout][layer]
+  std::vector<LayerEval> total;                                  // [layout], summed over layers
   std::vector<std::vector<std::vector<uint64_t>>> read_lengths;  // [layout][index in hist_layers][length]
-  std::vector<double> bound_seconds;            // [layer] io_lower_bound_seconds (negative: not defined)
-  double bound_total = 0;                       // summed over layers (negative: not defined)
+  std::vector<double> bound_seconds;  // [layer] io_lower_bound_seconds (negative: not defined)
+  double bound_total = 0;             // summed over layers (negative: not defined)
 };
-TraceEval evaluate_trace(const TraceReader& trace, const std::vector<Layout>& layouts,
-                         const EvalConfig& cfg, const std::vector<uint32_t>& hist_layers = {},
-                         Progress* progress = nullptr, bool layout_cache = true);
+TraceEval evaluate_trace(const TraceReader& trace, const std::vector<Layout>& layouts, const EvalConfig& cfg,
+                         const std::vector<uint32_t>& hist_layers = {}, Progress* progress = nullptr,
+                         bool layout_cache = true);
 
 // Bundle bytes guessed from a layer's FFN width: OPT-style ReLU FFN with d_model = width / 4 in f16 (so 16,384
 // neurons -> 16 KiB, the paper's OPT-6.7B bundles), and the paper's 24 KiB for Llama-2-7B's 11,008.
@@ -123,5 +123,4 @@ uint64_t default_bundle_bytes(uint32_t n_neurons);
 
 }  // namespace nl
 
-namespace nl {
-}  // namespace nl
+namespace nl {}  // namespace nl

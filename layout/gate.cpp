@@ -31,7 +31,9 @@ struct Parser {
       return v;
     }
     size_t b = i;
-    auto name_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '+' || c == '#' || c == '-'; };
+    auto name_char = [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '+' || c == '#' || c == '-';
+    };
     while (i < s.size() && name_char(s[i])) ++i;
     std::string layout = s.substr(b, i - b);
     if (layout.empty()) fail("expected a number or LAYOUT.METRIC");
@@ -42,7 +44,8 @@ struct Parser {
     std::string metric = s.substr(mb, i - mb);
     if (metric.empty()) fail("expected a metric name after '" + layout + ".'");
     double v = 0;
-    if (!look(layout, metric, v)) throw UsageError("--require \"" + s + "\": unknown layout or metric '" + layout + "." + metric + "'");
+    if (!look(layout, metric, v))
+      throw UsageError("--require \"" + s + "\": unknown layout or metric '" + layout + "." + metric + "'");
     return v;
   }
   double side() {
@@ -75,10 +78,14 @@ GateResult gate_check(const std::string& expr, const GateLookup& lookup) {
   r.rhs = p.side();
   p.ws();
   if (p.i != expr.size()) p.fail("unexpected text");
-  if (op == "<=") r.ok = r.lhs <= r.rhs;
-  else if (op == "<") r.ok = r.lhs < r.rhs;
-  else if (op == ">=") r.ok = r.lhs >= r.rhs;
-  else r.ok = r.lhs > r.rhs;
+  if (op == "<=")
+    r.ok = r.lhs <= r.rhs;
+  else if (op == "<")
+    r.ok = r.lhs < r.rhs;
+  else if (op == ">=")
+    r.ok = r.lhs >= r.rhs;
+  else
+    r.ok = r.lhs > r.rhs;
   char buf[128];
   std::snprintf(buf, sizeof buf, ": %.6g %s %.6g", r.lhs, op.c_str(), r.rhs);
   r.text = expr + buf;

@@ -25,14 +25,15 @@ constexpr uint32_t kMaxWindow = 15;  // g + 1 is capped: tiny bundles would othe
 
 struct Move {
   enum Kind : uint8_t { Reverse, Shift } kind;
-  int64_t i, j;  // Reverse: positions [i, j]; Shift: segment [i, j]
-  int64_t p = 0; // Shift: insert after position p (-1 = front); p < i - 1 or p > j
+  int64_t i, j;   // Reverse: positions [i, j]; Shift: segment [i, j]
+  int64_t p = 0;  // Shift: insert after position p (-1 = front); p < i - 1 or p > j
   bool rev = false;
 };
 
 // cnt[d] += tokens at which the neuron in slot q is active and the nearest active slot before it is q - d (d <= g1),
 // over the L slots rp[0..L).
-NL_POPCNT_CLONES void window_counts_scalar(const uint64_t* const* rp, size_t L, uint32_t g1, uint32_t W, uint64_t* cnt) {
+NL_POPCNT_CLONES void window_counts_scalar(const uint64_t* const* rp, size_t L, uint32_t g1, uint32_t W,
+                                           uint64_t* cnt) {
   for (size_t q = 1; q < L; ++q) {
     uint32_t dmax = uint32_t(std::min<size_t>(g1, q));
     const uint64_t* rq = rp[q];
@@ -53,7 +54,7 @@ NL_POPCNT_CLONES void window_counts_scalar(const uint64_t* const* rp, size_t L, 
 #if defined(__x86_64__) && defined(__GNUC__)
 // The same counts, 8 token words per step (AVX-512F + VPOPCNTDQ); words past W are masked off.
 __attribute__((target("avx512f,avx512vpopcntdq"))) void window_counts_avx512(const uint64_t* const* rp, size_t L,
-                                                                               uint32_t g1, uint32_t W, uint64_t* cnt) {
+                                                                             uint32_t g1, uint32_t W, uint64_t* cnt) {
   __m512i acc[kMaxWindow + 1];
   for (uint32_t d = 0; d <= g1; ++d) acc[d] = _mm512_setzero_si512();
   for (size_t q = 1; q < L; ++q) {
@@ -207,9 +208,7 @@ struct Search {
 
   uint32_t at(int64_t k) const { return k >= 0 && k < int64_t(n) ? ord[size_t(k)] : kNone; }
   // From the layer's full count matrix when the graph holds one (an O(1) look-up), else from the mask.
-  int64_t pw(uint32_t a, uint32_t b) const {
-    return (a == kNone || b == kNone) ? 0 : int64_t(pair_count(g, m, a, b));
-  }
+  int64_t pw(uint32_t a, uint32_t b) const { return (a == kNone || b == kNone) ? 0 : int64_t(pair_count(g, m, a, b)); }
   // Change of the exact (full-trace) path weight.
   int64_t weight_delta(const Move& mv) const {
     const int64_t i = mv.i, j = mv.j;

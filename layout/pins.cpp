@@ -146,8 +146,10 @@ std::vector<uint32_t> refine_pins(const TokenMajorMask& tm, const Order& order, 
     out.clear();
     for (uint32_t v = 0; v < n; ++v) (pin[v] ? out : in).push_back(v);
     // Candidates to pin by saving (largest first), pinned ones by loss (smallest first); ties by index.
-    std::sort(in.begin(), in.end(), [&](uint32_t a, uint32_t b) { return delta[a] != delta[b] ? delta[a] > delta[b] : a < b; });
-    std::sort(out.begin(), out.end(), [&](uint32_t a, uint32_t b) { return delta[a] != delta[b] ? delta[a] < delta[b] : a < b; });
+    std::sort(in.begin(), in.end(),
+              [&](uint32_t a, uint32_t b) { return delta[a] != delta[b] ? delta[a] > delta[b] : a < b; });
+    std::sort(out.begin(), out.end(),
+              [&](uint32_t a, uint32_t b) { return delta[a] != delta[b] ? delta[a] < delta[b] : a < b; });
     // Savings are first-order (each with the rest of the set fixed), so the batch shrinks every round.
     const uint32_t limit = std::max<uint32_t>(1, k / (4u << std::min<uint32_t>(r, 20)));
     uint32_t done = 0;

@@ -15,9 +15,9 @@
 namespace nl {
 
 struct PinCost {
-  double read_us = default_device().cost.read_latency_us;            // a: one more read
+  double read_us = default_device().cost.read_latency_us;           // a: one more read
   double bundle_us = 16384 / default_device().cost.bandwidth_MBps;  // bundle_bytes / B (16 KiB): one bundle
-  uint32_t merge_gap = 2;   // the planner merges two reads across at most this many bundles (auto: g * bundle < a*B)
+  uint32_t merge_gap = 2;  // the planner merges two reads across at most this many bundles (auto: g * bundle < a*B)
 };
 
 struct PinRefineStats {

@@ -55,8 +55,8 @@ std::vector<double> coactivation_blocks(const LayerMask& m, const std::vector<ui
 namespace {
 
 // viridis at nine evenly spaced points
-const uint8_t kViridis[9][3] = {{68, 1, 84},    {71, 44, 122},  {59, 81, 139},  {44, 113, 142}, {33, 144, 141},
-                                {39, 173, 129}, {92, 200, 99},  {170, 220, 50}, {253, 231, 37}};
+const uint8_t kViridis[9][3] = {{68, 1, 84},    {71, 44, 122}, {59, 81, 139},  {44, 113, 142}, {33, 144, 141},
+                                {39, 173, 129}, {92, 200, 99}, {170, 220, 50}, {253, 231, 37}};
 
 void colour(double v, uint8_t* rgb) {
   v = std::clamp(v, 0.0, 1.0) * 8.0;
@@ -73,11 +73,20 @@ std::string html_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
     switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      default:
+        o += c;
     }
   }
   return o;
@@ -141,9 +150,9 @@ std::string histogram_svg(const std::vector<std::string>& names, const std::vect
       double v = b < share[k].size() ? share[k][b] : 0.0;
       double h = plot_h * v / ymax;
       o += "<rect x=\"" + fmt("%.1f", gx + bar_w * double(k)) + "\" y=\"" + fmt("%.1f", top + plot_h - h) +
-           "\" width=\"" + fmt("%.1f", bar_w) + "\" height=\"" + fmt("%.1f", h) + "\" fill=\"" +
-           kSeriesColours[k % 8] + "\"><title>" + html_escape(names[k]) + ", " + bin_label(b) + " bundles: " +
-           fmt("%.2f%%", 100 * v) + " of reads</title></rect>";
+           "\" width=\"" + fmt("%.1f", bar_w) + "\" height=\"" + fmt("%.1f", h) + "\" fill=\"" + kSeriesColours[k % 8] +
+           "\"><title>" + html_escape(names[k]) + ", " + bin_label(b) + " bundles: " + fmt("%.2f%%", 100 * v) +
+           " of reads</title></rect>";
     }
     o += "<text x=\"" + fmt("%.1f", left + group_w * (double(b) + 0.5)) + "\" y=\"" + std::to_string(H - bottom + 14) +
          "\" text-anchor=\"middle\">" + bin_label(b) + "</text>";
@@ -167,7 +176,8 @@ std::string eval_table(const std::vector<std::string>& names, const std::vector<
   auto ratio = [](double x, double y) { return y > 0 ? fmt("%.3f", x / y) : std::string("-"); };
   std::string o =
       "<table><tr><th>layout</th><th>reads/tok</th><th>avg_len</th><th>max_len</th><th>KiB_rd/tok</th>"
-      "<th>rd/need</th><th>hit%</th><th>io_ms/tok</th><th>rd/idn</th><th>io/idn</th><th>rd/grd</th><th>io/grd</th></tr>";
+      "<th>rd/need</th><th>hit%</th><th>io_ms/tok</th><th>rd/idn</th><th>io/idn</th><th>rd/grd</th><th>io/grd</th></"
+      "tr>";
   for (size_t k = 0; k < names.size(); ++k) {
     const LayerEval& t = *rows[k];
     o += "<tr><td>" + html_escape(names[k]) + "</td><td>" + fmt("%.2f", t.reads_per_token()) + "</td><td>" +
@@ -248,7 +258,8 @@ std::string report_html(const ReportOptions& o, Progress* progress) {
       ".maps{display:flex;flex-wrap:wrap;gap:12px}.maps figure{margin:0}.maps img{width:360px;height:360px;"
       "image-rendering:pixelated;border:1px solid #999}figcaption{font-size:13px}.legend span{margin-right:14px;"
       "font-size:13px}.legend i{display:inline-block;width:12px;height:12px;margin-right:4px}</style></head><body>\n";
-  uint64_t bb = o.eval.bundle_bytes ? o.eval.bundle_bytes : default_bundle_bytes(ti.n_neurons.empty() ? 0 : ti.n_neurons[0]);
+  uint64_t bb =
+      o.eval.bundle_bytes ? o.eval.bundle_bytes : default_bundle_bytes(ti.n_neurons.empty() ? 0 : ti.n_neurons[0]);
   h += "<h1>Layout report</h1>\n<p>Trace <code>" + html_escape(o.trace) + "</code>: model " + html_escape(ti.model) +
        ", activation <code>" + html_escape(ti.activation) + "</code>, " + std::to_string(ti.n_layers) + " layers, " +
        std::to_string(ti.n_tokens) + " tokens. Device " + html_escape(o.eval.device.name) + ", gap " +
@@ -285,12 +296,13 @@ std::string report_html(const ReportOptions& o, Progress* progress) {
       pngs[size_t(k)] = heatmap_png(coactivation_blocks(m, orders[size_t(k)], px), px);
     h += "<h2>Layer " + std::to_string(l) + "</h2>\n<p>" + std::to_string(m.n_neurons) +
          " neurons. Co-activation counts of neuron pairs (both active at a token; a neuron with itself left out), "
-         "slots in " + std::to_string(px) + " blocks of " + fmt("%.4g", double(m.n_neurons) / px) +
+         "slots in " +
+         std::to_string(px) + " blocks of " + fmt("%.4g", double(m.n_neurons) / px) +
          " each, summed per block pair; log colour scale from white (none) through purple to yellow (most).</p>\n"
          "<div class=\"maps\">";
     for (size_t k = 0; k < pngs.size(); ++k)
-      h += "<figure><img alt=\"" + html_escape(captions[k]) + "\" src=\"data:image/png;base64," + base64_encode(pngs[k]) +
-           "\"><figcaption>" + html_escape(captions[k]) + "</figcaption></figure>";
+      h += "<figure><img alt=\"" + html_escape(captions[k]) + "\" src=\"data:image/png;base64," +
+           base64_encode(pngs[k]) + "\"><figcaption>" + html_escape(captions[k]) + "</figcaption></figure>";
     h += "</div>\n<h3>Read lengths</h3>\n";
     std::vector<std::vector<uint64_t>> hists;
     for (size_t k = 0; k < lays.size(); ++k) hists.push_back(te.read_lengths[k][i]);

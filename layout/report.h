@@ -14,11 +14,11 @@ namespace nl {
 class Progress;
 
 struct ReportOptions {
-  std::string trace;                  // held-out trace (trace v1)
-  std::vector<std::string> layouts;   // layout JSON files
-  std::vector<uint32_t> layers;       // layers drawn (the eval table covers every layer)
-  EvalConfig eval;                    // bundle_bytes 0 = from each layer's width
-  uint32_t pixels = 512;              // heatmap side (capped at the layer width)
+  std::string trace;                 // held-out trace (trace v1)
+  std::vector<std::string> layouts;  // layout JSON files
+  std::vector<uint32_t> layers;      // layers drawn (the eval table covers every layer)
+  EvalConfig eval;                   // bundle_bytes 0 = from each layer's width
+  uint32_t pixels = 512;             // heatmap side (capped at the layer width)
 };
 
 // Co-activation counts summed over blocks: with the neurons laid out in `order` (slot -> neuron) and slots

@@ -101,7 +101,8 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
           std::vector<size_t> idx;
           for (size_t k = 0; k < pols.size(); ++k)
             if (pols[k].pinned.size() < cap) idx.push_back(k);
-          std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return es[a].io_seconds < es[b].io_seconds; });
+          std::stable_sort(idx.begin(), idx.end(),
+                           [&](size_t a, size_t b) { return es[a].io_seconds < es[b].io_seconds; });
           std::vector<LayerCachePolicy> more;
           for (size_t i = 0; i < idx.size() && i < 2; ++i) {
             LayerCachePolicy q = pols[idx[i]];
@@ -132,9 +133,10 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
         // The same capacity pinned where the pins save the most reads and bytes under this order's read plans.
         if (can_pin && opt.pin_rounds > 0) {
           PinCost pc_cost{lo.read_us, lo.bundle_us, lo.merge_gap};
-          std::vector<uint32_t> refined = refine_pins(tm, o, hot_pins, g.freq, pc_cost, opt.pin_rounds,
-                                                      opt.ls.sample_tokens, &r.pins);
-          if (r.pins.swaps > 0) refined_pins = refined, cands.push_back(LayerCachePolicy{opt.admission, std::move(refined)});
+          std::vector<uint32_t> refined =
+              refine_pins(tm, o, hot_pins, g.freq, pc_cost, opt.pin_rounds, opt.ls.sample_tokens, &r.pins);
+          if (r.pins.swaps > 0)
+            refined_pins = refined, cands.push_back(LayerCachePolicy{opt.admission, std::move(refined)});
         }
         try_order(o, cands, r.io_ms_ls);
       }

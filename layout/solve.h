@@ -17,16 +17,17 @@ namespace nl {
 struct SolveOptions {
   std::string method = "greedy+ls";
   uint64_t seed = 1;
-  uint32_t top_k = 256;  // candidates per neuron: greedy matches an every-pair Algorithm 1 on the presets (docs/workloads.md)
+  uint32_t top_k =
+      256;  // candidates per neuron: greedy matches an every-pair Algorithm 1 on the presets (docs/workloads.md)
   uint32_t rcm_min_count = 1;
   // greedy / greedy+ls count the full pair matrix and run Algorithm 1 over every pair when it fits in this many
   // bytes per layer (n(n-1)/2 x 4: 512 MiB at 16,384 neurons); else over the top-k lists. On the dense presets
   // top-k truncation costs greedy a lot (Llama-2: 4.94 with k = 256 vs 6.65 with k = 4,096; docs/solvers.md).
   uint64_t full_matrix_bytes = uint64_t(1) << 30;
   // The device objective greedy+ls optimises and its guard measures (same settings as nl-layout eval).
-  EvalConfig eval;               // gap, cache ratio, device, bundle bytes (0 = default for the layer width)
-  LsOptions ls;                  // merge gap / costs are filled in from `eval` by solve_layer
-  double hot_share = 0.0;        // variant 1: hot block kept at the end for the S3-FIFO cache (rejected experiment)
+  EvalConfig eval;         // gap, cache ratio, device, bundle bytes (0 = default for the layer width)
+  LsOptions ls;            // merge gap / costs are filled in from `eval` by solve_layer
+  double hot_share = 0.0;  // variant 1: hot block kept at the end for the S3-FIFO cache (rejected experiment)
   // greedy+ls co-designs the layout with the cache at the same capacity: admission "all" (plain S3-FIFO, which
   // keeps the neurons of persistent runs; linking-aligned admission rejects them) and, when pin_share > 0, a
   // variant that pins the hottest pin_share x capacity neurons (they leave the path). The variant that is best on
@@ -38,28 +39,29 @@ struct SolveOptions {
   // Each cache candidate with an S3-FIFO part is also tried with this small-FIFO share (recorded per layer as
   // `small_fraction`); 0 = only S3-FIFO's 10 %.
   double small_fraction = 0.5;
-  bool miss_stream = false;      // also try greedy + search on the miss stream's co-activation
+  bool miss_stream = false;       // also try greedy + search on the miss stream's co-activation
   uint64_t guard_tokens = 16384;  // profile tokens (a prefix) the guard compares pipelines on
-  bool guard_weight = true;      // a variant must keep the greedy path weight (gap-0 reads without a cache)
+  bool guard_weight = true;       // a variant must keep the greedy path weight (gap-0 reads without a cache)
   // Deterministic search budget when ls.max_evaluations is 0: this many move evaluations per neuron.
   uint32_t evaluations_per_neuron = 4;
 };
 
 struct LayerSolve {
   Order order;
-  LayerCachePolicy cache;        // the cache policy the order was designed for (greedy+ls); empty = evaluator's
-  uint64_t objective = 0;        // path weight
+  LayerCachePolicy cache;  // the cache policy the order was designed for (greedy+ls); empty = evaluator's
+  uint64_t objective = 0;  // path weight
   double upper_bound = 0;
   GreedyStats greedy;
   LsStats ls;
-  PinRefineStats pins;           // greedy+ls: the pinned set refined for the searched order
-  bool pins_refined = false;     // the kept policy pins the refined set (not the hottest)
+  PinRefineStats pins;        // greedy+ls: the pinned set refined for the searched order
+  bool pins_refined = false;  // the kept policy pins the refined set (not the hottest)
   bool guard_kept_seed = false;
   // greedy+ls: profile-trace I/O ms/token of the paper's pipeline and of each variant: the search, pinned-hot,
   // miss-stream and ends-in (layout/span.h) ones (0 = not tried, or refused by the weight guard)
   double io_ms_greedy = 0, io_ms_ls = 0, io_ms_pinned = 0, io_ms_miss = 0, io_ms_span = 0;
   uint64_t weight_miss_greedy = 0, weight_miss = 0;  // miss-stream variant: full-trace path weights
-  double seconds_count = 0, seconds_greedy = 0, seconds_ls = 0;  // time split  // greedy+ls: the search result was not better on the profile trace
+  double seconds_count = 0, seconds_greedy = 0,
+         seconds_ls = 0;  // time split  // greedy+ls: the search result was not better on the profile trace
   double seconds = 0;
 };
 

@@ -240,21 +240,21 @@ Order solve_greedy_subset(const LayerGraph& g, const LayerMask* mask, const std:
   if (!g.upper.empty()) {
     greedy_every_pair(g, in, n_in, pb, st, first_band);
   } else {
-  std::vector<Edge> edges;
-  edges.reserve(size_t(n) * g.k);
-  for (uint32_t v = 0; v < n; ++v)
-    for (uint32_t e = 0; e < (g.k && in(v) ? g.nbr_len[v] : 0); ++e) {
-      uint32_t u = g.nbr[size_t(v) * g.k + e];
-      uint64_t c = g.nbr_cnt[size_t(v) * g.k + e];
-      if (u != v && c > 0 && in(u)) edges.push_back({c, std::min(u, v), std::max(u, v)});
-    }
-  std::sort(edges.begin(), edges.end(), edge_before);
-  edges.erase(std::unique(edges.begin(), edges.end(),
-                          [](const Edge& a, const Edge& b) { return a.u == b.u && a.v == b.v; }),
-              edges.end());
-  st.candidates = edges.size();
-  for (const Edge& e : edges)
-    if (pb.try_link(e.u, e.v)) ++st.accepted;
+    std::vector<Edge> edges;
+    edges.reserve(size_t(n) * g.k);
+    for (uint32_t v = 0; v < n; ++v)
+      for (uint32_t e = 0; e < (g.k && in(v) ? g.nbr_len[v] : 0); ++e) {
+        uint32_t u = g.nbr[size_t(v) * g.k + e];
+        uint64_t c = g.nbr_cnt[size_t(v) * g.k + e];
+        if (u != v && c > 0 && in(u)) edges.push_back({c, std::min(u, v), std::max(u, v)});
+      }
+    std::sort(edges.begin(), edges.end(), edge_before);
+    edges.erase(
+        std::unique(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) { return a.u == b.u && a.v == b.v; }),
+        edges.end());
+    st.candidates = edges.size();
+    for (const Edge& e : edges)
+      if (pb.try_link(e.u, e.v)) ++st.accepted;
   }
 
   // Fragment endpoints (degree < 2). Continue Algorithm 1 over their exact pair counts.
@@ -265,9 +265,9 @@ Order solve_greedy_subset(const LayerGraph& g, const LayerMask* mask, const std:
   for (uint32_t v : ends) st.fragments += pb.deg[v] == 0 ? 2 : 1;
   st.fragments /= 2;
   // Fragment joining continues Algorithm 1 over the endpoints' own co-activation counts: the endpoints' rows
-  // (on at most kJoinWords evenly spread words, so the cost stays a fraction of the count at paper scale) go through the same
-  // fast counting kernel with top-kJoinK lists, their pairs are tried by decreasing count; rounds repeat on the
-  // endpoints still free (each round's lists are exact on the sample, so pairs that failed stay failed).
+  // (on at most kJoinWords evenly spread words, so the cost stays a fraction of the count at paper scale) go through
+  // the same fast counting kernel with top-kJoinK lists, their pairs are tried by decreasing count; rounds repeat on
+  // the endpoints still free (each round's lists are exact on the sample, so pairs that failed stay failed).
   if (mask && mask->words > 0) {
     constexpr uint64_t kJoinWords = 128;
     constexpr uint32_t kJoinK = 8;
@@ -293,7 +293,8 @@ Order solve_greedy_subset(const LayerGraph& g, const LayerMask* mask, const std:
           if (u != v) ee.push_back({sg.nbr_cnt[size_t(a) * sg.k + e], std::min(u, v), std::max(u, v)});
         }
       std::sort(ee.begin(), ee.end(), edge_before);
-      ee.erase(std::unique(ee.begin(), ee.end(), [](const Edge& x, const Edge& y) { return x.u == y.u && x.v == y.v; }), ee.end());
+      ee.erase(std::unique(ee.begin(), ee.end(), [](const Edge& x, const Edge& y) { return x.u == y.u && x.v == y.v; }),
+               ee.end());
       uint64_t got = 0;
       for (const Edge& e : ee)
         if (pb.try_link(e.u, e.v)) ++got;

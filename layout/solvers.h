@@ -30,7 +30,7 @@ struct GreedyStats {
 namespace detail {
 // Every-pair greedy: pairs collected per band of counts (64 MiB of candidates by default; tests make bands tiny).
 extern uint64_t greedy_band_pairs;
-}
+}  // namespace detail
 
 // The links Algorithm 1 accepts, in acceptance order, as (u, v) with u < v.
 using Links = std::vector<std::pair<uint32_t, uint32_t>>;
@@ -40,10 +40,11 @@ using Links = std::vector<std::pair<uint32_t, uint32_t>>;
 // both ends have fewer than two links and union-find finds no cycle. Fragments left when neurons exhaust
 // their candidates are joined by the same rule over co-activation counts between fragment endpoints (each
 // endpoint's 8 heaviest endpoint partners, counted from `mask` when given on at most 8,192 evenly spread
-// tokens with the fast counting kernel, in up to 3 rounds), and finally in index order (O(F log F)). Returns the path walked from its smaller-index end.
-// first_band (optional, full-matrix greedy only): the first band of pairs (count >= lo, in Algorithm 1's order)
-// is stored there by the first run on g and reused by later runs on g, on subsets too (the subset's pairs are
-// the band's pairs with both ends included), instead of scanning the matrix again. Same links either way.
+// tokens with the fast counting kernel, in up to 3 rounds), and finally in index order (O(F log F)). Returns the path
+// walked from its smaller-index end. first_band (optional, full-matrix greedy only): the first band of pairs (count >=
+// lo, in Algorithm 1's order) is stored there by the first run on g and reused by later runs on g, on subsets too (the
+// subset's pairs are the band's pairs with both ends included), instead of scanning the matrix again. Same links either
+// way.
 struct GreedyFirstBand {
   struct Edge {
     uint64_t count;

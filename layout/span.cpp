@@ -85,15 +85,15 @@ uint64_t span_bundles(const TokenMajorMask& tm, const Order& order, const std::v
 namespace {
 
 struct TokenSpan {
-  uint32_t count = 0;                // needed slots
-  uint32_t lo1 = 0, lo2 = 0;         // the two smallest needed slots (lo2 valid when count >= 2)
-  uint32_t hi1 = 0, hi2 = 0;         // the two largest (hi1 the largest)
+  uint32_t count = 0;         // needed slots
+  uint32_t lo1 = 0, lo2 = 0;  // the two smallest needed slots (lo2 valid when count >= 2)
+  uint32_t hi1 = 0, hi2 = 0;  // the two largest (hi1 the largest)
 };
 
 }  // namespace
 
-Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned,
-                  const SpanCost& c, uint32_t passes, uint64_t max_tokens, uint64_t max_work, double* saved_us) {
+Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned, const SpanCost& c,
+                  uint32_t passes, uint64_t max_tokens, uint64_t max_work, double* saved_us) {
   const uint32_t n = tm.n_neurons;
   if (order.size() != n) throw InternalError("polish_span: order length does not match the layer");
   if (c.block_bytes == 0 || c.bundle_bytes == 0) throw InternalError("polish_span: zero block or bundle bytes");
@@ -124,10 +124,14 @@ Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vecto
       if (s.count == 0) {
         s.lo1 = s.lo2 = s.hi1 = s.hi2 = q;
       } else {
-        if (q < s.lo1) s.lo2 = s.lo1, s.lo1 = q;
-        else if (s.count == 1 || q < s.lo2) s.lo2 = q;
-        if (q > s.hi1) s.hi2 = s.hi1, s.hi1 = q;
-        else if (s.count == 1 || q > s.hi2) s.hi2 = q;
+        if (q < s.lo1)
+          s.lo2 = s.lo1, s.lo1 = q;
+        else if (s.count == 1 || q < s.lo2)
+          s.lo2 = q;
+        if (q > s.hi1)
+          s.hi2 = s.hi1, s.hi1 = q;
+        else if (s.count == 1 || q > s.hi2)
+          s.hi2 = q;
       }
       ++s.count;
     });
@@ -159,9 +163,12 @@ Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vecto
         double d = 0;
         size_t a = 0, b = 0;
         while (a < tu.size() || b < tw.size()) {  // tokens of u only: i -> j; of w only: j -> i; of both: same
-          if (b == tw.size() || (a < tu.size() && tu[a] < tw[b])) d += moved(sp[tu[a++]], i, j);
-          else if (a == tu.size() || tw[b] < tu[a]) d += moved(sp[tw[b++]], j, i);
-          else ++a, ++b;
+          if (b == tw.size() || (a < tu.size() && tu[a] < tw[b]))
+            d += moved(sp[tu[a++]], i, j);
+          else if (a == tu.size() || tw[b] < tu[a])
+            d += moved(sp[tw[b++]], j, i);
+          else
+            ++a, ++b;
         }
         if (d >= -1e-9) continue;
         std::swap(o[i], o[j]);

@@ -3,8 +3,8 @@
 // runs from its first to its last needed slot and the order only decides how much lies between. The expected span
 // is the sum over the cuts between slots of P(something needed on both sides), so the ends should hold neurons
 // that are rarely needed, and needed together. solve_ends_in builds the order from both ends inwards: each step
-// adds, at the end whose union of tokens would be the smaller after it, the neuron that grows that union least (the "peel"); what is left
-// meets in the middle. The local search's windows (a few slots) cannot see this objective.
+// adds, at the end whose union of tokens would be the smaller after it, the neuron that grows that union least (the
+// "peel"); what is left meets in the middle. The local search's windows (a few slots) cannot see this objective.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -14,10 +14,10 @@
 
 namespace nl {
 
-// The peel of the neurons with include[v] != 0 on tm's tokens (ties: the smaller growth, the left end, the smaller neuron index):
-// `left` from the left end inwards, `right` from the right end inwards, and after each step the tokens that end's
-// union covers. The order is left followed by right reversed. Deterministic. O(n^2 + nnz) for n neurons and nnz
-// active (neuron, token) pairs.
+// The peel of the neurons with include[v] != 0 on tm's tokens (ties: the smaller growth, the left end, the smaller
+// neuron index): `left` from the left end inwards, `right` from the right end inwards, and after each step the tokens
+// that end's union covers. The order is left followed by right reversed. Deterministic. O(n^2 + nnz) for n neurons and
+// nnz active (neuron, token) pairs.
 struct EndsIn {
   Order left, right;
   std::vector<uint64_t> cover_left, cover_right;
@@ -42,8 +42,7 @@ struct SpanCost {
 // tokens (0 = all), in at most `passes` passes over all pairs (first improvement, slots in ascending order),
 // stopping once the pairs tried have visited `max_work` tokens (0 = no limit; the budget keeps it deterministic).
 // Pinned neurons keep their slots. `saved_us` (optional) gets the cost saved on those tokens.
-Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned,
-                  const SpanCost& c, uint32_t passes, uint64_t max_tokens = 0, uint64_t max_work = 0,
-                  double* saved_us = nullptr);
+Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned, const SpanCost& c,
+                  uint32_t passes, uint64_t max_tokens = 0, uint64_t max_work = 0, double* saved_us = nullptr);
 
 }  // namespace nl

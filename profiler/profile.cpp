@@ -11,8 +11,8 @@
 #include <exception>
 #include <memory>
 
-#include "formats/core/error.h"
 #include "formats/core/atomic_file.h"
+#include "formats/core/error.h"
 #include "formats/core/rng.h"
 #include "formats/trace.h"
 #include "profiler/tokenizer.h"
@@ -52,9 +52,9 @@ struct MaskObserver : FfnObserver {
       : rule(r), thresholds(th), hidden(hid), counts(c) {}
   int base = 0;  // position of active[0]
   void on_ffn(int layer, int pos0, int n, const float* a, const float*) override {
-    const float thr = rule.kind == ActivationRule::Kind::kRelu ? 0.0f
+    const float thr = rule.kind == ActivationRule::Kind::kRelu  ? 0.0f
                       : rule.kind == ActivationRule::Kind::kAbs ? float(rule.value)
-                                                                 : float(thresholds[size_t(layer)]);
+                                                                : float(thresholds[size_t(layer)]);
     const bool relu = rule.kind == ActivationRule::Kind::kRelu;
     auto& cnt = counts[size_t(layer)];
     for (int t = 0; t < n; ++t) {
@@ -79,7 +79,8 @@ ActivationRule ActivationRule::parse(const std::string& s) {
   auto number = [&s](const std::string& text) {
     char* end = nullptr;
     const double v = std::strtod(text.c_str(), &end);
-    if (text.empty() || *end != '\0' || !std::isfinite(v)) throw UsageError("activation rule '" + s + "': '" + text + "' is not a number");
+    if (text.empty() || *end != '\0' || !std::isfinite(v))
+      throw UsageError("activation rule '" + s + "': '" + text + "' is not a number");
     return v;
   };
   if (s == "relu>0") {
@@ -87,7 +88,8 @@ ActivationRule ActivationRule::parse(const std::string& s) {
   } else if (s.rfind("abs>calibrated:", 0) == 0 || s.rfind("calibrated:", 0) == 0) {
     r.kind = Kind::kCalibrated;
     r.value = number(s.substr(s.find(':') + 1));
-    if (!(r.value > 0.0 && r.value < 1.0)) throw UsageError("activation rule '" + s + "': the target fraction must be in (0, 1)");
+    if (!(r.value > 0.0 && r.value < 1.0))
+      throw UsageError("activation rule '" + s + "': the target fraction must be in (0, 1)");
   } else if (s.rfind("abs>", 0) == 0) {
     r.kind = Kind::kAbs;
     r.value = number(s.substr(4));
@@ -100,9 +102,12 @@ ActivationRule ActivationRule::parse(const std::string& s) {
 
 std::string ActivationRule::trace_name() const {
   switch (kind) {
-    case Kind::kRelu: return "relu>0";
-    case Kind::kAbs: return "abs>" + format_threshold(value);
-    case Kind::kCalibrated: return "abs>calibrated:" + format_threshold(value);
+    case Kind::kRelu:
+      return "relu>0";
+    case Kind::kAbs:
+      return "abs>" + format_threshold(value);
+    case Kind::kCalibrated:
+      return "abs>calibrated:" + format_threshold(value);
   }
   return "";
 }

@@ -58,12 +58,12 @@ void split_corpus(const Corpus& all, double test_fraction, uint64_t seed, Corpus
 std::vector<double> calibrate_thresholds(Model& model, const Corpus& calib, double target, uint64_t max_tokens);
 
 struct ProfileOptions {
-  std::string model_name;                 // root attribute `model`
+  std::string model_name;  // root attribute `model`
   ActivationRule rule;
-  std::vector<double> thresholds;         // per layer, for kCalibrated (from calibrate_thresholds)
-  int batch_tokens = 0;                   // tokens per forward call; 0 = whole sequence, 1 = token by token
+  std::vector<double> thresholds;  // per layer, for kCalibrated (from calibrate_thresholds)
+  int batch_tokens = 0;            // tokens per forward call; 0 = whole sequence, 1 = token by token
   bool store_tokens = true;
-  uint32_t block_tokens = 4096;           // trace writer flush granularity
+  uint32_t block_tokens = 4096;  // trace writer flush granularity
   // Called after each sequence with (tokens done, tokens total); the CLI prints progress from it.
   std::function<void(uint64_t, uint64_t)> progress;
 };
@@ -71,12 +71,12 @@ struct ProfileOptions {
 struct ProfileResult {
   uint64_t n_tokens = 0;
   uint64_t n_sequences = 0;
-  double seconds = 0.0;                   // wall time of forward passes + mask streaming
-  std::vector<uint32_t> n_neurons;        // per layer
+  double seconds = 0.0;                       // wall time of forward passes + mask streaming
+  std::vector<uint32_t> n_neurons;            // per layer
   std::vector<std::vector<uint64_t>> counts;  // [layer][neuron]: tokens at which the neuron fired
-  std::vector<double> active_fraction;    // per layer
-  std::string activation;                 // the rule as stored in the trace
-  std::vector<double> thresholds;         // per layer when the rule has one
+  std::vector<double> active_fraction;        // per layer
+  std::string activation;                     // the rule as stored in the trace
+  std::vector<double> thresholds;             // per layer when the rule has one
 };
 
 // Runs the dense model over `corpus` and writes the trace to `out_path` (atomic). Sequences are independent, so

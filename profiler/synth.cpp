@@ -60,7 +60,8 @@ class Rng {
  public:
   // One independent stream per (seed, layer, purpose).
   Rng(uint64_t seed, uint64_t layer, uint64_t purpose) {
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ (layer + 1) * 0xC2B2AE3D27D4EB4Full ^ (purpose + 7) * 0x165667B19E3779F9ull;
+    uint64_t x =
+        seed * 0x9E3779B97F4A7C15ull ^ (layer + 1) * 0xC2B2AE3D27D4EB4Full ^ (purpose + 7) * 0x165667B19E3779F9ull;
     for (auto& w : s_) w = splitmix64_next(x);  // xoshiro256** seeded by splitmix64, as its authors advise
   }
   uint64_t next() {
@@ -73,7 +74,7 @@ class Rng {
     s_[3] = rotl(s_[3], 45);
     return r;
   }
-  double uniform() { return double(next() >> 11) * 0x1.0p-53; }          // [0, 1)
+  double uniform() { return double(next() >> 11) * 0x1.0p-53; }  // [0, 1)
   uint64_t below(uint64_t n) { return uint64_t((unsigned __int128)next() * n >> 64); }
   double normal() {  // Box–Muller, both values used
     if (has_spare_) {
@@ -115,9 +116,9 @@ struct Layer {
   const SynthPreset& p;
   const SynthStructure st;
   Rng rng;
-  std::vector<double> rate_now;      // group rates under the current global factor
+  std::vector<double> rate_now;  // group rates under the current global factor
   std::vector<uint8_t> group_on, gate, background;
-  std::vector<uint8_t> prev;         // active at the previous token of this sequence
+  std::vector<uint8_t> prev;  // active at the previous token of this sequence
   bool have_prev = false;
 
   Layer(const SynthPreset& pr, uint64_t seed, uint32_t layer, SynthSplit split)
@@ -213,10 +214,10 @@ std::string split_name(SynthSplit s) { return s == SynthSplit::Profile ? "profil
 double normal_quantile(double p) {
   if (!(p > 0.0 && p < 1.0)) throw InternalError("normal_quantile: p outside (0, 1)");
   // Acklam's rational approximation, then one Halley step on erfc for full double precision.
-  static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02,
+  static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02,  -2.759285104469687e+02,
                              1.383577518672690e+02,  -3.066479806614716e+01, 2.506628277459239e+00};
   static const double b[] = {-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02,
-                             6.680131188771972e+01,  -1.328068155288572e+01};
+                             6.680131188771972e+01, -1.328068155288572e+01};
   static const double c[] = {-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00,
                              -2.549732539343734e+00, 4.374664141464968e+00,  2.938163982698783e+00};
   static const double d[] = {7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00,
@@ -271,9 +272,10 @@ SynthPreset synth_preset_load(const std::string& path) {
     throw InputError(path, std::string("not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw InputError(path, "a workload preset must be a JSON object");
-  only_keys(j, {"format", "version", "name", "model", "description", "paper", "shape", "activity", "groups",
-                "global", "stay"},
-            "", path);
+  only_keys(
+      j,
+      {"format", "version", "name", "model", "description", "paper", "shape", "activity", "groups", "global", "stay"},
+      "", path);
   const json& fmt = member(j, "format", "", path);
   if (!fmt.is_string() || fmt.get<std::string>() != "neuralink-workload")
     throw InputError(path, "format must be \"neuralink-workload\"");
@@ -354,14 +356,16 @@ SynthStructure synth_structure(const SynthPreset& p, uint64_t seed, uint32_t lay
   auto expected = [&](double scale, std::vector<double>* per_neuron) {
     for (uint32_t g = 0; g < G; ++g) {
       q[g] = std::max(1e-12, std::min(p.max_group_rate, scale * weight[g]));
-      for (size_t k = 0; k < nodes.size(); ++k) qu[g * nodes.size() + k] = modulated_rate(q[g], p.density_swing, nodes[k]);
+      for (size_t k = 0; k < nodes.size(); ++k)
+        qu[g * nodes.size() + k] = modulated_rate(q[g], p.density_swing, nodes[k]);
     }
     double total = 0;
     for (uint32_t v = 0; v < n; ++v) {
       double f = 0;
       for (size_t k = 0; k < nodes.size(); ++k) {
         double off = 1 - s.background;
-        for (uint32_t j = 0; j < m; ++j) off *= 1 - p.fire_probability * qu[s.groups[size_t(v) * m + j] * nodes.size() + k];
+        for (uint32_t j = 0; j < m; ++j)
+          off *= 1 - p.fire_probability * qu[s.groups[size_t(v) * m + j] * nodes.size() + k];
         f += 1 - off;
       }
       f /= double(nodes.size());
@@ -399,8 +403,8 @@ std::vector<uint32_t> synth_frequency_order(const std::vector<uint64_t>& counts)
 SynthStats synth_write(const SynthPreset& p, const SynthRun& run, const std::string& path) {
   synth_preset_validate(p, "preset '" + p.name + "'");
   const uint32_t L = p.layers;
-  const uint32_t seqs = run.sequences ? run.sequences
-                                      : (run.split == SynthSplit::Profile ? p.profile_sequences : p.test_sequences);
+  const uint32_t seqs =
+      run.sequences ? run.sequences : (run.split == SynthSplit::Profile ? p.profile_sequences : p.test_sequences);
   if (!run.frequency_order.empty() && run.frequency_order.size() != L)
     throw InternalError("synth_write: frequency_order must have one order per layer");
   std::vector<std::vector<uint32_t>> slot_of(run.frequency_order.size());
@@ -442,7 +446,7 @@ SynthStats synth_write(const SynthPreset& p, const SynthRun& run, const std::str
           else
             layer_ptrs[l]->step();
           layer_ptrs[l]->emit(act[l][i], stats.layers[l], stats.counts[l], slot_of.empty() ? nullptr : &slot_of[l],
-                         scratch, t + 1 < p.tokens_per_sequence);
+                              scratch, t + 1 < p.tokens_per_sequence);
         }
       }
       for (uint32_t i = 0; i < nb; ++i) {
@@ -451,7 +455,8 @@ SynthStats synth_write(const SynthPreset& p, const SynthRun& run, const std::str
         writer.add_token(token);
         for (uint32_t l = 0; l < L; ++l) token[l].swap(act[l][i]);
       }
-      if (run.progress) run.progress(uint64_t(s) * p.tokens_per_sequence + t0 + nb, uint64_t(seqs) * p.tokens_per_sequence);
+      if (run.progress)
+        run.progress(uint64_t(s) * p.tokens_per_sequence + t0 + nb, uint64_t(seqs) * p.tokens_per_sequence);
     }
   }
   writer.close();

@@ -72,9 +72,11 @@ std::vector<std::vector<int32_t>> read_token_id_file(const std::string& path, in
       }
       int64_t v = 0;
       size_t j = i;
-      while (j < line.size() && line[j] >= '0' && line[j] <= '9' && v <= int64_t(1) << 31) v = v * 10 + (line[j++] - '0');
+      while (j < line.size() && line[j] >= '0' && line[j] <= '9' && v <= int64_t(1) << 31)
+        v = v * 10 + (line[j++] - '0');
       if (j == i || (j < line.size() && line[j] != ' ' && line[j] != '\t' && line[j] != '\r'))
-        throw InputError(path, "line " + std::to_string(lineno) + ": '" + line.substr(i, line.find_first_of(" \t", i) - i) +
+        throw InputError(path, "line " + std::to_string(lineno) + ": '" +
+                                   line.substr(i, line.find_first_of(" \t", i) - i) +
                                    "' is not a token id (non-negative integer)");
       if (v >= vocab_size)
         throw InputError(path, "line " + std::to_string(lineno) + ": token id " + std::to_string(v) +

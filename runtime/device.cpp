@@ -23,8 +23,8 @@ std::string opt_string(const json& j, const char* key, const std::string& fallba
 int64_t opt_int(const json& j, const char* key, int64_t fallback, int64_t lo, int64_t hi, const std::string& path) {
   if (!j.contains(key)) return fallback;
   const json& v = j[key];
-  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi)) ||
-      v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi)) || v.get<int64_t>() < lo ||
+      v.get<int64_t>() > hi)
     throw InputError(path, std::string("'") + key + "' must be an integer in [" + std::to_string(lo) + ", " +
                                std::to_string(hi) + "]");
   return v.get<int64_t>();

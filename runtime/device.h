@@ -18,13 +18,13 @@ struct CostFit {
 struct DeviceModel {
   std::string name;
   std::string description;
-  uint32_t queue_depth = 1;    // reads in flight at the operating point `cost` describes
-  uint32_t block_bytes = 4096; // alignment of direct reads
-  CostFit cost;                // at queue_depth: what eval's estimated I/O time and --gap auto use
+  uint32_t queue_depth = 1;     // reads in flight at the operating point `cost` describes
+  uint32_t block_bytes = 4096;  // alignment of direct reads
+  CostFit cost;                 // at queue_depth: what eval's estimated I/O time and --gap auto use
   bool has_qd1 = false;
-  CostFit qd1;                 // one read in flight (optional)
+  CostFit qd1;  // one read in flight (optional)
   std::vector<std::string> sources;
-  std::string json_extra;      // "measured" samples, kept verbatim when re-written
+  std::string json_extra;  // "measured" samples, kept verbatim when re-written
 
   std::string to_json() const;
 };

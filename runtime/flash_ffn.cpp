@@ -28,18 +28,25 @@ void add(FlashCounters& a, const FlashCounters& b) {
 }  // namespace
 
 bool cache_policy_mode_parse(const std::string& s, CachePolicyMode* out) {
-  if (s == "manifest") *out = CachePolicyMode::kManifest;
-  else if (s == "linking-aligned") *out = CachePolicyMode::kLinkingAligned;
-  else if (s == "all") *out = CachePolicyMode::kAll;
-  else return false;
+  if (s == "manifest")
+    *out = CachePolicyMode::kManifest;
+  else if (s == "linking-aligned")
+    *out = CachePolicyMode::kLinkingAligned;
+  else if (s == "all")
+    *out = CachePolicyMode::kAll;
+  else
+    return false;
   return true;
 }
 
 const char* cache_policy_mode_name(CachePolicyMode m) {
   switch (m) {
-    case CachePolicyMode::kManifest: return "manifest";
-    case CachePolicyMode::kLinkingAligned: return "linking-aligned";
-    case CachePolicyMode::kAll: return "all";
+    case CachePolicyMode::kManifest:
+      return "manifest";
+    case CachePolicyMode::kLinkingAligned:
+      return "linking-aligned";
+    case CachePolicyMode::kAll:
+      return "all";
   }
   return "?";
 }
@@ -63,7 +70,8 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
   make_caches();
   if (o.select == SelectMode::kLowRank) {
     if (c.act != FfnAct::kRelu)
-      throw UsageError("--select lowrank predicts ReLU sparsity; this model's FFN activation is SiLU (every neuron fires)");
+      throw UsageError(
+          "--select lowrank predicts ReLU sparsity; this model's FFN activation is SiLU (every neuron fires)");
     if (o.lowrank_rank < 1) throw UsageError("--select lowrank:R needs R >= 1");
   }
   row_bytes_ = image_row_bytes(m_.dtype, size_t(c.dim));
@@ -125,8 +133,12 @@ void FlashFfn::make_caches() {
           cache_apply_policy(cc, m_.cache_policy[size_t(l)].admission, m_.cache_policy[size_t(l)].pinned,
                              m_.cache_policy[size_t(l)].small_fraction);
         break;
-      case CachePolicyMode::kLinkingAligned: cc.linking_aligned = true; break;
-      case CachePolicyMode::kAll: cc.linking_aligned = false; break;
+      case CachePolicyMode::kLinkingAligned:
+        cc.linking_aligned = true;
+        break;
+      case CachePolicyMode::kAll:
+        cc.linking_aligned = false;
+        break;
     }
     caches_.push_back(cc.capacity > 0 || cc.window_tokens > 0 ? std::make_unique<SlotCache>(hidden, cc) : nullptr);
     load_pinned(l, cc.pinned);
@@ -223,7 +235,8 @@ const uint8_t* FlashFfn::bundle(int layer, uint32_t slot) const {
   }
   auto s = store_[size_t(layer)].find(slot);
   if (s == store_[size_t(layer)].end())
-    throw InternalError("slot " + std::to_string(slot) + " of layer " + std::to_string(layer) + " neither read nor cached");
+    throw InternalError("slot " + std::to_string(slot) + " of layer " + std::to_string(layer) +
+                        " neither read nor cached");
   return s->second.data();
 }
 
@@ -254,8 +267,8 @@ void FlashFfn::load(int layer) {
   token_.bytes_needed += uint64_t(plan_.needed) * m_.bundle_bytes;
   token_.cache_hits += plan_.hits.size();
   if (cache) {
-    // plan() has already recorded this token in the cache (hits, admissions, window). Keep the bytes of newly resident slots (any slot this token's reads covered may be admitted, gap slots
-    // included).
+    // plan() has already recorded this token in the cache (hits, admissions, window). Keep the bytes of newly resident
+    // slots (any slot this token's reads covered may be admitted, gap slots included).
     auto& st = store_[size_t(layer)];
     for (const ReadOp& r : plan_.reads)
       for (uint32_t s = r.slot_begin; s < r.slot_end; ++s)
@@ -296,7 +309,8 @@ void FlashFfn::compute(int layer, float* out, bool gate_in_bundle) {
     bundles_[i] = bundle(layer, active_[i]);
     h_[i] = g_[active_[i]];  // the gate values of the listed neurons, in list order
   }
-  kernels::ffn_bundles(m_.dtype, m_.config.dim, xq_, gate_in_bundle ? nullptr : h_.data(), bundles_.data(), int(n), out);
+  kernels::ffn_bundles(m_.dtype, m_.config.dim, xq_, gate_in_bundle ? nullptr : h_.data(), bundles_.data(), int(n),
+                       out);
 }
 
 void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out, FfnObserver* observer) {
@@ -380,7 +394,8 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
       // CATS: keep |act| > t (ReLU: act > max(0, t)); the mass kept is measured on the same activations.
       const float thr = opt_.act_threshold[size_t(layer)];
       size_t k = 0;
-      for (int s = 0; s < hidden; ++s) thr_.mass_total += std::fabs(double(c.act == FfnAct::kRelu ? std::max(0.0f, g_[size_t(s)]) : g_[size_t(s)]));
+      for (int s = 0; s < hidden; ++s)
+        thr_.mass_total += std::fabs(double(c.act == FfnAct::kRelu ? std::max(0.0f, g_[size_t(s)]) : g_[size_t(s)]));
       for (uint32_t s : active_) {
         const float a = std::fabs(g_[s]);
         if (a > thr) {

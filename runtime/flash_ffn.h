@@ -53,11 +53,11 @@ const char* cache_policy_mode_name(CachePolicyMode m);
 struct FlashFfnOptions {
   SelectMode select = SelectMode::kGate;
   GapPolicy gap{GapMode::Off, 0};
-  CostFit cost;               // device cost model (--gap auto)
-  double cache_ratio = 0;     // fraction of each layer's FFN bytes held in DRAM
-  CacheConfig cache;          // admission parameters, window, seed (capacity and per-layer seed are derived)
+  CostFit cost;            // device cost model (--gap auto)
+  double cache_ratio = 0;  // fraction of each layer's FFN bytes held in DRAM
+  CacheConfig cache;       // admission parameters, window, seed (capacity and per-layer seed are derived)
   CachePolicyMode cache_policy = CachePolicyMode::kManifest;
-  int lowrank_rank = 0;       // lowrank: R
+  int lowrank_rank = 0;              // lowrank: R
   std::vector<float> act_threshold;  // threshold: t per layer (|act(gate x)| > t fires; ReLU models: act > t)
 };
 
@@ -72,13 +72,13 @@ struct ThresholdCounters {
 // Totals (and, per token, the same figures summed over layers).
 struct FlashCounters {
   uint64_t tokens = 0;
-  uint64_t active = 0;        // active neurons (layer-tokens summed)
-  uint64_t reads = 0;         // planned reads issued
-  uint64_t bytes_read = 0;    // aligned bytes read from the image
-  uint64_t bytes_needed = 0;  // bundle bytes of active neurons not served by the cache
-  uint64_t cache_hits = 0;    // active neurons served from DRAM
-  double io_seconds = 0;      // wall time inside the I/O engine
-  double compute_seconds = 0; // wall time of the sparse FFN arithmetic (gate, up, down)
+  uint64_t active = 0;         // active neurons (layer-tokens summed)
+  uint64_t reads = 0;          // planned reads issued
+  uint64_t bytes_read = 0;     // aligned bytes read from the image
+  uint64_t bytes_needed = 0;   // bundle bytes of active neurons not served by the cache
+  uint64_t cache_hits = 0;     // active neurons served from DRAM
+  double io_seconds = 0;       // wall time inside the I/O engine
+  double compute_seconds = 0;  // wall time of the sparse FFN arithmetic (gate, up, down)
 };
 
 class FlashFfn : public FfnProvider {
@@ -120,14 +120,14 @@ class FlashFfn : public FfnProvider {
   const ImageManifest& m_;
   std::vector<ReadPlanner> planners_;
   std::vector<std::unique_ptr<SlotCache>> caches_;
-  std::vector<std::vector<uint32_t>> slot_of_;      // per layer: original neuron -> slot
-  size_t row_bytes_ = 0;                            // one bundle part (gate row, up row or down column)
-  std::vector<std::vector<uint8_t>> gate_bytes_;    // gate / lowrank: [slot] gate rows per layer, stored dtype
-  std::vector<AlignedBuffer> region_;               // dense: every FFN region in DRAM
-  std::vector<WeightView> gate_view_;               // per layer: the gate rows (gate_bytes_ or inside region_)
-  kernels::PreparedX xq_;                           // the token's normalised input, as the kernels want it
-  std::vector<float> h_;                            // per active neuron: act(gate)
-  std::vector<const uint8_t*> bundles_;             // per active neuron: its bundle's bytes
+  std::vector<std::vector<uint32_t>> slot_of_;    // per layer: original neuron -> slot
+  size_t row_bytes_ = 0;                          // one bundle part (gate row, up row or down column)
+  std::vector<std::vector<uint8_t>> gate_bytes_;  // gate / lowrank: [slot] gate rows per layer, stored dtype
+  std::vector<AlignedBuffer> region_;             // dense: every FFN region in DRAM
+  std::vector<WeightView> gate_view_;             // per layer: the gate rows (gate_bytes_ or inside region_)
+  kernels::PreparedX xq_;                         // the token's normalised input, as the kernels want it
+  std::vector<float> h_;                          // per active neuron: act(gate)
+  std::vector<const uint8_t*> bundles_;           // per active neuron: its bundle's bytes
   std::vector<std::unordered_map<uint32_t, std::vector<uint8_t>>> store_;  // cached bundles' bytes
   TokenPlan plan_;
   AlignedBuffer staging_;
@@ -144,9 +144,9 @@ class FlashFfn : public FfnProvider {
   std::vector<uint64_t> read_pos_;  // staging position of each read of the current plan
   // Lowrank predictor.
   LowRankPhase phase_ = LowRankPhase::kExact;
-  std::vector<LowRankFactors> lowrank_;         // per layer, rows in slot order
-  std::vector<float> threshold_;                // per layer
-  std::vector<std::vector<float>> calib_;       // per layer: scores of neurons that fired during calibration
+  std::vector<LowRankFactors> lowrank_;    // per layer, rows in slot order
+  std::vector<float> threshold_;           // per layer
+  std::vector<std::vector<float>> calib_;  // per layer: scores of neurons that fired during calibration
   uint64_t calib_samples_ = 0;
   PredictorCounters pred_;
   std::vector<float> score_, tmp_;

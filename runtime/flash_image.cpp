@@ -55,7 +55,8 @@ void FlashImage::read_region(size_t index, AlignedBuffer* buf) {
   // Large regions in 8 MiB pieces: the engines see reads of a realistic size.
   constexpr uint64_t kPiece = 8u << 20;
   std::vector<ReadSpan> spans;
-  for (uint64_t o = 0; o < bytes; o += kPiece) spans.push_back({r.offset + o, std::min(kPiece, bytes - o), buf->data() + o});
+  for (uint64_t o = 0; o < bytes; o += kPiece)
+    spans.push_back({r.offset + o, std::min(kPiece, bytes - o), buf->data() + o});
   io_->read(spans.data(), spans.size());
   const uint64_t got = xxh64_of(buf->data(), r.bytes);
   if (got != r.xxh64)

@@ -10,9 +10,9 @@ namespace nl {
 
 struct LowRankFactors {
   int rows = 0, cols = 0, rank = 0;
-  std::vector<float> a;        // [rows][rank] = G V_R (U_R S_R)
-  std::vector<float> b;        // [rank][cols] = V_R^T
-  std::vector<double> sigma;   // the R leading singular values, descending
+  std::vector<float> a;       // [rows][rank] = G V_R (U_R S_R)
+  std::vector<float> b;       // [rank][cols] = V_R^T
+  std::vector<double> sigma;  // the R leading singular values, descending
 
   // scores[r] = sum_k a[r][k] * (b x)[k] for every row; `tmp` is scratch of `rank` floats.
   void predict(const float* x, float* scores, float* tmp) const;

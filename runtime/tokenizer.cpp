@@ -19,13 +19,16 @@ class Llama2cTokenizer : public Tokenizer {
     size_t off = 0;
     auto take = [&](void* dst, size_t n, const char* what) {
       if (off + n > data.size())
-        throw InputError(path, std::string("ends inside ") + what + " of token " + std::to_string(vocab_.size()) + " (truncated)");
+        throw InputError(
+            path, std::string("ends inside ") + what + " of token " + std::to_string(vocab_.size()) + " (truncated)");
       std::memcpy(dst, data.data() + off, n);
       off += n;
     };
     int32_t max_len = 0;
     take(&max_len, 4, "the header");
-    if (max_len <= 0 || max_len > 4096) throw InputError(path, "max_token_length " + std::to_string(max_len) + " is out of range; not a llama2.c tokenizer?");
+    if (max_len <= 0 || max_len > 4096)
+      throw InputError(path,
+                       "max_token_length " + std::to_string(max_len) + " is out of range; not a llama2.c tokenizer?");
     while (off < data.size()) {
       float score;
       int32_t len;
@@ -67,7 +70,10 @@ class Llama2cTokenizer : public Tokenizer {
       } else {
         for (size_t k = 0; k < n; ++k) {
           const int id = byte_id_[static_cast<unsigned char>(text[i + k])];
-          if (id < 0) throw InputError(path_, "cannot encode byte " + std::to_string(int(static_cast<unsigned char>(text[i + k]))) + ": no <0xXX> token");
+          if (id < 0)
+            throw InputError(path_, "cannot encode byte " +
+                                        std::to_string(int(static_cast<unsigned char>(text[i + k]))) +
+                                        ": no <0xXX> token");
           ids.push_back(id);
         }
       }
@@ -80,7 +86,8 @@ class Llama2cTokenizer : public Tokenizer {
     std::string out;
     int32_t prev = -1;
     for (int32_t t : ids) {
-      if (t < 0 || size_t(t) >= vocab_.size()) throw UsageError("token id " + std::to_string(t) + " outside the vocabulary");
+      if (t < 0 || size_t(t) >= vocab_.size())
+        throw UsageError("token id " + std::to_string(t) + " outside the vocabulary");
       if (t == bos_id() || t == eos_id()) {
         prev = t;
         continue;
@@ -123,7 +130,8 @@ class Llama2cTokenizer : public Tokenizer {
       const int right = next[size_t(left)];
       if (left < 0 || right >= n) return;
       auto it = index_.find(vocab_[size_t(tok[size_t(left)])] + vocab_[size_t(tok[size_t(right)])]);
-      if (it != index_.end()) pq.push({scores_[size_t(it->second)], left, tok[size_t(left)], tok[size_t(right)], it->second});
+      if (it != index_.end())
+        pq.push({scores_[size_t(it->second)], left, tok[size_t(left)], tok[size_t(right)], it->second});
     };
     for (int i = 0; i + 1 < n; ++i) consider(i);
     std::vector<char> alive(size_t(n), 1);
@@ -147,7 +155,9 @@ class Llama2cTokenizer : public Tokenizer {
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> open_llama2c_tokenizer(const std::string& path) { return std::make_unique<Llama2cTokenizer>(path); }
+std::unique_ptr<Tokenizer> open_llama2c_tokenizer(const std::string& path) {
+  return std::make_unique<Llama2cTokenizer>(path);
+}
 
 bool is_sentencepiece_file(const std::string& path) {
   const std::string head = read_file(path, 256u << 20).substr(0, 4);

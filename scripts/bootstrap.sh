@@ -11,7 +11,7 @@
 set -euo pipefail
 
 declare -A GROUP
-GROUP[build]="build-essential cmake ninja-build pkg-config git libboost-graph-dev libhdf5-dev libcli11-dev nlohmann-json3-dev doctest-dev liburing-dev libxxhash-dev libsentencepiece-dev sentencepiece libstb-dev libdeflate-dev python3 python3-h5py python3-numpy"
+GROUP[build]="build-essential cmake ninja-build pkg-config git libboost-graph-dev libhdf5-dev libcli11-dev nlohmann-json3-dev doctest-dev liburing-dev libxxhash-dev libsentencepiece-dev sentencepiece libstb-dev libdeflate-dev python3 python3-h5py python3-numpy clang-format"
 GROUP[demo]="fortunes fortunes-min jargon-text bible-kjv"
 GROUP[cross]="g++-aarch64-linux-gnu qemu-user-static"
 GROUP[report]="chromium"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks every tracked C++ file (*.h, *.cpp, *.hpp, *.cc) against the checked-in .clang-format: prints each file
 # clang-format would change and exits 1 if there is any (0 when all follow it, 2 when clang-format is missing).
-# Fix a file with `clang-format -i FILE`. Not registered in the test suite yet (the tree is not formatted yet).
+# Fix a file with `clang-format -i FILE`. Registered in the test suite as `clang_format` (tests/CMakeLists.txt).
 #   scripts/check_format.sh [FILE...]      default: every tracked C++ file
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -85,7 +85,8 @@ TEST_CASE("docs/cli.md names every subcommand and option") {
     for (const auto& sub : subcommands(bin)) {
       const std::string head = std::string("### `") + bin + " " + sub;
       size_t a = doc.find(head);
-      while (a != std::string::npos && doc[a + head.size()] != ' ' && doc[a + head.size()] != '`') a = doc.find(head, a + 1);
+      while (a != std::string::npos && doc[a + head.size()] != ' ' && doc[a + head.size()] != '`')
+        a = doc.find(head, a + 1);
       CHECK_MESSAGE(a != std::string::npos, "docs/cli.md has no section '" << head << "'");
       if (a == std::string::npos) continue;
       ++subs;

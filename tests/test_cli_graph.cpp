@@ -63,7 +63,8 @@ void write_trace(const std::string& path, const std::vector<LayerMask>& masks) {
 }  // namespace
 
 TEST_CASE("nl-layout graph writes the library's counts; graph-merge of shards equals one run") {
-  std::vector<LayerMask> masks = {random_mask(50, 900, 0.2, 1), random_mask(20, 900, 0.4, 2), random_mask(33, 900, 0.1, 3)};
+  std::vector<LayerMask> masks = {random_mask(50, 900, 0.2, 1), random_mask(20, 900, 0.4, 2),
+                                  random_mask(33, 900, 0.1, 3)};
   write_trace("cli_g_trace.h5", masks);
   REQUIRE(run("graph --trace cli_g_trace.h5 --out cli_g.h5 --top-k 7 --layers 0,2 -q").code == 0);
   {
@@ -119,7 +120,7 @@ TEST_CASE("nl-layout graph writes the library's counts; graph-merge of shards eq
   std::stringstream ss;
   ss << o.rdbuf();
   CHECK(ss.str().find("\"seconds\"") != std::string::npos);
-  for (auto p : {"cli_g_trace.h5", "cli_g.h5", "cli_g_s0.h5", "cli_g_s1.h5", "cli_g_p0.h5", "cli_g_p1.h5", "cli_g_all.h5",
-                 "cli_g_m.h5", "cli_g_text.h5", "cli_graph_out.txt", "cli_graph_err.txt"})
+  for (auto p : {"cli_g_trace.h5", "cli_g.h5", "cli_g_s0.h5", "cli_g_s1.h5", "cli_g_p0.h5", "cli_g_p1.h5",
+                 "cli_g_all.h5", "cli_g_m.h5", "cli_g_text.h5", "cli_graph_out.txt", "cli_graph_err.txt"})
     std::remove(p);
 }

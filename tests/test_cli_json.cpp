@@ -17,8 +17,8 @@
 #include "formats/core/image_writer.h"
 #include "formats/trace.h"
 #include "image_test_util.h"
-#include "trace_test_util.h"
 #include "layout/synthetic.h"
+#include "trace_test_util.h"
 
 namespace fs = std::filesystem;
 using namespace nl;
@@ -107,8 +107,8 @@ TEST_CASE("every subcommand that prints figures accepts --json and prints JSON")
   for (const char* b : {"nl-profile", "nl-layout", "nl-run"})
     for (const auto& s : subcommands(b)) {
       present.insert(std::string(b) + " " + s);
-      CHECK_MESSAGE(known.count(std::string(b) + " " + s), b << " " << s
-                                                             << ": new subcommand; give it --json and an entry here");
+      CHECK_MESSAGE(known.count(std::string(b) + " " + s),
+                    b << " " << s << ": new subcommand; give it --json and an entry here");
     }
   CHECK(present.size() >= 12);
   int checked = 0;

@@ -90,8 +90,9 @@ TEST_CASE("SIGKILL during nl-profile run leaves the previous trace intact and no
     for (int i = 0; i < 3000; ++i)
       t << "Once upon a time, there was a little dog named Spot " << i << ". He liked to play in the park.\n\n";
   }
-  const std::vector<std::string> small = {"run", "-q", "--model", bin, "--tokenizer", tok, "--text", tmp("story.txt"),
-                                          "--max-tokens", "300", "--seq-len", "64", "--out", tmp("p.h5")};
+  const std::vector<std::string> small = {
+      "run",          "-q",  "--model",   bin,  "--tokenizer", tok,        "--text", tmp("story.txt"),
+      "--max-tokens", "300", "--seq-len", "64", "--out",       tmp("p.h5")};
   REQUIRE(reap(spawn("nl-profile", small)) == 0);
   const std::string before = read_file(tmp("p.h5"));
   REQUIRE(TraceReader(tmp("p.h5")).info().n_tokens > 0);
@@ -135,12 +136,13 @@ TEST_CASE("SIGKILL at any moment of nl-layout solve: the final name holds the ol
   }
   trace_write(tmp("solve.h5"), o, masks, {0});
   const std::string out = tmp("layout.json");
-  REQUIRE(reap(spawn("nl-layout", {"-q", "solve", "--trace", tmp("solve.h5"), "--method", "identity", "--out", out})) == 0);
+  REQUIRE(reap(spawn("nl-layout", {"-q", "solve", "--trace", tmp("solve.h5"), "--method", "identity", "--out", out})) ==
+          0);
   const std::string before = read_file(out);
   int killed_running = 0;
   for (int delay_ms : {0, 5, 20, 50, 100, 200, 400, 800, 1600}) {
-    const pid_t pid = spawn("nl-layout", {"-q", "solve", "--trace", tmp("solve.h5"), "--method", "greedy+ls",
-                                          "--kicks", "50", "--out", out});
+    const pid_t pid = spawn("nl-layout", {"-q", "solve", "--trace", tmp("solve.h5"), "--method", "greedy+ls", "--kicks",
+                                          "50", "--out", out});
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     ::kill(pid, SIGKILL);
     const int rc = reap(pid);

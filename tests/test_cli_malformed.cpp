@@ -30,7 +30,8 @@ std::string tmp(const std::string& n) {
 void expect_input_error(const std::string& binary, const std::string& args, const std::string& file,
                         const std::string& needle) {
   const std::string err = tmp("stderr");
-  const int st = std::system((std::string(NL_BINARY_DIR) + "/cli/" + binary + " " + args + " >/dev/null 2>" + err).c_str());
+  const int st =
+      std::system((std::string(NL_BINARY_DIR) + "/cli/" + binary + " " + args + " >/dev/null 2>" + err).c_str());
   INFO(binary << " " << args);
   REQUIRE(WIFEXITED(st));  // not killed by a signal
   const std::string msg = read_file(err);
@@ -84,20 +85,24 @@ TEST_CASE("nl-profile, nl-layout and nl-run refuse malformed files with one line
   // Model file: size mismatch and absurd header, through profile run.
   write_file_atomic(tmp("short.bin"), model_bytes.substr(0, model_bytes.size() - 8));
   write_file_atomic(tmp("ids.txt"), "1 2 3\n");
-  expect_input_error("nl-profile", "-q run --model " + tmp("short.bin") + " --token-ids " + tmp("ids.txt") + " --out " +
-                                       tmp("p.h5"), tmp("short.bin"), "truncated");
+  expect_input_error("nl-profile",
+                     "-q run --model " + tmp("short.bin") + " --token-ids " + tmp("ids.txt") + " --out " + tmp("p.h5"),
+                     tmp("short.bin"), "truncated");
   std::string absurd = model_bytes;
   const int32_t huge = 1 << 30;
   std::memcpy(absurd.data() + 4, &huge, 4);
   write_file_atomic(tmp("absurd.bin"), absurd);
-  expect_input_error("nl-profile", "-q run --model " + tmp("absurd.bin") + " --token-ids " + tmp("ids.txt") + " --out " +
-                                       tmp("p.h5"), tmp("absurd.bin"), "out of range");
+  expect_input_error("nl-profile",
+                     "-q run --model " + tmp("absurd.bin") + " --token-ids " + tmp("ids.txt") + " --out " + tmp("p.h5"),
+                     tmp("absurd.bin"), "out of range");
   CHECK_FALSE(fs::exists(tmp("p.h5")));
 
   // Tokenizer: truncated inside a token.
   write_file_atomic(tmp("tok.bin"), std::string("\x10\0\0\0\0\0\0\0\x05\0\0\0ab", 14));
-  expect_input_error("nl-profile", "-q run --model " + tmp("model.bin") + " --tokenizer " + tmp("tok.bin") +
-                                       " --text " + tmp("ids.txt") + " --out " + tmp("p.h5"), tmp("tok.bin"), "truncated");
+  expect_input_error("nl-profile",
+                     "-q run --model " + tmp("model.bin") + " --tokenizer " + tmp("tok.bin") + " --text " +
+                         tmp("ids.txt") + " --out " + tmp("p.h5"),
+                     tmp("tok.bin"), "truncated");
 
   // Manifest: future version and an overlap, through generate.
   std::string future = manifest;
@@ -107,7 +112,9 @@ TEST_CASE("nl-profile, nl-layout and nl-run refuse malformed files with one line
   write_file_atomic(tmp("model.nlw.json"), manifest);
 
   // Device profile: wrong type, through eval.
-  write_file_atomic(tmp("dev.json"), R"({"format":"neuralink-device","version":1,"read_latency_us":"fast","bandwidth_MBps":1})");
-  expect_input_error("nl-layout", "eval --trace " + tmp("trace.h5") + " --device " + tmp("dev.json") + " --layout " +
-                                      tmp("good.json"), tmp("dev.json"), "read_latency_us");
+  write_file_atomic(tmp("dev.json"),
+                    R"({"format":"neuralink-device","version":1,"read_latency_us":"fast","bandwidth_MBps":1})");
+  expect_input_error(
+      "nl-layout", "eval --trace " + tmp("trace.h5") + " --device " + tmp("dev.json") + " --layout " + tmp("good.json"),
+      tmp("dev.json"), "read_latency_us");
 }

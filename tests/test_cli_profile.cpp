@@ -66,7 +66,8 @@ TEST_CASE("nl-profile run: text -> profile + test traces with a JSON summary" *
 
   // Bad input: one line, exit 3 (file) or 2 (usage).
   std::ofstream(tmp("bad.bin")) << "this is not a model at all, just text padding to 28+ bytes";
-  r = run("run --model " + tmp("bad.bin") + " --tokenizer " + tok + " --text " + tmp("story.txt") + " --out " + tmp("x.h5"));
+  r = run("run --model " + tmp("bad.bin") + " --tokenizer " + tok + " --text " + tmp("story.txt") + " --out " +
+          tmp("x.h5"));
   CHECK(r.code == 3);
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   CHECK(r.err.rfind("nl-profile: error: " + tmp("bad.bin") + ": ", 0) == 0);

@@ -17,8 +17,8 @@
 #include "formats/trace.h"
 #include "image_test_util.h"
 #include "layout/synthetic.h"
-#include "trace_test_util.h"
 #include "skip_util.h"
+#include "trace_test_util.h"
 
 namespace fs = std::filesystem;
 using namespace nl;
@@ -52,8 +52,10 @@ TEST_CASE("progress: plain lines to a file, silence with --quiet, a bar on a ter
   };
   const std::vector<Case> cases = {
       {bin + "nl-layout graph --trace prog_tmp/t.h5 --out prog_tmp/g.h5 --full", "graph: 3/3 layers (100%)"},
-      {bin + "nl-layout graph-merge prog_tmp/g.h5 prog_tmp/g.h5 --out prog_tmp/gm.h5", "graph-merge: 3/3 layers (100%)"},
-      {bin + "nl-layout solve --trace prog_tmp/t.h5 --method greedy --out prog_tmp/l.json", "solve greedy: 3/3 layers (100%)"},
+      {bin + "nl-layout graph-merge prog_tmp/g.h5 prog_tmp/g.h5 --out prog_tmp/gm.h5",
+       "graph-merge: 3/3 layers (100%)"},
+      {bin + "nl-layout solve --trace prog_tmp/t.h5 --method greedy --out prog_tmp/l.json",
+       "solve greedy: 3/3 layers (100%)"},
       {bin + "nl-layout eval --trace prog_tmp/t.h5 --layout prog_tmp/l.json", "eval: 3/3 layers (100%)"},
       {bin + "nl-layout report --trace prog_tmp/t.h5 --layout prog_tmp/l.json --layers all --out prog_tmp/r.html",
        "report: 4/4 steps (100%)"},

@@ -67,12 +67,18 @@ std::string base64_decode(const std::string& s) {
   int bits = 0;
   for (char c : s) {
     int d;
-    if (c >= 'A' && c <= 'Z') d = c - 'A';
-    else if (c >= 'a' && c <= 'z') d = c - 'a' + 26;
-    else if (c >= '0' && c <= '9') d = c - '0' + 52;
-    else if (c == '+') d = 62;
-    else if (c == '/') d = 63;
-    else break;
+    if (c >= 'A' && c <= 'Z')
+      d = c - 'A';
+    else if (c >= 'a' && c <= 'z')
+      d = c - 'a' + 26;
+    else if (c >= '0' && c <= '9')
+      d = c - '0' + 52;
+    else if (c == '+')
+      d = 62;
+    else if (c == '/')
+      d = 63;
+    else
+      break;
     v = (v << 6) | uint32_t(d);
     bits += 6;
     if (bits >= 8) {
@@ -116,13 +122,14 @@ TEST_CASE("base64 and heatmap PNG") {
   std::vector<double> b = {0, 1, 10, 1000};
   std::string png = heatmap_png(b, 2);
   int w = 0, h = 0, ch = 0;
-  unsigned char* px = stbi_load_from_memory(reinterpret_cast<const unsigned char*>(png.data()), int(png.size()), &w, &h, &ch, 3);
+  unsigned char* px =
+      stbi_load_from_memory(reinterpret_cast<const unsigned char*>(png.data()), int(png.size()), &w, &h, &ch, 3);
   REQUIRE(px);
   CHECK(w == 2);
   CHECK(h == 2);
-  CHECK((px[0] == 255 && px[1] == 255 && px[2] == 255));        // zero -> white
-  CHECK((px[9] == 253 && px[10] == 231 && px[11] == 37));       // maximum -> viridis yellow
-  CHECK(px[3] + px[4] + px[5] < px[6] + px[7] + px[8]);         // log scale: darker below the maximum
+  CHECK((px[0] == 255 && px[1] == 255 && px[2] == 255));   // zero -> white
+  CHECK((px[9] == 253 && px[10] == 231 && px[11] == 37));  // maximum -> viridis yellow
+  CHECK(px[3] + px[4] + px[5] < px[6] + px[7] + px[8]);    // log scale: darker below the maximum
   stbi_image_free(px);
 }
 
@@ -146,7 +153,8 @@ TEST_CASE("nl-layout report: page content, eval figures, determinism, bad input,
     size_t e = html.find('"', p);
     std::string png = base64_decode(html.substr(p + 7, e - p - 7));
     int w = 0, h = 0, ch = 0;
-    unsigned char* px = stbi_load_from_memory(reinterpret_cast<const unsigned char*>(png.data()), int(png.size()), &w, &h, &ch, 3);
+    unsigned char* px =
+        stbi_load_from_memory(reinterpret_cast<const unsigned char*>(png.data()), int(png.size()), &w, &h, &ch, 3);
     REQUIRE(px);
     CHECK(w == 256);
     CHECK(h == 256);
@@ -160,8 +168,8 @@ TEST_CASE("nl-layout report: page content, eval figures, determinism, bad input,
   auto ej = nlohmann::json::parse(out);
   for (const auto& row : ej["layouts"]) {
     char cell[128];
-    std::snprintf(cell, sizeof cell, "<tr><td>%s</td><td>%.2f</td><td>%.2f</td>", row["name"].get<std::string>().c_str(),
-                  row["reads"].get<double>(), row["avg_len"].get<double>());
+    std::snprintf(cell, sizeof cell, "<tr><td>%s</td><td>%.2f</td><td>%.2f</td>",
+                  row["name"].get<std::string>().c_str(), row["reads"].get<double>(), row["avg_len"].get<double>());
     CHECK_MESSAGE(html.find(cell) != std::string::npos, cell);
   }
   // Byte-identical on a second run; --quiet prints nothing on stderr.
@@ -183,10 +191,12 @@ TEST_CASE("nl-layout report: page content, eval figures, determinism, bad input,
   std::remove("rep_shot.png");
   char cwd[4096];
   REQUIRE(::getcwd(cwd, sizeof cwd));
-  std::string cmd = std::string("dir=$(mktemp -d) && timeout 240 ") + chromium +
-                    " --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking"
-                    " --disable-component-update --disable-sync --user-data-dir=$dir --screenshot=rep_shot.png"
-                    " --window-size=1200,2000 file://" + cwd + "/rep.html > rep_chromium.txt 2>&1; rc=$?; rm -rf $dir; exit $rc";
+  std::string cmd =
+      std::string("dir=$(mktemp -d) && timeout 240 ") + chromium +
+      " --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking"
+      " --disable-component-update --disable-sync --user-data-dir=$dir --screenshot=rep_shot.png"
+      " --window-size=1200,2000 file://" +
+      cwd + "/rep.html > rep_chromium.txt 2>&1; rc=$?; rm -rf $dir; exit $rc";
   int st = std::system(cmd.c_str());
   INFO(read_file("rep_chromium.txt"));
   REQUIRE((WIFEXITED(st) && WEXITSTATUS(st) == 0));
@@ -208,8 +218,8 @@ TEST_CASE("nl-layout report: page content, eval figures, determinism, bad input,
   }
   stbi_image_free(px);
   double n = double(w) * h, var = sum2 / n - (sum / n) * (sum / n);
-  MESSAGE("screenshot: " << 100.0 * non_white / n << "% non-white, " << 100.0 * coloured / n << "% coloured, grey variance "
-                         << var);
+  MESSAGE("screenshot: " << 100.0 * non_white / n << "% non-white, " << 100.0 * coloured / n
+                         << "% coloured, grey variance " << var);
   CHECK(non_white > n * 0.05);
   CHECK(coloured > n * 0.03);
   CHECK(var > 500);

@@ -31,12 +31,14 @@ std::string tmp(const std::string& n) { return fs::absolute("cli_synth_tmp/" + n
 Result run(const std::string& args) {
   fs::create_directories("cli_synth_tmp");
   const std::string o = tmp("stdout"), e = tmp("stderr");
-  const int rc = std::system((std::string(NL_BINARY_DIR) + "/cli/nl-profile synth " + args + " >" + o + " 2>" + e).c_str());
+  const int rc =
+      std::system((std::string(NL_BINARY_DIR) + "/cli/nl-profile synth " + args + " >" + o + " 2>" + e).c_str());
   return {WEXITSTATUS(rc), slurp(o), slurp(e)};
 }
 
 const std::string kPreset = std::string(NL_SOURCE_DIR) + "/configs/workloads/opt-350m.json";
-const std::string kShape = " --layers 2 --neurons 512 --profile-sequences 6 --test-sequences 3 --tokens-per-sequence 40";
+const std::string kShape =
+    " --layers 2 --neurons 512 --profile-sequences 6 --test-sequences 3 --tokens-per-sequence 40";
 
 }  // namespace
 

@@ -55,11 +55,14 @@ TEST_CASE("trace_hooks.py on a torch Llama agrees with nl-profile run" *
     }
   }
   const std::string common = " --token-ids hooks_tmp/ids.txt --seq-len 64 ";
-  REQUIRE(sh(prof + " -q run --model hooks_tmp/silu" + common + "--activation 'abs>0.3' --out hooks_tmp/c_silu.h5") == 0);
-  REQUIRE(sh(prof + " -q run --model hooks_tmp/relu" + common + "--activation 'relu>0' --out hooks_tmp/c_relu.h5") == 0);
+  REQUIRE(sh(prof + " -q run --model hooks_tmp/silu" + common + "--activation 'abs>0.3' --out hooks_tmp/c_silu.h5") ==
+          0);
+  REQUIRE(sh(prof + " -q run --model hooks_tmp/relu" + common + "--activation 'relu>0' --out hooks_tmp/c_relu.h5") ==
+          0);
   const std::string src = NL_SOURCE_DIR;
-  int rc = sh(py + " " + src + "/tests/trace_hooks_check.py " + src +
-              " hooks_tmp/silu hooks_tmp/relu hooks_tmp/ids.txt 64 0.3 hooks_tmp/c_silu.h5 hooks_tmp/c_relu.h5 hooks_tmp/py_");
+  int rc = sh(
+      py + " " + src + "/tests/trace_hooks_check.py " + src +
+      " hooks_tmp/silu hooks_tmp/relu hooks_tmp/ids.txt 64 0.3 hooks_tmp/c_silu.h5 hooks_tmp/c_relu.h5 hooks_tmp/py_");
   INFO(nl::read_file("hooks_out.txt") << nl::read_file("hooks_err.txt"));
   CHECK(rc == 0);
   MESSAGE("trace_hooks vs nl-profile: " << nl::read_file("hooks_out.txt"));

@@ -68,7 +68,8 @@ void check_against(const LayerGraph& g, const Naive& ref, uint32_t k, bool full)
     std::vector<std::pair<uint32_t, uint32_t>> all;  // (count, u)
     for (uint32_t u = 0; u < ref.n; ++u)
       if (u != v && ref.at(v, u) > 0) all.emplace_back(ref.at(v, u), u);
-    std::sort(all.begin(), all.end(), [](auto a, auto b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+    std::sort(all.begin(), all.end(),
+              [](auto a, auto b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
     const size_t len = std::min<size_t>(all.size(), k);
     REQUIRE_MESSAGE(g.nbr_len[v] == len, "neuron " << v);
     for (size_t e = 0; e < len; ++e) {
@@ -89,8 +90,10 @@ std::vector<PopcountKernel> supported_kernels() {
 std::vector<std::pair<CountMethod, PopcountKernel>> supported_configs() {
   std::vector<std::pair<CountMethod, PopcountKernel>> cs;
   for (auto k : supported_kernels()) cs.emplace_back(CountMethod::Dense, k);
-  if (count_method_supported(CountMethod::Sparse)) cs.emplace_back(CountMethod::Sparse, PopcountKernel::Auto);
-  else MESSAGE("sparse counting not supported on this CPU (needs AVX-512 F/BW/VBMI2): not tested here");
+  if (count_method_supported(CountMethod::Sparse))
+    cs.emplace_back(CountMethod::Sparse, PopcountKernel::Auto);
+  else
+    MESSAGE("sparse counting not supported on this CPU (needs AVX-512 F/BW/VBMI2): not tested here");
   return cs;
 }
 
@@ -103,9 +106,9 @@ struct Shape {
 }  // namespace
 
 TEST_CASE("every kernel equals a naive double loop on random layers") {
-  const Shape shapes[] = {{0, 100, 0.3},  {1, 100, 0.5},  {2, 65, 0.5},    {3, 1, 1.0},    {5, 63, 0.4},
-                          {7, 64, 0.2},   {13, 200, 0.0}, {17, 129, 1.0},  {131, 333, 0.1}, {257, 1000, 0.05},
-                          {130, 0, 0.5},  {9, 40000, 0.02}, {66, 4097, 0.3}};
+  const Shape shapes[] = {{0, 100, 0.3}, {1, 100, 0.5},    {2, 65, 0.5},   {3, 1, 1.0},     {5, 63, 0.4},
+                          {7, 64, 0.2},  {13, 200, 0.0},   {17, 129, 1.0}, {131, 333, 0.1}, {257, 1000, 0.05},
+                          {130, 0, 0.5}, {9, 40000, 0.02}, {66, 4097, 0.3}};
   uint64_t seed = 1;
   for (const Shape& s : shapes) {
     LayerMask m = random_mask(s.n, s.tokens, s.p, seed++);
@@ -154,7 +157,8 @@ TEST_CASE("kernels agree with each other and with the pair reference on a larger
 }
 
 TEST_CASE("sparse equals dense across column-block (512) and token-block (16,384) boundaries" *
-          nl::test::skip_unless(count_method_supported(CountMethod::Sparse), "sparse counting not supported on this CPU")) {
+          nl::test::skip_unless(count_method_supported(CountMethod::Sparse),
+                                "sparse counting not supported on this CPU")) {
   // Skewed rates: some rows have far more than 16 x 14 active tokens per block (byte-counter widening).
   for (auto [n, tokens, p] : {std::tuple<uint32_t, uint64_t, double>{600, 40001, 0.01}, {515, 3000, 0.9}}) {
     LayerMask m = random_mask(n, tokens, p, n);
@@ -179,8 +183,10 @@ TEST_CASE("method dispatch") {
   CHECK_THROWS_AS(count_method_parse("magic"), UsageError);
   CHECK(count_method_resolve(CountMethod::Auto, 0.9) == CountMethod::Dense);
   CHECK(count_method_resolve(CountMethod::Dense, 0.01) == CountMethod::Dense);
-  if (count_method_supported(CountMethod::Sparse)) CHECK(count_method_resolve(CountMethod::Auto, 0.03) == CountMethod::Sparse);
-  else CHECK_THROWS_AS(count_method_resolve(CountMethod::Sparse, 0.03), UsageError);
+  if (count_method_supported(CountMethod::Sparse))
+    CHECK(count_method_resolve(CountMethod::Auto, 0.03) == CountMethod::Sparse);
+  else
+    CHECK_THROWS_AS(count_method_resolve(CountMethod::Sparse, 0.03), UsageError);
 }
 
 TEST_CASE("kernel dispatch: names round-trip, Auto resolves to a supported kernel") {

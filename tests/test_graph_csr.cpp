@@ -61,7 +61,8 @@ TEST_CASE("CSR view of the top-k candidate graph") {
   // Reverse Cuthill-McKee runs on the view and returns a permutation.
   std::vector<uint32_t> order(num_vertices(csr));
   std::vector<boost::default_color_type> color(num_vertices(csr));
-  boost::cuthill_mckee_ordering(csr, order.rbegin(), boost::make_iterator_property_map(color.begin(), get(boost::vertex_index, csr)),
+  boost::cuthill_mckee_ordering(csr, order.rbegin(),
+                                boost::make_iterator_property_map(color.begin(), get(boost::vertex_index, csr)),
                                 boost::make_out_degree_map(csr));
   std::vector<uint32_t> sorted = order;
   std::sort(sorted.begin(), sorted.end());

@@ -229,29 +229,35 @@ TEST_CASE("malformed graph files: one clear error naming the file") {
     std::remove(name.c_str());
     return m;
   };
-  CHECK(damaged("g_bad_format.h5", [](H5Edit& e) { e.set_str("/", "format", "neuralink-trace"); }).find("expected 'neuralink-graph'") !=
-        std::string::npos);
+  CHECK(damaged("g_bad_format.h5", [](H5Edit& e) {
+          e.set_str("/", "format", "neuralink-trace");
+        }).find("expected 'neuralink-graph'") != std::string::npos);
   CHECK(damaged("g_future.h5", [](H5Edit& e) { e.set_int("/", "version", 2); }).find("newer than this reader") !=
         std::string::npos);
-  CHECK(damaged("g_no_tokens.h5", [](H5Edit& e) { e.del_attr("/", "n_tokens"); }).find("missing attribute 'n_tokens'") !=
-        std::string::npos);
+  CHECK(damaged("g_no_tokens.h5", [](H5Edit& e) {
+          e.del_attr("/", "n_tokens");
+        }).find("missing attribute 'n_tokens'") != std::string::npos);
   CHECK(damaged("g_more_layers.h5", [](H5Edit& e) { e.set_int("/", "n_layers", 3); }).find("missing layer group") !=
         std::string::npos);
   CHECK(damaged("g_bad_full.h5", [](H5Edit& e) { e.set_int("/", "full", 7); }).find("'full'") != std::string::npos);
-  CHECK(damaged("g_unsorted_layers.h5", [](H5Edit& e) { e.set_int("/layers/1", "layer", 0); })
-            .find("not strictly increasing") != std::string::npos);
+  CHECK(damaged("g_unsorted_layers.h5", [](H5Edit& e) {
+          e.set_int("/layers/1", "layer", 0);
+        }).find("not strictly increasing") != std::string::npos);
   CHECK(damaged("g_neurons.h5", [](H5Edit& e) { e.set_int("/layers/0", "n_neurons", 31); }).find("has shape") !=
         std::string::npos);
-  CHECK(damaged("g_no_upper.h5", [](H5Edit& e) { e.unlink("/layers/0/upper"); }).find("missing dataset /layers/0/upper") !=
-        std::string::npos);
+  CHECK(damaged("g_no_upper.h5", [](H5Edit& e) {
+          e.unlink("/layers/0/upper");
+        }).find("missing dataset /layers/0/upper") != std::string::npos);
   CHECK(damaged("g_no_freq.h5", [](H5Edit& e) { e.unlink("/layers/1/freq"); }).find("missing dataset /layers/1/freq") !=
         std::string::npos);
-  CHECK(damaged("g_short_len.h5", [](H5Edit& e) { e.replace_u32_1d("/layers/0/nbr_len", {1, 2, 3}); })
-            .find("/layers/0/nbr_len has shape [3]") != std::string::npos);
+  CHECK(damaged("g_short_len.h5", [](H5Edit& e) {
+          e.replace_u32_1d("/layers/0/nbr_len", {1, 2, 3});
+        }).find("/layers/0/nbr_len has shape [3]") != std::string::npos);
   CHECK(damaged("g_len.h5", [](H5Edit& e) { e.poke_u32("/layers/0/nbr_len", 3, 6); }).find("nbr_len exceeds top_k") !=
         std::string::npos);
-  CHECK(damaged("g_self.h5", [](H5Edit& e) { e.poke_u32("/layers/0/nbr", 0, 0); }).find("neighbour index 0 is invalid") !=
-        std::string::npos);
+  CHECK(damaged("g_self.h5", [](H5Edit& e) {
+          e.poke_u32("/layers/0/nbr", 0, 0);
+        }).find("neighbour index 0 is invalid") != std::string::npos);
   CHECK(damaged("g_range.h5", [](H5Edit& e) { e.poke_u32("/layers/1/nbr", 5, 999); }).find("is invalid") !=
         std::string::npos);
   CHECK(damaged("g_order.h5", [](H5Edit& e) { e.poke_u32("/layers/0/nbr_cnt", 1, 150); }).find("inconsistent") !=

@@ -56,9 +56,12 @@ void write_trace(const std::string& path, uint64_t seed) {
 TEST_CASE("gate expressions") {
   GateLookup look = [](const std::string& l, const std::string& m, double& v) {
     if (m != "reads") return false;
-    if (l == "greedy") v = 10;
-    else if (l == "greedy+ls") v = 9;
-    else return false;
+    if (l == "greedy")
+      v = 10;
+    else if (l == "greedy+ls")
+      v = 9;
+    else
+      return false;
     return true;
   };
   CHECK(gate_check("greedy+ls.reads <= 0.9 * greedy.reads", look).ok);
@@ -85,7 +88,9 @@ TEST_CASE("solve is byte-identical across runs; eval prints figures and enforces
   CHECK(lay["trace"]["sha256"].get<std::string>().size() == 64);
 
   std::string out;
-  std::string layouts = "--bundle-bytes 16384 --layout cli_identity.json --layout cli_greedy.json --layout cli_ls1.json --layout cli_rcm.json";
+  std::string layouts =
+      "--bundle-bytes 16384 --layout cli_identity.json --layout cli_greedy.json --layout cli_ls1.json --layout "
+      "cli_rcm.json";
   REQUIRE(run("eval --trace cli_test.h5 " + layouts + " --gap 0 --cache-ratio 0", &out) == 0);
   CHECK(out.find("greedy+ls") != std::string::npos);
   REQUIRE(run("--json eval --trace cli_test.h5 " + layouts + " --gap auto --cache-ratio 0.05", &out) == 0);
@@ -97,11 +102,14 @@ TEST_CASE("solve is byte-identical across runs; eval prints figures and enforces
   CHECK(gr < id);  // clustered structure: greedy beats the scattered original order
 
   CHECK(run("eval --trace cli_test.h5 " + layouts + " --require \"greedy.reads <= identity.reads\"") == 0);
-  CHECK(run("eval --trace cli_test.h5 " + layouts + " --require \"identity.reads <= 0.5 * greedy.reads\"") == kExitGate);
-  CHECK(read_file("cli_err.txt").find("quality gate violated: identity.reads <= 0.5 * greedy.reads") != std::string::npos);
+  CHECK(run("eval --trace cli_test.h5 " + layouts + " --require \"identity.reads <= 0.5 * greedy.reads\"") ==
+        kExitGate);
+  CHECK(read_file("cli_err.txt").find("quality gate violated: identity.reads <= 0.5 * greedy.reads") !=
+        std::string::npos);
   CHECK(run("eval --trace cli_test.h5 " + layouts + " --require \"identity.nope <= 1\"") == kExitUsage);
   // A layout for another trace shape is refused with the file named.
-  write_file_atomic("cli_bad.json", "{\"format\":\"neuralink-layout\",\"version\":1,\"method\":\"identity\",\"layers\":[]}");
+  write_file_atomic("cli_bad.json",
+                    "{\"format\":\"neuralink-layout\",\"version\":1,\"method\":\"identity\",\"layers\":[]}");
   CHECK(run("eval --trace cli_test.h5 --layout cli_bad.json") == kExitInput);
   CHECK(read_file("cli_err.txt").find("cli_bad.json: has 0 layers") != std::string::npos);
 }

@@ -52,27 +52,27 @@ std::string replace(std::string s, const std::string& a, const std::string& b) {
 }  // namespace
 
 TEST_CASE("sha256 test vectors") {
- for (bool portable : {false, true}) {
-  CAPTURE(portable);
-  detail::sha256_portable = portable;  // SHA-NI (where present) and the portable rounds
-  CHECK(sha256_hex("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  CHECK(sha256_hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  CHECK(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq") ==
-        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-  std::string big(1000000, 'a');
-  CHECK(sha256_hex(big) == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
-  write_file_atomic("sha_test.bin", "abc");
-  CHECK(sha256_file("sha_test.bin") == sha256_hex("abc"));
-  // Split updates across the block buffer and whole-block runs.
-  Sha256 s;
-  std::string msg(1000, 'q');
-  for (size_t i = 0; i < msg.size(); ++i) msg[i] = char('a' + (i * 7) % 26);
-  s.update(msg.data(), 3);
-  s.update(msg.data() + 3, 700);
-  s.update(msg.data() + 703, 297);
-  CHECK(s.hex_digest() == sha256_hex(msg));
- }
- detail::sha256_portable = false;
+  for (bool portable : {false, true}) {
+    CAPTURE(portable);
+    detail::sha256_portable = portable;  // SHA-NI (where present) and the portable rounds
+    CHECK(sha256_hex("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    CHECK(sha256_hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    CHECK(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq") ==
+          "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+    std::string big(1000000, 'a');
+    CHECK(sha256_hex(big) == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+    write_file_atomic("sha_test.bin", "abc");
+    CHECK(sha256_file("sha_test.bin") == sha256_hex("abc"));
+    // Split updates across the block buffer and whole-block runs.
+    Sha256 s;
+    std::string msg(1000, 'q');
+    for (size_t i = 0; i < msg.size(); ++i) msg[i] = char('a' + (i * 7) % 26);
+    s.update(msg.data(), 3);
+    s.update(msg.data() + 3, 700);
+    s.update(msg.data() + 703, 297);
+    CHECK(s.hex_digest() == sha256_hex(msg));
+  }
+  detail::sha256_portable = false;
 }
 
 TEST_CASE("layout JSON round trip; writes are byte-identical") {

@@ -34,8 +34,7 @@ std::vector<uint64_t> freqs(const LayerMask& m) {
 
 // The runtime's planner over every token with exactly `pinned` resident (capacity = the pinned set: nothing else
 // is admitted), summed I/O microseconds.
-double planner_cost_us(const LayerMask& m, const Order& order, const std::vector<uint32_t>& pinned,
-                       uint64_t bundle) {
+double planner_cost_us(const LayerMask& m, const Order& order, const std::vector<uint32_t>& pinned, uint64_t bundle) {
   const uint32_t n = m.n_neurons;
   std::vector<uint32_t> slot_of(n);
   for (uint32_t s = 0; s < n; ++s) slot_of[order[s]] = s;

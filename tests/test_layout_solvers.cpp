@@ -38,7 +38,9 @@ bool is_perm(const Order& o, uint32_t n) {
 
 // Algorithm 1 over the complete graph: all pairs by decreasing count, ties by (u, v).
 Links brute_force_links(const LayerMask& m) {
-  struct E { uint32_t c, u, v; };
+  struct E {
+    uint32_t c, u, v;
+  };
   std::vector<E> es;
   for (uint32_t u = 0; u < m.n_neurons; ++u)
     for (uint32_t v = u + 1; v < m.n_neurons; ++v) es.push_back({coactivation_pair(m, u, v), u, v});

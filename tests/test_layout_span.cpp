@@ -44,7 +44,8 @@ EndsIn brute_peel(const LayerMask& m, const std::vector<uint8_t>& include) {
       for (uint32_t v = 0; v < n; ++v) {
         if (!alive[v]) continue;
         const uint64_t k = after(s, v), gr = k - size(s);
-        if (bs < 0 || k < bu || (k == bu && (gr < bg || (gr == bg && s == bs && v < bv)))) bs = s, bv = v, bu = k, bg = gr;
+        if (bs < 0 || k < bu || (k == bu && (gr < bg || (gr == bg && s == bs && v < bv))))
+          bs = s, bv = v, bu = k, bg = gr;
       }
     if (bs < 0) break;
     alive[bv] = 0;
@@ -189,8 +190,9 @@ TEST_CASE("the polish moves a rare neuron out of the middle") {
   CHECK(brute_cost(m, got, {}, c) == doctest::Approx(10 * c.read_us + (9 * 2 + 3) * 4096 * c.us_per_byte));
 }
 
-TEST_CASE("greedy+ls with small bundles (the peel tried) keeps the greedy path weight; without the guard it is no "
-          "worse on the guard's objective") {
+TEST_CASE(
+    "greedy+ls with small bundles (the peel tried) keeps the greedy path weight; without the guard it is no "
+    "worse on the guard's objective") {
   std::mt19937_64 rng(31);
   for (int iter = 0; iter < 3; ++iter) {
     const LayerMask m = random_mask(120 + uint32_t(rng() % 80), 600, rng);

@@ -90,7 +90,8 @@ std::string copy_checkpoint(const std::string& src_dir, const std::string& name)
 
 }  // namespace
 
-TEST_CASE("llama2.c -> safetensors (f32) -> reader gives identical weights and logits" * test::needs_models({"llama2c-stories260K/stories260K.bin"})) {
+TEST_CASE("llama2.c -> safetensors (f32) -> reader gives identical weights and logits" *
+          test::needs_models({"llama2c-stories260K/stories260K.bin"})) {
   const std::string bin = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/stories260K.bin";
   const ModelWeights a = read_llama2c(bin);
   const std::string dir = tmp("stories260K-hf");
@@ -140,7 +141,9 @@ TEST_CASE("f16 / bf16 checkpoints read back as the reference rounding of each we
     const ModelWeights b = read_model(dir + "/config.json");
     CHECK(b.config.act == FfnAct::kRelu);
     CHECK_FALSE(b.config.shared_classifier);
-    auto round = [dt](float x) { return dt == TensorDtype::kF16 ? f16_to_f32(f32_to_f16(x)) : bf16_to_f32(f32_to_bf16(x)); };
+    auto round = [dt](float x) {
+      return dt == TensorDtype::kF16 ? f16_to_f32(f32_to_f16(x)) : bf16_to_f32(f32_to_bf16(x));
+    };
     size_t bad = 0;
     for (size_t i = 0; i < a.wcls.size(); ++i) bad += b.wcls[i] != round(a.wcls[i]);
     for (size_t i = 0; i < a.layers[1].w_up.size(); ++i) bad += b.layers[1].w_up[i] != round(a.layers[1].w_up[i]);
@@ -170,7 +173,8 @@ TEST_CASE("separate classifier and GQA survive both formats") {
   CHECK(test::max_abs_diff(logits_of(a, tokens), logits_of(b, tokens)) == 0.0f);
   CHECK(test::max_abs_diff(logits_of(a, tokens), logits_of(d, tokens)) == 0.0f);
   // ReLU cannot be stored in llama2.c: refused rather than silently changed.
-  CHECK_THROWS_AS(write_llama2c(tmp("relu.bin"), test::random_weights(test::small_config(FfnAct::kRelu), 1)), UsageError);
+  CHECK_THROWS_AS(write_llama2c(tmp("relu.bin"), test::random_weights(test::small_config(FfnAct::kRelu), 1)),
+                  UsageError);
 }
 
 TEST_CASE("malformed llama2.c files: one clear error each") {
@@ -240,7 +244,8 @@ TEST_CASE("malformed safetensors checkpoints: one clear error each") {
   check_error(input_error(d, read), d + "/model.safetensors", "unknown or unsupported dtype 'F8_E4M3'");
 
   d = copy_checkpoint(good, "st-offsets");
-  edit_header(tensors, d + "/model.safetensors", [](json& h) { h["model.norm.weight"]["data_offsets"][1] = 1ull << 40; });
+  edit_header(tensors, d + "/model.safetensors",
+              [](json& h) { h["model.norm.weight"]["data_offsets"][1] = 1ull << 40; });
   check_error(input_error(d, read), d + "/model.safetensors", "out of range");
 
   d = copy_checkpoint(good, "st-span");
@@ -252,7 +257,9 @@ TEST_CASE("malformed safetensors checkpoints: one clear error each") {
   check_error(input_error(d, read), d + "/model.safetensors", "negative");
 
   d = copy_checkpoint(good, "st-absurd-dims");  // 2^40 x 2^40 elements: must not overflow into a small size
-  edit_header(tensors, d + "/model.safetensors", [](json& h) { h["model.norm.weight"]["shape"] = {1ull << 40, 1ull << 40}; });
+  edit_header(tensors, d + "/model.safetensors", [](json& h) {
+    h["model.norm.weight"]["shape"] = {1ull << 40, 1ull << 40};
+  });
   check_error(input_error(d, read), d + "/model.safetensors", "absurdly large");
 
   d = copy_checkpoint(good, "st-not-object");
@@ -266,7 +273,8 @@ TEST_CASE("malformed safetensors checkpoints: one clear error each") {
 
   d = copy_checkpoint(good, "st-overlap");  // two tensors on the same bytes
   edit_header(tensors, d + "/model.safetensors", [](json& h) {
-    h["model.layers.1.input_layernorm.weight"]["data_offsets"] = h["model.layers.0.input_layernorm.weight"]["data_offsets"];
+    h["model.layers.1.input_layernorm.weight"]["data_offsets"] =
+        h["model.layers.0.input_layernorm.weight"]["data_offsets"];
   });
   check_error(input_error(d, read), d + "/model.safetensors", "inside tensor");
 

@@ -134,7 +134,8 @@ TEST_CASE("an FfnProvider replaces the dense FFN: a sparse ReLU FFN over active 
   CHECK(flash.forward_token(1, 0)[0] == doctest::Approx(a[0]).epsilon(1e-5));
 }
 
-TEST_CASE("matmul_acc64: the double-accumulated product, whatever the tile shape or ISA; reordering `in` changes nothing") {
+TEST_CASE(
+    "matmul_acc64: the double-accumulated product, whatever the tile shape or ISA; reordering `in` changes nothing") {
   std::mt19937_64 rng(9);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int in : {7, 8, 172, 1409}) {

@@ -16,7 +16,8 @@ namespace {
 
 void check_reference(const std::string& folder, const std::string& model_name) {
   const std::string model_path = std::string(NL_MODELS_DIR) + "/" + folder + "/" + model_name;
-  const auto ref = nlohmann::json::parse(read_file(std::string(NL_MODELS_DIR) + "/" + folder + "/reference-greedy.json"));
+  const auto ref =
+      nlohmann::json::parse(read_file(std::string(NL_MODELS_DIR) + "/" + folder + "/reference-greedy.json"));
   const std::vector<int> want = ref["tokens"].get<std::vector<int>>();
   const auto want_logits = ref["logits"].get<std::vector<std::vector<float>>>();
 
@@ -29,7 +30,8 @@ void check_reference(const std::string& folder, const std::string& model_name) {
   double max_diff = 0;
   for (size_t p = 0; p < logits.size(); ++p) {
     REQUIRE(logits[p].size() == want_logits[p].size());
-    for (size_t i = 0; i < logits[p].size(); ++i) max_diff = std::max(max_diff, double(std::fabs(logits[p][i] - want_logits[p][i])));
+    for (size_t i = 0; i < logits[p].size(); ++i)
+      max_diff = std::max(max_diff, double(std::fabs(logits[p][i] - want_logits[p][i])));
   }
   MESSAGE(folder << ": " << got.size() << " tokens, max |logit - reference| = " << max_diff);
   CHECK(max_diff <= 1e-4);
@@ -38,7 +40,11 @@ void check_reference(const std::string& folder, const std::string& model_name) {
 }  // namespace
 
 TEST_CASE("stories260K greedy generation matches the reference" *
-          test::needs_models({"llama2c-stories260K/stories260K.bin", "llama2c-stories260K/reference-greedy.json"})) { check_reference("llama2c-stories260K", "stories260K.bin"); }
+          test::needs_models({"llama2c-stories260K/stories260K.bin", "llama2c-stories260K/reference-greedy.json"})) {
+  check_reference("llama2c-stories260K", "stories260K.bin");
+}
 
 TEST_CASE("babyllama-tok105 greedy generation matches the reference" *
-          test::needs_models({"babyllama-tok105/model5000.bin", "babyllama-tok105/reference-greedy.json"})) { check_reference("babyllama-tok105", "model5000.bin"); }
+          test::needs_models({"babyllama-tok105/model5000.bin", "babyllama-tok105/reference-greedy.json"})) {
+  check_reference("babyllama-tok105", "model5000.bin");
+}

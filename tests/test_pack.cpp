@@ -9,11 +9,10 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
-#include <random>
 #include <functional>
-#include <set>
-
 #include <nlohmann/json.hpp>
+#include <random>
+#include <set>
 
 #include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
@@ -93,7 +92,8 @@ float max_logit_diff_full_context(const ModelWeights& w, const ModelWeights& p, 
 
 }  // namespace
 
-TEST_CASE("pack: deterministic image, function-preserving permuted export (stories260K)" * test::needs_models({"llama2c-stories260K/stories260K.bin"})) {
+TEST_CASE("pack: deterministic image, function-preserving permuted export (stories260K)" *
+          test::needs_models({"llama2c-stories260K/stories260K.bin"})) {
   const std::string model = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/stories260K.bin";
   struct stat st {};
   ::mkdir("pack_test", 0755);
@@ -105,9 +105,10 @@ TEST_CASE("pack: deterministic image, function-preserving permuted export (stori
   for (const char* d : {"a", "b"}) {
     ::mkdir((std::string("pack_test/") + d).c_str(), 0755);
     std::string out;
-    int rc = sh(bin + "nl-layout pack --model " + model + " --layout pack_test/layout.json --dtype f16 --out pack_test/" + d +
-                    "/m.nlw --export-permuted pack_test/" + d + "/permuted.bin --tokenizer " + tokenizer,
-                &out);
+    int rc =
+        sh(bin + "nl-layout pack --model " + model + " --layout pack_test/layout.json --dtype f16 --out pack_test/" +
+               d + "/m.nlw --export-permuted pack_test/" + d + "/permuted.bin --tokenizer " + tokenizer,
+           &out);
     REQUIRE_MESSAGE(rc == 0, out);
   }
   CHECK(read_file("pack_test/a/m.nlw") == read_file("pack_test/b/m.nlw"));
@@ -134,19 +135,21 @@ TEST_CASE("pack: deterministic image, function-preserving permuted export (stori
   // Only the summation order of the down projection changes, and the dense forward sums it in double.
   float max_logit = 0;
   const float max_diff = max_logit_diff_full_context(w, p, &max_logit);
-  MESSAGE("stories260K permuted llama2.c export: max |logit difference| over all " << w.config.seq_len
-                                                                                  << " positions " << max_diff
-                                                                                  << " (max |logit| " << max_logit << ")");
+  MESSAGE("stories260K permuted llama2.c export: max |logit difference| over all "
+          << w.config.seq_len << " positions " << max_diff << " (max |logit| " << max_logit << ")");
   CHECK(max_diff <= 1e-5f);
 
   // A wrong layout is refused with one line naming it.
   write_file_atomic("pack_test/bad_layout.json", "{\"format\": \"neuralink-layout\"");
   std::string out;
-  CHECK(sh(bin + "nl-layout pack --model " + model + " --layout pack_test/bad_layout.json --out pack_test/x.nlw", &out) == 3);
+  CHECK(sh(bin + "nl-layout pack --model " + model + " --layout pack_test/bad_layout.json --out pack_test/x.nlw",
+           &out) == 3);
   CHECK(out.find("pack_test/bad_layout.json: ") != std::string::npos);
 }
 
-TEST_CASE("pack streams from safetensors: same image as from llama2.c; permuted safetensors export preserves the function" * test::needs_models({"llama2c-stories260K/stories260K.bin"})) {
+TEST_CASE(
+    "pack streams from safetensors: same image as from llama2.c; permuted safetensors export preserves the function" *
+    test::needs_models({"llama2c-stories260K/stories260K.bin"})) {
   const std::string model = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/stories260K.bin";
   struct stat st {};
   ::mkdir("pack_st", 0755);
@@ -156,11 +159,15 @@ TEST_CASE("pack streams from safetensors: same image as from llama2.c; permuted 
   layout_write("pack_st/layout.json", lay);
   const std::string bin = std::string(NL_BINARY_DIR) + "/cli/";
   std::string out;
-  REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --model " + model + " --layout pack_st/layout.json --dtype bf16 --out pack_st/a.nlw", &out) == 0, out);
-  REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --model pack_st/hf --layout pack_st/layout.json --dtype bf16 --out pack_st/b.nlw "
-                           "--export-permuted pack_st/hf_perm",
-                     &out) == 0,
-                  out);
+  REQUIRE_MESSAGE(
+      sh(bin + "nl-layout -q pack --model " + model + " --layout pack_st/layout.json --dtype bf16 --out pack_st/a.nlw",
+         &out) == 0,
+      out);
+  REQUIRE_MESSAGE(
+      sh(bin + "nl-layout -q pack --model pack_st/hf --layout pack_st/layout.json --dtype bf16 --out pack_st/b.nlw "
+               "--export-permuted pack_st/hf_perm",
+         &out) == 0,
+      out);
   // The FFN regions (everything but the manifest's source fields) are the same bytes.
   CHECK(read_file("pack_st/a.nlw") == read_file("pack_st/b.nlw"));
 
@@ -169,11 +176,12 @@ TEST_CASE("pack streams from safetensors: same image as from llama2.c; permuted 
   CHECK(p.layers[1].w_gate != w.layers[1].w_gate);
   const float max_diff = max_logit_diff_full_context(w, p);
   MESSAGE("stories260K permuted safetensors export: max |logit difference| over all " << w.config.seq_len
-                                                                                     << " positions " << max_diff);
+                                                                                      << " positions " << max_diff);
   CHECK(max_diff <= 1e-5f);
 }
 
-TEST_CASE("permuted export of the bundled tiny ReLU model (safetensors) preserves the function over its whole context") {
+TEST_CASE(
+    "permuted export of the bundled tiny ReLU model (safetensors) preserves the function over its whole context") {
   const std::string model = std::string(NL_SOURCE_DIR) + "/datasets/tiny-relu/model";
   ::mkdir("pack_tiny", 0755);
   ModelWeights w = read_safetensors_model(model);
@@ -181,26 +189,27 @@ TEST_CASE("permuted export of the bundled tiny ReLU model (safetensors) preserve
   layout_write("pack_tiny/layout.json", lay);
   const std::string bin = std::string(NL_BINARY_DIR) + "/cli/";
   std::string out;
-  REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --model " + model + " --layout pack_tiny/layout.json --out pack_tiny/m.nlw "
-                           "--export-permuted pack_tiny/perm",
+  REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --model " + model +
+                         " --layout pack_tiny/layout.json --out pack_tiny/m.nlw "
+                         "--export-permuted pack_tiny/perm",
                      &out) == 0,
                   out);
   check_same_as_in_memory_safetensors(model, lay, "pack_tiny/perm", "pack_tiny/ref");
   // A bf16 input: the streamed copy converts every tensor to f32 as the reader does.
   write_safetensors_model("pack_tiny/bf16", w, TensorDtype::kBF16);
-  REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --model pack_tiny/bf16 --layout pack_tiny/layout.json --out pack_tiny/b.nlw "
-                           "--export-permuted pack_tiny/bf16_perm",
-                     &out) == 0,
-                  out);
+  REQUIRE_MESSAGE(
+      sh(bin + "nl-layout -q pack --model pack_tiny/bf16 --layout pack_tiny/layout.json --out pack_tiny/b.nlw "
+               "--export-permuted pack_tiny/bf16_perm",
+         &out) == 0,
+      out);
   check_same_as_in_memory_safetensors("pack_tiny/bf16", lay, "pack_tiny/bf16_perm", "pack_tiny/bf16_ref");
   ModelWeights p = read_safetensors_model("pack_tiny/perm");
   CHECK(p.layers[0].w_down != w.layers[0].w_down);
   CHECK(p.layers[0].w_down.size() == w.layers[0].w_down.size());
   float max_logit = 0;
   const float max_diff = max_logit_diff_full_context(w, p, &max_logit);
-  MESSAGE("tiny-relu permuted safetensors export: max |logit difference| over all " << w.config.seq_len
-                                                                                   << " positions " << max_diff
-                                                                                   << " (max |logit| " << max_logit << ")");
+  MESSAGE("tiny-relu permuted safetensors export: max |logit difference| over all "
+          << w.config.seq_len << " positions " << max_diff << " (max |logit| " << max_logit << ")");
   CHECK(max_diff <= 1e-5f);
 }
 
@@ -225,9 +234,10 @@ TEST_CASE("pack --synthetic-shape: deterministic random FFN of the shape, layout
   std::string out;
   REQUIRE_MESSAGE(sh(bin + "--synthetic-shape 64x96xgated --layers 2 --out pack_syn/a.nlw", &out) == 0, out);
   REQUIRE_MESSAGE(sh(bin + "--synthetic-shape 64x96xgated --layers 2 --out pack_syn/b/a.nlw", &out) == 0, out);
-  REQUIRE_MESSAGE(sh(bin + "--synthetic-shape 64x96xgated --layers 2 --layout pack_syn/layout.json --out pack_syn/p.nlw",
-                     &out) == 0,
-                  out);
+  REQUIRE_MESSAGE(
+      sh(bin + "--synthetic-shape 64x96xgated --layers 2 --layout pack_syn/layout.json --out pack_syn/p.nlw", &out) ==
+          0,
+      out);
   REQUIRE_MESSAGE(sh(bin + "--synthetic-shape 64x96xgated --layers 2 --seed 2 --out pack_syn/s.nlw", &out) == 0, out);
   CHECK(read_file("pack_syn/a.nlw") == read_file("pack_syn/b/a.nlw"));
   CHECK(read_file("pack_syn/a.nlw.json") == read_file("pack_syn/b/a.nlw.json"));
@@ -253,7 +263,8 @@ TEST_CASE("pack --synthetic-shape: deterministic random FFN of the shape, layout
   }
 
   // Named paper shapes (neuron counts seen through the layout check, before anything large is written).
-  CHECK(sh(bin + "--synthetic-shape opt-6.7b --layers 2 --layout pack_syn/layout.json --out pack_syn/x.nlw", &out) == 3);
+  CHECK(sh(bin + "--synthetic-shape opt-6.7b --layers 2 --layout pack_syn/layout.json --out pack_syn/x.nlw", &out) ==
+        3);
   CHECK(out.find("the model has 16384") != std::string::npos);
   CHECK(sh(bin + "--synthetic-shape llama2-7b-prosparse --layers 2 --layout pack_syn/layout.json --out pack_syn/x.nlw",
            &out) == 3);
@@ -280,7 +291,8 @@ nlohmann::json pack_quantized(const std::string& model, const std::string& dtype
   ::mkdir((out_dir + "/again").c_str(), 0755);
   const int rc = sh(bin + "--model " + model + " --dtype " + dtype + " --out " + out_dir + "/m.nlw", &out);
   REQUIRE_MESSAGE(rc == 0, out);
-  REQUIRE_MESSAGE(sh(bin + "--model " + model + " --dtype " + dtype + " --out " + out_dir + "/again/m.nlw", &out2) == 0, out2);
+  REQUIRE_MESSAGE(sh(bin + "--model " + model + " --dtype " + dtype + " --out " + out_dir + "/again/m.nlw", &out2) == 0,
+                  out2);
   CHECK(read_file(out_dir + "/m.nlw") == read_file(out_dir + "/again/m.nlw"));
   CHECK(read_file(out_dir + "/m.nlw.json") == read_file(out_dir + "/again/m.nlw.json"));
   FlashImage img(out_dir + "/m.nlw", IoOptions{});
@@ -297,8 +309,10 @@ TEST_CASE("pack --dtype q8_0 / q4_0 of stories260K and tiny-relu: deterministic,
   const std::string tiny = std::string(NL_SOURCE_DIR) + "/datasets/tiny-relu/model";
   struct stat st {};
   std::vector<std::pair<std::string, std::string>> models = {{"tiny-relu", tiny}};
-  if (::stat(stories.c_str(), &st) == 0) models.push_back({"stories260K", stories});
-  else MESSAGE("stories260K skipped: " << stories << " is absent");
+  if (::stat(stories.c_str(), &st) == 0)
+    models.push_back({"stories260K", stories});
+  else
+    MESSAGE("stories260K skipped: " << stories << " is absent");
   for (const auto& [name, path] : models) {
     for (const char* dtype : {"q8_0", "q4_0"}) {
       CAPTURE(name);
@@ -349,10 +363,13 @@ TEST_CASE("whole synthetic models: every tensor random and seeded per tensor, ge
   REQUIRE_MESSAGE(sh(bin + "nl-layout pack --synthetic-shape tiny-test --out pack_whole/a.nlw", &out) == 0, out);
   CHECK(out.find("synthetic random weights: meaningless text, real timing") != std::string::npos);
   REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --synthetic-shape tiny-test --out pack_whole/b.nlw", &out) == 0, out);
-  REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --synthetic-shape tiny-test --dtype q8_0 --out pack_whole/q.nlw", &out) == 0, out);
-  REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --synthetic-shape tiny-test --layers 1 --out pack_whole/one.nlw", &out) == 0, out);
+  REQUIRE_MESSAGE(
+      sh(bin + "nl-layout -q pack --synthetic-shape tiny-test --dtype q8_0 --out pack_whole/q.nlw", &out) == 0, out);
+  REQUIRE_MESSAGE(
+      sh(bin + "nl-layout -q pack --synthetic-shape tiny-test --layers 1 --out pack_whole/one.nlw", &out) == 0, out);
   CHECK(read_file("pack_whole/a.nlw") == read_file("pack_whole/b.nlw"));
-  FlashImage a("pack_whole/a.nlw", IoOptions{}), q("pack_whole/q.nlw", IoOptions{}), one("pack_whole/one.nlw", IoOptions{});
+  FlashImage a("pack_whole/a.nlw", IoOptions{}), q("pack_whole/q.nlw", IoOptions{}),
+      one("pack_whole/one.nlw", IoOptions{});
   const ModelConfig& c = a.manifest().config;
   CHECK(c.dim == 64);
   CHECK(c.n_layers == 2);
@@ -400,8 +417,14 @@ TEST_CASE("pack records the layout's planner settings; nl-run follows them unles
   layout_write("pack_plan/plain.json", plain);
   const std::string bin = std::string(NL_BINARY_DIR) + "/cli/";
   std::string out;
-  REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --model " + model + " --layout pack_plan/solved.json --out pack_plan/s.nlw", &out) == 0, out);
-  REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --model " + model + " --layout pack_plan/plain.json --out pack_plan/p.nlw", &out) == 0, out);
+  REQUIRE_MESSAGE(
+      sh(bin + "nl-layout -q pack --model " + model + " --layout pack_plan/solved.json --out pack_plan/s.nlw", &out) ==
+          0,
+      out);
+  REQUIRE_MESSAGE(
+      sh(bin + "nl-layout -q pack --model " + model + " --layout pack_plan/plain.json --out pack_plan/p.nlw", &out) ==
+          0,
+      out);
   REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --model " + model + " --out pack_plan/i.nlw", &out) == 0, out);
   const ImageManifest ms = manifest_load("pack_plan/s.nlw.json"), mp = manifest_load("pack_plan/p.nlw.json");
   CHECK(ms.planner.gap == "3");
@@ -416,12 +439,15 @@ TEST_CASE("pack records the layout's planner settings; nl-run follows them unles
   // A layout solved for another device needs its profile.
   solved.parameters["device"] = "emmc51";
   layout_write("pack_plan/other.json", solved);
-  CHECK(sh(bin + "nl-layout -q pack --model " + model + " --layout pack_plan/other.json --out pack_plan/o.nlw", &out) == 2);
+  CHECK(sh(bin + "nl-layout -q pack --model " + model + " --layout pack_plan/other.json --out pack_plan/o.nlw", &out) ==
+        2);
   CHECK(out.find("was solved for device 'emmc51'") != std::string::npos);
 
   auto run = [&](const std::string& img, const std::string& extra) {
     std::string o;
-    const int rc = sh(bin + "nl-run -q --json generate --no-direct --image " + img + " --steps 3 --prompt-tokens 1 " + extra + " 2>/dev/null", &o);
+    const int rc = sh(bin + "nl-run -q --json generate --no-direct --image " + img + " --steps 3 --prompt-tokens 1 " +
+                          extra + " 2>/dev/null",
+                      &o);
     REQUIRE_MESSAGE(rc == 0, o);
     return nlohmann::json::parse(o.substr(o.find('{')));
   };
@@ -459,17 +485,26 @@ TEST_CASE("nl-run refuses a manifest whose computation fields were edited: exit 
   ::mkdir("pack_edit", 0755);
   const std::string bin = std::string(NL_BINARY_DIR) + "/cli/";
   std::string out;
-  REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --model " + model + " --dtype f16 --out pack_edit/good.nlw", &out) == 0, out);
+  REQUIRE_MESSAGE(sh(bin + "nl-layout -q pack --model " + model + " --dtype f16 --out pack_edit/good.nlw", &out) == 0,
+                  out);
   const nlohmann::json base = nlohmann::json::parse(read_file("pack_edit/good.nlw.json"));
   REQUIRE(sh(bin + "nl-run -q generate --no-direct --image pack_edit/good.nlw --steps 2", &out) == 0);
   const std::vector<std::pair<const char*, std::function<void(nlohmann::json&)>>> edits = {
       {"ffn_act", [](nlohmann::json& j) { j["model"]["ffn_act"] = "silu"; }},
       {"norm_eps", [](nlohmann::json& j) { j["model"]["norm_eps"] = 1e-6; }},
       {"rope_theta", [](nlohmann::json& j) { j["model"]["rope_theta"] = 20000.0; }},
-      {"n_heads + n_kv_heads", [](nlohmann::json& j) { j["model"]["n_heads"] = 8; j["model"]["n_kv_heads"] = 4; }},
+      {"n_heads + n_kv_heads",
+       [](nlohmann::json& j) {
+         j["model"]["n_heads"] = 8;
+         j["model"]["n_kv_heads"] = 4;
+       }},
       {"n_kv_heads", [](nlohmann::json& j) { j["model"]["n_kv_heads"] = 1; }},
-      {"tensor offset", [](nlohmann::json& j) { j["dense_tensors"][3]["offset"] = j["dense_tensors"][3]["offset"].get<uint64_t>() + 64; }},
-      {"two tensor offsets swapped", [](nlohmann::json& j) { std::swap(j["dense_tensors"][2]["offset"], j["dense_tensors"][4]["offset"]); }},
+      {"tensor offset",
+       [](nlohmann::json& j) {
+         j["dense_tensors"][3]["offset"] = j["dense_tensors"][3]["offset"].get<uint64_t>() + 64;
+       }},
+      {"two tensor offsets swapped",
+       [](nlohmann::json& j) { std::swap(j["dense_tensors"][2]["offset"], j["dense_tensors"][4]["offset"]); }},
       {"order", [](nlohmann::json& j) { std::swap(j["order"][0][0], j["order"][0][1]); }},
   };
   for (const auto& [what, edit] : edits) {

@@ -11,9 +11,9 @@
 #include "formats/llama2c.h"
 #include "formats/trace.h"
 #include "model_test_util.h"
-#include "skip_util.h"
 #include "profiler/profile.h"
 #include "profiler/tokenizer.h"
+#include "skip_util.h"
 
 using namespace nl;
 namespace fs = std::filesystem;
@@ -35,7 +35,8 @@ std::string english_text(int paragraphs) {
   for (int p = 0; p < paragraphs; ++p) {
     for (int k = 0; k < 4; ++k) {
       x = x * 1103515245u + 12345u;
-      s += std::string(subj[(x >> 8) % 6]) + " " + verb[(x >> 12) % 6] + " " + obj[(x >> 16) % 6] + (k == 1 ? "\n" : " ");
+      s += std::string(subj[(x >> 8) % 6]) + " " + verb[(x >> 12) % 6] + " " + obj[(x >> 16) % 6] +
+           (k == 1 ? "\n" : " ");
     }
     s += "\n\n";
   }
@@ -97,15 +98,16 @@ TEST_CASE("stories260K: calibrated trace; counts read back through TraceReader a
     return;
   }
   const std::string script = tmp("counts.py"), counts = tmp("counts.json");
-  std::ofstream(script) << "import h5py, json, numpy as np, sys\n"
-                           "f = h5py.File(sys.argv[1], 'r')\n"
-                           "n = int(f.attrs['n_tokens'])\n"
-                           "out = []\n"
-                           "for l in range(int(f.attrs['n_layers'])):\n"
-                           "    w = f[f'layers/{l}/mask'][...].astype('<u8').view(np.uint8).reshape(f[f'layers/{l}/mask'].shape[0], -1)\n"
-                           "    bits = np.unpackbits(w, axis=1, bitorder='little')[:, :n]\n"
-                           "    out.append(bits.sum(axis=1).tolist())\n"
-                           "json.dump(out, open(sys.argv[2], 'w'))\n";
+  std::ofstream(script)
+      << "import h5py, json, numpy as np, sys\n"
+         "f = h5py.File(sys.argv[1], 'r')\n"
+         "n = int(f.attrs['n_tokens'])\n"
+         "out = []\n"
+         "for l in range(int(f.attrs['n_layers'])):\n"
+         "    w = f[f'layers/{l}/mask'][...].astype('<u8').view(np.uint8).reshape(f[f'layers/{l}/mask'].shape[0], -1)\n"
+         "    bits = np.unpackbits(w, axis=1, bitorder='little')[:, :n]\n"
+         "    out.append(bits.sum(axis=1).tolist())\n"
+         "json.dump(out, open(sys.argv[2], 'w'))\n";
   REQUIRE(std::system((std::string(NL_PYTHON) + " " + script + " " + out + " " + counts).c_str()) == 0);
   const auto py = nlohmann::json::parse(read_file(counts)).get<std::vector<std::vector<uint64_t>>>();
   CHECK(py == r.counts);

@@ -42,7 +42,8 @@ std::vector<int32_t> naive_encode(const std::string& tok_path, const std::string
     if ((unsigned char)text[i] >= 0xc0)
       while (i + n < text.size() && n < 4 && ((unsigned char)text[i + n] & 0xc0) == 0x80) ++n;
     auto it = idx.find(text.substr(i, n));
-    if (it != idx.end()) t.push_back(it->second);
+    if (it != idx.end())
+      t.push_back(it->second);
     else
       for (size_t k = 0; k < n; ++k) t.push_back((unsigned char)text[i + k] + 3);
     i += n;
@@ -52,7 +53,8 @@ std::vector<int32_t> naive_encode(const std::string& tok_path, const std::string
     int best_id = -1, best_i = -1;
     for (size_t i = 0; i + 1 < t.size(); ++i) {
       auto it = idx.find(vocab[size_t(t[i])] + vocab[size_t(t[i + 1])]);
-      if (it != idx.end() && scores[size_t(it->second)] > best) best = scores[size_t(it->second)], best_id = it->second, best_i = int(i);
+      if (it != idx.end() && scores[size_t(it->second)] > best)
+        best = scores[size_t(it->second)], best_id = it->second, best_i = int(i);
     }
     if (best_i < 0) break;
     t[size_t(best_i)] = best_id;
@@ -76,7 +78,8 @@ TEST_CASE("llama2.c tokenizer: run.c's merges, the reference text, byte fallback
   const auto tok = open_tokenizer(path);
   CHECK(tok->kind() == "llama2c");
   CHECK(tok->vocab_size() == 512);
-  const auto ref = nlohmann::json::parse(read_file(std::string(NL_MODELS_DIR) + "/llama2c-stories260K/reference-greedy.json"));
+  const auto ref =
+      nlohmann::json::parse(read_file(std::string(NL_MODELS_DIR) + "/llama2c-stories260K/reference-greedy.json"));
   const auto ids = ref["tokens"].get<std::vector<int32_t>>();
   const std::string text = ref["text"].get<std::string>();
   CHECK(tok->decode(ids) == text);
@@ -85,8 +88,8 @@ TEST_CASE("llama2.c tokenizer: run.c's merges, the reference text, byte fallback
   const auto enc = tok->encode(first);
   CHECK(std::vector<int32_t>(ids.begin() + 1, ids.begin() + 1 + long(enc.size())) == enc);
   for (const std::string& s : {first, text.substr(0, 600), std::string("Ünïcödé → bytes ✓ and tabs\tand\nnewlines"),
-                              std::string("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa  bbbb   "), std::string("x"),
-                              std::string("\xff\xfe broken utf-8 \xc3")}) {
+                               std::string("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa  bbbb   "), std::string("x"),
+                               std::string("\xff\xfe broken utf-8 \xc3")}) {
     INFO(s);
     CHECK(tok->encode(s) == naive_encode(path, s));
   }
@@ -105,7 +108,8 @@ TEST_CASE("SentencePiece tokenizer (babyllama tok105)" *
   const auto ids = tok->encode(s);
   CHECK(ids.size() > 5);
   CHECK(tok->decode(ids) == s);
-  const auto ref = nlohmann::json::parse(read_file(std::string(NL_MODELS_DIR) + "/babyllama-tok105/reference-greedy.json"));
+  const auto ref =
+      nlohmann::json::parse(read_file(std::string(NL_MODELS_DIR) + "/babyllama-tok105/reference-greedy.json"));
   const std::string story = tok->decode(ref["tokens"].get<std::vector<int32_t>>());
   MESSAGE("babyllama reference decodes to: " << story.substr(0, 80));
   CHECK(story.rfind("Once upon a time", 0) == 0);

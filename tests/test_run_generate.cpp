@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -16,8 +16,8 @@
 #include "formats/core/image_writer.h"
 #include "formats/llama2c.h"
 #include "image_test_util.h"
-#include "skip_util.h"
 #include "runtime/flash_ffn.h"
+#include "skip_util.h"
 
 using namespace nl;
 
@@ -75,7 +75,8 @@ TEST_CASE("generate --select gate equals dense for every layout, dtype and engin
           CAPTURE(img);
           CAPTURE(io);
           CAPTURE(extra);
-          Result r = run("generate --image " + img + " --select gate --steps 20 --prompt-tokens 3,9 --io " + io + " " + extra);
+          Result r =
+              run("generate --image " + img + " --select gate --steps 20 --prompt-tokens 3,9 --io " + io + " " + extra);
           CHECK_MESSAGE(r.rc == 0, r.out);
           CHECK(tokens_line(r.out) == want);
           ++checked;
@@ -112,7 +113,8 @@ TEST_CASE("generate --select gate equals dense with the manifest's cache policy 
                               "--gap 3 --cache-ratio 0.1 --cache-policy all"}) {
       CAPTURE(io);
       CAPTURE(extra);
-      Result r = run("generate --image " + img + " --select gate --steps 20 --prompt-tokens 3,9 --io " + io + " " + extra);
+      Result r =
+          run("generate --image " + img + " --select gate --steps 20 --prompt-tokens 3,9 --io " + io + " " + extra);
       CHECK_MESSAGE(r.rc == 0, r.out);
       CHECK(tokens_line(r.out) == want);
     }
@@ -148,7 +150,8 @@ TEST_CASE("stories260K packed as f32 reproduces the reference greedy tokens thro
     want += std::to_string(toks[i]);
   }
   for (const char* io : {"pread", "uring"}) {
-    Result r = run("generate --image " + img + " --select gate --verify --steps " + std::to_string(steps) + " --io " + io);
+    Result r =
+        run("generate --image " + img + " --select gate --verify --steps " + std::to_string(steps) + " --io " + io);
     CHECK_MESSAGE(r.rc == 0, r.out);
     CHECK(tokens_line(r.out) == want);
   }
@@ -234,30 +237,31 @@ TEST_CASE("generate: the same tokens for 1, 2 and 4 threads, gate and dense, eve
   c.seq_len = 48;
   int checked = 0;
   for (FfnAct act : {FfnAct::kRelu, FfnAct::kSilu})
-  for (ImageDtype dt : {ImageDtype::kF32, ImageDtype::kF16, ImageDtype::kBF16, ImageDtype::kQ8_0, ImageDtype::kQ4_0}) {
-    c.act = act;
-    const ModelWeights w = test::random_weights(c, 33);
-    ImageSpec spec;
-    spec.dtype = dt;
-    spec.order = test::random_order(c, 5);
-    const std::string img = d + "/m_" + std::string(ffn_act_name(act)) + "_" + image_dtype_name(dt) + ".nlw";
-    image_write_model(img, w, spec);
-    const std::string args = " generate --image " + img + " --steps 16 --prompt-tokens 3,9,17,40,2,77,5,11,60 ";
-    Result ref = run("--threads 1" + args + "--select dense");
-    REQUIRE_MESSAGE(ref.rc == 0, ref.out);
-    const std::string want = tokens_line(ref.out);
-    REQUIRE(want.size() > 16);
-    for (std::string threads : {"1", "2", "4"})
-      for (std::string sel : {"dense", "gate"}) {
-        CAPTURE(img);
-        CAPTURE(threads);
-        CAPTURE(sel);
-        Result r = run("--threads " + threads + args + "--select " + sel + " --cache-ratio 0.1 --gap 2");
-        CHECK_MESSAGE(r.rc == 0, r.out);
-        CHECK(tokens_line(r.out) == want);
-        ++checked;
-      }
-  }
+    for (ImageDtype dt :
+         {ImageDtype::kF32, ImageDtype::kF16, ImageDtype::kBF16, ImageDtype::kQ8_0, ImageDtype::kQ4_0}) {
+      c.act = act;
+      const ModelWeights w = test::random_weights(c, 33);
+      ImageSpec spec;
+      spec.dtype = dt;
+      spec.order = test::random_order(c, 5);
+      const std::string img = d + "/m_" + std::string(ffn_act_name(act)) + "_" + image_dtype_name(dt) + ".nlw";
+      image_write_model(img, w, spec);
+      const std::string args = " generate --image " + img + " --steps 16 --prompt-tokens 3,9,17,40,2,77,5,11,60 ";
+      Result ref = run("--threads 1" + args + "--select dense");
+      REQUIRE_MESSAGE(ref.rc == 0, ref.out);
+      const std::string want = tokens_line(ref.out);
+      REQUIRE(want.size() > 16);
+      for (std::string threads : {"1", "2", "4"})
+        for (std::string sel : {"dense", "gate"}) {
+          CAPTURE(img);
+          CAPTURE(threads);
+          CAPTURE(sel);
+          Result r = run("--threads " + threads + args + "--select " + sel + " --cache-ratio 0.1 --gap 2");
+          CHECK_MESSAGE(r.rc == 0, r.out);
+          CHECK(tokens_line(r.out) == want);
+          ++checked;
+        }
+    }
   CHECK(checked == 60);
 }
 

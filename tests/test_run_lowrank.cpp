@@ -26,7 +26,8 @@ struct Result {
 };
 
 Result run(const std::string& args, bool merge_stderr = false) {
-  const std::string cmd = std::string(NL_BINARY_DIR) + "/cli/nl-run " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  const std::string cmd =
+      std::string(NL_BINARY_DIR) + "/cli/nl-run " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
   Result r;
   FILE* p = ::popen(cmd.c_str(), "r");
   std::array<char, 4096> buf{};
@@ -55,7 +56,8 @@ TEST_CASE("lowrank at full rank, calibrated in-sample to recall 1: dense tokens,
   Result dense = run("--json generate --image " + d + "/full.nlw --select dense --prompt-tokens 1,5,9 --steps 20");
   REQUIRE(dense.rc == 0);
   auto dj = nlohmann::json::parse(dense.out);
-  Result r = run("--json generate --image " + d + "/full.nlw --select lowrank:64 --target-recall 1 --prompt-tokens 1,5,9 "
+  Result r = run("--json generate --image " + d +
+                 "/full.nlw --select lowrank:64 --target-recall 1 --prompt-tokens 1,5,9 "
                  "--steps 20 --calibrate-prompt-tokens 1,5,9 --calibrate-steps 20 --cache-ratio 0.1 --gap 1");
   REQUIRE_MESSAGE(r.rc == 0, r.out);
   auto j = nlohmann::json::parse(r.out);
@@ -92,7 +94,8 @@ TEST_CASE("lowrank on low-rank-plus-noise gates: selective, high recall on a hel
   Result gate = run("--json generate --image " + d + "/lr.nlw --select gate --prompt-tokens 1,7 --steps 30");
   REQUIRE(gate.rc == 0);
   auto gj = nlohmann::json::parse(gate.out);
-  Result res = run("--json generate --image " + d + "/lr.nlw --select lowrank:8 --target-recall 0.99 --prompt-tokens 1,7 "
+  Result res = run("--json generate --image " + d +
+                   "/lr.nlw --select lowrank:8 --target-recall 0.99 --prompt-tokens 1,7 "
                    "--steps 30 --calibrate-prompt-tokens 2,3,4 --calibrate-steps 40");
   REQUIRE_MESSAGE(res.rc == 0, res.out);
   auto j = nlohmann::json::parse(res.out);
@@ -134,8 +137,8 @@ TEST_CASE("lowrank on the bundled tiny ReLU model: recall near the target, token
   const std::string model = std::string(NL_SOURCE_DIR) + "/datasets/tiny-relu/model";  // in the repository
   const std::string d = "lowrank_test";
   ::mkdir(d.c_str(), 0755);
-  const std::string pack = std::string(NL_BINARY_DIR) + "/cli/nl-layout -q pack --model " + model + " --dtype f16 --out " +
-                           d + "/relu.nlw > /dev/null 2>&1";
+  const std::string pack = std::string(NL_BINARY_DIR) + "/cli/nl-layout -q pack --model " + model +
+                           " --dtype f16 --out " + d + "/relu.nlw > /dev/null 2>&1";
   REQUIRE(std::system(pack.c_str()) == 0);
   const std::string common = "--json generate --image " + d + "/relu.nlw --prompt-tokens 1,100,200,300 --steps 40 ";
   Result gate = run(common + "--select gate");
@@ -150,7 +153,8 @@ TEST_CASE("lowrank on the bundled tiny ReLU model: recall near the target, token
     const auto& p = j["predictor"];
     MESSAGE("tiny-relu lowrank:" << rank << " recall " << p["recall"] << ", precision " << p["precision"]
                                  << ", token agreement " << p["token_agreement"] << ", bytes needed/token "
-                                 << j["per_token_mean"]["bytes_needed"] << " vs gate " << gj["per_token_mean"]["bytes_needed"]);
+                                 << j["per_token_mean"]["bytes_needed"] << " vs gate "
+                                 << gj["per_token_mean"]["bytes_needed"]);
     CHECK(p["dense_tokens"] == gj["generated"]);
     CHECK(p["recall"].get<double>() >= 0.97);
     CHECK(p["recall"].get<double>() <= 1.0);

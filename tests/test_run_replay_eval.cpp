@@ -7,7 +7,6 @@
 #include <doctest/doctest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-
 #include <unistd.h>
 
 #include <array>
@@ -93,7 +92,8 @@ TEST_CASE("replay reads/token equals nl-layout eval for the same trace, layout, 
   const std::vector<Setting> settings = {
       {"--gap 0 --cache-ratio 0", "--gap off --cache-ratio 0"},
       {"--gap 3 --cache-ratio 0.1", "--gap 3 --cache-ratio 0.1"},
-      {"--gap 2 --cache-ratio 0.05 --run-admit-prob 0.5 --seed 7", "--gap 2 --cache-ratio 0.05 --run-admit-prob 0.5 --seed 7"},
+      {"--gap 2 --cache-ratio 0.05 --run-admit-prob 0.5 --seed 7",
+       "--gap 2 --cache-ratio 0.05 --run-admit-prob 0.5 --seed 7"},
       {"--gap 1 --cache-ratio 0 --window 3", "--gap 1 --cache-ratio 0 --cache-window 3"},
   };
   for (const auto& s : settings) {
@@ -237,7 +237,8 @@ TEST_CASE("tiny-relu end to end: replay equals nl-layout eval for greedy+ls layo
   std::map<std::string, uint64_t> hits_policy;
   for (const auto& s : settings) {
     CAPTURE(s.eval_args);
-    auto ev = json_of(bin + "nl-layout", "eval --trace " + d + "/test.h5" + eval_layouts + " " + bb + " " + s.eval_args);
+    auto ev =
+        json_of(bin + "nl-layout", "eval --trace " + d + "/test.h5" + eval_layouts + " " + bb + " " + s.eval_args);
     REQUIRE(ev["layouts"].size() == lays.size());
     for (size_t k = 0; k < lays.size(); ++k) {
       CAPTURE(lays[k].name);
@@ -267,11 +268,12 @@ TEST_CASE("tiny-relu end to end: replay equals nl-layout eval for greedy+ls layo
   auto rp = json_of(bin + "nl-run", "replay --no-direct --image " + d + "/gls-pin.nlw --trace " + d +
                                         "/test.h5 --gap off --cache-ratio 0.1 --cache-policy linking-aligned");
   CHECK(rp["totals"]["cache_hits"].get<uint64_t>() != hits_policy["gls-pin"]);
-  CHECK(hits_policy["gls-iso"] != hits_policy["gls-half"]);  // isolated admission is a different cache
+  CHECK(hits_policy["gls-iso"] != hits_policy["gls-half"]);    // isolated admission is a different cache
   CHECK(hits_policy["gls-small"] != hits_policy["gls-half"]);  // and so is a larger small FIFO
   MESSAGE("half pinned, admission all: small FIFO 10 % " << hits_policy["gls-half"] << " hits, 50 % "
-                                                           << hits_policy["gls-small"]);
-  MESSAGE("half pinned: hits with admission all " << hits_policy["gls-half"] << ", isolated " << hits_policy["gls-iso"]);
+                                                         << hits_policy["gls-small"]);
+  MESSAGE("half pinned: hits with admission all " << hits_policy["gls-half"] << ", isolated "
+                                                  << hits_policy["gls-iso"]);
   MESSAGE("gls-pin hits with its own policy " << hits_policy["gls-pin"] << ", with linking-aligned "
                                               << rp["totals"]["cache_hits"]);
 }

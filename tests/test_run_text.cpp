@@ -9,10 +9,10 @@
 #include <array>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "formats/core/atomic_file.h"
 #include "skip_util.h"
-#include <string>
 
 namespace {
 int sh(const std::string& cmd, std::string* out, bool merge_stderr = false) {
@@ -26,7 +26,8 @@ int sh(const std::string& cmd, std::string* out, bool merge_stderr = false) {
 }
 }  // namespace
 
-TEST_CASE("generate --prompt text: same tokens and text as nl-profile generate (stories260K)" * nl::test::needs_models({"llama2c-stories260K/stories260K.bin", "llama2c-stories260K/tok512.bin"})) {
+TEST_CASE("generate --prompt text: same tokens and text as nl-profile generate (stories260K)" *
+          nl::test::needs_models({"llama2c-stories260K/stories260K.bin", "llama2c-stories260K/tok512.bin"})) {
   const std::string dir = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/";
   struct stat st {};
   const std::string d = "run_text_test";

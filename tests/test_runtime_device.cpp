@@ -47,8 +47,10 @@ TEST_CASE("malformed device profiles are rejected with the file named") {
   bad(R"({"format":"neuralink-device","version":9,"read_latency_us":1,"bandwidth_MBps":1})", "newer");
   bad(R"({"format":"neuralink-device","version":1,"bandwidth_MBps":1})", "read_latency_us");
   bad(R"({"format":"neuralink-device","version":1,"read_latency_us":1,"bandwidth_MBps":-3})", "positive");
-  bad(R"({"format":"neuralink-device","version":1,"read_latency_us":1,"bandwidth_MBps":3,"queue_depth":0})", "queue_depth");
-  bad(R"({"format":"neuralink-device","version":1,"read_latency_us":1,"bandwidth_MBps":3,"block_bytes":3000})", "block_bytes");
+  bad(R"({"format":"neuralink-device","version":1,"read_latency_us":1,"bandwidth_MBps":3,"queue_depth":0})",
+      "queue_depth");
+  bad(R"({"format":"neuralink-device","version":1,"read_latency_us":1,"bandwidth_MBps":3,"block_bytes":3000})",
+      "block_bytes");
   // Wrong types and out-of-range numbers were json exceptions (exit 1) or a float->int conversion (UB).
   const std::string ok = R"("format":"neuralink-device","version":1,"read_latency_us":1,"bandwidth_MBps":3)";
   bad("{" + ok + R"(,"name":7})", "'name' must be a string");

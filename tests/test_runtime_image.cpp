@@ -48,10 +48,13 @@ float ref_f16_to_f32(uint16_t b) {
 
 float reference_round(ImageDtype d, float x) {
   switch (d) {
-    case ImageDtype::kF32: return x;
+    case ImageDtype::kF32:
+      return x;
     case ImageDtype::kQ8_0:
-    case ImageDtype::kQ4_0: break;  // block formats: tests/test_runtime_quant.cpp
-    case ImageDtype::kBF16: return bf16_to_f32(ref_bf16(x));
+    case ImageDtype::kQ4_0:
+      break;  // block formats: tests/test_runtime_quant.cpp
+    case ImageDtype::kBF16:
+      return bf16_to_f32(ref_bf16(x));
     case ImageDtype::kF16:
 #if defined(__FLT16_MAX__)
       return ref_f16_to_f32(ref_f16(x));
@@ -84,7 +87,8 @@ TEST_CASE("bf16 conversion rounds to nearest even, as the independent reference 
         continue;
       }
       if (f32_to_bf16(f) != ref_bf16(f)) {
-        FAIL_CHECK("bf16 of bits " << std::hex << ((top << 16) | low) << ": " << f32_to_bf16(f) << " vs " << ref_bf16(f));
+        FAIL_CHECK("bf16 of bits " << std::hex << ((top << 16) | low) << ": " << f32_to_bf16(f) << " vs "
+                                   << ref_bf16(f));
         return;
       }
       ++checked;
@@ -99,8 +103,10 @@ TEST_CASE("f16 conversion matches the compiler's IEEE binary16 conversion") {
   // Every half value decodes exactly.
   for (uint32_t h = 0; h < 0x10000u; ++h) {
     const float a = f16_to_f32(uint16_t(h)), b = ref_f16_to_f32(uint16_t(h));
-    if (std::isnan(b)) CHECK(std::isnan(a));
-    else if (!same_bits(a, b)) FAIL_CHECK("f16 decode of " << h);
+    if (std::isnan(b))
+      CHECK(std::isnan(a));
+    else if (!same_bits(a, b))
+      FAIL_CHECK("f16 decode of " << h);
   }
   // Around every half value: itself, the midpoints to its neighbours and one f32 ulp either side (ties, carries,
   // subnormals, overflow), then random bit patterns.
@@ -211,8 +217,8 @@ namespace {
 
 struct Case {
   const char* name;
-  bool image_blamed;      // the error names the image (else the manifest)
-  const char* phrase;     // what the one line must say
+  bool image_blamed;   // the error names the image (else the manifest)
+  const char* phrase;  // what the one line must say
 };
 
 // Opens the pair, expects InputError naming the right file with the phrase, on one line.
@@ -304,7 +310,8 @@ TEST_CASE("malformed manifests and images are refused with one clear line each")
   with_manifest([](json& j) { j["cache_policy"] = {{"admission", "all"}}; });
   expect_refused(img, {"cache policy not an array", false, "'cache_policy' must be an array"});
   with_manifest([](json& j) { j["cache_policy"] = json::array({json::object()}); });
-  expect_refused(img, {"cache policy for one of two layers", false, "cache_policy has 1 entries, expected one per layer (2)"});
+  expect_refused(
+      img, {"cache policy for one of two layers", false, "cache_policy has 1 entries, expected one per layer (2)"});
   with_manifest([](json& j) { j["cache_policy"] = json::array({json::object(), 3}); });
   expect_refused(img, {"cache policy entry not an object", false, "cache_policy[1] must be an object"});
   with_manifest([](json& j) { j["cache_policy"] = json::array({{{"admission", "lru"}}, json::object()}); });
@@ -315,13 +322,14 @@ TEST_CASE("malformed manifests and images are refused with one clear line each")
   expect_refused(img, {"small fraction not a number", false, "cache_policy[1].small_fraction must be a number"});
   for (double bad : {0.0, 1.0, 1.5, -0.25}) {
     with_manifest([&](json& j) { j["cache_policy"] = json::array({json::object(), {{"small_fraction", bad}}}); });
-    expect_refused(img, {"small fraction out of range", false,
-                         "cache_policy[1].small_fraction must be strictly between 0 and 1"});
+    expect_refused(
+        img, {"small fraction out of range", false, "cache_policy[1].small_fraction must be strictly between 0 and 1"});
   }
   with_manifest([&](json& j) {
     j["cache_policy"] = json::array({json::object(), {{"pinned_slots", {0, base["model"]["hidden_dim"]}}}});
   });
-  expect_refused(img, {"pinned slot out of range", false, "cache_policy[1].pinned_slots: slot 96 is out of range [0, 96)"});
+  expect_refused(img,
+                 {"pinned slot out of range", false, "cache_policy[1].pinned_slots: slot 96 is out of range [0, 96)"});
   with_manifest([](json& j) { j["cache_policy"] = json::array({{{"pinned_slots", {4, 5, 4}}}, json::object()}); });
   expect_refused(img, {"pinned slot twice", false, "cache_policy[0].pinned_slots lists slot 4 twice"});
   with_manifest([](json& j) { j["cache_policy"] = json::array({{{"pinned_slots", {-1}}}, json::object()}); });
@@ -345,7 +353,7 @@ TEST_CASE("malformed manifests and images are refused with one clear line each")
   with_manifest([](json&) {});
   test::flip_byte(img, base["regions"][2]["offset"].get<uint64_t>() + 77);
   {
-    FlashImage fi(img, IoOptions{});  // opening reads no FFN payload ...
+    FlashImage fi(img, IoOptions{});               // opening reads no FFN payload ...
     CHECK_THROWS_AS(fi.verify_all(), InputError);  // ... verifying does
   }
   expect_refused(img, {"checksum mismatch", true, "checksum mismatch in region 'ffn.1'"}, true);
@@ -390,7 +398,7 @@ TEST_CASE("the cache policy round-trips through the manifest; images without one
   spec.cache_policy.resize(2);
   image_write_model(d + "/empty.nlw", w, spec);
   CHECK(read_file(d + "/empty.nlw.json").find("cache_policy") == std::string::npos);
-  spec.cache_policy[0] = {"all", {7, 3, 95}};   // hottest first: the order is kept, not sorted
+  spec.cache_policy[0] = {"all", {7, 3, 95}};  // hottest first: the order is kept, not sorted
   spec.cache_policy[1] = {"", {0}, 0.25};
   image_write_model(d + "/pol.nlw", w, spec);
   ImageManifest m = manifest_load(d + "/pol.nlw.json");

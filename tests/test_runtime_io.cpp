@@ -164,8 +164,10 @@ TEST_CASE("preadv and uring batch contiguous spans into one call; pread issues o
     e->read(spans.data(), spans.size());
     CHECK(std::memcmp(buf.data(), content.data() + 100 * kIoBlock, 64 * kIoBlock) == 0);
     if (k == IoKind::kUring && e->kind() != IoKind::kUring) MESSAGE("io_uring unavailable here: uring ran as pread");
-    if (e->kind() == IoKind::kPread) CHECK(e->counters().calls == 64);
-    else CHECK(e->counters().calls == 1);
+    if (e->kind() == IoKind::kPread)
+      CHECK(e->counters().calls == 64);
+    else
+      CHECK(e->counters().calls == 1);
   }
 }
 
@@ -174,7 +176,7 @@ TEST_CASE("injected faults: short reads are resumed, EIO and EOF are clear error
   const std::string content = make_file(path, 2 << 20, 5);
   for (IoKind k : kAll) {
     const std::string kind_name = io_kind_name(k);
-      CAPTURE(kind_name);
+    CAPTURE(kind_name);
     IoOptions o;
     o.kind = k;
     o.queue_depth = 4;
@@ -226,7 +228,7 @@ TEST_CASE("a file truncated under a running engine gives a truncation error, not
   // mmap: the pages past the new end raise SIGBUS, which the engine turns into the same error.
   for (IoKind k : {IoKind::kPread, IoKind::kPreadv, IoKind::kUring, IoKind::kMmap}) {
     const std::string kind_name = io_kind_name(k);
-      CAPTURE(kind_name);
+    CAPTURE(kind_name);
     const std::string path = std::string("io_test_trunc_") + io_kind_name(k) + ".bin";
     make_file(path, 1 << 20, 6);
     IoOptions o;

@@ -40,7 +40,7 @@ TEST_CASE("symmetric_eigen: known 3x3") {
   CHECK(vals[1] == doctest::Approx(3));
   CHECK(vals[2] == doctest::Approx(1));
   CHECK(std::fabs(vecs[0 * 3 + 1]) == doctest::Approx(std::sqrt(0.5)));  // (1,1,0)/sqrt2 for 3
-  CHECK(std::fabs(vecs[2 * 3 + 0]) == doctest::Approx(1));                // e3 for 5
+  CHECK(std::fabs(vecs[2 * 3 + 0]) == doctest::Approx(1));               // e3 for 5
 }
 
 TEST_CASE("lowrank_fit recovers low-rank and full-rank matrices; singular values; determinism") {

@@ -110,8 +110,8 @@ TEST_CASE("reads are block aligned; small bundles sharing a block merge under au
   ReadPlanner(c).plan({0, 1, 5}, nullptr, p);
   REQUIRE(p.reads.size() == 2);
   CHECK(p.reads[0].offset == 8192);
-  CHECK(p.reads[0].length == 4096);        // bytes 8192..10192 -> one block
-  CHECK(p.reads[1].offset == 8192 + 4096); // slot 5 = bytes 13192..14192
+  CHECK(p.reads[0].length == 4096);         // bytes 8192..10192 -> one block
+  CHECK(p.reads[1].offset == 8192 + 4096);  // slot 5 = bytes 13192..14192
   CHECK(p.reads[1].length == 4096);
   c.gap = GapPolicy::parse("auto");
   ReadPlanner(c).plan({0, 1, 5}, nullptr, p);

@@ -205,14 +205,14 @@ TEST_CASE("sliding window keeps the last k tokens' neurons resident") {
   cc.window_tokens = 2;
   SlotCache c(n, cc);
   TokenPlan p;
-  pl.plan({7}, &c, p);      // token 0: miss
+  pl.plan({7}, &c, p);  // token 0: miss
   CHECK(p.needed == 1);
-  pl.plan({7}, &c, p);      // token 1: in the window
+  pl.plan({7}, &c, p);  // token 1: in the window
   CHECK(p.hits == std::vector<uint32_t>{7});
-  pl.plan({8}, &c, p);      // token 2: 7 still within the last 2 tokens
+  pl.plan({8}, &c, p);  // token 2: 7 still within the last 2 tokens
   CHECK(c.resident(7));
   CHECK(c.window_resident() == 2);
-  pl.plan({9}, &c, p);      // token 3: 7 last active at token 1 -> out
+  pl.plan({9}, &c, p);  // token 3: 7 last active at token 1 -> out
   CHECK_FALSE(c.resident(7));
   CHECK(c.resident(8));
 }

@@ -249,8 +249,16 @@ TEST_CASE("malformed traces: one clear error naming the file") {
       {"missing_layer", [](H5Edit& e) { e.del_link("layers/1"); }, "missing layer group /layers/1"},
       {"more_layers", [](H5Edit& e) { e.set_int("/", "n_layers", 3); }, "missing layer group /layers/2"},
       {"neurons_mismatch", [](H5Edit& e) { e.set_int("/layers/0", "n_neurons", 9); }, "has shape"},
-      {"seq_unsorted", [](H5Edit& e) { e.write_sequences({0, 60, 40}); }, "not strictly increasing"},
-      {"seq_range", [](H5Edit& e) { e.write_sequences({0, 100}); }, "out of range"},
+      {"seq_unsorted",
+       [](H5Edit& e) {
+         e.write_sequences({0, 60, 40});
+       },
+       "not strictly increasing"},
+      {"seq_range",
+       [](H5Edit& e) {
+         e.write_sequences({0, 100});
+       },
+       "out of range"},
       {"seq_first", [](H5Edit& e) { e.write_sequences({5}); }, "must start with 0"},
       {"missing_sequences", [](H5Edit& e) { e.del_link("sequences"); }, "missing dataset /sequences"},
       {"negative_tokens", [](H5Edit& e) { e.set_int("/", "n_tokens", -5); }, "out of range"},
@@ -259,7 +267,11 @@ TEST_CASE("malformed traces: one clear error naming the file") {
       {"version_not_int", [](H5Edit& e) { e.set_str("/", "version", "1"); }, "'version' is not a scalar integer"},
       {"missing_layers_group", [](H5Edit& e) { e.del_link("layers"); }, "missing layer group /layers/0"},
       {"missing_mask", [](H5Edit& e) { e.del_link("layers/0/mask"); }, "missing dataset /layers/0/mask"},
-      {"tokens_short", [](H5Edit& e) { e.write_tokens({1, 2, 3}); }, "/tokens has 3 entries"},
+      {"tokens_short",
+       [](H5Edit& e) {
+         e.write_tokens({1, 2, 3});
+       },
+       "/tokens has 3 entries"},
       // Regression: an array 'threshold' made H5Aread write 100 doubles into one (stack overflow).
       {"threshold_array", [](H5Edit& e) { e.set_double_array("/layers/0", "threshold", 100); }, "not a scalar number"},
       // Allocation bound: a mask whose extent claims 2^26 x 2^34 words that the file does not store must be

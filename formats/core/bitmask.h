@@ -20,8 +20,8 @@ inline uint64_t words_for_tokens(uint64_t n_tokens) { return (n_tokens + 63) / 6
 struct LayerMask {
   uint32_t n_neurons = 0;
   uint64_t n_tokens = 0;
-  uint64_t words = 0;            // words per neuron row = words_for_tokens(n_tokens)
-  std::vector<uint64_t> bits;    // n_neurons * words
+  uint64_t words = 0;          // words per neuron row = words_for_tokens(n_tokens)
+  std::vector<uint64_t> bits;  // n_neurons * words
 
   LayerMask() = default;
   LayerMask(uint32_t neurons, uint64_t tokens)

@@ -51,9 +51,9 @@ inline uint16_t f32_to_f16(float f) {
   if (a >= 0x7f800000u) return uint16_t(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u));  // inf / NaN
   if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65520: overflow to inf
   if (a < 0x38800000u) {                                  // below the smallest normal half: subnormal or zero
-    if (a < 0x33000000u) return sign;                      // < 2^-25 rounds to zero
+    if (a < 0x33000000u) return sign;                     // < 2^-25 rounds to zero
     const uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126u - e;                       // 14 .. 24 bits dropped
+    const uint32_t shift = 126u - e;  // 14 .. 24 bits dropped
     uint32_t r = m >> shift;
     const uint32_t rem = m & ((1u << shift) - 1u), halfway = 1u << (shift - 1u);
     if (rem > halfway || (rem == halfway && (r & 1u))) ++r;

@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "formats/core/atomic_file.h"
@@ -25,22 +25,33 @@ using json = nlohmann::json;
 
 const char* image_dtype_name(ImageDtype d) {
   switch (d) {
-    case ImageDtype::kF32: return "f32";
-    case ImageDtype::kF16: return "f16";
-    case ImageDtype::kBF16: return "bf16";
-    case ImageDtype::kQ8_0: return "q8_0";
-    case ImageDtype::kQ4_0: return "q4_0";
+    case ImageDtype::kF32:
+      return "f32";
+    case ImageDtype::kF16:
+      return "f16";
+    case ImageDtype::kBF16:
+      return "bf16";
+    case ImageDtype::kQ8_0:
+      return "q8_0";
+    case ImageDtype::kQ4_0:
+      return "q4_0";
   }
   return "?";
 }
 
 bool image_dtype_parse(const std::string& s, ImageDtype* out) {
-  if (s == "f32") *out = ImageDtype::kF32;
-  else if (s == "f16") *out = ImageDtype::kF16;
-  else if (s == "bf16") *out = ImageDtype::kBF16;
-  else if (s == "q8_0") *out = ImageDtype::kQ8_0;
-  else if (s == "q4_0") *out = ImageDtype::kQ4_0;
-  else return false;
+  if (s == "f32")
+    *out = ImageDtype::kF32;
+  else if (s == "f16")
+    *out = ImageDtype::kF16;
+  else if (s == "bf16")
+    *out = ImageDtype::kBF16;
+  else if (s == "q8_0")
+    *out = ImageDtype::kQ8_0;
+  else if (s == "q4_0")
+    *out = ImageDtype::kQ4_0;
+  else
+    return false;
   return true;
 }
 
@@ -232,11 +243,12 @@ std::string manifest_to_json(const ImageManifest& m) {
   }
   if (!m.planner.empty()) {
     const ImagePlanner& p = m.planner;
-    j["planner"] = {{"gap", p.gap},
-                    {"device", {{"name", p.device}, {"read_latency_us", p.read_latency_us}, {"bandwidth_MBps", p.bandwidth_MBps}}},
-                    {"cache_ratio", p.cache_ratio},
-                    {"cache_admission", p.cache_admission},
-                    {"from", p.from}};
+    j["planner"] = {
+        {"gap", p.gap},
+        {"device", {{"name", p.device}, {"read_latency_us", p.read_latency_us}, {"bandwidth_MBps", p.bandwidth_MBps}}},
+        {"cache_ratio", p.cache_ratio},
+        {"cache_admission", p.cache_admission},
+        {"from", p.from}};
   }
   if (!m.act_threshold.empty()) j["act_threshold"] = m.act_threshold;
   return j.dump(1) + "\n";
@@ -260,7 +272,8 @@ uint64_t need_u64(const json& obj, const char* key, const std::string& path, con
 
 int need_int(const json& obj, const char* key, const std::string& path, const char* where) {
   uint64_t v = need_u64(obj, key, path, where);
-  if (v > (1u << 30)) bad(path, std::string("key '") + where + key + "' is implausibly large (" + std::to_string(v) + ")");
+  if (v > (1u << 30))
+    bad(path, std::string("key '") + where + key + "' is implausibly large (" + std::to_string(v) + ")");
   return int(v);
 }
 
@@ -294,12 +307,13 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
   if (m.bundle_bytes != want_bundle)
     bad(path, "bundle size " + std::to_string(m.bundle_bytes) + " bytes is inconsistent with the model (" +
                   std::to_string(bundle_parts(m.bundle_kind)) + " x a " + image_dtype_name(m.dtype) + " row of dim " +
-                  std::to_string(c.dim) + " (" + std::to_string(part) + " bytes) = " + std::to_string(want_bundle) + ")");
+                  std::to_string(c.dim) + " (" + std::to_string(part) + " bytes) = " + std::to_string(want_bundle) +
+                  ")");
   if (m.image_bytes % kImageAlign != 0)
     bad(path, "image size " + std::to_string(m.image_bytes) + " is not a multiple of " + std::to_string(kImageAlign));
   if (m.regions.size() != size_t(c.n_layers) + 1)
-    bad(path, "has " + std::to_string(m.regions.size()) + " regions, expected 1 dense + " +
-                  std::to_string(c.n_layers) + " FFN layers");
+    bad(path, "has " + std::to_string(m.regions.size()) + " regions, expected 1 dense + " + std::to_string(c.n_layers) +
+                  " FFN layers");
   for (size_t i = 0; i < m.regions.size(); ++i) {
     const ImageRegion& r = m.regions[i];
     const std::string want_name = i == 0 ? "dense" : "ffn." + std::to_string(i - 1);
@@ -388,8 +402,9 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
     }
   }
   if (image_id_of(m) != m.image_id)
-    bad(path, "image id " + hex64(m.image_id) + " does not match its region table and the model, dtypes, tensors "
-              "and order it covers (edited by hand?): re-pack");
+    bad(path, "image id " + hex64(m.image_id) +
+                  " does not match its region table and the model, dtypes, tensors "
+                  "and order it covers (edited by hand?): re-pack");
 }
 
 }  // namespace
@@ -437,9 +452,12 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
     c.rope_theta = mc.at("rope_theta").get<float>();
     c.norm_eps = mc.at("norm_eps").get<float>();
     std::string act = need_str(mc, "ffn_act", path, "model.");
-    if (act == "relu") c.act = FfnAct::kRelu;
-    else if (act == "silu") c.act = FfnAct::kSilu;
-    else bad(path, "model.ffn_act '" + act + "' is not relu or silu");
+    if (act == "relu")
+      c.act = FfnAct::kRelu;
+    else if (act == "silu")
+      c.act = FfnAct::kSilu;
+    else
+      bad(path, "model.ffn_act '" + act + "' is not relu or silu");
     if (!need(mc, "shared_classifier", path, "model.").is_boolean())
       bad(path, "model.shared_classifier must be true or false");
     c.shared_classifier = mc.at("shared_classifier").get<bool>();
@@ -447,9 +465,12 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
     if (!image_dtype_parse(dt, &m.dtype)) bad(path, "unknown dtype '" + dt + "' (f32, f16, bf16, q8_0, q4_0)");
     const json& b = need(j, "bundle", path);
     std::string kind = need_str(b, "kind", path, "bundle.");
-    if (kind == "gated") m.bundle_kind = BundleKind::kGated;
-    else if (kind == "plain") m.bundle_kind = BundleKind::kPlain;
-    else bad(path, "unknown bundle kind '" + kind + "' (gated, plain)");
+    if (kind == "gated")
+      m.bundle_kind = BundleKind::kGated;
+    else if (kind == "plain")
+      m.bundle_kind = BundleKind::kPlain;
+    else
+      bad(path, "unknown bundle kind '" + kind + "' (gated, plain)");
     m.bundle_bytes = need_u64(b, "bytes", path, "bundle.");
     m.tokenizer = opt_str(j, "tokenizer");
     if (j.contains("source")) {
@@ -592,7 +613,8 @@ void image_check_header(const std::string& path, const ImageManifest& m, const I
                   std::to_string(m.image_bytes));
   if (file_bytes != m.image_bytes || h.image_bytes != m.image_bytes)
     bad(path, "is " + std::to_string(file_bytes) + " bytes (header says " + std::to_string(h.image_bytes) +
-                  "), its manifest expects " + std::to_string(m.image_bytes) + ": not the image this manifest describes");
+                  "), its manifest expects " + std::to_string(m.image_bytes) +
+                  ": not the image this manifest describes");
   // The header's minor version picks how the id is computed: a manifest edited down to 1.0 (whose id covers less)
   // no longer matches its image.
   if (h.version_major != m.version_major || (h.version_minor == 0) != (m.version_minor == 0))

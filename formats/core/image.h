@@ -19,8 +19,8 @@ inline constexpr uint32_t kImageVersionMajor = 1;
 // Minor 1: per-tensor dtypes, q8_0 / q4_0, the image id covers every manifest field that changes the computation
 // (image_id_of below). Minor-0 manifests still open (their id covers the region table only).
 inline constexpr uint32_t kImageVersionMinor = 1;
-inline constexpr uint64_t kImageAlign = 4096;       // region alignment and the image's total size granularity
-inline constexpr uint32_t kImageHeaderBytes = 64;   // meaningful header bytes; the header block is kImageAlign
+inline constexpr uint64_t kImageAlign = 4096;      // region alignment and the image's total size granularity
+inline constexpr uint32_t kImageHeaderBytes = 64;  // meaningful header bytes; the header block is kImageAlign
 inline constexpr char kImageMagic[8] = {'N', 'L', 'W', 'I', 'M', 'G', '\r', '\n'};
 
 // Element types of the image. q8_0 / q4_0 are GGUF's Q8_0 / Q4_0 blocks (formats/core/quant.h): a row of n weights
@@ -56,10 +56,10 @@ struct ImageHeader {
   char magic[8];
   uint32_t version_major;
   uint32_t version_minor;
-  uint32_t header_bytes;     // kImageHeaderBytes: readers skip fields they do not know
-  uint32_t alignment;        // kImageAlign
-  uint64_t image_bytes;      // total file size
-  uint64_t image_id;         // xxh64 over the region table; the manifest repeats it, so a mismatched pair is caught
+  uint32_t header_bytes;  // kImageHeaderBytes: readers skip fields they do not know
+  uint32_t alignment;     // kImageAlign
+  uint64_t image_bytes;   // total file size
+  uint64_t image_id;      // xxh64 over the region table; the manifest repeats it, so a mismatched pair is caught
   uint32_t n_regions;
   uint32_t reserved0;
   uint64_t reserved1[2];
@@ -68,18 +68,18 @@ static_assert(sizeof(ImageHeader) == kImageHeaderBytes, "header layout");
 static_assert(std::endian::native == std::endian::little, "images are little endian; add byte swapping first");
 
 struct ImageRegion {
-  std::string name;          // "dense" or "ffn.<layer>"
-  int layer = -1;            // FFN layer, -1 for the dense region
-  uint64_t offset = 0;       // from the start of the image, multiple of kImageAlign
-  uint64_t bytes = 0;        // payload bytes (the region is zero-padded to the next alignment boundary)
-  uint64_t xxh64 = 0;        // of the payload bytes
+  std::string name;     // "dense" or "ffn.<layer>"
+  int layer = -1;       // FFN layer, -1 for the dense region
+  uint64_t offset = 0;  // from the start of the image, multiple of kImageAlign
+  uint64_t bytes = 0;   // payload bytes (the region is zero-padded to the next alignment boundary)
+  uint64_t xxh64 = 0;   // of the payload bytes
 };
 
 // A tensor inside the dense region: row-major [rows][cols], each row of `cols` elements stored in `dtype`
 // (quantized: cols / 32 blocks per row). dtype = image_dense_dtype(image dtype, rows).
 struct DenseTensor {
-  std::string name;          // "tok_embeddings", "rms_final", "wcls", "layers.<l>.{rms_att,wq,wk,wv,wo,rms_ffn}"
-  uint64_t offset = 0;       // relative to the dense region, a multiple of kImageTensorAlign
+  std::string name;     // "tok_embeddings", "rms_final", "wcls", "layers.<l>.{rms_att,wq,wk,wv,wo,rms_ffn}"
+  uint64_t offset = 0;  // relative to the dense region, a multiple of kImageTensorAlign
   uint64_t rows = 0, cols = 0;
   ImageDtype dtype = ImageDtype::kF32;
   uint64_t elems() const { return rows * cols; }
@@ -104,9 +104,9 @@ inline constexpr const char* kCacheAdmissions = "\"all\", \"linking-aligned\" or
 // The cache policy one FFN layer's order was designed for (the layout's `admission` and `pinned`, docs/formats.md),
 // in slot terms so the runtime needs no inverse permutation. Empty = none recorded (the runtime's own setting).
 struct ImageCachePolicy {
-  std::string admission;          // "" (none recorded) or one of cache_admission_known's rules
-  std::vector<uint32_t> pinned;   // slots (bundle positions in the layer's region) always resident, hottest first
-  double small_fraction = 0;      // share of the S3-FIFO part given to its small FIFO; 0 = none recorded, else in (0, 1)
+  std::string admission;         // "" (none recorded) or one of cache_admission_known's rules
+  std::vector<uint32_t> pinned;  // slots (bundle positions in the layer's region) always resident, hottest first
+  double small_fraction = 0;     // share of the S3-FIFO part given to its small FIFO; 0 = none recorded, else in (0, 1)
   bool empty() const { return admission.empty() && pinned.empty() && small_fraction == 0; }
 };
 
@@ -114,13 +114,13 @@ struct ImageCachePolicy {
 // packs a layout: from the layout's own parameters where it records them (greedy+ls), else nl-layout eval's
 // defaults. nl-run uses them for every option the user does not pass. Advisory: not covered by the image id.
 struct ImagePlanner {
-  std::string gap;               // as --gap takes it: "off", "auto", "auto-keep-runs" or a bundle count; "" = none
-  std::string device;            // device profile name
-  double read_latency_us = 0;    // the profile's fit at its queue depth: a
-  double bandwidth_MBps = 0;     // B
-  double cache_ratio = 0;        // of each layer's FFN bytes, in [0, 1]
-  std::string cache_admission;   // "" or one of cache_admission_known's rules
-  std::string from;              // "layout" or "nl-layout eval defaults"
+  std::string gap;              // as --gap takes it: "off", "auto", "auto-keep-runs" or a bundle count; "" = none
+  std::string device;           // device profile name
+  double read_latency_us = 0;   // the profile's fit at its queue depth: a
+  double bandwidth_MBps = 0;    // B
+  double cache_ratio = 0;       // of each layer's FFN bytes, in [0, 1]
+  std::string cache_admission;  // "" or one of cache_admission_known's rules
+  std::string from;             // "layout" or "nl-layout eval defaults"
   bool empty() const { return gap.empty(); }
 };
 
@@ -129,7 +129,7 @@ inline constexpr const char* kSyntheticWeightsNote = "synthetic random weights: 
 
 struct ImageManifest {
   uint32_t version_major = kImageVersionMajor, version_minor = kImageVersionMinor;
-  std::string image_file;    // the image's file name, relative to the manifest's folder
+  std::string image_file;  // the image's file name, relative to the manifest's folder
   uint64_t image_bytes = 0;
   uint64_t image_id = 0;
   ModelConfig config;
@@ -141,7 +141,7 @@ struct ImageManifest {
   std::string source_format;  // "llama2c" | "safetensors" | "" (what --export-permuted writes)
   std::string layout;         // the layout file the order came from (free text; empty = identity)
   std::string layout_method;
-  std::vector<ImageRegion> regions;        // regions[0] = dense, regions[1 + l] = ffn layer l
+  std::vector<ImageRegion> regions;  // regions[0] = dense, regions[1 + l] = ffn layer l
   std::vector<DenseTensor> dense_tensors;
   std::vector<std::vector<uint32_t>> order;  // per layer: slot -> original neuron index
   // Per layer (n_layers entries) when any layer records one, else empty (manifests from before the key, layouts

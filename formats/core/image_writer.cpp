@@ -71,9 +71,11 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
     std::vector<char> seen(size_t(c.hidden_dim), 0);
     if (spec.order[l].size() != seen.size())
       throw UsageError("cannot pack: layout layer " + std::to_string(l) + " has " +
-                       std::to_string(spec.order[l].size()) + " neurons, the model has " + std::to_string(c.hidden_dim));
+                       std::to_string(spec.order[l].size()) + " neurons, the model has " +
+                       std::to_string(c.hidden_dim));
     for (uint32_t n : spec.order[l]) {
-      if (n >= seen.size() || seen[n]) throw UsageError("cannot pack: layout layer " + std::to_string(l) + " is not a permutation");
+      if (n >= seen.size() || seen[n])
+        throw UsageError("cannot pack: layout layer " + std::to_string(l) + " is not a permutation");
       seen[n] = 1;
     }
   }
@@ -98,7 +100,8 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
   if (!spec.act_threshold.empty() && spec.act_threshold.size() != size_t(c.n_layers))
     throw UsageError("cannot pack: the activation thresholds have a different layer count");
   for (double t : spec.act_threshold)
-    if (!(t >= 0) || !std::isfinite(t)) throw UsageError("cannot pack: an activation threshold is negative or not finite");
+    if (!(t >= 0) || !std::isfinite(t))
+      throw UsageError("cannot pack: an activation threshold is negative or not finite");
   m_.act_threshold = std::move(spec.act_threshold);
 
   // Fixed layout: header block, dense region, one region per layer, each aligned.
@@ -130,8 +133,8 @@ void ImageWriter::add_dense(const std::string& name, const float* data, size_t e
     throw InternalError("ImageWriter: dense tensor '" + name + "' out of order");
   const DenseTensor& t = m_.dense_tensors[next_tensor_++];
   if (elems != t.elems())
-    throw InternalError("ImageWriter: dense tensor '" + name + "' has " + std::to_string(elems) + " elements, expected " +
-                        std::to_string(t.elems()));
+    throw InternalError("ImageWriter: dense tensor '" + name + "' has " + std::to_string(elems) +
+                        " elements, expected " + std::to_string(t.elems()));
   const uint64_t region_pos = out_->offset() - m_.regions[0].offset;
   std::vector<char> pad(t.offset - region_pos, 0);
   out_->write(pad.data(), pad.size());

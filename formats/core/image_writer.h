@@ -25,10 +25,10 @@ struct ImageSpec {
   ImageDtype dtype = ImageDtype::kF32;
   BundleKind bundle_kind = BundleKind::kGated;
   std::string tokenizer, source, source_format, layout, layout_method;
-  std::vector<std::vector<uint32_t>> order;  // per layer slot -> original neuron; empty = identity everywhere
-  std::vector<ImageCachePolicy> cache_policy; // per layer (pinned as slots of `order`); empty = none recorded
-  ImagePlanner planner;                       // the layout's planner settings; empty = none recorded
-  std::vector<double> act_threshold;          // per layer CATS threshold; empty = none recorded
+  std::vector<std::vector<uint32_t>> order;    // per layer slot -> original neuron; empty = identity everywhere
+  std::vector<ImageCachePolicy> cache_policy;  // per layer (pinned as slots of `order`); empty = none recorded
+  ImagePlanner planner;                        // the layout's planner settings; empty = none recorded
+  std::vector<double> act_threshold;           // per layer CATS threshold; empty = none recorded
 };
 
 // Why `d` cannot store a model of config `c` ("" when it can): quantized images need dim % 32 == 0 (every

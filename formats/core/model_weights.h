@@ -19,13 +19,13 @@ enum class FfnAct : int { kSilu = 0, kRelu = 1 };
 inline const char* ffn_act_name(FfnAct a) { return a == FfnAct::kRelu ? "relu" : "silu"; }
 
 struct ModelConfig {
-  int dim = 0;           // model width
-  int hidden_dim = 0;    // FFN width (neurons per layer)
+  int dim = 0;         // model width
+  int hidden_dim = 0;  // FFN width (neurons per layer)
   int n_layers = 0;
   int n_heads = 0;
-  int n_kv_heads = 0;    // grouped-query attention: n_heads % n_kv_heads == 0
+  int n_kv_heads = 0;  // grouped-query attention: n_heads % n_kv_heads == 0
   int vocab_size = 0;
-  int seq_len = 0;       // maximum context (KV cache length)
+  int seq_len = 0;  // maximum context (KV cache length)
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;
   FfnAct act = FfnAct::kSilu;
@@ -37,32 +37,32 @@ struct ModelConfig {
 
 // One transformer block. FFN matrices may be left empty by a runtime that serves the FFN from flash.
 struct LayerWeights {
-  std::vector<float> rms_att;   // [dim]
-  std::vector<float> wq;        // [dim][dim]
-  std::vector<float> wk;        // [kv_dim][dim]
-  std::vector<float> wv;        // [kv_dim][dim]
-  std::vector<float> wo;        // [dim][dim]
-  std::vector<float> rms_ffn;   // [dim]
-  std::vector<float> w_gate;    // [hidden][dim]
-  std::vector<float> w_up;      // [hidden][dim]
-  std::vector<float> w_down;    // [dim][hidden]
+  std::vector<float> rms_att;  // [dim]
+  std::vector<float> wq;       // [dim][dim]
+  std::vector<float> wk;       // [kv_dim][dim]
+  std::vector<float> wv;       // [kv_dim][dim]
+  std::vector<float> wo;       // [dim][dim]
+  std::vector<float> rms_ffn;  // [dim]
+  std::vector<float> w_gate;   // [hidden][dim]
+  std::vector<float> w_up;     // [hidden][dim]
+  std::vector<float> w_down;   // [dim][hidden]
 };
 
 struct ModelWeights {
   ModelConfig config;
-  std::string source;               // file it was read from (for messages and trace metadata)
+  std::string source;                 // file it was read from (for messages and trace metadata)
   std::vector<float> tok_embeddings;  // [vocab][dim]
   std::vector<LayerWeights> layers;
-  std::vector<float> rms_final;     // [dim]
-  std::vector<float> wcls;          // [vocab][dim]; empty when config.shared_classifier
+  std::vector<float> rms_final;  // [dim]
+  std::vector<float> wcls;       // [vocab][dim]; empty when config.shared_classifier
 
   const float* classifier() const { return config.shared_classifier ? tok_embeddings.data() : wcls.data(); }
 };
 
 // Checks a config for values the math cannot handle; returns "" when fine, else what is wrong.
 inline std::string model_config_problem(const ModelConfig& c) {
-  if (c.dim <= 0 || c.hidden_dim <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 ||
-      c.vocab_size <= 0 || c.seq_len <= 0)
+  if (c.dim <= 0 || c.hidden_dim <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 || c.vocab_size <= 0 ||
+      c.seq_len <= 0)
     return "dimensions must be positive";
   if (c.dim % c.n_heads != 0) return "dim is not a multiple of n_heads";
   if (c.n_heads % c.n_kv_heads != 0) return "n_heads is not a multiple of n_kv_heads";

@@ -27,7 +27,10 @@ void Progress::set_quiet(bool q) { g_quiet = q; }
 bool Progress::quiet() { return g_quiet; }
 
 Progress::Progress(std::string stage, uint64_t total, bool enabled, std::string unit)
-    : stage_(std::move(stage)), unit_(std::move(unit)), total_(total), enabled_(enabled && !g_quiet),
+    : stage_(std::move(stage)),
+      unit_(std::move(unit)),
+      total_(total),
+      enabled_(enabled && !g_quiet),
       tty_(::isatty(STDERR_FILENO) == 1) {
   start_ = last_ = std::chrono::steady_clock::now();
 }
@@ -99,8 +102,9 @@ void Progress::maybe_draw(bool force) {
                     fmt_seconds(el).c_str(), force ? "0s" : fmt_seconds(left).c_str());
     }
   } else {
-    std::snprintf(line, sizeof line, tty_ ? "\r%s: %llu %s, %.1f/s, %s elapsed   " : "%s: %llu %s, %.1f/s, %s elapsed\n",
-                  stage_.c_str(), (unsigned long long)d, unit_.c_str(), rate, fmt_seconds(el).c_str());
+    std::snprintf(line, sizeof line,
+                  tty_ ? "\r%s: %llu %s, %.1f/s, %s elapsed   " : "%s: %llu %s, %.1f/s, %s elapsed\n", stage_.c_str(),
+                  (unsigned long long)d, unit_.c_str(), rate, fmt_seconds(el).c_str());
   }
   std::fputs(line, stderr);
   std::fflush(stderr);

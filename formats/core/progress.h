@@ -18,10 +18,10 @@ class Progress {
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
 
-  void add(uint64_t n = 1);   // n more items done
-  void set(uint64_t done);    // absolute count
+  void add(uint64_t n = 1);        // n more items done
+  void set(uint64_t done);         // absolute count
   void set_total(uint64_t total);  // when the total becomes known after construction
-  void finish();              // final line with the total time
+  void finish();                   // final line with the total time
   // An informational line that does not garble the bar (printed above it on a terminal); silent when disabled.
   void note(const std::string& line);
 

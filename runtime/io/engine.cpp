@@ -7,9 +7,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csetjmp>
 #include <csignal>
-#include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -24,20 +24,29 @@ namespace nl {
 
 const char* io_kind_name(IoKind k) {
   switch (k) {
-    case IoKind::kPread: return "pread";
-    case IoKind::kPreadv: return "preadv";
-    case IoKind::kUring: return "uring";
-    case IoKind::kMmap: return "mmap";
+    case IoKind::kPread:
+      return "pread";
+    case IoKind::kPreadv:
+      return "preadv";
+    case IoKind::kUring:
+      return "uring";
+    case IoKind::kMmap:
+      return "mmap";
   }
   return "?";
 }
 
 bool io_kind_parse(const std::string& s, IoKind* out) {
-  if (s == "pread") *out = IoKind::kPread;
-  else if (s == "preadv") *out = IoKind::kPreadv;
-  else if (s == "uring") *out = IoKind::kUring;
-  else if (s == "mmap") *out = IoKind::kMmap;
-  else return false;
+  if (s == "pread")
+    *out = IoKind::kPread;
+  else if (s == "preadv")
+    *out = IoKind::kPreadv;
+  else if (s == "uring")
+    *out = IoKind::kUring;
+  else if (s == "mmap")
+    *out = IoKind::kMmap;
+  else
+    return false;
   return true;
 }
 
@@ -265,7 +274,8 @@ class UringEngine final : public VectoredEngine {
     // Short reads, interrupted or refused reads: finish synchronously (EINVAL under O_DIRECT falls back).
     for (auto [gi, res] : unfinished) {
       const SpanGroup& g = groups_[gi];
-      if (res < 0 && res != -EINTR && res != -EAGAIN && !fall_back_to_buffered(int(-res))) fail(int(-res), g.offset, g.bytes);
+      if (res < 0 && res != -EINTR && res != -EAGAIN && !fall_back_to_buffered(int(-res)))
+        fail(int(-res), g.offset, g.bytes);
       complete_group(s, g, res < 0 ? 0 : uint64_t(res));
     }
   }
@@ -348,8 +358,9 @@ class MmapEngine final : public IoEngine {
       t_sigbus_target = nullptr;
       struct stat st {};
       const uint64_t now = ::fstat(fd_, &st) == 0 ? uint64_t(st.st_size) : 0;
-      throw InputError(path_, "truncated: the file shrank to " + std::to_string(now) + " bytes under the mapping (SIGBUS in a read of " +
-                                  std::to_string(s.bytes) + " bytes at offset " + std::to_string(s.offset) + ")");
+      throw InputError(path_, "truncated: the file shrank to " + std::to_string(now) +
+                                  " bytes under the mapping (SIGBUS in a read of " + std::to_string(s.bytes) +
+                                  " bytes at offset " + std::to_string(s.offset) + ")");
     }
     t_sigbus_target = &target;
     std::memcpy(s.dst, map_ + s.offset, s.bytes);
@@ -362,8 +373,12 @@ class MmapEngine final : public IoEngine {
 std::unique_ptr<IoEngine> io_open(const std::string& path, const IoOptions& o) {
   std::unique_ptr<IoEngine> e;
   switch (o.kind) {
-    case IoKind::kPread: e = std::make_unique<PreadEngine>(path, o); break;
-    case IoKind::kPreadv: e = std::make_unique<PreadvEngine>(path, o); break;
+    case IoKind::kPread:
+      e = std::make_unique<PreadEngine>(path, o);
+      break;
+    case IoKind::kPreadv:
+      e = std::make_unique<PreadvEngine>(path, o);
+      break;
     case IoKind::kUring:
 #ifdef NL_HAVE_URING
       e = std::make_unique<UringEngine>(path, o);

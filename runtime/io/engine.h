@@ -35,16 +35,16 @@ bool io_kind_parse(const std::string& s, IoKind* out);  // "pread" | "preadv" | 
 
 struct IoOptions {
   IoKind kind = IoKind::kPread;
-  bool direct = true;            // ask for O_DIRECT (ignored by mmap)
-  uint32_t queue_depth = 32;     // uring: reads in flight at most
-  IoFaults* faults = nullptr;    // tests only
+  bool direct = true;                            // ask for O_DIRECT (ignored by mmap)
+  uint32_t queue_depth = 32;                     // uring: reads in flight at most
+  IoFaults* faults = nullptr;                    // tests only
   std::function<void(const std::string&)> warn;  // one-line notices (fallbacks); may be empty
 };
 
 struct IoCounters {
-  uint64_t spans = 0;            // spans asked for
-  uint64_t calls = 0;            // system calls (pread/preadv) or io_uring submissions entries issued
-  uint64_t bytes = 0;            // bytes transferred
+  uint64_t spans = 0;  // spans asked for
+  uint64_t calls = 0;  // system calls (pread/preadv) or io_uring submissions entries issued
+  uint64_t bytes = 0;  // bytes transferred
 };
 
 class IoEngine {

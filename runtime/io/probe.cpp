@@ -31,7 +31,8 @@ using Clock = std::chrono::steady_clock;
 void create_probe_file(const std::string& path, uint64_t bytes, std::string* created_path, int* slot) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0 && errno == EEXIST)
-    throw UsageError("--file " + path + " exists: the probe writes only a file it creates itself (pass --read-only "
+    throw UsageError("--file " + path +
+                     " exists: the probe writes only a file it creates itself (pass --read-only "
                      "to measure an existing file by reading it)");
   if (fd < 0) throw IoError(path, errno_text("cannot create probe file"));
   *slot = cleanup_register(path);
@@ -232,12 +233,14 @@ ProbeResult probe_run(const ProbeOptions& o, const std::function<void(const std:
   for (const auto& p : res.points) {
     (p.depth == 1 ? b1 : bq).push_back(p.bytes);
     (p.depth == 1 ? s1 : sq).push_back(p.seconds_per_read);
-    measured.push_back({{"bytes", p.bytes}, {"queue_depth", p.depth}, {"reads", p.reads}, {"us_per_read", p.seconds_per_read * 1e6}});
+    measured.push_back(
+        {{"bytes", p.bytes}, {"queue_depth", p.depth}, {"reads", p.reads}, {"us_per_read", p.seconds_per_read * 1e6}});
   }
   DeviceModel& d = res.model;
   d.name = "probed";
-  d.description = std::string("Measured by nl-run probe with ") + (res.direct ? "O_DIRECT" : "buffered (O_DIRECT refused)") +
-                  " random reads on " + o.file + "; queue-depth engine: " + res.engine;
+  d.description = std::string("Measured by nl-run probe with ") +
+                  (res.direct ? "O_DIRECT" : "buffered (O_DIRECT refused)") + " random reads on " + o.file +
+                  "; queue-depth engine: " + res.engine;
   d.queue_depth = o.queue_depth;
   d.cost = cost_fit(bq, sq);
   d.has_qd1 = true;

@@ -11,11 +11,11 @@
 namespace nl {
 
 struct ProbeOptions {
-  std::string file;                 // probe file: created (O_EXCL) and removed afterwards, never an existing file...
-  bool read_only = false;           // ...unless read_only: an existing regular file, only read (a real model file)
-  uint64_t file_bytes = 1ull << 30; // size used when the file is created
+  std::string file;                  // probe file: created (O_EXCL) and removed afterwards, never an existing file...
+  bool read_only = false;            // ...unless read_only: an existing regular file, only read (a real model file)
+  uint64_t file_bytes = 1ull << 30;  // size used when the file is created
   uint32_t queue_depth = 32;
-  double seconds_per_point = 0.4;   // time budget per (size, depth) point
+  double seconds_per_point = 0.4;  // time budget per (size, depth) point
   uint32_t max_reads_per_point = 4000;
   uint64_t seed = 1;
   std::vector<uint32_t> sizes = {4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1048576};
@@ -25,13 +25,13 @@ struct ProbePoint {
   uint32_t bytes = 0;
   uint32_t depth = 1;
   uint64_t reads = 0;
-  double seconds_per_read = 0;      // wall time / reads (amortised over the queue at depth > 1)
+  double seconds_per_read = 0;  // wall time / reads (amortised over the queue at depth > 1)
 };
 
 struct ProbeResult {
   std::vector<ProbePoint> points;
-  bool direct = true;               // false when O_DIRECT was refused and buffered reads were measured
-  std::string engine;               // "uring" or "threads" for the queue-depth points
+  bool direct = true;  // false when O_DIRECT was refused and buffered reads were measured
+  std::string engine;  // "uring" or "threads" for the queue-depth points
   DeviceModel model;
 };
 

@@ -183,7 +183,8 @@ __attribute__((target("avx2,fma"), always_inline)) inline void tile64_fma(float*
       wh[o] = _mm256_cvtps_pd(_mm_loadu_ps(w + size_t(o0 + o) * in + i + 4));
     }
     for (int t = 0; t < TB; ++t) {
-      const __m256d xl = _mm256_loadu_pd(x + size_t(t0 + t) * in + i), xh = _mm256_loadu_pd(x + size_t(t0 + t) * in + i + 4);
+      const __m256d xl = _mm256_loadu_pd(x + size_t(t0 + t) * in + i),
+                    xh = _mm256_loadu_pd(x + size_t(t0 + t) * in + i + 4);
       for (int o = 0; o < OB; ++o) {
         lo[t][o] = _mm256_fmadd_pd(xl, wl[o], lo[t][o]);
         hi[t][o] = _mm256_fmadd_pd(xh, wh[o], hi[t][o]);

@@ -186,7 +186,8 @@ void Model::forward_sequence(const int* tokens, int n, int pos0, float* logits) 
         float* att = att_.data() + size_t(omp_get_thread_num()) * att_stride;
         const float* q = q_.data() + size_t(t) * dim + size_t(h) * hd;
         const int kvh = h / group, n_pos = pos0 + t + 1;
-        for (int p = 0; p < n_pos; ++p) att[p] = kernels::dot(q, kc + size_t(p) * kv_dim + size_t(kvh) * hd, hd) * att_scale;
+        for (int p = 0; p < n_pos; ++p)
+          att[p] = kernels::dot(q, kc + size_t(p) * kv_dim + size_t(kvh) * hd, hd) * att_scale;
         kernels::softmax(att, n_pos);
         float* o = att_out_.data() + size_t(t) * dim + size_t(h) * hd;
         std::fill_n(o, hd, 0.0f);

@@ -1,6 +1,7 @@
 // The Llama-family forward pass (RMSNorm, RoPE, grouped-query attention with a KV cache, gated FFN with SiLU or
-// ReLU), fp32 activations over weights in their stored dtype (runtime/model/weights_view.h), OpenMP. Two paths with identical arithmetic: forward_token() for generation and
-// forward_sequence() for profiling, which runs whole sequences through matrix-matrix products.
+// ReLU), fp32 activations over weights in their stored dtype (runtime/model/weights_view.h), OpenMP. Two paths with
+// identical arithmetic: forward_token() for generation and forward_sequence() for profiling, which runs whole sequences
+// through matrix-matrix products.
 //
 // The FFN is pluggable: an FfnProvider computes a layer's FFN (the default is the dense one over the weights in
 // DRAM; the flash runtime substitutes a sparse one), and an FfnObserver sees the gate activations that decide
@@ -88,7 +89,7 @@ class Model {
   std::vector<float> att_;                      // attention scores, one row per OpenMP thread
   std::vector<float> key_cache_, value_cache_;  // [layer][max_seq][kv_dim]
   std::vector<float> x_, xb_, q_, k_, vv_, att_out_, tmp_, logits_;
-  std::vector<float> rope_cos_, rope_sin_;      // [max_seq][head_dim/2]
+  std::vector<float> rope_cos_, rope_sin_;  // [max_seq][head_dim/2]
 
   void init(int max_seq);
   void ensure_scratch(int n);

@@ -30,9 +30,12 @@ GapPolicy GapPolicy::parse(const std::string& text) {
 
 std::string GapPolicy::to_string() const {
   switch (mode) {
-    case GapMode::Off: return "off";
-    case GapMode::Auto: return resident_gaps ? "auto" : "auto-keep-runs";
-    case GapMode::Fixed: return std::to_string(bundles);
+    case GapMode::Off:
+      return "off";
+    case GapMode::Auto:
+      return resident_gaps ? "auto" : "auto-keep-runs";
+    case GapMode::Fixed:
+      return std::to_string(bundles);
   }
   return "?";
 }
@@ -65,9 +68,12 @@ ReadPlanner::ReadPlanner(const PlannerConfig& cfg) : cfg_(cfg) {
 
 uint32_t ReadPlanner::merge_gap_bundles() const {
   switch (cfg_.gap.mode) {
-    case GapMode::Off: return 0;
-    case GapMode::Fixed: return cfg_.gap.bundles;
-    case GapMode::Auto: return auto_gap_bundles(cfg_.cost, cfg_.bundle_bytes);
+    case GapMode::Off:
+      return 0;
+    case GapMode::Fixed:
+      return cfg_.gap.bundles;
+    case GapMode::Auto:
+      return auto_gap_bundles(cfg_.cost, cfg_.bundle_bytes);
   }
   return 0;
 }
@@ -84,8 +90,10 @@ uint64_t ReadPlanner::aligned_end(uint32_t slot_end) const {
 
 bool ReadPlanner::should_merge(uint32_t prev_end, uint32_t next_begin) const {
   switch (cfg_.gap.mode) {
-    case GapMode::Off: return false;
-    case GapMode::Fixed: return next_begin - prev_end <= cfg_.gap.bundles;
+    case GapMode::Off:
+      return false;
+    case GapMode::Fixed:
+      return next_begin - prev_end <= cfg_.gap.bundles;
     case GapMode::Auto: {
       // Bytes the merged read transfers beyond the two separate aligned reads (negative: they share a block).
       double extra = double(aligned_begin(next_begin)) - double(aligned_end(prev_end));
@@ -100,8 +108,7 @@ void ReadPlanner::plan(const uint32_t* active, size_t n, SlotCache* cache, Token
   out.active = static_cast<uint32_t>(n);
   for (size_t i = 0; i < n; ++i)
     if (active[i] >= cfg_.n_slots || (i && active[i] <= active[i - 1]))
-      throw InternalError("read planner: active slots must be ascending, unique and < " +
-                          std::to_string(cfg_.n_slots));
+      throw InternalError("read planner: active slots must be ascending, unique and < " + std::to_string(cfg_.n_slots));
   auto is_res = [&](uint32_t s) { return cache && cache->resident(s); };
   // Slots [sb, se) need reading: merged into the previous read when the gap policy says so, else a new read.
   auto add_read = [&](uint32_t sb, uint32_t se) {

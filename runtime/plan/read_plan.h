@@ -38,32 +38,32 @@ struct GapPolicy {
 };
 
 struct PlannerConfig {
-  uint32_t n_slots = 0;        // neurons (bundles) in the layer
-  uint64_t bundle_bytes = 0;   // bytes of one neuron bundle on flash
-  uint64_t region_offset = 0;  // byte offset of slot 0 in the image (the layer region's start)
-  uint32_t block_bytes = 4096; // reads start and end on multiples of this (power of two)
+  uint32_t n_slots = 0;         // neurons (bundles) in the layer
+  uint64_t bundle_bytes = 0;    // bytes of one neuron bundle on flash
+  uint64_t region_offset = 0;   // byte offset of slot 0 in the image (the layer region's start)
+  uint32_t block_bytes = 4096;  // reads start and end on multiples of this (power of two)
   GapPolicy gap;
-  CostFit cost;                // device cost model, used by GapMode::Auto
+  CostFit cost;  // device cost model, used by GapMode::Auto
 };
 
 // One read: slots [slot_begin, slot_end) and the block-aligned byte range that covers them.
 struct ReadOp {
   uint32_t slot_begin = 0, slot_end = 0;
-  uint32_t needed = 0;         // slots inside that are active and not served by the cache
-  uint64_t offset = 0;         // aligned byte offset in the image
-  uint64_t length = 0;         // aligned byte length
+  uint32_t needed = 0;  // slots inside that are active and not served by the cache
+  uint64_t offset = 0;  // aligned byte offset in the image
+  uint64_t length = 0;  // aligned byte length
   uint32_t bundles() const { return slot_end - slot_begin; }
 };
 
 // What one token needs from one layer. Reused across calls (plan() clears it) to avoid allocations.
 struct TokenPlan {
-  std::vector<ReadOp> reads;   // ascending, non-overlapping in slots
-  std::vector<uint32_t> hits;  // active slots served from the cache (inside no read), ascending
-  uint32_t active = 0;         // active slots this token
-  uint32_t needed = 0;         // active slots read from flash (= active - hits - cached_in_reads)
-  uint32_t cached_in_reads = 0;// active slots resident in the cache but read anyway (inside a read)
-  uint64_t bytes_read = 0;     // sum of aligned read lengths
-  uint64_t bundles_read = 0;   // sum of slot spans of the reads (unaligned)
+  std::vector<ReadOp> reads;     // ascending, non-overlapping in slots
+  std::vector<uint32_t> hits;    // active slots served from the cache (inside no read), ascending
+  uint32_t active = 0;           // active slots this token
+  uint32_t needed = 0;           // active slots read from flash (= active - hits - cached_in_reads)
+  uint32_t cached_in_reads = 0;  // active slots resident in the cache but read anyway (inside a read)
+  uint64_t bytes_read = 0;       // sum of aligned read lengths
+  uint64_t bundles_read = 0;     // sum of slot spans of the reads (unaligned)
 
   void clear();
   // Estimated I/O seconds for this plan: reads * a + bytes / B (a and B at the device's queue depth).

@@ -34,10 +34,17 @@ void cache_apply_policy(CacheConfig& cc, const std::string& admission, const std
 }
 
 SlotCache::SlotCache(uint32_t n_slots, const CacheConfig& cfg)
-    : cfg_(cfg), n_slots_(n_slots), state_(n_slots, kNone), freq_(n_slots, 0), ghost_stamp_(n_slots, 0),
-      last_active_(cfg.window_tokens ? n_slots : 0, 0), rng_(cfg.seed ^ kSplitMixGamma) {
-  if (!(cfg_.small_fraction > 0 && cfg_.small_fraction < 1)) throw UsageError("cache: small_fraction must be in (0, 1)");
-  if (!(cfg_.run_admit_prob >= 0 && cfg_.run_admit_prob <= 1)) throw UsageError("cache: run_admit_prob must be in [0, 1]");
+    : cfg_(cfg),
+      n_slots_(n_slots),
+      state_(n_slots, kNone),
+      freq_(n_slots, 0),
+      ghost_stamp_(n_slots, 0),
+      last_active_(cfg.window_tokens ? n_slots : 0, 0),
+      rng_(cfg.seed ^ kSplitMixGamma) {
+  if (!(cfg_.small_fraction > 0 && cfg_.small_fraction < 1))
+    throw UsageError("cache: small_fraction must be in (0, 1)");
+  if (!(cfg_.run_admit_prob >= 0 && cfg_.run_admit_prob <= 1))
+    throw UsageError("cache: run_admit_prob must be in [0, 1]");
   cfg_.capacity = std::min(cfg_.capacity, n_slots);
   for (uint32_t s : cfg_.pinned) {
     if (s >= n_slots) throw UsageError("cache: pinned slot out of range");
@@ -52,9 +59,7 @@ SlotCache::SlotCache(uint32_t n_slots, const CacheConfig& cfg)
   main_cap_ = rest - small_cap_;
 }
 
-double SlotCache::next_uniform() {
-  return unit_double(splitmix64_next(rng_));
-}
+double SlotCache::next_uniform() { return unit_double(splitmix64_next(rng_)); }
 
 uint32_t SlotCache::window_resident() const {
   if (!cfg_.window_tokens) return 0;

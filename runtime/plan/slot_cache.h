@@ -15,24 +15,24 @@ namespace nl {
 struct TokenPlan;
 
 struct CacheConfig {
-  uint32_t capacity = 0;           // bundles held by S3-FIFO + pinned (window residency is extra, reported)
-  double small_fraction = 0.10;    // share of the S3-FIFO capacity given to the small FIFO
-  bool linking_aligned = true;     // false: admit every miss (plain S3-FIFO)
+  uint32_t capacity = 0;              // bundles held by S3-FIFO + pinned (window residency is extra, reported)
+  double small_fraction = 0.10;       // share of the S3-FIFO capacity given to the small FIFO
+  bool linking_aligned = true;        // false: admit every miss (plain S3-FIFO)
   uint32_t isolated_max_bundles = 1;  // a miss fetched by a read of at most this many bundles counts as isolated
-  double run_admit_prob = 0.125;   // admission probability for misses fetched by longer reads
-  uint32_t window_tokens = 0;      // > 0: slots active in the last k tokens are resident (LLM in a flash)
-  std::vector<uint32_t> pinned;    // always-resident slots (count against capacity)
-  uint64_t seed = 0;               // admission draws
+  double run_admit_prob = 0.125;      // admission probability for misses fetched by longer reads
+  uint32_t window_tokens = 0;         // > 0: slots active in the last k tokens are resident (LLM in a flash)
+  std::vector<uint32_t> pinned;       // always-resident slots (count against capacity)
+  uint64_t seed = 0;                  // admission draws
 };
 
 // Admission seed of layer `layer` in a run seeded with `seed`: nl-layout eval and nl-run draw the same numbers.
 inline uint64_t cache_seed_for_layer(uint64_t seed, uint32_t layer) { return seed * 1000003ull + layer; }
 
 // Applies a layer's recorded cache policy (layout `admission`/`pinned`, image manifest `cache_policy`) on top of `cc`:
-// admission "all" or "linking-aligned" overrides cc.linking_aligned, "isolated" sets linking-aligned with a run admission
-// probability of 0 ("" keeps cc as is), the pinned slots (hottest first)
-// are appended to cc.pinned, and a small_fraction other than 0 replaces cc.small_fraction. The one place nl-layout
-// eval and nl-run turn a policy into a cache configuration.
+// admission "all" or "linking-aligned" overrides cc.linking_aligned, "isolated" sets linking-aligned with a run
+// admission probability of 0 ("" keeps cc as is), the pinned slots (hottest first) are appended to cc.pinned, and a
+// small_fraction other than 0 replaces cc.small_fraction. The one place nl-layout eval and nl-run turn a policy into a
+// cache configuration.
 void cache_apply_policy(CacheConfig& cc, const std::string& admission, const std::vector<uint32_t>& pinned_slots,
                         double small_fraction = 0);
 
@@ -54,7 +54,7 @@ class SlotCache {
 
   uint32_t size() const { return small_size_ + main_size_ + pinned_; }  // S3-FIFO + pinned bundles held
   uint32_t capacity() const { return cfg_.capacity; }
-  uint32_t window_resident() const;   // slots resident only through the window (O(n_slots))
+  uint32_t window_resident() const;  // slots resident only through the window (O(n_slots))
   uint64_t admissions() const { return admissions_; }
   uint64_t rejections() const { return rejections_; }
 
