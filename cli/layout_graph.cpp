@@ -1,5 +1,6 @@
 // nl-layout graph: count co-activations of a trace's layers into a graph file (per-neuron counts, top-k
-// neighbour lists, optionally the full upper triangle).
+// neighbour lists, optionally the full upper triangle), of the whole trace or of a slice of its tokens (one
+// machine's share; graph-merge sums the slices exactly).
 #include <omp.h>
 
 #include <chrono>
@@ -10,6 +11,7 @@
 #include "cli/layout_options.h"
 #include "formats/core/error.h"
 #include "formats/core/progress.h"
+#include "formats/sha256.h"
 #include "formats/trace.h"
 #include "graph/coactivation.h"
 #include "graph/graph_file.h"
@@ -18,7 +20,7 @@ namespace nl::cli {
 namespace {
 
 struct GraphArgs {
-  std::string trace, out, layers = "all", kernel = "auto", method = "auto";
+  std::string trace, out, layers = "all", kernel = "auto", method = "auto", tokens, sequences, slice;
   uint32_t top_k = 32;
   bool full = false;
   uint64_t chunk_mib = 512;
@@ -27,6 +29,52 @@ struct GraphArgs {
 void add_input_options(CLI::App* c, GraphArgs& a) {
   c->add_option("--trace", a.trace, "Trace file (HDF5, trace format v1)")->required()->check(CLI::ExistingFile);
   c->add_option("--layers", a.layers, "Layers to count: all, or e.g. 0,3,5-7")->capture_default_str();
+  auto* t = c->add_option("--tokens", a.tokens, "Count only tokens A:B of the trace (A inclusive, B exclusive)");
+  auto* q = c->add_option("--sequences", a.sequences, "Count only sequences A:B of the trace (their tokens)");
+  auto* s = c->add_option("--slice", a.slice,
+                          "Count only slice I/N: tokens [floor(I*T/N), floor((I+1)*T/N)) of T (e.g. "
+                          "$SLURM_ARRAY_TASK_ID/N)");
+  t->excludes(q)->excludes(s);
+  q->excludes(s);
+}
+
+// "A:B" -> [A, B); either end may be omitted (0, `end`).
+std::pair<uint64_t, uint64_t> parse_range(const std::string& opt, const std::string& v, uint64_t end) {
+  const size_t c = v.find(':');
+  auto num = [&](const std::string& x, uint64_t dflt) -> uint64_t {
+    if (x.empty()) return dflt;
+    if (x.find_first_not_of("0123456789") != std::string::npos)
+      throw UsageError(opt + " '" + v + "': expected A:B with non-negative integers");
+    return std::stoull(x);
+  };
+  if (c == std::string::npos) throw UsageError(opt + " '" + v + "': expected A:B");
+  const uint64_t a = num(v.substr(0, c), 0), b = num(v.substr(c + 1), end);
+  if (a > b || b > end)
+    throw UsageError(opt + " " + v + " is not within 0:" + std::to_string(end) + " with A <= B");
+  return {a, b};
+}
+
+// The token range the options select ([0, n_tokens) when none).
+std::pair<uint64_t, uint64_t> token_range(const GraphArgs& a, const TraceInfo& ti) {
+  if (!a.tokens.empty()) return parse_range("--tokens", a.tokens, ti.n_tokens);
+  if (!a.sequences.empty()) {
+    const auto [s0, s1] = parse_range("--sequences", a.sequences, ti.sequences.size());
+    auto start = [&](uint64_t s) { return s < ti.sequences.size() ? uint64_t(ti.sequences[s]) : ti.n_tokens; };
+    return {start(s0), start(s1)};
+  }
+  if (!a.slice.empty()) {
+    const size_t c = a.slice.find('/');
+    uint64_t i = 0, n = 0;
+    if (c == std::string::npos || a.slice.find_first_not_of("0123456789/") != std::string::npos || c == 0 ||
+        c + 1 == a.slice.size() || (n = std::stoull(a.slice.substr(c + 1))) == 0 ||
+        (i = std::stoull(a.slice.substr(0, c))) >= n)
+      throw UsageError("--slice '" + a.slice + "': expected I/N with 0 <= I < N");
+    const auto at = [&](uint64_t j) {  // floor(j*T/N) without overflow
+      return uint64_t((unsigned __int128)j * ti.n_tokens / n);
+    };
+    return {at(i), at(i + 1)};
+  }
+  return {0, ti.n_tokens};
 }
 
 void add_output_options(CLI::App* c, GraphArgs& a) {
@@ -65,10 +113,16 @@ void graph_main(const GraphArgs& a, const GlobalOptions& g) {
   o.method = count_method_parse(a.method);
   if (!count_method_supported(o.method))
     throw UsageError("--method sparse needs AVX-512 F/BW/VBMI2, which this CPU lacks");
-  info(g, "graph: " + a.trace + ": " + std::to_string(layers.size()) + " layers, " + std::to_string(ti.n_tokens) +
-              " tokens, kernel " + popcount_kernel_name(o.kernel) + ", " + std::to_string(omp_get_max_threads()) +
-              " threads");
+  const auto [t0, t1] = token_range(a, ti);
+  o.token_begin = t0;
+  o.token_end = t1;
+  const uint64_t n_tok = t1 - t0;
+  info(g, "graph: " + a.trace + ": " + std::to_string(layers.size()) + " layers, tokens " + std::to_string(t0) + ":" +
+              std::to_string(t1) + " of " + std::to_string(ti.n_tokens) + ", kernel " + popcount_kernel_name(o.kernel) +
+              ", " + std::to_string(omp_get_max_threads()) + " threads");
   GraphFileWriter w(a.out, a.trace);
+  // What solve --graph records in the layout, as solve --trace does (sha256 of the trace file, its model).
+  w.set_trace(GraphTraceRef{sha256_file(a.trace), ti.model, true, t0, t1});
   nlohmann::json jl = nlohmann::json::array();
   Progress prog("graph", layers.size(), !g.quiet, "layers");
   double total_s = 0;
@@ -93,7 +147,9 @@ void graph_main(const GraphArgs& a, const GlobalOptions& g) {
   prog.finish();
   nlohmann::json j = {{"trace", a.trace},
                       {"out", a.out},
-                      {"n_tokens", ti.n_tokens},
+                      {"n_tokens", n_tok},
+                      {"token_begin", t0},
+                      {"token_end", t1},
                       {"top_k", a.top_k},
                       {"full", a.full},
                       {"kernel", popcount_kernel_name(o.kernel)},
@@ -104,8 +160,9 @@ void graph_main(const GraphArgs& a, const GlobalOptions& g) {
     std::printf("%s\n", json_dump(j, 2).c_str());
     return;
   }
-  std::printf("%s: %zu layers, %llu tokens, top-%u%s, kernel %s: %.3f s counting\n", a.out.c_str(), layers.size(),
-              static_cast<unsigned long long>(ti.n_tokens), a.top_k, a.full ? " + full matrix" : "",
+  std::printf("%s: %zu layers, %llu tokens (%llu:%llu), top-%u%s, kernel %s: %.3f s counting\n", a.out.c_str(),
+              layers.size(), static_cast<unsigned long long>(n_tok), static_cast<unsigned long long>(t0),
+              static_cast<unsigned long long>(t1), a.top_k, a.full ? " + full matrix" : "",
               popcount_kernel_name(o.kernel), total_s);
   std::printf("%6s %8s %9s %9s\n", "layer", "neurons", "active %", "seconds");
   for (const auto& l : jl)

@@ -400,17 +400,23 @@ LayerGraph coactivation_count(const LayerMask& m, const CoactivationOptions& opt
 LayerGraph coactivation_count_trace(const TraceReader& trace, uint32_t layer, const CoactivationOptions& opt) {
   const TraceInfo& ti = trace.info();
   if (layer >= ti.n_layers) throw UsageError("layer " + std::to_string(layer) + " out of range");
-  check_tokens(ti.n_tokens);
+  const uint64_t t_end = std::min(opt.token_end, ti.n_tokens), t_begin = opt.token_begin;
+  if (t_begin > t_end)
+    throw UsageError("token range " + std::to_string(t_begin) + ":" + std::to_string(opt.token_end) +
+                     " is outside the trace's " + std::to_string(ti.n_tokens) + " tokens");
+  check_tokens(t_end - t_begin);
   const auto fn = detail::dense_tile_kernel(popcount_kernel_resolve(opt.kernel));
   const uint32_t n = ti.n_neurons[layer];
-  const uint64_t words = words_for_tokens(ti.n_tokens);
+  // Words covering the slice; bits outside [t_begin, t_end) in its first and last word are cleared after reading.
+  const uint64_t word_lo = t_begin / 64, word_hi = words_for_tokens(t_end);
+  const uint64_t words = t_end > t_begin ? word_hi - word_lo : 0;
   // Chunk width in words: a multiple of 8 (one 512-bit vector) within the byte budget, at least 8.
   uint64_t cw = n == 0 ? words : std::max<uint64_t>(8, opt.chunk_bytes / (uint64_t(n) * 8) / 8 * 8);
   cw = std::min(cw, std::max<uint64_t>(words, 1));
   const bool one_chunk = cw >= words;
   LayerGraph g;
   g.n_neurons = n;
-  g.n_tokens = ti.n_tokens;
+  g.n_tokens = t_end - t_begin;
   g.k = opt.top_k;
   g.freq.assign(n, 0);
   const bool need_upper = opt.full_matrix || (g.k > 0 && !one_chunk);
@@ -420,13 +426,22 @@ LayerGraph coactivation_count_trace(const TraceReader& trace, uint32_t layer, co
   if (direct_topk) heaps = make_heaps(n, g.k, popcount_kernel_resolve(opt.kernel));
   for (uint64_t w0 = 0; w0 < words; w0 += cw) {
     const uint64_t nw = std::min(cw, words - w0);
-    std::vector<uint64_t> chunk = trace.read_layer_words(layer, w0, nw);
+    std::vector<uint64_t> chunk = trace.read_layer_words(layer, word_lo + w0, nw);
+    const uint64_t first_tok = (word_lo + w0) * 64, last_tok = std::min((word_lo + w0 + nw) * 64, t_end);
+    if (first_tok < t_begin || last_tok % 64 != 0) {
+      const uint64_t lo_mask = first_tok < t_begin ? ~uint64_t(0) << (t_begin - first_tok) : ~uint64_t(0);
+      const uint64_t hi_mask = last_tok % 64 ? ~uint64_t(0) >> (64 - last_tok % 64) : ~uint64_t(0);
+      for (uint32_t v = 0; v < n; ++v) {
+        chunk[size_t(v) * nw] &= lo_mask;
+        chunk[size_t(v) * nw + nw - 1] &= hi_mask;
+      }
+    }
     std::vector<uint64_t> cf(n, 0);
     row_freq(chunk.data(), n, nw, nw, cf);
     for (uint32_t v = 0; v < n; ++v) g.freq[v] += cf[v];
     // The method is chosen per chunk from that chunk's density (both are exact).
     const CountMethod method =
-        count_method_resolve(opt.method, active_fraction(cf, n, std::min(nw * 64, ti.n_tokens - w0 * 64)));
+        count_method_resolve(opt.method, active_fraction(cf, n, last_tok - std::max(first_tok, t_begin)));
     count_chunk(chunk.data(), n, nw, nw, method, fn, g.upper.empty() ? nullptr : g.upper.data(),
                 direct_topk ? &heaps : nullptr);
   }

@@ -30,6 +30,10 @@ struct CoactivationOptions {
   // needs more than one chunk and top-k is wanted, the full upper triangle is accumulated internally
   // (n*(n-1)/2 uint32) and reduced to top-k at the end.
   uint64_t chunk_bytes = 512ull << 20;
+  // coactivation_count_trace only: count tokens [token_begin, min(token_end, n_tokens)) of the trace (a slice
+  // that one machine of several counts; graph files of disjoint slices sum exactly with graph_file_merge).
+  uint64_t token_begin = 0;
+  uint64_t token_end = UINT64_MAX;
 };
 
 struct LayerGraph {

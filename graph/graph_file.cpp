@@ -147,6 +147,7 @@ struct GraphFileWriter::Impl {
   bool full = false;
   int64_t count = 0;
   int64_t last_layer = -1;
+  GraphTraceRef trace;
   explicit Impl(const std::string& p) : out(p) {}
 };
 
@@ -197,9 +198,18 @@ void GraphFileWriter::add_layer(uint32_t layer, const LayerGraph& g) {
              false);
 }
 
+void GraphFileWriter::set_trace(const GraphTraceRef& t) { impl_->trace = t; }
+
 void GraphFileWriter::close() {
   auto& im = *impl_;
   if (im.closed) return;
+  // Optional provenance (readers accept files without it).
+  if (!im.trace.sha256.empty()) attr_string(im.file, "trace_sha256", im.trace.sha256);
+  if (!im.trace.model.empty()) attr_string(im.file, "trace_model", im.trace.model);
+  if (im.trace.has_range) {
+    attr_int(im.file, "token_begin", static_cast<int64_t>(im.trace.token_begin));
+    attr_int(im.file, "token_end", static_cast<int64_t>(im.trace.token_end));
+  }
   attr_int(im.file, "n_layers", im.count);
   attr_int(im.file, "n_tokens", static_cast<int64_t>(im.n_tokens));
   attr_int(im.file, "top_k", im.k);
@@ -244,6 +254,17 @@ GraphFileReader::GraphFileReader(const std::string& path) : impl_(std::make_uniq
   if (k < 0 || k > 65536) throw InputError(path, "top_k " + std::to_string(k) + " is out of range");
   const int64_t full = read_int(path, f, "full", "");
   if (full != 0 && full != 1) throw InputError(path, "attribute 'full' must be 0 or 1");
+  if (has_attr(f, "trace_sha256")) info_.trace.sha256 = read_string(path, f, "trace_sha256");
+  if (has_attr(f, "trace_model")) info_.trace.model = read_string(path, f, "trace_model");
+  if (has_attr(f, "token_begin") || has_attr(f, "token_end")) {
+    const int64_t b = read_int(path, f, "token_begin", ""), e = read_int(path, f, "token_end", "");
+    if (b < 0 || e < b || e - b != n_tokens)
+      throw InputError(path, "token_begin/token_end (" + std::to_string(b) + ":" + std::to_string(e) +
+                                 ") do not span n_tokens (" + std::to_string(n_tokens) + ")");
+    info_.trace.has_range = true;
+    info_.trace.token_begin = uint64_t(b);
+    info_.trace.token_end = uint64_t(e);
+  }
   info_.n_tokens = uint64_t(n_tokens);
   info_.top_k = uint32_t(k);
   info_.full = full == 1;
@@ -350,9 +371,45 @@ void graph_file_merge(const std::vector<std::string>& inputs, const std::string&
     if (!top_k && ri.top_k != first.top_k)
       throw InputError(ri.path, "top_k " + std::to_string(ri.top_k) + " differs from " + first.path + " (" +
                                     std::to_string(first.top_k) + "); pass --top-k");
+    if (!ri.trace.model.empty() && !first.trace.model.empty() && ri.trace.model != first.trace.model)
+      throw InputError(ri.path, "counts model '" + ri.trace.model + "' but " + first.path + " counts '" +
+                                    first.trace.model + "'");
     total += ri.n_tokens;
   }
   if (total > UINT32_MAX) throw UsageError("merged token count exceeds 2^32-1 (counts are uint32)");
+  // Provenance: slices of one trace must be disjoint (an overlap would count its tokens twice); the merge keeps
+  // the trace's sha256, and the slice when the inputs tile one contiguous range.
+  GraphTraceRef tref;
+  for (const auto& r : rs)
+    if (!r->info().trace.model.empty()) tref.model = r->info().trace.model;
+  bool same_trace = !first.trace.sha256.empty();
+  for (const auto& r : rs) same_trace = same_trace && r->info().trace.sha256 == first.trace.sha256;
+  if (same_trace) {
+    tref.sha256 = first.trace.sha256;
+    std::vector<std::pair<std::pair<uint64_t, uint64_t>, const std::string*>> ranges;
+    bool all_ranged = true;
+    for (const auto& r : rs) {
+      const GraphTraceRef& t = r->info().trace;
+      all_ranged = all_ranged && t.has_range;
+      if (t.has_range) ranges.push_back({{t.token_begin, t.token_end}, &r->info().path});
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 1; i < ranges.size(); ++i)
+      if (ranges[i].first.first < ranges[i - 1].first.second)
+        throw InputError(*ranges[i].second, "counts tokens " + std::to_string(ranges[i].first.first) + ":" +
+                                                std::to_string(ranges[i].first.second) + " of the same trace as " +
+                                                *ranges[i - 1].second + " (" +
+                                                std::to_string(ranges[i - 1].first.first) + ":" +
+                                                std::to_string(ranges[i - 1].first.second) + "): slices overlap");
+    bool contiguous = all_ranged && !ranges.empty();
+    for (size_t i = 1; contiguous && i < ranges.size(); ++i)
+      contiguous = ranges[i].first.first == ranges[i - 1].first.second;
+    if (contiguous) {
+      tref.has_range = true;
+      tref.token_begin = ranges.front().first.first;
+      tref.token_end = ranges.back().first.second;
+    }
+  }
   const uint32_t k = top_k ? *top_k : first.top_k;
   std::string source = "merge of";
   for (const auto& r : rs) source += " " + r->info().path;
@@ -369,6 +426,7 @@ void graph_file_merge(const std::vector<std::string>& inputs, const std::string&
     w.add_layer(first.layers[i], acc);
     if (on_layer) on_layer();
   }
+  w.set_trace(tref);
   w.close();
 }
 

@@ -16,6 +16,15 @@ namespace nl {
 inline constexpr const char* kGraphFormat = "neuralink-graph";
 inline constexpr int64_t kGraphVersion = 1;
 
+// The trace a graph counts (optional attributes; solve --graph records them in the layout as solve --trace does):
+// its sha256 and model, and the token slice [token_begin, token_end) counted. A merge of slices of one trace keeps
+// the sha256, and the slice when the inputs tile one contiguous range; a merge of different traces keeps neither.
+struct GraphTraceRef {
+  std::string sha256, model;
+  bool has_range = false;
+  uint64_t token_begin = 0, token_end = 0;
+};
+
 struct GraphFileInfo {
   std::string path;
   std::string source;     // what was counted (trace path, or "merge of ...")
@@ -24,6 +33,7 @@ struct GraphFileInfo {
   bool full = false;                // every layer stores its upper triangle (merging needs it)
   std::vector<uint32_t> layers;     // trace layer index of each stored layer, ascending
   std::vector<uint32_t> n_neurons;  // per stored layer
+  GraphTraceRef trace;              // what was counted (empty for files written before these attributes)
 };
 
 // Writes layers one at a time (a full 16,384-neuron matrix is 512 MiB; nothing else is held). All layers must
@@ -35,6 +45,7 @@ class GraphFileWriter {
   GraphFileWriter(const GraphFileWriter&) = delete;
   GraphFileWriter& operator=(const GraphFileWriter&) = delete;
   void add_layer(uint32_t layer, const LayerGraph& g);
+  void set_trace(const GraphTraceRef& t);  // written at close()
   void close();
 
  private:
@@ -60,7 +71,8 @@ class GraphFileReader {
   GraphFileInfo info_;
 };
 
-// Sums graph files counted from disjoint token shards of one trace: n_tokens, freq and the full upper
+// Sums graph files counted from disjoint token shards of one trace (or from trace shards of one model: the inputs'
+// models must agree; slices of one trace must not overlap): n_tokens, freq and the full upper
 // triangles add, and the top-k lists are rebuilt from the summed matrix (exact). Every input must store the
 // full matrix (top-k lists alone cannot be merged exactly) and have the same layers and neuron counts.
 // top_k: the output's k (default: the inputs' k, which must then agree). The output stores the full matrix.

@@ -124,3 +124,85 @@ TEST_CASE("nl-layout graph writes the library's counts; graph-merge of shards eq
                  "cli_g_all.h5", "cli_g_m.h5", "cli_g_text.h5", "cli_graph_out.txt", "cli_graph_err.txt"})
     std::remove(p);
 }
+
+TEST_CASE("nl-layout graph --tokens/--slice/--sequences: slices of one trace + graph-merge = the whole trace") {
+  // 3 layers, 1,000 tokens in 5 sequences; slice ends off word boundaries, and chunks smaller than a slice.
+  std::vector<LayerMask> masks = {random_mask(70, 1000, 0.15, 11), random_mask(9, 1000, 0.5, 12),
+                                  random_mask(40, 1000, 0.05, 13)};
+  TraceWriterOptions wo;
+  wo.model = "slice-model";
+  wo.activation = "synthetic";
+  for (auto& m : masks) wo.n_neurons.push_back(m.n_neurons);
+  trace_write("cli_gs_trace.h5", wo, masks, {0, 130, 401, 640, 777});
+  REQUIRE(run("graph --trace cli_gs_trace.h5 --out cli_gs_all.h5 --full --top-k 5 -q").code == 0);
+  auto same = [](const std::string& a_path, const std::string& b_path) {
+    GraphFileReader a(a_path), b(b_path);
+    CHECK(a.info().n_tokens == b.info().n_tokens);
+    CHECK(a.info().layers == b.info().layers);
+    CHECK(a.info().trace.sha256 == b.info().trace.sha256);
+    CHECK(a.info().trace.model == b.info().trace.model);
+    CHECK(a.info().trace.has_range == b.info().trace.has_range);
+    CHECK(a.info().trace.token_begin == b.info().trace.token_begin);
+    CHECK(a.info().trace.token_end == b.info().trace.token_end);
+    for (size_t i = 0; i < a.info().layers.size(); ++i) {
+      LayerGraph x = a.read_layer(i), y = b.read_layer(i);
+      CHECK(x.freq == y.freq);
+      CHECK(x.upper == y.upper);
+      CHECK(x.nbr == y.nbr);
+      CHECK(x.nbr_cnt == y.nbr_cnt);
+      CHECK(x.nbr_len == y.nbr_len);
+    }
+  };
+  {
+    GraphFileReader a("cli_gs_all.h5");
+    CHECK(a.info().trace.sha256.size() == 64);
+    CHECK(a.info().trace.model == "slice-model");
+    CHECK(a.info().trace.has_range);
+    CHECK(a.info().trace.token_end == 1000);
+  }
+  // Two token slices (333 is inside word 5), the second counted in chunks of 8 words.
+  REQUIRE(run("graph --trace cli_gs_trace.h5 --out cli_gs_t0.h5 --full --top-k 5 --tokens 0:333 -q").code == 0);
+  REQUIRE(
+      run("graph --trace cli_gs_trace.h5 --out cli_gs_t1.h5 --full --top-k 5 --tokens 333: --chunk-mib 1 -q").code ==
+      0);
+  {
+    GraphFileReader t0("cli_gs_t0.h5");
+    CHECK(t0.info().n_tokens == 333);
+    // The slice's counts are the library's counts of the sliced mask.
+    CoactivationOptions o;
+    o.top_k = 5;
+    o.full_matrix = true;
+    LayerGraph want = coactivation_count(slice(masks[0], 0, 333), o), got = t0.read_layer(0);
+    CHECK(got.freq == want.freq);
+    CHECK(got.upper == want.upper);
+  }
+  REQUIRE(run("graph-merge cli_gs_t1.h5 cli_gs_t0.h5 --out cli_gs_m2.h5 -q").code == 0);
+  same("cli_gs_all.h5", "cli_gs_m2.h5");
+  // Three slices by --slice I/N, and two by sequences (sequences 0-1 and 2-4).
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(run("graph --trace cli_gs_trace.h5 --out cli_gs_s" + std::to_string(i) + ".h5 --full --top-k 5 --slice " +
+                std::to_string(i) + "/3 -q")
+                .code == 0);
+  REQUIRE(run("graph-merge cli_gs_s0.h5 cli_gs_s1.h5 cli_gs_s2.h5 --out cli_gs_m3.h5 -q").code == 0);
+  same("cli_gs_all.h5", "cli_gs_m3.h5");
+  REQUIRE(run("graph --trace cli_gs_trace.h5 --out cli_gs_q0.h5 --full --top-k 5 --sequences 0:2 -q").code == 0);
+  REQUIRE(run("graph --trace cli_gs_trace.h5 --out cli_gs_q1.h5 --full --top-k 5 --sequences 2: -q").code == 0);
+  CHECK(GraphFileReader("cli_gs_q0.h5").info().n_tokens == 401);
+  REQUIRE(run("graph-merge cli_gs_q0.h5 cli_gs_q1.h5 --out cli_gs_mq.h5 -q").code == 0);
+  same("cli_gs_all.h5", "cli_gs_mq.h5");
+  // Overlapping slices of one trace are refused (their shared tokens would count twice), naming the file.
+  REQUIRE(run("graph --trace cli_gs_trace.h5 --out cli_gs_ov.h5 --full --top-k 5 --tokens 300:500 -q").code == 0);
+  Run r = run("graph-merge cli_gs_t0.h5 cli_gs_ov.h5 --out cli_gs_bad.h5 -q");
+  CHECK(r.code == 3);
+  CHECK(r.err.find("slices overlap") != std::string::npos);
+  CHECK(!std::ifstream("cli_gs_bad.h5").good());
+  // Bad ranges: usage errors.
+  CHECK(run("graph --trace cli_gs_trace.h5 --out cli_gs_bad.h5 --tokens 10:1001 -q").code == 2);
+  CHECK(run("graph --trace cli_gs_trace.h5 --out cli_gs_bad.h5 --tokens 20:10 -q").code == 2);
+  CHECK(run("graph --trace cli_gs_trace.h5 --out cli_gs_bad.h5 --slice 3/3 -q").code == 2);
+  CHECK(run("graph --trace cli_gs_trace.h5 --out cli_gs_bad.h5 --tokens 0:5 --slice 0/2 -q").code == 2);
+  for (auto p : {"cli_gs_trace.h5", "cli_gs_all.h5", "cli_gs_t0.h5", "cli_gs_t1.h5", "cli_gs_m2.h5", "cli_gs_s0.h5",
+                 "cli_gs_s1.h5", "cli_gs_s2.h5", "cli_gs_m3.h5", "cli_gs_q0.h5", "cli_gs_q1.h5", "cli_gs_mq.h5",
+                 "cli_gs_ov.h5"})
+    std::remove(p);
+}
