@@ -1,12 +1,16 @@
-// nl-layout solve: learn one neuron order per FFN layer from a profile trace and write the layout JSON.
+// nl-layout solve: learn one neuron order per FFN layer from a profile trace (or from a graph file's counts plus
+// an optional token sample, --graph) and write the layout JSON.
 #include <cstdio>
 
 #include "cli/commands.h"
 #include "cli/layout_options.h"
+#include "formats/core/error.h"
 #include "formats/core/progress.h"
 #include "formats/layout.h"
 #include "formats/trace.h"
+#include "graph/graph_file.h"
 #include "layout/solve.h"
+#include "layout/solve_graph.h"
 
 namespace nl::cli {
 namespace {
@@ -14,7 +18,7 @@ namespace {
 // The defaults are SolveOptions' own (layout/solve.h): the options bind to its fields; only the CLI's own inputs
 // and the two options stated differently on the command line (MiB, a negated flag) are kept here.
 struct SolveArgs {
-  std::string trace, out;
+  std::string trace, graph, out;
   SolveOptions o;
   uint64_t full_matrix_mib = SolveOptions{}.full_matrix_bytes >> 20;
   bool no_weight_guard = !SolveOptions{}.guard_weight;
@@ -22,8 +26,13 @@ struct SolveArgs {
 };
 
 void add_io_options(CLI::App& c, SolveArgs& a) {
-  c.add_option("--trace", a.trace, "Profile trace (HDF5, trace v1)")
-      ->required()
+  c.add_option("--trace", a.trace,
+               "Profile trace (HDF5, trace v1); with --graph, the token sample greedy+ls searches on (optional for "
+               "the other methods)")
+      ->check(CLI::ExistingFile)
+      ->group("Input/output");
+  c.add_option("--graph", a.graph,
+               "Co-activation counts from a graph file (nl-layout graph / graph-merge) instead of counting --trace")
       ->check(CLI::ExistingFile)
       ->group("Input/output");
   c.add_option("--out", a.out, "Layout JSON to write (atomically)")->required()->group("Input/output");
@@ -99,18 +108,26 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
 
 void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
-  check_paths({{"--trace", a.trace}, {"--device", a.dev.device}}, {{"--out", a.out}});
+  if (a.trace.empty() && a.graph.empty()) throw UsageError("solve needs --trace or --graph (or both)");
+  check_paths({{"--trace", a.trace}, {"--graph", a.graph}, {"--device", a.dev.device}}, {{"--out", a.out}});
   SolveOptions o = a.o;
   o.full_matrix_bytes = a.full_matrix_mib << 20;
   o.eval = eval_config_from(a.dev);
   o.guard_weight = !a.no_weight_guard;
   uint32_t n_layers = 0;
-  {
+  if (!a.graph.empty()) {
+    GraphFileReader gr(a.graph);
+    n_layers = uint32_t(gr.info().layers.size());
+    if (!gr.info().full && a.trace.empty())
+      info(g, "solve: " + a.graph +
+                  " stores top-k lists only and no --trace is given: greedy joins its fragments in index order and "
+                  "the recorded path weights count only the pairs in the lists (lower bounds)");
+  } else {
     TraceReader tr(a.trace);
     n_layers = tr.info().n_layers;
   }
   Progress prog("solve " + o.method, n_layers, !g.quiet, "layers");
-  Layout l = solve_trace(a.trace, o, [&](uint32_t layer, const LayerSolve& s) {
+  auto on_layer = [&](uint32_t layer, const LayerSolve& s) {
     char buf[768];
     int k = std::snprintf(
         buf, sizeof buf, "layer %u: %s path weight %llu, bound %.0f, %.2f s (count %.2f, greedy %.2f, search %.2f)%s",
@@ -133,7 +150,8 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
     }
     prog.note(buf);
     prog.add(1);
-  });
+  };
+  Layout l = a.graph.empty() ? solve_trace(a.trace, o, on_layer) : solve_graph(a.graph, a.trace, o, on_layer);
   prog.finish();
   layout_write(a.out, l);
   if (g.json) {
@@ -152,7 +170,8 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
 
 void add_layout_solve(CLI::App& app, GlobalOptions& g) {
   static SolveArgs a;
-  CLI::App* c = app.add_subcommand("solve", "Learn a neuron order per FFN layer from a profile trace");
+  CLI::App* c = app.add_subcommand(
+      "solve", "Learn a neuron order per FFN layer from a profile trace or a graph file's co-activation counts");
   add_io_options(*c, a);
   add_method_options(*c, a);
   add_search_options(*c, a);

@@ -14,7 +14,7 @@
 
 namespace nl {
 
-LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t layer_index) {
+LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t layer_index, const LayerCountsFn& counts) {
   auto t0 = std::chrono::steady_clock::now();
   LayerSolve r;
   CoactivationOptions co;
@@ -24,7 +24,8 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
   // With the full matrix greedy needs no candidate lists; the search reads the first `neighbours` entries and the
   // bound the first two, and exact top-k lists are prefixes of longer ones, so shorter lists change nothing.
   if (co.full_matrix) co.top_k = std::min(co.top_k, std::max<uint32_t>(2, opt.ls.neighbours));
-  LayerGraph g = coactivation_count(m, co);
+  LayerGraph counted;
+  const LayerGraph& g = counts ? counts(layer_index, co) : (counted = coactivation_count(m, co));
   auto lap = [t = t0]() mutable {
     auto now = std::chrono::steady_clock::now();
     double d = std::chrono::duration<double>(now - t).count();
@@ -278,15 +279,7 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
   return r;
 }
 
-Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,
-                   const std::function<void(uint32_t, const LayerSolve&)>& progress) {
-  TraceReader tr(trace_path);
-  const TraceInfo& ti = tr.info();
-  Layout out;
-  out.method = opt.method;
-  out.trace_sha256 = sha256_file(trace_path);
-  out.trace_model = ti.model;
-  out.trace_tokens = ti.n_tokens;
+nlohmann::json solve_parameters(const SolveOptions& opt) {
   nlohmann::json p = nlohmann::json::object();
   p["seed"] = opt.seed;
   p["top_k"] = opt.top_k;
@@ -310,7 +303,30 @@ Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,
     p["kicks"] = opt.ls.kicks;
     if (opt.ls.time_budget_s > 0) p["time_budget_s"] = opt.ls.time_budget_s;
   }
-  out.parameters = p;
+  return p;
+}
+
+LayoutLayer layout_layer_of(const LayerSolve& s) {
+  LayoutLayer L;
+  L.order = s.order;
+  L.admission = s.cache.admission;
+  L.pinned = s.cache.pinned;
+  L.small_fraction = s.cache.small_fraction;
+  L.objective = double(s.objective);
+  L.upper_bound = s.upper_bound;
+  return L;
+}
+
+Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,
+                   const std::function<void(uint32_t, const LayerSolve&)>& progress) {
+  TraceReader tr(trace_path);
+  const TraceInfo& ti = tr.info();
+  Layout out;
+  out.method = opt.method;
+  out.trace_sha256 = sha256_file(trace_path);
+  out.trace_model = ti.model;
+  out.trace_tokens = ti.n_tokens;
+  out.parameters = solve_parameters(opt);
   out.layers.resize(ti.n_layers);
   std::mutex io_mu, cb_mu;
   std::exception_ptr err;
@@ -323,12 +339,7 @@ Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,
         m = tr.read_layer(uint32_t(l));
       }
       LayerSolve s = solve_layer(m, opt, uint32_t(l));
-      out.layers[size_t(l)].order = s.order;
-      out.layers[size_t(l)].admission = s.cache.admission;
-      out.layers[size_t(l)].pinned = s.cache.pinned;
-      out.layers[size_t(l)].small_fraction = s.cache.small_fraction;
-      out.layers[size_t(l)].objective = double(s.objective);
-      out.layers[size_t(l)].upper_bound = s.upper_bound;
+      out.layers[size_t(l)] = layout_layer_of(s);
       if (progress) {
         std::lock_guard<std::mutex> lk(cb_mu);
         progress(uint32_t(l), s);

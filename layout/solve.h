@@ -65,7 +65,18 @@ struct LayerSolve {
   double seconds = 0;
 };
 
-LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t layer_index);
+// Where a layer's co-activation counts come from when they are not counted from its mask (nl-layout solve --graph,
+// layout/solve_graph.h): given the counting options solve would use, the layer's graph (kept alive by the caller).
+using LayerCountsFn = std::function<const LayerGraph&(uint32_t layer, const CoactivationOptions& co)>;
+
+// `counts` (optional): the layer's counts instead of counting `m` (which is then the token sample, maybe empty).
+LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t layer_index,
+                       const LayerCountsFn& counts = {});
+
+// The layout's "parameters" object for these options, and one layer's entry from its result (one definition
+// for solve_trace and solve_graph).
+nlohmann::json solve_parameters(const SolveOptions& opt);
+LayoutLayer layout_layer_of(const LayerSolve& s);
 
 // Solves every layer of a trace file. `progress` (optional) is called after each layer (from any thread,
 // serialised).

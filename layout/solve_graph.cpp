@@ -1,0 +1,145 @@
+// solve --graph: counts from a graph file instead of a trace; the per-layer solve is solve_layer's own.
+#include "layout/solve_graph.h"
+
+#include <omp.h>
+
+#include <mutex>
+
+#include "formats/core/error.h"
+#include "formats/trace.h"
+#include "graph/graph_file.h"
+
+namespace nl {
+
+LayerGraph graph_counts_for_solve(LayerGraph g, const CoactivationOptions& co, const std::string& path,
+                                  uint32_t layer) {
+  const std::string at = path + ": layer " + std::to_string(layer) + ": ";
+  const bool has_upper = g.has_full();
+  if (co.full_matrix && !has_upper)
+    throw UsageError(at + "stores top-k lists only, but greedy uses every pair of a layer this size (count it with "
+                          "`graph --full`, or solve with --full-matrix-mib 0 for the top-k form)");
+  if (has_upper && (co.top_k > g.k || !co.full_matrix)) {
+    // Exact top-k lists of any length come from the full matrix (the lists solve's own count would give).
+    coactivation_build_topk(g, co.top_k);
+  } else if (co.top_k < g.k) {
+    // Exact top-k lists are prefixes of longer ones (count desc, index asc): cut each row to co.top_k.
+    const uint32_t k = co.top_k;
+    std::vector<uint32_t> nbr(size_t(g.n_neurons) * k), cnt(size_t(g.n_neurons) * k);
+    for (uint32_t v = 0; v < g.n_neurons; ++v) {
+      std::copy_n(g.nbr.begin() + std::ptrdiff_t(size_t(v) * g.k), k, nbr.begin() + std::ptrdiff_t(size_t(v) * k));
+      std::copy_n(g.nbr_cnt.begin() + std::ptrdiff_t(size_t(v) * g.k), k, cnt.begin() + std::ptrdiff_t(size_t(v) * k));
+      g.nbr_len[v] = std::min(g.nbr_len[v], k);
+    }
+    g.nbr.swap(nbr);
+    g.nbr_cnt.swap(cnt);
+    g.k = k;
+  } else if (co.top_k > g.k) {
+    throw UsageError(at + "stores top-" + std::to_string(g.k) + " lists, fewer than solve's --top-k " +
+                     std::to_string(co.top_k) + " (count with a larger --top-k or --full, or lower --top-k)");
+  }
+  if (!co.full_matrix) {
+    g.upper.clear();
+    g.upper.shrink_to_fit();
+  }
+  return g;
+}
+
+namespace {
+
+// Path weight from what the graph knows: exact from the full matrix; else the adjacent pairs found in the top-k
+// lists (a lower bound: a pair outside both neurons' lists counts 0).
+uint64_t graph_path_weight(const LayerGraph& g, const Order& o, bool* exact) {
+  uint64_t w = 0;
+  *exact = g.has_full();
+  for (size_t i = 0; i + 1 < o.size(); ++i) {
+    const uint32_t a = o[i], b = o[i + 1];
+    if (*exact) {
+      w += g.pair(a, b);
+      continue;
+    }
+    uint64_t c = 0;
+    for (uint32_t e = 0; e < (g.k ? g.nbr_len[a] : 0) && !c; ++e)
+      if (g.nbr[size_t(a) * g.k + e] == b) c = g.nbr_cnt[size_t(a) * g.k + e];
+    for (uint32_t e = 0; e < (g.k ? g.nbr_len[b] : 0) && !c; ++e)
+      if (g.nbr[size_t(b) * g.k + e] == a) c = g.nbr_cnt[size_t(b) * g.k + e];
+    w += c;
+  }
+  return w;
+}
+
+}  // namespace
+
+Layout solve_graph(const std::string& graph_path, const std::string& sample_trace, const SolveOptions& opt,
+                   const std::function<void(uint32_t, const LayerSolve&)>& progress) {
+  GraphFileReader gr(graph_path);
+  const GraphFileInfo& gi = gr.info();
+  const uint32_t n_layers = uint32_t(gi.layers.size());
+  for (uint32_t i = 0; i < n_layers; ++i)
+    if (gi.layers[i] != i)
+      throw InputError(graph_path, "holds layers that are not 0.." + std::to_string(n_layers - 1) +
+                                       " (solve orders every layer: count them all with --layers all)");
+  if (n_layers == 0) throw InputError(graph_path, "holds no layers");
+  if (opt.method == "greedy+ls" && sample_trace.empty())
+    throw UsageError("--method greedy+ls from --graph needs --trace SAMPLE.h5: its search, guard and cache variants "
+                     "measure the device objective on tokens (docs/solvers.md)");
+  std::unique_ptr<TraceReader> tr;
+  if (!sample_trace.empty()) {
+    tr = std::make_unique<TraceReader>(sample_trace);
+    const TraceInfo& ti = tr->info();
+    if (ti.n_layers != n_layers)
+      throw InputError(sample_trace, "has " + std::to_string(ti.n_layers) + " layers but graph " + graph_path +
+                                         " has " + std::to_string(n_layers));
+    for (uint32_t l = 0; l < n_layers; ++l)
+      if (ti.n_neurons[l] != gi.n_neurons[l])
+        throw InputError(sample_trace, "layer " + std::to_string(l) + " has " + std::to_string(ti.n_neurons[l]) +
+                                           " neurons but graph " + graph_path + " has " +
+                                           std::to_string(gi.n_neurons[l]));
+    if (!gi.trace.model.empty() && ti.model != gi.trace.model)
+      throw InputError(sample_trace, "is a trace of model '" + ti.model + "' but graph " + graph_path + " counts '" +
+                                         gi.trace.model + "'");
+  }
+  Layout out;
+  out.method = opt.method;
+  out.trace_sha256 = gi.trace.sha256;
+  out.trace_model = gi.trace.model;
+  out.trace_tokens = gi.n_tokens;
+  out.parameters = solve_parameters(opt);
+  out.layers.resize(n_layers);
+  std::mutex io_mu, cb_mu;
+  std::exception_ptr err;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t l = 0; l < int64_t(n_layers); ++l) {
+    try {
+      LayerGraph file_g, g;
+      LayerMask m(gi.n_neurons[size_t(l)], 0);  // no tokens unless a sample is given
+      {
+        std::lock_guard<std::mutex> lk(io_mu);  // HDF5 is serialised
+        file_g = gr.read_layer(size_t(l));
+        if (tr) m = tr->read_layer(uint32_t(l));
+      }
+      auto counts = [&](uint32_t layer, const CoactivationOptions& co) -> const LayerGraph& {
+        g = graph_counts_for_solve(std::move(file_g), co, graph_path, layer);
+        return g;
+      };
+      LayerSolve s = solve_layer(m, opt, uint32_t(l), counts);
+      // solve_layer measures the path weight on the sample where the graph's matrix does not cover it: record
+      // the graph's own (exact with the full matrix, or when the sample is the counted trace itself).
+      if (!(graph_covers(g, m) || (m.n_tokens == g.n_tokens && m.n_tokens > 0))) {
+        bool exact = false;
+        s.objective = graph_path_weight(g, s.order, &exact);
+      }
+      out.layers[size_t(l)] = layout_layer_of(s);
+      if (progress) {
+        std::lock_guard<std::mutex> lk(cb_mu);
+        progress(uint32_t(l), s);
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(cb_mu);
+      if (!err) err = std::current_exception();
+    }
+  }
+  if (err) std::rethrow_exception(err);
+  return out;
+}
+
+}  // namespace nl
