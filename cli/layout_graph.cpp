@@ -49,8 +49,7 @@ std::pair<uint64_t, uint64_t> parse_range(const std::string& opt, const std::str
   };
   if (c == std::string::npos) throw UsageError(opt + " '" + v + "': expected A:B");
   const uint64_t a = num(v.substr(0, c), 0), b = num(v.substr(c + 1), end);
-  if (a > b || b > end)
-    throw UsageError(opt + " " + v + " is not within 0:" + std::to_string(end) + " with A <= B");
+  if (a > b || b > end) throw UsageError(opt + " " + v + " is not within 0:" + std::to_string(end) + " with A <= B");
   return {a, b};
 }
 

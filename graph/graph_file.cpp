@@ -372,8 +372,8 @@ void graph_file_merge(const std::vector<std::string>& inputs, const std::string&
       throw InputError(ri.path, "top_k " + std::to_string(ri.top_k) + " differs from " + first.path + " (" +
                                     std::to_string(first.top_k) + "); pass --top-k");
     if (!ri.trace.model.empty() && !first.trace.model.empty() && ri.trace.model != first.trace.model)
-      throw InputError(ri.path, "counts model '" + ri.trace.model + "' but " + first.path + " counts '" +
-                                    first.trace.model + "'");
+      throw InputError(
+          ri.path, "counts model '" + ri.trace.model + "' but " + first.path + " counts '" + first.trace.model + "'");
     total += ri.n_tokens;
   }
   if (total > UINT32_MAX) throw UsageError("merged token count exceeds 2^32-1 (counts are uint32)");

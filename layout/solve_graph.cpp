@@ -11,13 +11,14 @@
 
 namespace nl {
 
-LayerGraph graph_counts_for_solve(LayerGraph g, const CoactivationOptions& co, const std::string& path,
-                                  uint32_t layer) {
+LayerGraph graph_counts_for_solve(LayerGraph g, const CoactivationOptions& co, const std::string& path, uint32_t layer,
+                                  std::vector<uint32_t>* unused_upper) {
   const std::string at = path + ": layer " + std::to_string(layer) + ": ";
   const bool has_upper = g.has_full();
   if (co.full_matrix && !has_upper)
-    throw UsageError(at + "stores top-k lists only, but greedy uses every pair of a layer this size (count it with "
-                          "`graph --full`, or solve with --full-matrix-mib 0 for the top-k form)");
+    throw UsageError(at +
+                     "stores top-k lists only, but greedy uses every pair of a layer this size (count it with "
+                     "`graph --full`, or solve with --full-matrix-mib 0 for the top-k form)");
   if (has_upper && (co.top_k > g.k || !co.full_matrix)) {
     // Exact top-k lists of any length come from the full matrix (the lists solve's own count would give).
     coactivation_build_topk(g, co.top_k);
@@ -38,6 +39,7 @@ LayerGraph graph_counts_for_solve(LayerGraph g, const CoactivationOptions& co, c
                      std::to_string(co.top_k) + " (count with a larger --top-k or --full, or lower --top-k)");
   }
   if (!co.full_matrix) {
+    if (unused_upper) unused_upper->swap(g.upper);
     g.upper.clear();
     g.upper.shrink_to_fit();
   }
@@ -48,13 +50,13 @@ namespace {
 
 // Path weight from what the graph knows: exact from the full matrix; else the adjacent pairs found in the top-k
 // lists (a lower bound: a pair outside both neurons' lists counts 0).
-uint64_t graph_path_weight(const LayerGraph& g, const Order& o, bool* exact) {
+uint64_t graph_path_weight(const LayerGraph& g, const std::vector<uint32_t>& upper, const Order& o) {
   uint64_t w = 0;
-  *exact = g.has_full();
+  const uint32_t n = g.n_neurons;
   for (size_t i = 0; i + 1 < o.size(); ++i) {
     const uint32_t a = o[i], b = o[i + 1];
-    if (*exact) {
-      w += g.pair(a, b);
+    if (!upper.empty()) {
+      w += upper[LayerGraph::upper_index(n, std::min(a, b), std::max(a, b))];
       continue;
     }
     uint64_t c = 0;
@@ -80,8 +82,9 @@ Layout solve_graph(const std::string& graph_path, const std::string& sample_trac
                                        " (solve orders every layer: count them all with --layers all)");
   if (n_layers == 0) throw InputError(graph_path, "holds no layers");
   if (opt.method == "greedy+ls" && sample_trace.empty())
-    throw UsageError("--method greedy+ls from --graph needs --trace SAMPLE.h5: its search, guard and cache variants "
-                     "measure the device objective on tokens (docs/solvers.md)");
+    throw UsageError(
+        "--method greedy+ls from --graph needs --trace SAMPLE.h5: its search, guard and cache variants "
+        "measure the device objective on tokens (docs/solvers.md)");
   std::unique_ptr<TraceReader> tr;
   if (!sample_trace.empty()) {
     tr = std::make_unique<TraceReader>(sample_trace);
@@ -111,6 +114,7 @@ Layout solve_graph(const std::string& graph_path, const std::string& sample_trac
   for (int64_t l = 0; l < int64_t(n_layers); ++l) {
     try {
       LayerGraph file_g, g;
+      std::vector<uint32_t> spare_upper;
       LayerMask m(gi.n_neurons[size_t(l)], 0);  // no tokens unless a sample is given
       {
         std::lock_guard<std::mutex> lk(io_mu);  // HDF5 is serialised
@@ -118,16 +122,14 @@ Layout solve_graph(const std::string& graph_path, const std::string& sample_trac
         if (tr) m = tr->read_layer(uint32_t(l));
       }
       auto counts = [&](uint32_t layer, const CoactivationOptions& co) -> const LayerGraph& {
-        g = graph_counts_for_solve(std::move(file_g), co, graph_path, layer);
+        g = graph_counts_for_solve(std::move(file_g), co, graph_path, layer, &spare_upper);
         return g;
       };
       LayerSolve s = solve_layer(m, opt, uint32_t(l), counts);
       // solve_layer measures the path weight on the sample where the graph's matrix does not cover it: record
       // the graph's own (exact with the full matrix, or when the sample is the counted trace itself).
-      if (!(graph_covers(g, m) || (m.n_tokens == g.n_tokens && m.n_tokens > 0))) {
-        bool exact = false;
-        s.objective = graph_path_weight(g, s.order, &exact);
-      }
+      if (!(graph_covers(g, m) || (m.n_tokens == g.n_tokens && m.n_tokens > 0)))
+        s.objective = graph_path_weight(g, g.upper.empty() ? spare_upper : g.upper, s.order);
       out.layers[size_t(l)] = layout_layer_of(s);
       if (progress) {
         std::lock_guard<std::mutex> lk(cb_mu);

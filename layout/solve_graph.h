@@ -12,8 +12,9 @@ namespace nl {
 // What the graph gives solve for one layer, prepared as solve_layer would have counted it (`co`): the top-k lists
 // cut (or rebuilt from the full matrix) to co.top_k, the full matrix kept only when co.full_matrix. Throws
 // UsageError naming the file when the graph lacks what solve needs (the full matrix, or lists of >= co.top_k).
-LayerGraph graph_counts_for_solve(LayerGraph g, const CoactivationOptions& co, const std::string& path,
-                                  uint32_t layer);
+// A full matrix solve does not use is moved to *unused_upper (when given; the exact path weight needs it).
+LayerGraph graph_counts_for_solve(LayerGraph g, const CoactivationOptions& co, const std::string& path, uint32_t layer,
+                                  std::vector<uint32_t>* unused_upper = nullptr);
 
 // Solves every layer of `graph_path` (which must hold layers 0..L-1). `sample_trace` ("" = none): a trace of the
 // same model whose tokens greedy+ls's search, guard and cache variants run on (required for greedy+ls), and

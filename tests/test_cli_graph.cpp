@@ -201,8 +201,8 @@ TEST_CASE("nl-layout graph --tokens/--slice/--sequences: slices of one trace + g
   CHECK(run("graph --trace cli_gs_trace.h5 --out cli_gs_bad.h5 --tokens 20:10 -q").code == 2);
   CHECK(run("graph --trace cli_gs_trace.h5 --out cli_gs_bad.h5 --slice 3/3 -q").code == 2);
   CHECK(run("graph --trace cli_gs_trace.h5 --out cli_gs_bad.h5 --tokens 0:5 --slice 0/2 -q").code == 2);
-  for (auto p : {"cli_gs_trace.h5", "cli_gs_all.h5", "cli_gs_t0.h5", "cli_gs_t1.h5", "cli_gs_m2.h5", "cli_gs_s0.h5",
-                 "cli_gs_s1.h5", "cli_gs_s2.h5", "cli_gs_m3.h5", "cli_gs_q0.h5", "cli_gs_q1.h5", "cli_gs_mq.h5",
-                 "cli_gs_ov.h5"})
+  for (auto p :
+       {"cli_gs_trace.h5", "cli_gs_all.h5", "cli_gs_t0.h5", "cli_gs_t1.h5", "cli_gs_m2.h5", "cli_gs_s0.h5",
+        "cli_gs_s1.h5", "cli_gs_s2.h5", "cli_gs_m3.h5", "cli_gs_q0.h5", "cli_gs_q1.h5", "cli_gs_mq.h5", "cli_gs_ov.h5"})
     std::remove(p);
 }
