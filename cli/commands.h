@@ -24,4 +24,5 @@ void add_profile_convert(CLI::App& app, GlobalOptions& g);
 void add_profile_generate(CLI::App& app, GlobalOptions& g);
 void add_profile_decode(CLI::App& app, GlobalOptions& g);
 void add_profile_synth(CLI::App& app, GlobalOptions& g);
+void add_profile_merge(CLI::App& app, GlobalOptions& g);
 }  // namespace nl::cli

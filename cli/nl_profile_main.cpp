@@ -13,5 +13,6 @@ int main(int argc, char** argv) {
                              nl::cli::add_profile_generate(app, g);
                              nl::cli::add_profile_decode(app, g);
                              nl::cli::add_profile_synth(app, g);
+                             nl::cli::add_profile_merge(app, g);
                            });
 }

@@ -2,6 +2,8 @@
 // stories260K converted to a Hugging Face folder, run by a tiny torch Llama (tests/torch_llama.py); a ReLU copy of
 // it must give identical masks under relu>0, the SiLU original identical masks under abs>0.3 except bits within
 // 1e-4 of the threshold (tests/trace_hooks_check.py states the comparison). The toolkit reads the result.
+// Distributed: torchrun with 2 gloo ranks on the bundled tiny ReLU model (datasets/tiny-relu), batches of padded
+// sequences, shards merged by nl-profile merge, equals the single-process trace bit for bit.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
@@ -77,4 +79,117 @@ TEST_CASE("trace_hooks.py on a torch Llama agrees with nl-profile run" *
   // The ReLU traces are identical bit for bit through the C++ reader too.
   nl::TraceReader a("hooks_tmp/py_relu.h5"), b("hooks_tmp/c_relu.h5");
   for (uint32_t l = 0; l < a.info().n_layers; ++l) CHECK(a.read_layer(l).bits == b.read_layer(l).bits);
+}
+
+namespace {
+
+bool torchrun_works() {
+  // torch.distributed with gloo (Debian's python3-torch has it); torchrun is torch's own module.
+  return std::system((std::string(NL_PYTHON) +
+                      " -c 'import torch.distributed as d, torch.distributed.run, h5py; assert d.is_gloo_available()'"
+                      " >/dev/null 2>&1")
+                         .c_str()) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("trace_hooks.py under torchrun (2 gloo ranks, batches) + nl-profile merge = one process" *
+          nl::test::skip_unless(torchrun_works(), std::string(NL_PYTHON) +
+                                                      " lacks torch.distributed with gloo or h5py (install "
+                                                      "python3-torch python3-h5py: scripts/bootstrap.sh train)")) {
+  const std::string py = NL_PYTHON, src = NL_SOURCE_DIR;
+  const std::string prof = std::string(NL_BINARY_DIR) + "/cli/nl-profile";
+  fs::remove_all("hooks_dist");
+  fs::create_directories("hooks_dist");
+  {
+    std::ofstream ids("hooks_dist/ids.txt");
+    std::mt19937 rng(7);
+    ids << "# nine documents of random token ids (vocabulary 2048)\n";
+    for (int d = 0; d < 9; ++d) {
+      int n = 15 + int(rng() % 135);
+      for (int i = 0; i < n; ++i) ids << (i ? " " : "") << 3 + rng() % 2045;
+      ids << "\n";
+    }
+  }
+  const std::string args = " " + src + "/profiler/python/trace_hooks.py --model " + src +
+                           "/datasets/tiny-relu/model --loader " + src +
+                           "/tests/torch_llama.py:load_llama --token-ids hooks_dist/ids.txt --seq-len 64 "
+                           "--model-name tiny-relu --device cpu";
+  // One thread per process: two ranks on a shared machine, and the same kernels in both runs.
+  const std::string env = "OMP_NUM_THREADS=1 ";
+  int rc = sh(env + py + args + " --out hooks_dist/single.h5");
+  INFO(nl::read_file("hooks_out.txt") << nl::read_file("hooks_err.txt"));
+  REQUIRE(rc == 0);
+  // torchrun (torch's own launcher, as `torchrun`); --redirects 1 --tee 2 works around torch 1.13's Std parsing
+  // under Python 3.11 (the default "0" parses to None), keeping stderr on the console.
+  rc = sh(env + py + " -m torch.distributed.run --standalone --nproc_per_node 2 --redirects 1 --tee 2" + args +
+          " --batch-size 3 --out hooks_dist/dist.h5");
+  INFO(nl::read_file("hooks_out.txt") << nl::read_file("hooks_err.txt"));
+  REQUIRE(rc == 0);
+  REQUIRE(fs::exists("hooks_dist/dist.rank0-of-2.h5"));
+  REQUIRE(fs::exists("hooks_dist/dist.rank1-of-2.h5"));
+  {
+    // Each rank profiled a non-empty, contiguous share: shard 0 starts the corpus, shard 1 continues it.
+    nl::TraceReader s0("hooks_dist/dist.rank0-of-2.h5"), s1("hooks_dist/dist.rank1-of-2.h5");
+    CHECK(s0.info().n_tokens > 0);
+    CHECK(s1.info().n_tokens > 0);
+  }
+  REQUIRE(sh(prof + " -q merge hooks_dist/dist.rank0-of-2.h5 hooks_dist/dist.rank1-of-2.h5 --out "
+                    "hooks_dist/merged.h5") == 0);
+  nl::TraceReader a("hooks_dist/single.h5"), b("hooks_dist/merged.h5");
+  CHECK(a.info().model == b.info().model);
+  CHECK(a.info().activation == b.info().activation);
+  CHECK(a.info().n_tokens == b.info().n_tokens);
+  CHECK(a.info().n_neurons == b.info().n_neurons);
+  CHECK(a.info().sequences == b.info().sequences);
+  CHECK(a.info().tokens == b.info().tokens);
+  REQUIRE(a.info().n_layers == 4);
+  uint64_t active = 0;
+  for (uint32_t l = 0; l < a.info().n_layers; ++l) {
+    nl::LayerMask x = a.read_layer(l), y = b.read_layer(l);
+    CHECK(x.bits == y.bits);
+    for (uint32_t v = 0; v < x.n_neurons; ++v) active += x.count(v);
+  }
+  CHECK(active > 0);  // a real model's masks, not empty ones
+  MESSAGE("torchrun 2 gloo ranks + merge = single process: " << a.info().n_tokens << " tokens, "
+                                                             << a.info().sequences.size() << " sequences");
+  fs::remove_all("hooks_dist");
+}
+
+TEST_CASE("nl-profile merge refuses shards of other models or rules, naming the file") {
+  fs::remove_all("merge_tmp");
+  fs::create_directories("merge_tmp");
+  nl::LayerMask m(10, 100);
+  for (uint64_t t = 0; t < 100; ++t) m.set(uint32_t(t % 10), t);
+  auto write = [&](const std::string& path, const std::string& model, const std::string& rule, uint32_t n) {
+    nl::TraceWriterOptions o;
+    o.model = model;
+    o.activation = rule;
+    o.n_neurons = {n};
+    nl::LayerMask mm = m;
+    mm.n_neurons = n;
+    mm.bits.resize(size_t(n) * mm.words);
+    nl::trace_write(path, o, {mm}, {0, 40}, std::vector<int32_t>(100, 5));
+  };
+  write("merge_tmp/a.h5", "m", "relu>0", 10);
+  write("merge_tmp/b.h5", "other", "relu>0", 10);
+  write("merge_tmp/c.h5", "m", "abs>0.1", 10);
+  write("merge_tmp/d.h5", "m", "relu>0", 9);
+  const std::string prof = std::string(NL_BINARY_DIR) + "/cli/nl-profile -q merge merge_tmp/a.h5 ";
+  for (auto [other, what] :
+       {std::pair<const char*, const char*>{"b", "model 'other'"}, {"c", "rule 'abs>0.1'"}, {"d", "neuron counts"}}) {
+    CHECK(sh(prof + "merge_tmp/" + other + ".h5 --out merge_tmp/out.h5") == 3);
+    const std::string err = nl::read_file("hooks_err.txt");
+    CHECK(err.find(std::string("merge_tmp/") + other + ".h5") != std::string::npos);
+    CHECK(err.find(what) != std::string::npos);
+    CHECK(!fs::exists("merge_tmp/out.h5"));
+  }
+  // Two copies of one shard: sequences and tokens are concatenated.
+  REQUIRE(sh(prof + "merge_tmp/a.h5 --out merge_tmp/out.h5") == 0);
+  nl::TraceReader r("merge_tmp/out.h5");
+  CHECK(r.info().n_tokens == 200);
+  CHECK(r.info().sequences == std::vector<int64_t>{0, 40, 100, 140});
+  nl::LayerMask got = r.read_layer(0);
+  for (uint64_t t = 0; t < 200; ++t) CHECK(got.test(uint32_t(t % 10), t) == (t % 10 == (t % 100) % 10));
+  fs::remove_all("merge_tmp");
 }

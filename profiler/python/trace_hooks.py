@@ -10,15 +10,30 @@ Library use:
     rec = TraceRecorder(model, rule="relu>0")      # or "abs>0.05"
     for ids in sequences:                           # each a list of token ids, one independent sequence
         rec.run(ids)                                # model(input_ids) under the hooks
+    rec.run_batch([ids0, ids1, ...])                # or several at once, right-padded; padding is not recorded
     rec.write("trace.h5", model_name="opt-6.7b")
 
-Command line (needs `transformers` for --model; Debian's python3-torch and python3-h5py otherwise):
+Command line (needs `transformers` for --model unless --loader names your own loader; Debian's python3-torch
+and python3-h5py otherwise):
     trace_hooks.py --model HF_DIR (--token-ids FILE... | --tokens-from TRACE.h5) --out trace.h5
                    [--rule relu>0|abs>X] [--seq-len 256] [--max-tokens N] [--no-bos] [--device cuda]
+                   [--batch-size 8] [--loader FILE.py:FUNCTION] [--device-map auto [--gpus-per-rank G]]
 --token-ids reads token-id files and cuts them into sequences exactly as `nl-profile run --token-ids` does;
 --tokens-from replays the sequences stored in an existing trace (e.g. to compare with nl-profile's masks).
+
+Distributed (docs/scale-out.md): under `torchrun --nproc_per_node N trace_hooks.py ...` every rank reads the
+same corpus, profiles its own contiguous share of the sequences (split by token count, deterministic: the
+same corpus and world size give the same split) and writes its own shard OUT.rankRR-of-NN.h5; torch.distributed
+(NCCL on GPUs, gloo on CPUs) checks that every rank cut the same corpus and sums the tokens profiled. Shards
+concatenated in rank order (`nl-profile merge OUT.rank*-of-NN.h5 --out trace.h5`) are the single-process
+trace; or count each shard with `nl-layout graph --full` and sum with `nl-layout graph-merge`.
+--device-map auto loads a model too large for one GPU with Hugging Face's device_map="auto" (pipeline over the
+GPUs, needs transformers + accelerate): each rank then spans --gpus-per-rank GPUs (ranks on a node take
+consecutive groups), so run --nproc_per_node = GPUs per node / --gpus-per-rank.
 """
 import argparse
+import hashlib
+import os
 import sys
 
 import numpy as np
@@ -77,13 +92,42 @@ class TraceRecorder:
     @torch.no_grad()
     def run(self, ids):
         n_before = [len(m) for m in self.masks]
-        dev = next(self.model.parameters()).device
-        self.model(torch.tensor([ids], dtype=torch.long, device=dev))
+        self.model(torch.tensor([ids], dtype=torch.long, device=input_device(self.model)))
         for i, m in enumerate(self.masks):  # one forward call per layer per sequence
             if len(m) != n_before[i] + 1:
                 raise RuntimeError(f"FFN {self.ffns[i][0]} ran {len(m) - n_before[i]} times for one sequence")
         self.sequences.append(len(self.tokens))
         self.tokens.extend(int(t) for t in ids)
+
+    @torch.no_grad()
+    def run_batch(self, seqs, pad_id=0):
+        """Several independent sequences in one forward call, right-padded with pad_id. The model is causal, so a
+        real token never attends to the padding after it; the padding's activations are not recorded. Models whose
+        forward takes an attention_mask (Hugging Face) get one as well."""
+        if len(seqs) == 1:
+            return self.run(seqs[0])
+        n_before = [len(m) for m in self.masks]
+        lens = [len(s) for s in seqs]
+        width = max(lens)
+        ids = torch.full((len(seqs), width), int(pad_id), dtype=torch.long)
+        att = torch.zeros((len(seqs), width), dtype=torch.long)
+        for b, s in enumerate(seqs):
+            ids[b, : len(s)] = torch.tensor(s, dtype=torch.long)
+            att[b, : len(s)] = 1
+        dev = input_device(self.model)
+        if _takes_attention_mask(self.model):
+            self.model(input_ids=ids.to(dev), attention_mask=att.to(dev))
+        else:
+            self.model(ids.to(dev))
+        for i, m in enumerate(self.masks):
+            if len(m) != n_before[i] + 1:
+                raise RuntimeError(f"FFN {self.ffns[i][0]} ran {len(m) - n_before[i]} times for one batch")
+            on = m.pop().reshape(len(seqs), width, -1)  # the hook flattened [batch * width, neurons]
+            for b, n in enumerate(lens):
+                m.append(on[b, :n])
+        for s in seqs:
+            self.sequences.append(len(self.tokens))
+            self.tokens.extend(int(t) for t in s)
 
     def close(self):
         for h in self._handles:
@@ -92,7 +136,6 @@ class TraceRecorder:
 
     def write(self, path, model_name="pytorch", store_tokens=True):
         """Trace v1 via h5py, written to a temporary name and renamed into place."""
-        import os
         import h5py
         n_tokens = len(self.tokens)
         if n_tokens == 0:
@@ -121,6 +164,86 @@ class TraceRecorder:
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
+
+
+def input_device(model):
+    """Where input ids go: the embedding's device (with device_map="auto" the first GPU of the pipeline)."""
+    emb = getattr(model, "get_input_embeddings", None)
+    if emb is not None and emb() is not None:
+        return emb().weight.device
+    return next(model.parameters()).device
+
+
+def _takes_attention_mask(model):
+    import inspect
+    try:
+        return "attention_mask" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def split_for_rank(seqs, rank, world):
+    """The contiguous share [a, b) of the sequences rank `rank` of `world` profiles: boundaries at the sequence
+    whose token prefix first reaches r/world of all tokens, so shares are balanced by tokens and concatenating
+    them in rank order gives back the corpus. Deterministic: depends only on the sequence lengths."""
+    total = sum(len(s) for s in seqs)
+    bounds, acc, i = [0], 0, 0
+    for r in range(1, world):
+        target = total * r // world
+        while i < len(seqs) and acc + len(seqs[i]) <= target:
+            acc += len(seqs[i])
+            i += 1
+        bounds.append(max(i, bounds[-1]))
+    bounds.append(len(seqs))
+    return bounds[rank], bounds[rank + 1]
+
+
+def shard_path(out, rank, world):
+    """OUT.rankRR-of-NN.h5 (zero-padded, so a shell glob lists the shards in rank order)."""
+    base = out[:-3] if out.endswith(".h5") else out
+    w = len(str(world - 1))
+    return f"{base}.rank{rank:0{w}d}-of-{world:0{w}d}.h5"
+
+
+def corpus_digest(seqs):
+    h = hashlib.sha256()
+    for s in seqs:
+        h.update(np.asarray(s, dtype="<i8").tobytes())
+        h.update(b"|")
+    return h.hexdigest()
+
+
+def load_model(a):
+    """The model as the options say: --loader FILE.py:FUNCTION(folder) for your own module tree, else
+    transformers' AutoModelForCausalLM (device_map="auto" over this rank's GPUs with --device-map auto)."""
+    if a.loader:
+        import importlib.util
+        path, _, fn = a.loader.rpartition(":")
+        if not path or not fn:
+            sys.exit(f"trace_hooks: --loader '{a.loader}': expected FILE.py:FUNCTION")
+        sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+        spec = importlib.util.spec_from_file_location("nl_trace_loader", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        model = getattr(mod, fn)(a.model)
+        return model.to(dtype=getattr(torch, a.dtype)).to(a.device).eval()
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        sys.exit("trace_hooks: --model needs the transformers package; or pass --loader FILE.py:FUNCTION, or use "
+                 "TraceRecorder on your own module")
+    dtype = getattr(torch, a.dtype)
+    if a.device_map == "auto":
+        # This rank's GPUs only: ranks on one node take consecutive groups of --gpus-per-rank devices.
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        gpus = range(local * a.gpus_per_rank, (local + 1) * a.gpus_per_rank)
+        if torch.cuda.device_count() < gpus.stop:
+            sys.exit(f"trace_hooks: local rank {local} needs GPUs {gpus.start}..{gpus.stop - 1} but "
+                     f"{torch.cuda.device_count()} are visible")
+        max_memory = {i: torch.cuda.get_device_properties(i).total_memory for i in gpus}
+        return AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=dtype, device_map="auto",
+                                                    max_memory=max_memory).eval()
+    return AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=dtype).to(a.device).eval()
 
 
 def pack_neuron_major(bits):
@@ -172,33 +295,77 @@ def main(argv=None):
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--token-ids", nargs="+", help="token-id files (docs/formats.md)")
     src.add_argument("--tokens-from", help="replay the sequences stored in this trace")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="trace to write; under torchrun each rank writes OUT.rankRR-of-NN.h5")
     p.add_argument("--rule", default="relu>0", help="relu>0 or abs>X")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--max-tokens", type=int, default=0)
     p.add_argument("--no-bos", action="store_true")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=None, help="cpu, cuda (default: this rank's GPU when there is one)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--batch-size", type=int, default=1, help="sequences per forward call (right-padded)")
+    p.add_argument("--pad-id", type=int, default=0, help="token id the padding uses (never recorded)")
+    p.add_argument("--loader", help="FILE.py:FUNCTION returning a torch module for --model (instead of transformers)")
+    p.add_argument("--device-map", choices=["auto"], help="Hugging Face device_map='auto' over this rank's GPUs")
+    p.add_argument("--gpus-per-rank", type=int, default=1, help="GPUs each rank's --device-map auto pipeline spans")
+    p.add_argument("--model-name", help="the trace's model attribute (default: --model)")
     a = p.parse_args(argv)
-    try:
-        from transformers import AutoModelForCausalLM
-    except ImportError:
-        sys.exit("trace_hooks: --model needs the transformers package; or use TraceRecorder on your own module")
-    model = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=getattr(torch, a.dtype)).to(a.device).eval()
+    if a.batch_size < 1:
+        p.error("--batch-size must be >= 1")
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    dist = None
+    if world > 1:
+        import torch.distributed as dist
+        use_nccl = torch.cuda.is_available() and a.device != "cpu" and dist.is_nccl_available()
+        if use_nccl and a.device_map is None:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend="nccl" if use_nccl else "gloo")
+    if a.device is None:
+        a.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if a.device == "cuda" and world > 1 and a.device_map is None:
+            a.device = f"cuda:{torch.cuda.current_device()}"
+
     if a.tokens_from:
         seqs = sequences_from_trace(a.tokens_from)
     else:
         seqs = corpus_from_token_files(a.token_ids, a.seq_len, a.max_tokens, -1 if a.no_bos else 1)
+    if dist is not None:
+        # Every rank must cut the same corpus, or the shards would not tile it: compare digests (gloo runs on the
+        # CPU, so the check goes through a CPU group even when profiling uses NCCL).
+        group = dist.new_group(backend="gloo")
+        digests = [None] * world
+        dist.all_gather_object(digests, corpus_digest(seqs), group=group)
+        if len(set(digests)) != 1:
+            sys.exit(f"trace_hooks: rank {rank}: the ranks read different corpora (digests {sorted(set(digests))})")
+    lo, hi = split_for_rank(seqs, rank, world)
+    mine = seqs[lo:hi]
+    out = a.out if world == 1 else shard_path(a.out, rank, world)
+    if not mine:
+        sys.exit(f"trace_hooks: rank {rank} of {world} has no sequences (fewer sequences than ranks)")
+
+    model = load_model(a)
     rec = TraceRecorder(model, a.rule)
     tty = sys.stderr.isatty()  # as nl::Progress: redrawn on a terminal, a plain line now and then otherwise
-    for i, s in enumerate(seqs):
-        rec.run(s)
-        if tty or (i + 1) % 100 == 0 or i + 1 == len(seqs):
+    who = f"trace_hooks[{rank}/{world}]" if world > 1 else "trace_hooks"
+    done = 0
+    for b in range(0, len(mine), a.batch_size):
+        batch = mine[b : b + a.batch_size]
+        rec.run_batch(batch, a.pad_id)
+        done += len(batch)
+        if tty or done // 100 != (done - len(batch)) // 100 or done == len(mine):
             lead, end = ("\r", "") if tty else ("", "\n")
-            print(f"{lead}trace_hooks: {i + 1}/{len(seqs)} sequences", end=end, file=sys.stderr)
+            print(f"{lead}{who}: {done}/{len(mine)} sequences", end=end, file=sys.stderr)
     if tty:
         print(file=sys.stderr)
-    rec.write(a.out, model_name=a.model)
+    rec.write(out, model_name=a.model_name or a.model)
+    if dist is not None:
+        n = torch.tensor([len(rec.tokens)], dtype=torch.long)
+        dist.all_reduce(n, group=group)  # every shard written before rank 0 reports
+        if rank == 0:
+            print(f"{who}: {world} shards, {int(n.item())} tokens: {shard_path(a.out, 0, world)} ... "
+                  f"{shard_path(a.out, world - 1, world)}", file=sys.stderr)
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
