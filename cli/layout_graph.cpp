@@ -3,6 +3,7 @@
 // machine's share; graph-merge sums the slices exactly).
 #include <omp.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -20,7 +21,7 @@ namespace nl::cli {
 namespace {
 
 struct GraphArgs {
-  std::string trace, out, layers = "all", kernel = "auto", method = "auto", tokens, sequences, slice;
+  std::string trace, out, layers = "all", kernel = "auto", method = "auto", tokens, sequences, slice, trace_sha256;
   uint32_t top_k = 32;
   bool full = false;
   uint64_t chunk_mib = 512;
@@ -36,6 +37,9 @@ void add_input_options(CLI::App* c, GraphArgs& a) {
                           "$SLURM_ARRAY_TASK_ID/N)");
   t->excludes(q)->excludes(s);
   q->excludes(s);
+  c->add_option("--trace-sha256", a.trace_sha256,
+                "The trace's sha256 when known (64 hex digits): skips hashing the whole trace, e.g. in every slice "
+                "task of a cluster job (`sha256sum` it once)");
 }
 
 // "A:B" -> [A, B); either end may be omitted (0, `end`).
@@ -121,7 +125,15 @@ void graph_main(const GraphArgs& a, const GlobalOptions& g) {
               ", " + std::to_string(omp_get_max_threads()) + " threads");
   GraphFileWriter w(a.out, a.trace);
   // What solve --graph records in the layout, as solve --trace does (sha256 of the trace file, its model).
-  w.set_trace(GraphTraceRef{sha256_file(a.trace), ti.model, true, t0, t1});
+  std::string sha = a.trace_sha256;
+  if (sha.empty()) {
+    sha = sha256_file(a.trace);
+  } else {
+    for (char& ch : sha) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    if (sha.size() != 64 || sha.find_first_not_of("0123456789abcdef") != std::string::npos)
+      throw UsageError("--trace-sha256 '" + a.trace_sha256 + "': expected 64 hexadecimal digits");
+  }
+  w.set_trace(GraphTraceRef{sha, ti.model, true, t0, t1});
   nlohmann::json jl = nlohmann::json::array();
   Progress prog("graph", layers.size(), !g.quiet, "layers");
   double total_s = 0;

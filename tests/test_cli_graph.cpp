@@ -153,8 +153,10 @@ TEST_CASE("nl-layout graph --tokens/--slice/--sequences: slices of one trace + g
       CHECK(x.nbr_len == y.nbr_len);
     }
   };
+  std::string sha;
   {
     GraphFileReader a("cli_gs_all.h5");
+    sha = a.info().trace.sha256;
     CHECK(a.info().trace.sha256.size() == 64);
     CHECK(a.info().trace.model == "slice-model");
     CHECK(a.info().trace.has_range);
@@ -162,9 +164,10 @@ TEST_CASE("nl-layout graph --tokens/--slice/--sequences: slices of one trace + g
   }
   // Two token slices (333 is inside word 5), the second counted in chunks of 8 words.
   REQUIRE(run("graph --trace cli_gs_trace.h5 --out cli_gs_t0.h5 --full --top-k 5 --tokens 0:333 -q").code == 0);
-  REQUIRE(
-      run("graph --trace cli_gs_trace.h5 --out cli_gs_t1.h5 --full --top-k 5 --tokens 333: --chunk-mib 1 -q").code ==
-      0);
+  REQUIRE(run("graph --trace cli_gs_trace.h5 --out cli_gs_t1.h5 --full --top-k 5 --tokens 333: --chunk-mib 1 -q "
+              "--trace-sha256 " +
+              sha)
+              .code == 0);  // the sha256 given instead of hashed (as a cluster task would)
   {
     GraphFileReader t0("cli_gs_t0.h5");
     CHECK(t0.info().n_tokens == 333);
@@ -200,6 +203,7 @@ TEST_CASE("nl-layout graph --tokens/--slice/--sequences: slices of one trace + g
   CHECK(run("graph --trace cli_gs_trace.h5 --out cli_gs_bad.h5 --tokens 10:1001 -q").code == 2);
   CHECK(run("graph --trace cli_gs_trace.h5 --out cli_gs_bad.h5 --tokens 20:10 -q").code == 2);
   CHECK(run("graph --trace cli_gs_trace.h5 --out cli_gs_bad.h5 --slice 3/3 -q").code == 2);
+  CHECK(run("graph --trace cli_gs_trace.h5 --out cli_gs_bad.h5 --trace-sha256 abc -q").code == 2);
   CHECK(run("graph --trace cli_gs_trace.h5 --out cli_gs_bad.h5 --tokens 0:5 --slice 0/2 -q").code == 2);
   for (auto p :
        {"cli_gs_trace.h5", "cli_gs_all.h5", "cli_gs_t0.h5", "cli_gs_t1.h5", "cli_gs_m2.h5", "cli_gs_s0.h5",
