@@ -183,16 +183,24 @@ def _takes_attention_mask(model):
 
 
 def split_for_rank(seqs, rank, world):
-    """The contiguous share [a, b) of the sequences rank `rank` of `world` profiles: boundaries at the sequence
-    whose token prefix first reaches r/world of all tokens, so shares are balanced by tokens and concatenating
-    them in rank order gives back the corpus. Deterministic: depends only on the sequence lengths."""
+    """The contiguous share [a, b) of the sequences rank `rank` of `world` profiles: boundary r at the sequence
+    boundary nearest r/world of all tokens (at least one sequence per rank when there are enough), so shares are
+    balanced by tokens and concatenating them in rank order gives back the corpus. Deterministic: depends only
+    on the sequence lengths."""
     total = sum(len(s) for s in seqs)
     bounds, acc, i = [0], 0, 0
     for r in range(1, world):
         target = total * r // world
-        while i < len(seqs) and acc + len(seqs[i]) <= target:
+        while i < len(seqs) and 2 * acc + len(seqs[i]) <= 2 * target:  # past the middle of sequence i
             acc += len(seqs[i])
             i += 1
+        if len(seqs) >= world:  # keep one sequence for this rank and each later one
+            while i < bounds[-1] + 1:
+                acc += len(seqs[i])
+                i += 1
+            while i > len(seqs) - (world - r):
+                i -= 1
+                acc -= len(seqs[i])
         bounds.append(max(i, bounds[-1]))
     bounds.append(len(seqs))
     return bounds[rank], bounds[rank + 1]
@@ -338,11 +346,13 @@ def main(argv=None):
         dist.all_gather_object(digests, corpus_digest(seqs), group=group)
         if len(set(digests)) != 1:
             sys.exit(f"trace_hooks: rank {rank}: the ranks read different corpora (digests {sorted(set(digests))})")
-    lo, hi = split_for_rank(seqs, rank, world)
+    # Every rank computes every share, so all stop together (none left waiting in a collective) when one is empty.
+    shares = [split_for_rank(seqs, r, world) for r in range(world)]
+    if any(b <= a_ for a_, b in shares):
+        sys.exit(f"trace_hooks: {len(seqs)} sequences cannot give each of {world} ranks a share; use fewer ranks")
+    lo, hi = shares[rank]
     mine = seqs[lo:hi]
     out = a.out if world == 1 else shard_path(a.out, rank, world)
-    if not mine:
-        sys.exit(f"trace_hooks: rank {rank} of {world} has no sequences (fewer sequences than ranks)")
 
     model = load_model(a)
     rec = TraceRecorder(model, a.rule)
