@@ -18,7 +18,8 @@ namespace {
 // The defaults are SolveOptions' own (layout/solve.h): the options bind to its fields; only the CLI's own inputs
 // and the two options stated differently on the command line (MiB, a negated flag) are kept here.
 struct SolveArgs {
-  std::string trace, graph, out;
+  std::string trace, out;
+  std::vector<std::string> graph;
   SolveOptions o;
   uint64_t full_matrix_mib = SolveOptions{}.full_matrix_bytes >> 20;
   bool no_weight_guard = !SolveOptions{}.guard_weight;
@@ -32,7 +33,8 @@ void add_io_options(CLI::App& c, SolveArgs& a) {
       ->check(CLI::ExistingFile)
       ->group("Input/output");
   c.add_option("--graph", a.graph,
-               "Co-activation counts from a graph file (nl-layout graph / graph-merge) instead of counting --trace")
+               "Co-activation counts from graph files (nl-layout graph / graph-merge; several: one per layer group) "
+               "instead of counting --trace")
       ->check(CLI::ExistingFile)
       ->group("Input/output");
   c.add_option("--out", a.out, "Layout JSON to write (atomically)")->required()->group("Input/output");
@@ -109,17 +111,24 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
 void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
   if (a.trace.empty() && a.graph.empty()) throw UsageError("solve needs --trace or --graph (or both)");
-  check_paths({{"--trace", a.trace}, {"--graph", a.graph}, {"--device", a.dev.device}}, {{"--out", a.out}});
+  std::vector<NamedPath> ins = named_paths("--graph", a.graph);
+  ins.push_back({"--trace", a.trace});
+  ins.push_back({"--device", a.dev.device});
+  check_paths(ins, {{"--out", a.out}});
   SolveOptions o = a.o;
   o.full_matrix_bytes = a.full_matrix_mib << 20;
   o.eval = eval_config_from(a.dev);
   o.guard_weight = !a.no_weight_guard;
   uint32_t n_layers = 0;
   if (!a.graph.empty()) {
-    GraphFileReader gr(a.graph);
-    n_layers = uint32_t(gr.info().layers.size());
-    if (!gr.info().full && a.trace.empty())
-      info(g, "solve: " + a.graph +
+    bool full = true;
+    for (const auto& p : a.graph) {
+      GraphFileReader gr(p);
+      n_layers += uint32_t(gr.info().layers.size());
+      full = full && gr.info().full;
+    }
+    if (!full && a.trace.empty())
+      info(g, "solve: --graph " + a.graph.front() + (a.graph.size() > 1 ? " ..." : "") +
                   " stores top-k lists only and no --trace is given: greedy joins its fragments in index order and "
                   "the recorded path weights count only the pairs in the lists (lower bounds)");
   } else {

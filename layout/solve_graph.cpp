@@ -71,15 +71,36 @@ uint64_t graph_path_weight(const LayerGraph& g, const std::vector<uint32_t>& upp
 
 }  // namespace
 
-Layout solve_graph(const std::string& graph_path, const std::string& sample_trace, const SolveOptions& opt,
-                   const std::function<void(uint32_t, const LayerSolve&)>& progress) {
-  GraphFileReader gr(graph_path);
-  const GraphFileInfo& gi = gr.info();
-  const uint32_t n_layers = uint32_t(gi.layers.size());
-  for (uint32_t i = 0; i < n_layers; ++i)
-    if (gi.layers[i] != i)
-      throw InputError(graph_path, "holds layers that are not 0.." + std::to_string(n_layers - 1) +
-                                       " (solve orders every layer: count them all with --layers all)");
+Layout solve_graph(const std::vector<std::string>& graph_paths, const std::string& sample_trace,
+                   const SolveOptions& opt, const std::function<void(uint32_t, const LayerSolve&)>& progress) {
+  if (graph_paths.empty()) throw UsageError("solve --graph needs a graph file");
+  // Every layer from exactly one file (layer groups may be counted and merged separately); the files must
+  // describe the same counted tokens.
+  std::vector<std::unique_ptr<GraphFileReader>> grs;
+  std::vector<std::pair<size_t, size_t>> where;  // layer -> (file, index in it)
+  std::vector<uint32_t> widths;
+  for (const auto& p : graph_paths) {
+    grs.push_back(std::make_unique<GraphFileReader>(p));
+    const GraphFileInfo& fi = grs.back()->info();
+    const GraphFileInfo& f0 = grs.front()->info();
+    if (fi.n_tokens != f0.n_tokens || fi.trace.sha256 != f0.trace.sha256 || fi.trace.model != f0.trace.model)
+      throw InputError(p, "counts other tokens than " + f0.path + " (n_tokens, trace sha256 or model differ)");
+    for (size_t i = 0; i < fi.layers.size(); ++i) {
+      const uint32_t l = fi.layers[i];
+      if (l >= where.size()) where.resize(size_t(l) + 1, {SIZE_MAX, 0}), widths.resize(size_t(l) + 1, 0);
+      if (where[l].first != SIZE_MAX)
+        throw InputError(p, "holds layer " + std::to_string(l) + ", as " + graph_paths[where[l].first] + " does");
+      where[l] = {grs.size() - 1, i};
+      widths[l] = fi.n_neurons[i];
+    }
+  }
+  const std::string graph_path = graph_paths.front();
+  const GraphFileInfo& gi = grs.front()->info();
+  const uint32_t n_layers = uint32_t(where.size());
+  for (uint32_t l = 0; l < n_layers; ++l)
+    if (where[l].first == SIZE_MAX)
+      throw InputError(graph_path, "no graph file holds layer " + std::to_string(l) +
+                                       " (solve orders every layer: count them all, --layers all)");
   if (n_layers == 0) throw InputError(graph_path, "holds no layers");
   if (opt.method == "greedy+ls" && sample_trace.empty())
     throw UsageError(
@@ -93,10 +114,9 @@ Layout solve_graph(const std::string& graph_path, const std::string& sample_trac
       throw InputError(sample_trace, "has " + std::to_string(ti.n_layers) + " layers but graph " + graph_path +
                                          " has " + std::to_string(n_layers));
     for (uint32_t l = 0; l < n_layers; ++l)
-      if (ti.n_neurons[l] != gi.n_neurons[l])
+      if (ti.n_neurons[l] != widths[l])
         throw InputError(sample_trace, "layer " + std::to_string(l) + " has " + std::to_string(ti.n_neurons[l]) +
-                                           " neurons but graph " + graph_path + " has " +
-                                           std::to_string(gi.n_neurons[l]));
+                                           " neurons but graph " + graph_path + " has " + std::to_string(widths[l]));
     if (!gi.trace.model.empty() && ti.model != gi.trace.model)
       throw InputError(sample_trace, "is a trace of model '" + ti.model + "' but graph " + graph_path + " counts '" +
                                          gi.trace.model + "'");
@@ -115,14 +135,14 @@ Layout solve_graph(const std::string& graph_path, const std::string& sample_trac
     try {
       LayerGraph file_g, g;
       std::vector<uint32_t> spare_upper;
-      LayerMask m(gi.n_neurons[size_t(l)], 0);  // no tokens unless a sample is given
+      LayerMask m(widths[size_t(l)], 0);  // no tokens unless a sample is given
       {
         std::lock_guard<std::mutex> lk(io_mu);  // HDF5 is serialised
-        file_g = gr.read_layer(size_t(l));
+        file_g = grs[where[size_t(l)].first]->read_layer(where[size_t(l)].second);
         if (tr) m = tr->read_layer(uint32_t(l));
       }
       auto counts = [&](uint32_t layer, const CoactivationOptions& co) -> const LayerGraph& {
-        g = graph_counts_for_solve(std::move(file_g), co, graph_path, layer, &spare_upper);
+        g = graph_counts_for_solve(std::move(file_g), co, graph_paths[where[layer].first], layer, &spare_upper);
         return g;
       };
       LayerSolve s = solve_layer(m, opt, uint32_t(l), counts);

@@ -4,6 +4,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "layout/solve.h"
 
@@ -16,11 +17,13 @@ namespace nl {
 LayerGraph graph_counts_for_solve(LayerGraph g, const CoactivationOptions& co, const std::string& path, uint32_t layer,
                                   std::vector<uint32_t>* unused_upper = nullptr);
 
-// Solves every layer of `graph_path` (which must hold layers 0..L-1). `sample_trace` ("" = none): a trace of the
+// Solves every layer of the graph files (together they hold layers 0..L-1, each once, counted over the same tokens:
+// e.g. one merged file per layer group). `sample_trace` ("" = none): a trace of the
 // same model whose tokens greedy+ls's search, guard and cache variants run on (required for greedy+ls), and
 // which greedy over top-k lists joins its fragments on. The layout records the graph's trace (sha256, model,
 // tokens), so `graph` + `solve --graph` over a whole trace writes the layout `solve --trace` writes.
-Layout solve_graph(const std::string& graph_path, const std::string& sample_trace, const SolveOptions& opt,
+Layout solve_graph(const std::vector<std::string>& graph_paths, const std::string& sample_trace,
+                   const SolveOptions& opt,
                    const std::function<void(uint32_t layer, const LayerSolve&)>& progress = {});
 
 }  // namespace nl

@@ -67,6 +67,12 @@ TEST_CASE("solve --graph equals solve --trace") {
     CHECK(read_file("sg_tmp/from_graph.json") == want);
     CHECK(read_file("sg_tmp/from_merged.json") == want);
   }
+  // Layer groups counted (and merged) separately: one file per group.
+  REQUIRE(run("graph" + t + " --out sg_tmp/g0.h5 --full --layers 0") == 0);
+  REQUIRE(run("graph" + t + " --out sg_tmp/g1.h5 --full --layers 1") == 0);
+  REQUIRE(run("solve --graph sg_tmp/g1.h5 sg_tmp/g0.h5 --method greedy --out sg_tmp/groups.json") == 0);
+  REQUIRE(run("solve" + t + " --method greedy --out sg_tmp/from_trace.json") == 0);
+  CHECK(read_file("sg_tmp/groups.json") == read_file("sg_tmp/from_trace.json"));
   // greedy+ls: the search, guard and cache variants run on the --trace sample; with the whole trace as the sample
   // the layout is the same as solve --trace's.
   REQUIRE(run("solve" + t + " --method greedy+ls --out sg_tmp/ls_trace.json") == 0);
@@ -97,6 +103,8 @@ TEST_CASE("solve --graph equals solve --trace") {
   write_trace("sg_tmp/other.h5", 300, 201);
   refused("solve --graph sg_tmp/all.h5 --trace sg_tmp/other.h5 --method greedy", 3, "sg_tmp/other.h5: layer 1 has 201");
   REQUIRE(run("graph" + t + " --out sg_tmp/layer1.h5 --full --layers 1") == 0);
-  refused("solve --graph sg_tmp/layer1.h5 --method greedy", 3, "sg_tmp/layer1.h5: holds layers");
+  refused("solve --graph sg_tmp/layer1.h5 --method greedy", 3, "sg_tmp/layer1.h5: no graph file holds layer 0");
+  refused("solve --graph sg_tmp/all.h5 sg_tmp/layer1.h5 --method greedy", 3, "sg_tmp/layer1.h5: holds layer 1, as");
+  refused("solve --graph sg_tmp/s0.h5 sg_tmp/layer1.h5 --method greedy", 3, "sg_tmp/layer1.h5: counts other tokens");
   fs::remove_all("sg_tmp");
 }
