@@ -1,5 +1,6 @@
 // nl-layout solve: learn one neuron order per FFN layer from a profile trace and write the layout JSON.
 #include <cstdio>
+#include <map>
 
 #include "cli/commands.h"
 #include "cli/layout_options.h"
@@ -20,6 +21,13 @@ struct SolveArgs {
   bool no_weight_guard = !SolveOptions{}.guard_weight;
   DeviceObjectiveArgs dev;
 };
+
+// --admission's names -> the enum (formats/core/cache_admission.h), for CLI11's checked transform.
+std::map<std::string, CacheAdmission> admission_names() {
+  std::map<std::string, CacheAdmission> m;
+  for (CacheAdmission r : kCacheAdmissionRules) m[cache_admission_name(r)] = r;
+  return m;
+}
 
 void add_io_options(CLI::App& c, SolveArgs& a) {
   c.add_option("--trace", a.trace, "Profile trace (HDF5, trace v1)")
@@ -72,10 +80,9 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
                "Also try each cache candidate with this share of its S3-FIFO part in the small FIFO (0 = 10 % only)")
       ->check(CLI::Range(0.0, 0.99))
       ->group(grp);
-  c.add_option(
-       "--admission", a.o.admission,
-       "Cache admission the layout is designed for (recorded in the layout; eval uses it): all, linking-aligned")
-      ->check(CLI::IsMember({"all", "linking-aligned", "isolated"}))
+  c.add_option("--admission", a.o.admission,
+               "Cache admission the layout is designed for (recorded in the layout; eval uses it)")
+      ->transform(CLI::CheckedTransformer(admission_names()))
       ->group(grp);
   c.add_flag("--miss-stream", a.o.miss_stream, "Also try greedy + search on the co-activation of cache misses")
       ->group(grp);
@@ -126,9 +133,9 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
                     "-> %llu), ends-in variant %.4f; kept %s%s, %llu evaluations",
                     s.io_ms_greedy, s.io_ms_ls, s.io_ms_pinned, s.io_ms_miss, (unsigned long long)s.weight_miss_greedy,
                     (unsigned long long)s.weight_miss, s.io_ms_span,
-                    s.guard_kept_seed           ? "greedy"
-                    : s.cache.admission.empty() ? "ours, paper's cache"
-                                                : s.cache.admission.c_str(),
+                    s.guard_kept_seed                             ? "greedy"
+                    : s.cache.admission == CacheAdmission::kUnset ? "ours, paper's cache"
+                                                                  : cache_admission_name(s.cache.admission),
                     pins.c_str(), static_cast<unsigned long long>(s.ls.evaluations));
     }
     prog.note(buf);

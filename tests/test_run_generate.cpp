@@ -99,7 +99,7 @@ TEST_CASE("generate --select gate equals dense with the manifest's cache policy 
   spec.dtype = ImageDtype::kF16;
   spec.order = test::random_order(c, 78);
   spec.cache_policy.resize(2);
-  spec.cache_policy[0] = {"all", {}};
+  spec.cache_policy[0] = {CacheAdmission::kAll, {}};
   for (uint32_t s = 0; s < 256; s += 12) spec.cache_policy[0].pinned.push_back(s);  // 22 slots, apart
   for (uint32_t s = 100; s < 118; ++s) spec.cache_policy[1].pinned.push_back(s);    // 18 slots, one run
   const std::string img = d + "/m.nlw";
