@@ -1,6 +1,5 @@
 // nl-layout solve: learn one neuron order per FFN layer from a profile trace and write the layout JSON.
 #include <cstdio>
-#include <map>
 
 #include "cli/commands.h"
 #include "cli/layout_options.h"
@@ -21,13 +20,6 @@ struct SolveArgs {
   bool no_weight_guard = !SolveOptions{}.guard_weight;
   DeviceObjectiveArgs dev;
 };
-
-// --admission's names -> the enum (formats/core/cache_admission.h), for CLI11's checked transform.
-std::map<std::string, CacheAdmission> admission_names() {
-  std::map<std::string, CacheAdmission> m;
-  for (CacheAdmission r : kCacheAdmissionRules) m[cache_admission_name(r)] = r;
-  return m;
-}
 
 void add_io_options(CLI::App& c, SolveArgs& a) {
   c.add_option("--trace", a.trace, "Profile trace (HDF5, trace v1)")
@@ -80,9 +72,14 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
                "Also try each cache candidate with this share of its S3-FIFO part in the small FIFO (0 = 10 % only)")
       ->check(CLI::Range(0.0, 0.99))
       ->group(grp);
-  c.add_option("--admission", a.o.admission,
-               "Cache admission the layout is designed for (recorded in the layout; eval uses it)")
-      ->transform(CLI::CheckedTransformer(admission_names()))
+  // Parsed here, once, into the enum (formats/core/cache_admission.h); the names are the ones files record.
+  std::vector<std::string> admissions;
+  for (CacheAdmission r : kCacheAdmissionRules) admissions.push_back(cache_admission_name(r));
+  c.add_option_function<std::string>(
+       "--admission", [&a](const std::string& s) { cache_admission_parse(s, &a.o.admission); },
+       "Cache admission the layout is designed for (recorded in the layout; eval uses it)")
+      ->check(CLI::IsMember(admissions))
+      ->default_str(cache_admission_name(SolveOptions{}.admission))
       ->group(grp);
   c.add_flag("--miss-stream", a.o.miss_stream, "Also try greedy + search on the co-activation of cache misses")
       ->group(grp);

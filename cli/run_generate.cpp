@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -116,11 +115,13 @@ void add_generate_sampling_options(CLI::App* c, GenerateArgs& a) {
       ->check(CLI::Range(0.0, 1.0))
       ->group("Sampling");
   c->add_flag("--ignore-eos", a.ignore_eos, "Keep generating after the tokenizer's EOS token")->group("Sampling");
-  c->add_option("--invalid-utf8", a.invalid_utf8,
-                "Text that is not UTF-8 (byte tokens) in JSON: replace (U+FFFD per bad byte) or escape (\\xNN); "
-                "stdout always gets the raw bytes")
-      ->transform(CLI::CheckedTransformer(
-          std::map<std::string, InvalidUtf8>{{"replace", InvalidUtf8::kReplace}, {"escape", InvalidUtf8::kEscape}}))
+  c->add_option_function<std::string>(
+       "--invalid-utf8",
+       [&a](const std::string& s) { a.invalid_utf8 = s == "escape" ? InvalidUtf8::kEscape : InvalidUtf8::kReplace; },
+       "Text that is not UTF-8 (byte tokens) in JSON: replace (U+FFFD per bad byte) or escape (\\xNN); stdout "
+       "always gets the raw bytes")
+      ->check(CLI::IsMember({"replace", "escape"}))
+      ->default_str("replace")
       ->group("Output");
 }
 
