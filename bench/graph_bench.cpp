@@ -36,24 +36,6 @@ double cpu_now() {
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
-struct Rng {  // xoshiro256**: fast, deterministic
-  uint64_t s[4];
-  explicit Rng(uint64_t seed) {
-    for (auto& x : s) x = splitmix64_next(seed);  // seeded by splitmix64 (formats/core/rng.h)
-  }
-  static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-  uint64_t next() {
-    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return r;
-  }
-};
-
 // Random mask with each bit set independently with probability round(p*1024)/1024 (bitwise combination of
 // 10 random words per word, exact to 2^-10).
 LayerMask random_mask(uint32_t n, uint64_t tokens, double p, uint64_t seed) {
@@ -61,7 +43,7 @@ LayerMask random_mask(uint32_t n, uint64_t tokens, double p, uint64_t seed) {
   const uint32_t q = static_cast<uint32_t>(p * 1024 + 0.5);
 #pragma omp parallel
   {
-    Rng rng(seed * 1000003 + uint64_t(omp_get_thread_num()));
+    SplitMix64 rng(splitmix64(seed * 1000003 + uint64_t(omp_get_thread_num())));  // formats/core/rng.h
 #pragma omp for schedule(static)
     for (int64_t v = 0; v < int64_t(n); ++v) {
       uint64_t* row = m.row(uint32_t(v));
@@ -92,7 +74,7 @@ double peak_words_per_s(PopcountKernel k, int threads) {
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
     {
       std::vector<uint64_t> a(n), b(n);
-      Rng r(7 + uint64_t(omp_get_thread_num()));
+      SplitMix64 r(splitmix64(7 + uint64_t(omp_get_thread_num())));
       for (uint64_t i = 0; i < n; ++i) a[i] = r.next(), b[i] = r.next();
 #pragma omp barrier
 #pragma omp single

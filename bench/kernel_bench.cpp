@@ -1,8 +1,9 @@
 // Kernel benchmark (synthetic random weights: meaningless text, real timing). Two parts:
-// 1. matvec GFLOP/s and GB/s per weight dtype and kernel path, 1 and 2 threads, on ~1B-model shapes ([5632][2048] as
-//    gate/up, [2048][5632] as down), the weights cycled through several copies so they come from DRAM;
-// 2. decode ms/token and batched prefill tokens/s of a whole model with every weight in DRAM (dim 2048, FFN 5632 gated
-//    SiLU, 32 heads, 4 KV heads, vocab 32000; --layers of them): main's f32 path (f32 ModelWeights, DenseFfn) against
+// 1. matvec GFLOP/s and GB/s per weight dtype and kernel path, 1 and 2 threads, on the ~1B model's FFN shapes
+//    ([hidden][dim] as gate/up, [dim][hidden] as down; "llama-1b" of formats/core/synthetic_models.h, the shape
+//    nl-layout pack --synthetic-shape writes), the weights cycled through several copies so they come from DRAM;
+// 2. decode ms/token and batched prefill tokens/s of that model with every weight in DRAM (its dim, heads, KV heads,
+//    vocab; FFN gated SiLU; --layers of them): main's f32 path (f32 ModelWeights, DenseFfn) against
 //    the typed path (weights in their dtype, runtime/model/typed_kernels.h) for f16, q8_0, q4_0.
 // Variants alternate within each repetition; figures are medians [min-max].
 // Usage: kernel_bench [--layers N] [--reps R] [--tokens T] [--prefill P] [--threads 1,2] [--skip-matvec] [--skip-model]
@@ -21,6 +22,7 @@
 
 #include "formats/core/image.h"
 #include "formats/core/quant.h"
+#include "formats/core/synthetic_models.h"
 #include "runtime/model/model.h"
 #include "runtime/model/typed_kernels.h"
 
@@ -84,10 +86,13 @@ double seconds(const std::function<void()>& f) {
 
 void bench_matvec(int reps, const std::vector<int>& threads) {
   struct Shape {
-    const char* name;
+    std::string name;
     int rows, cols;
   };
-  const Shape shapes[] = {{"gate/up [5632][2048]", 5632, 2048}, {"down [2048][5632]", 2048, 5632}};
+  const ModelConfig& m = synthetic_models().at("llama-1b").config;
+  const std::string d = std::to_string(m.dim), h = std::to_string(m.hidden_dim);
+  const Shape shapes[] = {{"gate/up [" + h + "][" + d + "]", m.hidden_dim, m.dim},
+                          {"down [" + d + "][" + h + "]", m.dim, m.hidden_dim}};
   const ImageDtype dts[] = {ImageDtype::kF32, ImageDtype::kF16, ImageDtype::kBF16, ImageDtype::kQ8_0,
                             ImageDtype::kQ4_0};
   const auto isas = kernels::available_isas();
@@ -143,8 +148,8 @@ void bench_matvec(int reps, const std::vector<int>& threads) {
       }
     for (Variant& v : vars) {
       const double bytes = double(v.stride) * sh.rows, flops = 2.0 * sh.rows * sh.cols;
-      std::printf("%-22s %-6s %-13s %3d %8.2f [%6.2f-%6.2f] %10.2f [%6.2f-%6.2f]\n", sh.name, image_dtype_name(v.dt),
-                  v.dt == ImageDtype::kF32 ? "f32 (tiled)" : kernels::isa_name(v.isa), v.thr,
+      std::printf("%-22s %-6s %-13s %3d %8.2f [%6.2f-%6.2f] %10.2f [%6.2f-%6.2f]\n", sh.name.c_str(),
+                  image_dtype_name(v.dt), v.dt == ImageDtype::kF32 ? "f32 (tiled)" : kernels::isa_name(v.isa), v.thr,
                   bytes / v.s.median() / 1e9, bytes / v.s.max() / 1e9, bytes / v.s.min() / 1e9,
                   flops / v.s.median() / 1e9, flops / v.s.max() / 1e9, flops / v.s.min() / 1e9);
     }
@@ -203,15 +208,10 @@ struct TypedModel {
 };
 
 void bench_model(int layers, int reps, int tokens, int prefill, const std::vector<int>& threads) {
-  ModelConfig c;
-  c.dim = 2048;
-  c.hidden_dim = 5632;
+  ModelConfig c = synthetic_models().at("llama-1b").config;
   c.n_layers = layers;
-  c.n_heads = 32;
-  c.n_kv_heads = 4;
-  c.vocab_size = 32000;
-  c.seq_len = 256;
-  c.act = FfnAct::kSilu;
+  c.seq_len = 256;        // the context the timed tokens need, not the model's 2048 (KV cache size)
+  c.act = FfnAct::kSilu;  // the dense FFN kernels of SiLU models (llama.cpp's case), not ReLU's zeros
   c.shared_classifier = false;
   const int dim = c.dim, kv = c.kv_dim(), hid = c.hidden_dim;
   std::printf("\n== decode with every weight in DRAM (synthetic random weights: meaningless tokens, real timing)\n");

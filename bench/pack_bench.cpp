@@ -17,13 +17,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "formats/core/atomic_file.h"
 #include "formats/core/image.h"
 #include "formats/core/image_writer.h"
+#include "formats/core/rng.h"
 #include "formats/llama2c.h"
 #include "formats/model_source.h"
 #include "formats/safetensors.h"
@@ -37,14 +37,13 @@ uint64_t write_synthetic_llama2c(const std::string& path, const ModelConfig& c) 
   AtomicWriter out(path);
   const int32_t h[7] = {c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len};
   out.write(h, sizeof h);
-  std::mt19937_64 rng(1);
-  std::normal_distribution<float> nd(0.0f, 0.02f);
+  SplitMix64 rng(1);
   std::vector<float> chunk(1 << 16);
   uint64_t total = sizeof h;
   auto put = [&](uint64_t n) {
     while (n) {
       const uint64_t k = std::min<uint64_t>(n, chunk.size());
-      for (uint64_t i = 0; i < k; ++i) chunk[i] = nd(rng);
+      for (uint64_t i = 0; i < k; ++i) chunk[i] = 0.02f * float(rng.normal());
       out.write(chunk.data(), k * 4);
       total += k * 4;
       n -= k;
@@ -161,11 +160,11 @@ int main(int argc, char** argv) {
 
   // A random layout (fixed seed) for the export.
   std::vector<std::vector<uint32_t>> order(size_t(c.n_layers));
-  std::mt19937_64 rng(7);
+  SplitMix64 rng(7);
   for (auto& o : order) {
     o.resize(size_t(c.hidden_dim));
     for (uint32_t i = 0; i < o.size(); ++i) o[i] = i;
-    std::shuffle(o.begin(), o.end(), rng);
+    shuffle_with(o.data(), o.size(), rng);
   }
   const std::string exported = model + ".permuted.bin";
   Run export_streaming = in_child([&] { open_model_source(model)->write_permuted(exported, order); });

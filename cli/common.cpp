@@ -115,8 +115,56 @@ std::vector<NamedPath> hf_folder_outputs(const std::string& option, const std::s
   return {{option, folder + "/config.json"}, {option, folder + "/model.safetensors"}};
 }
 
-std::string json_dump(const nlohmann::json& j, int indent) {
-  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+std::string utf8_for_json(const std::string& s, InvalidUtf8 mode) {
+  std::string out;
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = n > 0 && i + n <= s.size();
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
+    if (ok && n > 1) {  // no overlong forms, surrogates or code points past U+10FFFF
+      uint32_t cp = c & (0x7F >> n);
+      for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+      ok = cp >= (n == 2 ? 0x80u : n == 3 ? 0x800u : 0x10000u) && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    }
+    if (ok) {
+      out.append(s, i, n);
+      i += n;
+      continue;
+    }
+    if (mode == InvalidUtf8::kEscape) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02X", c);
+      out += buf;
+    } else {
+      out += "\xEF\xBF\xBD";
+    }
+    ++i;
+  }
+  return out;
+}
+
+namespace {
+// A copy of `j` with every string and key passed through utf8_for_json.
+nlohmann::json utf8_clean(const nlohmann::json& j, InvalidUtf8 mode) {
+  if (j.is_string()) return utf8_for_json(j.get_ref<const std::string&>(), mode);
+  if (j.is_array()) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& x : j) a.push_back(utf8_clean(x, mode));
+    return a;
+  }
+  if (j.is_object()) {
+    nlohmann::json o = nlohmann::json::object();
+    for (auto it = j.begin(); it != j.end(); ++it) o[utf8_for_json(it.key(), mode)] = utf8_clean(it.value(), mode);
+    return o;
+  }
+  return j;
+}
+}  // namespace
+
+std::string json_dump(const nlohmann::json& j, int indent, InvalidUtf8 mode) {
+  return utf8_clean(j, mode).dump(indent);
 }
 
 void info(const GlobalOptions& g, const std::string& line) {
@@ -140,6 +188,9 @@ int run_main(const std::string& name, const std::string& description, int argc, 
       return app.exit(e);
     } catch (const CLI::CallForVersion& e) {
       return app.exit(e);
+    } catch (const CLI::Success&) {  // a query option that printed its answer (nl-layout pack --list-synthetic-models)
+      std::fflush(stdout);
+      return kExitOk;
     } catch (const CLI::ParseError& e) {
       std::fprintf(stderr, "%s: error: %s (run '%s --help')\n", name.c_str(), e.what(), name.c_str());
       return kExitUsage;

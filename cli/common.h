@@ -48,9 +48,15 @@ std::vector<NamedPath> named_paths(const std::string& option, const std::vector<
 // itself when it does not exist yet.
 std::vector<NamedPath> hf_folder_outputs(const std::string& option, const std::string& folder);
 
-// Every JSON document the CLIs print or write: text that is not UTF-8 (a byte token, a non-UTF-8 prompt or
-// tokenizer piece) becomes U+FFFD instead of an exception that loses the output; text mode prints the raw bytes.
-std::string json_dump(const nlohmann::json& j, int indent = -1);
+// What JSON output does with text that is not UTF-8 (a byte token, a non-UTF-8 prompt, path or tokenizer piece):
+// each byte of an invalid sequence becomes U+FFFD (kReplace) or the four characters "\xNN" (kEscape).
+enum class InvalidUtf8 { kReplace, kEscape };
+// `s` with valid UTF-8 kept and each byte of an invalid sequence (overlong forms, surrogates and code points past
+// U+10FFFF included) treated as `mode` says.
+std::string utf8_for_json(const std::string& s, InvalidUtf8 mode);
+// Every JSON document the CLIs print or write: each string (keys too) passes through utf8_for_json, so invalid text
+// never becomes an exception that loses the output; text mode prints the raw bytes.
+std::string json_dump(const nlohmann::json& j, int indent = -1, InvalidUtf8 mode = InvalidUtf8::kReplace);
 
 // An informational line on stderr unless --quiet.
 void info(const GlobalOptions& g, const std::string& line);

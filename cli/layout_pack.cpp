@@ -14,6 +14,7 @@
 #include "formats/core/image_writer.h"
 #include "formats/core/progress.h"
 #include "formats/core/rng.h"
+#include "formats/core/synthetic_models.h"
 #include "formats/layout.h"
 #include "formats/llama2c.h"
 #include "formats/model_source.h"
@@ -36,36 +37,7 @@ struct PackArgs {
   uint64_t seed = 1;
 };
 
-// Whole synthetic models (issue 18 item 9): every tensor random, for end-to-end timing at real shapes. All use a
-// gated ReLU FFN (ProSparse / TurboSparse-like: exact zeros, so --select gate is exact). Meaningless text.
-struct SyntheticModel {
-  ModelConfig config;
-  const char* what;
-};
-ModelConfig synth_cfg(int dim, int layers, int heads, int kv_heads, int hidden, int vocab, int seq, float theta) {
-  ModelConfig c;
-  c.dim = dim;
-  c.n_layers = layers;
-  c.n_heads = heads;
-  c.n_kv_heads = kv_heads;
-  c.hidden_dim = hidden;
-  c.vocab_size = vocab;
-  c.seq_len = seq;
-  c.rope_theta = theta;
-  c.norm_eps = 1e-5f;
-  c.act = FfnAct::kRelu;
-  c.shared_classifier = false;
-  return c;
-}
-const std::map<std::string, SyntheticModel>& synthetic_models() {
-  static const std::map<std::string, SyntheticModel> m = {
-      {"llama2-7b", {synth_cfg(4096, 32, 32, 32, 11008, 32000, 4096, 10000.0f), "Llama-2-7B / ProSparse shape"}},
-      {"mistral-7b", {synth_cfg(4096, 32, 32, 8, 14336, 32000, 4096, 1000000.0f), "Mistral-7B / TurboSparse shape"}},
-      {"llama-1b", {synth_cfg(2048, 22, 32, 4, 5632, 32000, 2048, 10000.0f), "TinyLlama-1.1B shape"}},
-      {"tiny-test", {synth_cfg(64, 2, 4, 2, 256, 512, 128, 10000.0f), "tiny shape for tests"}},
-  };
-  return m;
-}
+// Whole synthetic models: formats/core/synthetic_models.h.
 constexpr const char* kSyntheticNote = kSyntheticWeightsNote;
 
 // FFN shapes of the paper's models (Neuralink, ASPLOS 2025): width, neurons per layer, bundle kind. Keys are the
@@ -150,6 +122,27 @@ void add_pack_input_options(CLI::App* c, PackArgs& a) {
                               "mistral-7b-turbosparse, or DIMxHIDDEN[xplain|xgated])")
                     ->group("Synthetic");
   model->excludes(synth);
+  // Runs while parsing, before --out is required: a query, not a pack.
+  c->add_flag_callback(
+       "--list-synthetic-models",
+       [] {
+         nlohmann::json j = nlohmann::json::object();
+         for (const auto& [name, m] : synthetic_models()) {
+           const ModelConfig& k = m.config;
+           j[name] = {{"dim", k.dim},
+                      {"hidden_dim", k.hidden_dim},
+                      {"n_layers", k.n_layers},
+                      {"n_heads", k.n_heads},
+                      {"n_kv_heads", k.n_kv_heads},
+                      {"vocab_size", k.vocab_size},
+                      {"seq_len", k.seq_len},
+                      {"what", m.what}};
+         }
+         std::printf("%s\n", json_dump(j, 1).c_str());
+         throw CLI::Success();
+       },
+       "Print the whole synthetic models' shapes (--synthetic-shape) as JSON and exit")
+      ->group("Synthetic");
   a.layers_opt = c->add_option("--layers", a.synthetic_layers,
                                "Synthetic: layers (FFN-only shapes: default 4; whole models: default the model's)")
                      ->check(CLI::Range(1, 4096))
@@ -256,7 +249,7 @@ ImageManifest write_synthetic_model(const std::string& out, const ModelConfig& c
   iw.set_error_stats(errors);
   std::vector<float> v;
   for (const DenseTensor& t : image_dense_tensor_list(c)) {
-    if (t.rows == 1) {
+    if (image_dense_is_norm(t.rows)) {  // RMS norm weights start at 1
       v.assign(t.elems(), 1.0f);
     } else {
       SplitMix r = tensor_rng(seed, t.name);
@@ -418,9 +411,10 @@ ImagePlanner planner_of(const Layout& lay, const std::string& layout_path, const
   }
   if (!(r.cache_ratio >= 0 && r.cache_ratio <= 1))
     throw InputError(layout_path, "parameters.cache_ratio must be in [0, 1]");
-  r.cache_admission = eval_defaults.plain_s3fifo ? "all" : "linking-aligned";
-  if (recorded && p.contains("admission") && p["admission"].is_string() && cache_admission_known(p["admission"]))
-    r.cache_admission = p["admission"].get<std::string>();
+  r.cache_admission = eval_defaults.plain_s3fifo ? CacheAdmission::kAll : CacheAdmission::kLinkingAligned;
+  if (recorded && p.contains("admission") &&
+      !(p["admission"].is_string() && cache_admission_parse(p["admission"].get<std::string>(), &r.cache_admission)))
+    throw InputError(layout_path, std::string("parameters.admission must be ") + kCacheAdmissions);
   const std::string named =
       recorded && p.contains("device") && p["device"].is_string() ? p["device"].get<std::string>() : "";
   if (!named.empty() && named != dev.name)
@@ -521,8 +515,8 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
               manifest_path_for(a.out) + (m.cache_policy.empty() ? "" : " with the layout's cache policy"));
   if (!m.planner.empty())
     info(g, "planner settings for nl-run (" + m.planner.from + "): gap " + m.planner.gap + ", cache " +
-                std::to_string(m.planner.cache_ratio) + " (" + m.planner.cache_admission + "), device " +
-                m.planner.device);
+                std::to_string(m.planner.cache_ratio) + " (" + cache_admission_name(m.planner.cache_admission) +
+                "), device " + m.planner.device);
   if (whole) info(g, a.synthetic_shape + " (" + whole->what + "): " + kSyntheticNote);
   if (!a.export_permuted.empty()) {
     // Streams like the image: one FFN matrix in memory at a time, other tensors copied through in chunks.

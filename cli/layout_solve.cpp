@@ -83,10 +83,14 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
                "Also try each cache candidate with this share of its S3-FIFO part in the small FIFO (0 = 10 % only)")
       ->check(CLI::Range(0.0, 0.99))
       ->group(grp);
-  c.add_option(
-       "--admission", a.o.admission,
-       "Cache admission the layout is designed for (recorded in the layout; eval uses it): all, linking-aligned")
-      ->check(CLI::IsMember({"all", "linking-aligned", "isolated"}))
+  // Parsed here, once, into the enum (formats/core/cache_admission.h); the names are the ones files record.
+  std::vector<std::string> admissions;
+  for (CacheAdmission r : kCacheAdmissionRules) admissions.push_back(cache_admission_name(r));
+  c.add_option_function<std::string>(
+       "--admission", [&a](const std::string& s) { cache_admission_parse(s, &a.o.admission); },
+       "Cache admission the layout is designed for (recorded in the layout; eval uses it)")
+      ->check(CLI::IsMember(admissions))
+      ->default_str(cache_admission_name(SolveOptions{}.admission))
       ->group(grp);
   c.add_flag("--miss-stream", a.o.miss_stream, "Also try greedy + search on the co-activation of cache misses")
       ->group(grp);
@@ -152,9 +156,9 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
                     "-> %llu), ends-in variant %.4f; kept %s%s, %llu evaluations",
                     s.io_ms_greedy, s.io_ms_ls, s.io_ms_pinned, s.io_ms_miss, (unsigned long long)s.weight_miss_greedy,
                     (unsigned long long)s.weight_miss, s.io_ms_span,
-                    s.guard_kept_seed           ? "greedy"
-                    : s.cache.admission.empty() ? "ours, paper's cache"
-                                                : s.cache.admission.c_str(),
+                    s.guard_kept_seed                             ? "greedy"
+                    : s.cache.admission == CacheAdmission::kUnset ? "ours, paper's cache"
+                                                                  : cache_admission_name(s.cache.admission),
                     pins.c_str(), static_cast<unsigned long long>(s.ls.evaluations));
     }
     prog.note(buf);

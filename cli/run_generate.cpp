@@ -44,7 +44,7 @@ struct GenerateArgs {
   bool ignore_eos = false;
   int context = 0;  // 0 = prompt + steps (at most the model's seq_len)
   std::string memory_budget;
-  std::string invalid_utf8 = "replace";
+  InvalidUtf8 invalid_utf8 = InvalidUtf8::kReplace;
   CLI::Option* cache_ratio_opt = nullptr;  // to tell an explicit --cache-ratio from its default
 };
 
@@ -115,10 +115,13 @@ void add_generate_sampling_options(CLI::App* c, GenerateArgs& a) {
       ->check(CLI::Range(0.0, 1.0))
       ->group("Sampling");
   c->add_flag("--ignore-eos", a.ignore_eos, "Keep generating after the tokenizer's EOS token")->group("Sampling");
-  c->add_option("--invalid-utf8", a.invalid_utf8,
-                "Text that is not UTF-8 (byte tokens) in JSON: replace (U+FFFD per bad byte) or escape (\\xNN); "
-                "stdout always gets the raw bytes")
+  c->add_option_function<std::string>(
+       "--invalid-utf8",
+       [&a](const std::string& s) { a.invalid_utf8 = s == "escape" ? InvalidUtf8::kEscape : InvalidUtf8::kReplace; },
+       "Text that is not UTF-8 (byte tokens) in JSON: replace (U+FFFD per bad byte) or escape (\\xNN); stdout "
+       "always gets the raw bytes")
       ->check(CLI::IsMember({"replace", "escape"}))
+      ->default_str("replace")
       ->group("Output");
 }
 
@@ -189,37 +192,6 @@ std::vector<int> parse_tokens(const std::string& s, int vocab) {
   }
   if (v.empty()) throw UsageError("--prompt-tokens is empty");
   return v;
-}
-
-// Text for JSON: valid UTF-8 is kept; each byte of an invalid sequence becomes U+FFFD (replace) or "\xNN" (escape).
-std::string json_text(const std::string& s, bool escape) {
-  std::string out;
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    bool ok = n > 0 && i + n <= s.size();
-    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
-    if (ok && n > 1) {  // no overlong forms, surrogates or code points past U+10FFFF
-      uint32_t cp = c & (0x7F >> n);
-      for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-      ok = cp >= (n == 2 ? 0x80u : n == 3 ? 0x800u : 0x10000u) && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
-    }
-    if (ok) {
-      out.append(s, i, n);
-      i += n;
-      continue;
-    }
-    if (escape) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02X", c);
-      out += buf;
-    } else {
-      out += "\xEF\xBF\xBD";
-    }
-    ++i;
-  }
-  return out;
 }
 
 // Writes the text (with a tokenizer) or the ids (without) to stdout as tokens are produced, flushed per token.
@@ -418,9 +390,9 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
     feed->n_tokens = ti.n_tokens;
     if (!feed->n_tokens) throw InputError(trace_path, "has no tokens");
     synthetic = synthetic || trace_is_synthetic(ti);
-    extra["trace"] = {{"path", json_text(trace_path, a.invalid_utf8 == "escape")},
+    extra["trace"] = {{"path", trace_path},
                       {"tokens", ti.n_tokens},
-                      {"activation", json_text(ti.activation, a.invalid_utf8 == "escape")},
+                      {"activation", ti.activation},
                       {"synthetic", trace_is_synthetic(ti)}};
 #else
     throw UsageError(
@@ -534,14 +506,13 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   const uint64_t forwards = uint64_t(gen.prompt_forwards) + (out.empty() ? 0 : out.size() - 1);
   extra["generated"] = out;
   std::string text;
-  const bool esc = a.invalid_utf8 == "escape";
   if (tok) {
     std::vector<int32_t> all(prompt.begin(), prompt.end());
     all.insert(all.end(), out.begin(), out.end());
-    text = tok->decode(all);  // prompt + continuation (decoding the parts apart would drop the joining space)
-    extra["tokenizer"] = json_text(tok_path, esc);
-    extra["text"] = json_text(text, esc);
-    if (!a.prompt.empty()) extra["prompt"] = json_text(a.prompt, esc);
+    text = tok->decode(all);        // prompt + continuation (decoding the parts apart would drop the joining space)
+    extra["tokenizer"] = tok_path;  // json_dump below applies --invalid-utf8
+    extra["text"] = text;
+    if (!a.prompt.empty()) extra["prompt"] = a.prompt;
   }
   // Timing and memory of this run.
   double decode_io = 0;
@@ -643,7 +614,8 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
                  gen.decode_seconds, dec_tps, io_share * 100, format_bytes(peak).c_str(),
                  budget ? (" (budget " + format_bytes(budget) + ")").c_str() : "",
                  synthetic ? (" [" + label + "]").c_str() : "");
-  flash_report(fa, g, *img, a.select == "dense" ? nullptr : ffn.get(), wall, forwards, json_dump(extra));
+  flash_report(fa, g, *img, a.select == "dense" ? nullptr : ffn.get(), wall, forwards,
+               json_dump(extra, -1, a.invalid_utf8));
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Small HDF5 helpers shared by the HDF5 formats (trace v1 in formats/, graph files in graph/).
+// Small HDF5 helpers shared by the HDF5 formats (trace v1 in formats/, graph files in graph/): RAII identifiers,
+// input checks and the one set of attribute readers and writers (formats/hdf5_util.cpp).
 #pragma once
 #include <fcntl.h>
 #include <hdf5.h>
@@ -87,5 +88,19 @@ inline void check_hdf5_input(const std::string& path, const std::string& expecte
   ::close(fd);
   throw InputError(path, "not an HDF5 file (or truncated): expected a " + expected);
 }
+
+// Attribute writers: a scalar UTF-8 variable-length string, a little-endian int64, an IEEE double. A failure is an
+// InternalError naming the attribute (the file itself was created by us moments before).
+void write_string_attr(hid_t obj, const char* name, const std::string& value);
+void write_int_attr(hid_t obj, const char* name, int64_t value);
+void write_double_attr(hid_t obj, const char* name, double value);
+
+// Attribute readers of an input file `path`; `where` (e.g. " of /layers/3", or "") completes the error line. Each
+// throws InputError naming the file when the attribute is missing, has the wrong class or is not a scalar.
+bool has_attr(hid_t obj, const char* name);
+std::string read_string_attr(const std::string& path, hid_t obj, const char* name, const std::string& where);
+int64_t read_int_attr(const std::string& path, hid_t obj, const char* name, const std::string& where);
+// A scalar float or integer attribute, read as a double.
+double read_number_attr(const std::string& path, hid_t obj, const char* name, const std::string& where);
 
 }  // namespace nl::h5

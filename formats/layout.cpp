@@ -31,12 +31,14 @@ std::string layout_to_json(const Layout& l) {
   s += "  \"layers\": [\n";
   for (size_t i = 0; i < l.layers.size(); ++i) {
     const LayoutLayer& L = l.layers[i];
-    s += "    {\"layer\": " + std::to_string(i) + ", \"n_neurons\": " + std::to_string(L.order.size()) +
-         ", \"objective\": " + json(L.objective).dump() + ", \"upper_bound\": " + json(L.upper_bound).dump() +
-         ", \"gap\": " + json(L.gap()).dump() + ", \"order\": " + json(L.order).dump() +
-         (L.admission.empty() ? std::string() : ", \"admission\": " + json(L.admission).dump()) +
-         (L.pinned.empty() ? std::string() : ", \"pinned\": " + json(L.pinned).dump()) +
-         (L.small_fraction == 0 ? std::string() : ", \"small_fraction\": " + json(L.small_fraction).dump()) + "}";
+    s +=
+        "    {\"layer\": " + std::to_string(i) + ", \"n_neurons\": " + std::to_string(L.order.size()) +
+        ", \"objective\": " + json(L.objective).dump() + ", \"upper_bound\": " + json(L.upper_bound).dump() +
+        ", \"gap\": " + json(L.gap()).dump() + ", \"order\": " + json(L.order).dump() +
+        (L.admission == CacheAdmission::kUnset ? std::string()
+                                               : ", \"admission\": " + json(cache_admission_name(L.admission)).dump()) +
+        (L.pinned.empty() ? std::string() : ", \"pinned\": " + json(L.pinned).dump()) +
+        (L.small_fraction == 0 ? std::string() : ", \"small_fraction\": " + json(L.small_fraction).dump()) + "}";
     s += i + 1 < l.layers.size() ? ",\n" : "\n";
   }
   s += "  ]\n}\n";
@@ -131,9 +133,8 @@ Layout layout_parse(const std::string& text, const std::string& path, const Trac
       out.order[s] = uint32_t(v);
     }
     if (L.contains("admission")) {
-      if (!L["admission"].is_string() || !cache_admission_known(L["admission"].get<std::string>()))
+      if (!L["admission"].is_string() || !cache_admission_parse(L["admission"].get<std::string>(), &out.admission))
         throw InputError(path, where + "'admission' must be " + kCacheAdmissions);
-      out.admission = L["admission"].get<std::string>();
     }
     if (L.contains("pinned")) {
       const json& pj = L["pinned"];
@@ -171,7 +172,8 @@ Layout layout_load(const std::string& path, const TraceInfo* trace) {
 
 std::vector<ImageCachePolicy> layout_cache_policy_slots(const Layout& l) {
   bool any = false;
-  for (const auto& L : l.layers) any = any || !L.admission.empty() || !L.pinned.empty() || L.small_fraction != 0;
+  for (const auto& L : l.layers)
+    any = any || L.admission != CacheAdmission::kUnset || !L.pinned.empty() || L.small_fraction != 0;
   if (!any) return {};
   std::vector<ImageCachePolicy> out(l.layers.size());
   for (size_t i = 0; i < l.layers.size(); ++i) {

@@ -19,8 +19,7 @@ inline constexpr int64_t kLayoutVersion = 1;
 struct LayoutLayer {
   std::vector<uint32_t> order;  // slot -> original neuron index (a permutation of 0..n-1)
   // The cache policy the layout was designed for (eval and the runtime use it at the same capacity):
-  std::string admission;         // "" = not specified (the evaluator's setting), "all" (plain S3-FIFO) or
-                                 // "linking-aligned" (the paper's admission rule)
+  CacheAdmission admission = CacheAdmission::kUnset;  // kUnset = not specified (the evaluator's setting)
   std::vector<uint32_t> pinned;  // neurons pinned in DRAM (hottest first), part of the capacity; empty = none
   double small_fraction = 0;     // S3-FIFO's small-queue share of the unpinned capacity; 0 = not specified (0.10)
   double objective = 0;          // path weight: sum of co-activation counts of adjacent slots (profile trace)

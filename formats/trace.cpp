@@ -19,32 +19,15 @@ namespace nl {
 namespace {
 
 using h5::check_stored_bytes;
+using h5::has_attr;
 using h5::Hid;
+using h5::read_int_attr;
+using h5::read_number_attr;
+using h5::read_string_attr;
 using h5::silence_hdf5;
-
-void write_string_attr(hid_t obj, const char* name, const std::string& value) {
-  Hid type(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(type, H5T_VARIABLE);
-  H5Tset_cset(type, H5T_CSET_UTF8);
-  Hid space(H5Screate(H5S_SCALAR), H5Sclose);
-  Hid attr(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  const char* p = value.c_str();
-  if (!attr.ok() || H5Awrite(attr, type, &p) < 0) throw InternalError(std::string("cannot write attribute ") + name);
-}
-
-void write_int_attr(hid_t obj, const char* name, int64_t value) {
-  Hid space(H5Screate(H5S_SCALAR), H5Sclose);
-  Hid attr(H5Acreate2(obj, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (!attr.ok() || H5Awrite(attr, H5T_NATIVE_INT64, &value) < 0)
-    throw InternalError(std::string("cannot write attribute ") + name);
-}
-
-void write_double_attr(hid_t obj, const char* name, double value) {
-  Hid space(H5Screate(H5S_SCALAR), H5Sclose);
-  Hid attr(H5Acreate2(obj, name, H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (!attr.ok() || H5Awrite(attr, H5T_NATIVE_DOUBLE, &value) < 0)
-    throw InternalError(std::string("cannot write attribute ") + name);
-}
+using h5::write_double_attr;
+using h5::write_int_attr;
+using h5::write_string_attr;
 
 template <class T>
 void write_1d(hid_t file, const char* name, hid_t file_type, hid_t mem_type, const std::vector<T>& v) {
@@ -239,48 +222,6 @@ struct TraceReader::Impl {
 
 namespace {
 
-bool has_attr(hid_t obj, const char* name) { return H5Aexists(obj, name) > 0; }
-
-std::string read_string_attr(const std::string& path, hid_t obj, const char* name, const std::string& where) {
-  if (!has_attr(obj, name)) throw InputError(path, "missing attribute '" + std::string(name) + "'" + where);
-  Hid attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  Hid type(H5Aget_type(attr), H5Tclose);
-  if (H5Tget_class(type) != H5T_STRING)
-    throw InputError(path, "attribute '" + std::string(name) + "'" + where + " is not a string");
-  Hid space(H5Aget_space(attr), H5Sclose);
-  if (H5Sget_simple_extent_npoints(space) != 1)
-    throw InputError(path, "attribute '" + std::string(name) + "'" + where + " is not a scalar");
-  if (H5Tis_variable_str(type) > 0) {
-    Hid mt(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(mt, H5T_VARIABLE);
-    H5Tset_cset(mt, H5Tget_cset(type));
-    char* p = nullptr;
-    if (H5Aread(attr, mt, &p) < 0) throw InputError(path, "cannot read attribute '" + std::string(name) + "'");
-    std::string s = p ? p : "";
-    H5free_memory(p);
-    return s;
-  }
-  size_t n = H5Tget_size(type);
-  if (n > (1u << 20)) throw InputError(path, "attribute '" + std::string(name) + "' is absurdly long");
-  std::string s(n, '\0');
-  if (H5Aread(attr, type, s.data()) < 0) throw InputError(path, "cannot read attribute '" + std::string(name) + "'");
-  s.resize(strnlen(s.c_str(), n));
-  return s;
-}
-
-int64_t read_int_attr(const std::string& path, hid_t obj, const char* name, const std::string& where) {
-  if (!has_attr(obj, name)) throw InputError(path, "missing attribute '" + std::string(name) + "'" + where);
-  Hid attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  Hid type(H5Aget_type(attr), H5Tclose);
-  Hid space(H5Aget_space(attr), H5Sclose);
-  if (H5Tget_class(type) != H5T_INTEGER || H5Sget_simple_extent_npoints(space) != 1)
-    throw InputError(path, "attribute '" + std::string(name) + "'" + where + " is not a scalar integer");
-  int64_t v = 0;
-  if (H5Aread(attr, H5T_NATIVE_INT64, &v) < 0)
-    throw InputError(path, "cannot read attribute '" + std::string(name) + "'" + where);
-  return v;
-}
-
 template <class T>
 std::vector<T> read_1d(const std::string& path, hid_t file, const char* name, hid_t mem_type, uint64_t max_len) {
   Hid ds(H5Dopen2(file, name, H5P_DEFAULT), H5Dclose);
@@ -341,15 +282,7 @@ TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>
     if (nn < 0 || nn > (int64_t(1) << 26)) throw InputError(path, "n_neurons" + where + " is out of range");
     info_.n_neurons.push_back(static_cast<uint32_t>(nn));
     if (has_attr(g, "threshold")) {
-      Hid attr(H5Aopen(g, "threshold", H5P_DEFAULT), H5Aclose);
-      Hid type(H5Aget_type(attr), H5Tclose);
-      Hid space(H5Aget_space(attr), H5Sclose);
-      // H5Aread writes every element: an array attribute would overrun the one double below.
-      const H5T_class_t cls = H5Tget_class(type);
-      if ((cls != H5T_FLOAT && cls != H5T_INTEGER) || H5Sget_simple_extent_npoints(space) != 1)
-        throw InputError(path, "attribute 'threshold'" + where + " is not a scalar number");
-      double th = 0;
-      if (H5Aread(attr, H5T_NATIVE_DOUBLE, &th) < 0) throw InputError(path, "cannot read threshold" + where);
+      const double th = read_number_attr(path, g, "threshold", where);
       info_.thresholds.push_back(th);
     } else {
       all_thresholds = false;

@@ -18,23 +18,6 @@ namespace {
 using h5::Hid;
 using h5::silence_hdf5;
 
-void attr_string(hid_t obj, const char* name, const std::string& v) {
-  Hid type(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(type, H5T_VARIABLE);
-  H5Tset_cset(type, H5T_CSET_UTF8);
-  Hid space(H5Screate(H5S_SCALAR), H5Sclose);
-  Hid a(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  const char* p = v.c_str();
-  if (!a.ok() || H5Awrite(a, type, &p) < 0) throw InternalError(std::string("cannot write attribute ") + name);
-}
-
-void attr_int(hid_t obj, const char* name, int64_t v) {
-  Hid space(H5Screate(H5S_SCALAR), H5Sclose);
-  Hid a(H5Acreate2(obj, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (!a.ok() || H5Awrite(a, H5T_NATIVE_INT64, &v) < 0)
-    throw InternalError(std::string("cannot write attribute ") + name);
-}
-
 // dims: 1-D or 2-D. Small lists are deflated; the full matrix is stored raw (random counts barely compress
 // and deflating 16 GiB of matrices would dominate the run).
 template <class T>
@@ -58,45 +41,6 @@ void write_ds(const std::string& path, hid_t g, const char* name, hid_t ftype, h
   if (!ds.ok()) throw IoError(path, std::string("cannot create dataset ") + name);
   if (!v.empty() && H5Dwrite(ds, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
     throw IoError(path, std::string("cannot write dataset ") + name + " (disk full?)");
-}
-
-bool has_attr(hid_t o, const char* n) { return H5Aexists(o, n) > 0; }
-
-int64_t read_int(const std::string& path, hid_t o, const char* name, const std::string& where) {
-  if (!has_attr(o, name)) throw InputError(path, "missing attribute '" + std::string(name) + "'" + where);
-  Hid a(H5Aopen(o, name, H5P_DEFAULT), H5Aclose);
-  Hid t(H5Aget_type(a), H5Tclose);
-  Hid s(H5Aget_space(a), H5Sclose);
-  if (H5Tget_class(t) != H5T_INTEGER || H5Sget_simple_extent_npoints(s) != 1)
-    throw InputError(path, "attribute '" + std::string(name) + "'" + where + " is not a scalar integer");
-  int64_t v = 0;
-  if (H5Aread(a, H5T_NATIVE_INT64, &v) < 0) throw InputError(path, "cannot read attribute '" + std::string(name) + "'");
-  return v;
-}
-
-std::string read_string(const std::string& path, hid_t o, const char* name) {
-  if (!has_attr(o, name)) throw InputError(path, "missing attribute '" + std::string(name) + "'");
-  Hid a(H5Aopen(o, name, H5P_DEFAULT), H5Aclose);
-  Hid t(H5Aget_type(a), H5Tclose);
-  Hid s(H5Aget_space(a), H5Sclose);
-  if (H5Tget_class(t) != H5T_STRING || H5Sget_simple_extent_npoints(s) != 1)
-    throw InputError(path, "attribute '" + std::string(name) + "' is not a scalar string");
-  if (H5Tis_variable_str(t) > 0) {
-    Hid mt(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(mt, H5T_VARIABLE);
-    H5Tset_cset(mt, H5Tget_cset(t));
-    char* p = nullptr;
-    if (H5Aread(a, mt, &p) < 0) throw InputError(path, "cannot read attribute '" + std::string(name) + "'");
-    std::string r = p ? p : "";
-    H5free_memory(p);
-    return r;
-  }
-  size_t n = H5Tget_size(t);
-  if (n > (1u << 20)) throw InputError(path, "attribute '" + std::string(name) + "' is absurdly long");
-  std::string r(n, '\0');
-  if (H5Aread(a, t, r.data()) < 0) throw InputError(path, "cannot read attribute '" + std::string(name) + "'");
-  r.resize(strnlen(r.c_str(), n));
-  return r;
 }
 
 // Opens an integer dataset and checks its shape.
@@ -158,9 +102,9 @@ GraphFileWriter::GraphFileWriter(const std::string& path, const std::string& sou
   im.source = source;
   im.file = Hid(H5Fcreate(im.out.temp_path().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   if (!im.file.ok()) throw IoError(path, "cannot create HDF5 file");
-  attr_string(im.file, "format", kGraphFormat);
-  attr_int(im.file, "version", kGraphVersion);
-  attr_string(im.file, "source", source);
+  h5::write_string_attr(im.file, "format", kGraphFormat);
+  h5::write_int_attr(im.file, "version", kGraphVersion);
+  h5::write_string_attr(im.file, "source", source);
   im.layers = Hid(H5Gcreate2(im.file, "layers", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
 }
 
@@ -187,8 +131,8 @@ void GraphFileWriter::add_layer(uint32_t layer, const LayerGraph& g) {
   const std::string gname = std::to_string(im.count++);
   Hid grp(H5Gcreate2(im.layers, gname.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
   if (!grp.ok()) throw IoError(path, "cannot create layer group");
-  attr_int(grp, "layer", layer);
-  attr_int(grp, "n_neurons", n);
+  h5::write_int_attr(grp, "layer", layer);
+  h5::write_int_attr(grp, "n_neurons", n);
   write_ds(path, grp, "freq", H5T_STD_U64LE, H5T_NATIVE_UINT64, g.freq, {n}, true);
   write_ds(path, grp, "nbr_len", H5T_STD_U32LE, H5T_NATIVE_UINT32, g.nbr_len, {g.k ? n : 0}, true);
   write_ds(path, grp, "nbr", H5T_STD_U32LE, H5T_NATIVE_UINT32, g.nbr, {g.k ? n : 0, g.k}, true);
@@ -204,16 +148,16 @@ void GraphFileWriter::close() {
   auto& im = *impl_;
   if (im.closed) return;
   // Optional provenance (readers accept files without it).
-  if (!im.trace.sha256.empty()) attr_string(im.file, "trace_sha256", im.trace.sha256);
-  if (!im.trace.model.empty()) attr_string(im.file, "trace_model", im.trace.model);
+  if (!im.trace.sha256.empty()) h5::write_string_attr(im.file, "trace_sha256", im.trace.sha256);
+  if (!im.trace.model.empty()) h5::write_string_attr(im.file, "trace_model", im.trace.model);
   if (im.trace.has_range) {
-    attr_int(im.file, "token_begin", static_cast<int64_t>(im.trace.token_begin));
-    attr_int(im.file, "token_end", static_cast<int64_t>(im.trace.token_end));
+    h5::write_int_attr(im.file, "token_begin", static_cast<int64_t>(im.trace.token_begin));
+    h5::write_int_attr(im.file, "token_end", static_cast<int64_t>(im.trace.token_end));
   }
-  attr_int(im.file, "n_layers", im.count);
-  attr_int(im.file, "n_tokens", static_cast<int64_t>(im.n_tokens));
-  attr_int(im.file, "top_k", im.k);
-  attr_int(im.file, "full", im.any && im.full ? 1 : 0);
+  h5::write_int_attr(im.file, "n_layers", im.count);
+  h5::write_int_attr(im.file, "n_tokens", static_cast<int64_t>(im.n_tokens));
+  h5::write_int_attr(im.file, "top_k", im.k);
+  h5::write_int_attr(im.file, "full", im.any && im.full ? 1 : 0);
   im.layers.reset();
   if (H5Fflush(im.file, H5F_SCOPE_GLOBAL) < 0)
     throw IoError(im.out.final_path(), "cannot flush HDF5 file (disk full?)");
@@ -236,28 +180,28 @@ GraphFileReader::GraphFileReader(const std::string& path) : impl_(std::make_uniq
   impl_->file = Hid(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!impl_->file.ok()) throw InputError(path, "cannot open as HDF5 (truncated or corrupt file?)");
   hid_t f = impl_->file;
-  const std::string format = read_string(path, f, "format");
+  const std::string format = h5::read_string_attr(path, f, "format", "");
   if (format != kGraphFormat) throw InputError(path, "format is '" + format + "', expected '" + kGraphFormat + "'");
-  const int64_t version = read_int(path, f, "version", "");
+  const int64_t version = h5::read_int_attr(path, f, "version", "");
   if (version > kGraphVersion)
     throw InputError(path, "graph version " + std::to_string(version) + " is newer than this reader (supports " +
                                std::to_string(kGraphVersion) + "); upgrade the toolkit");
   if (version < 1) throw InputError(path, "invalid graph version " + std::to_string(version));
-  info_.source = read_string(path, f, "source");
-  const int64_t n_layers = read_int(path, f, "n_layers", "");
+  info_.source = h5::read_string_attr(path, f, "source", "");
+  const int64_t n_layers = h5::read_int_attr(path, f, "n_layers", "");
   if (n_layers < 0 || n_layers > 100000)
     throw InputError(path, "n_layers " + std::to_string(n_layers) + " is out of range");
-  const int64_t n_tokens = read_int(path, f, "n_tokens", "");
+  const int64_t n_tokens = h5::read_int_attr(path, f, "n_tokens", "");
   if (n_tokens < 0 || n_tokens > int64_t(UINT32_MAX))
     throw InputError(path, "n_tokens " + std::to_string(n_tokens) + " is out of range (counts are uint32)");
-  const int64_t k = read_int(path, f, "top_k", "");
+  const int64_t k = h5::read_int_attr(path, f, "top_k", "");
   if (k < 0 || k > 65536) throw InputError(path, "top_k " + std::to_string(k) + " is out of range");
-  const int64_t full = read_int(path, f, "full", "");
+  const int64_t full = h5::read_int_attr(path, f, "full", "");
   if (full != 0 && full != 1) throw InputError(path, "attribute 'full' must be 0 or 1");
-  if (has_attr(f, "trace_sha256")) info_.trace.sha256 = read_string(path, f, "trace_sha256");
-  if (has_attr(f, "trace_model")) info_.trace.model = read_string(path, f, "trace_model");
-  if (has_attr(f, "token_begin") || has_attr(f, "token_end")) {
-    const int64_t b = read_int(path, f, "token_begin", ""), e = read_int(path, f, "token_end", "");
+  if (h5::has_attr(f, "trace_sha256")) info_.trace.sha256 = h5::read_string_attr(path, f, "trace_sha256", "");
+  if (h5::has_attr(f, "trace_model")) info_.trace.model = h5::read_string_attr(path, f, "trace_model", "");
+  if (h5::has_attr(f, "token_begin") || h5::has_attr(f, "token_end")) {
+    const int64_t b = h5::read_int_attr(path, f, "token_begin", ""), e = h5::read_int_attr(path, f, "token_end", "");
     if (b < 0 || e < b || e - b != n_tokens)
       throw InputError(path, "token_begin/token_end (" + std::to_string(b) + ":" + std::to_string(e) +
                                  ") do not span n_tokens (" + std::to_string(n_tokens) + ")");
@@ -274,11 +218,11 @@ GraphFileReader::GraphFileReader(const std::string& path) : impl_(std::make_uniq
       throw InputError(path, "missing layer group /" + gname + " (n_layers is " + std::to_string(n_layers) + ")");
     Hid g(H5Gopen2(f, gname.c_str(), H5P_DEFAULT), H5Gclose);
     if (!g.ok()) throw InputError(path, "/" + gname + " is not a group");
-    const int64_t layer = read_int(path, g, "layer", where);
+    const int64_t layer = h5::read_int_attr(path, g, "layer", where);
     if (layer < 0 || layer > 100000) throw InputError(path, "layer" + where + " is out of range");
     if (!info_.layers.empty() && layer <= int64_t(info_.layers.back()))
       throw InputError(path, "layer indices are not strictly increasing at /" + gname);
-    const int64_t nn = read_int(path, g, "n_neurons", where);
+    const int64_t nn = h5::read_int_attr(path, g, "n_neurons", where);
     if (nn < 0 || nn > (int64_t(1) << 20)) throw InputError(path, "n_neurons" + where + " is out of range");
     const hsize_t n = hsize_t(nn), rows = info_.top_k ? n : 0;
     open_ds(path, g, gname, "freq", {n}, 8);

@@ -44,10 +44,10 @@ struct LayerEval {
   double io_ms_per_token() const { return tokens ? 1e3 * io_seconds / double(tokens) : 0; }
 };
 
-// A layout layer's own cache policy (formats/layout.h): admission "" (cfg's), "all" or "linking-aligned", and
-// pinned neurons (hottest first; they count against the capacity, the rest of it runs S3-FIFO).
+// A layout layer's own cache policy (formats/layout.h): admission (kUnset: cfg's) and pinned neurons (hottest first;
+// they count against the capacity, the rest of it runs S3-FIFO).
 struct LayerCachePolicy {
-  std::string admission;
+  CacheAdmission admission = CacheAdmission::kUnset;
   std::vector<uint32_t> pinned;
   double small_fraction = 0;  // S3-FIFO's small-queue share; 0 = cfg's
 };

@@ -129,7 +129,8 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
           if (!can_pin || k == 0 || k >= n_pin) continue;
           std::vector<uint32_t> part(hot_pins.begin(), hot_pins.begin() + k);
           cands.push_back(LayerCachePolicy{opt.admission, part});
-          if (opt.admission != "isolated") cands.push_back(LayerCachePolicy{"isolated", std::move(part)});
+          if (opt.admission != CacheAdmission::kIsolated)
+            cands.push_back(LayerCachePolicy{CacheAdmission::kIsolated, std::move(part)});
         }
         // The same capacity pinned where the pins save the most reads and bytes under this order's read plans.
         if (can_pin && opt.pin_rounds > 0) {
@@ -290,7 +291,7 @@ nlohmann::json solve_parameters(const SolveOptions& opt) {
     p["cache_ratio"] = opt.eval.cache_ratio;
     p["device"] = opt.eval.device.name;
     p["bundle_bytes"] = opt.eval.bundle_bytes;
-    p["admission"] = opt.admission;
+    p["admission"] = cache_admission_name(opt.admission);
     p["pin_share"] = opt.pin_share;
     p["pin_rounds"] = opt.pin_rounds;
     p["small_fraction"] = opt.small_fraction;

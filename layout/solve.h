@@ -32,7 +32,7 @@ struct SolveOptions {
   // keeps the neurons of persistent runs; linking-aligned admission rejects them) and, when pin_share > 0, a
   // variant that pins the hottest pin_share x capacity neurons (they leave the path). The variant that is best on
   // the profile trace is kept, and the paper's pipeline (greedy + linking-aligned) when neither beats it.
-  std::string admission = "all";
+  CacheAdmission admission = CacheAdmission::kAll;
   double pin_share = 1.0;
   // Rounds of swaps refining the pinned set for the searched order (layout/pins.h); 0 = the hottest set only.
   uint32_t pin_rounds = 8;

@@ -54,46 +54,14 @@ uint32_t get_count(const json& obj, const char* key, const std::string& where, c
   return static_cast<uint32_t>(v.get<int64_t>());
 }
 
-// ---------------------------------------------------------------- random numbers (own, so files are identical
-// on every platform's standard library)
-class Rng {
- public:
-  // One independent stream per (seed, layer, purpose).
-  Rng(uint64_t seed, uint64_t layer, uint64_t purpose) {
-    uint64_t x =
-        seed * 0x9E3779B97F4A7C15ull ^ (layer + 1) * 0xC2B2AE3D27D4EB4Full ^ (purpose + 7) * 0x165667B19E3779F9ull;
-    for (auto& w : s_) w = splitmix64_next(x);  // xoshiro256** seeded by splitmix64, as its authors advise
-  }
-  uint64_t next() {
-    const uint64_t r = rotl(s_[1] * 5, 7) * 9, t = s_[1] << 17;
-    s_[2] ^= s_[0];
-    s_[3] ^= s_[1];
-    s_[1] ^= s_[2];
-    s_[0] ^= s_[3];
-    s_[2] ^= t;
-    s_[3] = rotl(s_[3], 45);
-    return r;
-  }
-  double uniform() { return double(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-  uint64_t below(uint64_t n) { return uint64_t((unsigned __int128)next() * n >> 64); }
-  double normal() {  // Box–Muller, both values used
-    if (has_spare_) {
-      has_spare_ = false;
-      return spare_;
-    }
-    double u1 = 1.0 - uniform(), u2 = uniform();
-    double r = std::sqrt(-2.0 * std::log(u1)), a = 6.283185307179586 * u2;
-    spare_ = r * std::sin(a);
-    has_spare_ = true;
-    return r * std::cos(a);
-  }
+// ---------------------------------------------------------------- random numbers: the project's generator
+// (formats/core/rng.h), identical on every platform's standard library, so the files are.
 
- private:
-  static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-  uint64_t s_[4];
-  double spare_ = 0;
-  bool has_spare_ = false;
-};
+// One independent stream per (seed, layer, purpose).
+SplitMix64 stream_rng(uint64_t seed, uint64_t layer, uint64_t purpose) {
+  return SplitMix64(
+      splitmix64(seed * kSplitMixGamma ^ (layer + 1) * 0xC2B2AE3D27D4EB4Full ^ (purpose + 7) * 0x165667B19E3779F9ull));
+}
 
 enum Purpose : uint64_t { kStructure = 0, kProcessBase = 16 };
 
@@ -115,14 +83,14 @@ inline double modulated_rate(double q, double swing, double u) {
 struct Layer {
   const SynthPreset& p;
   const SynthStructure st;
-  Rng rng;
+  SplitMix64 rng;
   std::vector<double> rate_now;  // group rates under the current global factor
   std::vector<uint8_t> group_on, gate, background;
   std::vector<uint8_t> prev;  // active at the previous token of this sequence
   bool have_prev = false;
 
   Layer(const SynthPreset& pr, uint64_t seed, uint32_t layer, SynthSplit split)
-      : p(pr), st(synth_structure(pr, seed, layer)), rng(seed, layer, kProcessBase + uint64_t(split)) {
+      : p(pr), st(synth_structure(pr, seed, layer)), rng(stream_rng(seed, layer, kProcessBase + uint64_t(split))) {
     rate_now.assign(p.group_count, 0);
     group_on.assign(p.group_count, 0);
     gate.assign(size_t(p.neurons) * p.groups_per_neuron, 0);
@@ -329,14 +297,14 @@ SynthPreset synth_preset_load(const std::string& path) {
 
 SynthStructure synth_structure(const SynthPreset& p, uint64_t seed, uint32_t layer, const std::string& origin) {
   synth_preset_validate(p, origin);
-  Rng rng(seed, layer, kStructure);
+  SplitMix64 rng = stream_rng(seed, layer, kStructure);
   const uint32_t n = p.neurons, m = p.groups_per_neuron, G = p.group_count;
   SynthStructure s;
   // Popularity ranks land on random group ids and members are drawn at random: hot groups and their
   // neurons are scattered over the index range, as in a trained model.
   std::vector<uint32_t> perm(G);
   std::iota(perm.begin(), perm.end(), 0u);
-  for (uint32_t i = G; i > 1; --i) std::swap(perm[i - 1], perm[rng.below(i)]);
+  shuffle_with(perm.data(), G, rng);
   std::vector<double> weight(G);
   for (uint32_t r = 0; r < G; ++r) weight[perm[r]] = std::pow(double(r + 1), -p.zipf_exponent);
   s.groups.assign(size_t(n) * m, 0);

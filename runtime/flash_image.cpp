@@ -101,11 +101,6 @@ ModelWeights FlashImage::load_dense() {
   return w;
 }
 
-ImageDtype FlashImage::tensor_dtype(const DenseTensor& t) const {
-  (void)m_;
-  return t.dtype;  // the manifest's per-tensor dtype (norms stay f32 in q8_0 / q4_0 images)
-}
-
 std::unique_ptr<DenseStore> FlashImage::load_dense_store() {
   auto st = std::make_unique<DenseStore>();
   read_region(0, &st->bytes);
@@ -118,7 +113,7 @@ std::unique_ptr<DenseStore> FlashImage::load_dense_store() {
       throw InputError(manifest_path_, "dense tensor '" + name + "' is " + std::to_string(t->rows) + "x" +
                                            std::to_string(t->cols) + ", the config implies " + std::to_string(rows) +
                                            "x" + std::to_string(cols));
-    const ImageDtype dt = tensor_dtype(*t);
+    const ImageDtype dt = t->dtype;  // the manifest's per-tensor dtype (image_dense_dtype)
     if (image_dtype_quantized(dt) && cols % kQuantBlock != 0)
       throw InputError(manifest_path_, "dense tensor '" + name + "' has " + std::to_string(cols) +
                                            " columns, not a multiple of 32 (" + image_dtype_name(dt) + ")");
@@ -128,13 +123,13 @@ std::unique_ptr<DenseStore> FlashImage::load_dense_store() {
   };
   auto matrix = [&](const std::string& name, int rows, int cols) {
     const DenseTensor& t = find(name, uint64_t(rows), uint64_t(cols));
-    const ImageDtype dt = tensor_dtype(t);
+    const ImageDtype dt = t.dtype;
     return WeightView{dt, st->bytes.data() + t.offset, rows, cols, image_row_bytes(dt, size_t(cols))};
   };
   auto norm = [&](const std::string& name) -> const float* {
     const DenseTensor& t = find(name, 1, uint64_t(c.dim));
     std::vector<float> v(size_t(c.dim));
-    image_decode(tensor_dtype(t), st->bytes.data() + t.offset, v.size(), v.data());
+    image_decode(t.dtype, st->bytes.data() + t.offset, v.size(), v.data());
     st->norms.push_back(std::move(v));
     return st->norms.back().data();
   };

@@ -52,8 +52,6 @@ class FlashImage {
   ModelWeights load_dense();
   // The dense weights in their stored dtype (what nl-run computes from). Verifies the dense region.
   std::unique_ptr<DenseStore> load_dense_store();
-  // The dtype one dense tensor is stored in (the one place that decides it).
-  ImageDtype tensor_dtype(const DenseTensor& t) const;
   // Decodes a whole FFN layer back into original neuron order (tests, dense reference runs).
   void load_ffn_layer(int layer, LayerWeights* lw);
 

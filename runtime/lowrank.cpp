@@ -4,7 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <random>
+
+#include "formats/core/rng.h"
 
 namespace nl {
 
@@ -129,10 +130,9 @@ LowRankFactors lowrank_fit(const float* g, int rows, int cols, int rank, uint64_
   f.rank = rank;
   const int k = std::min(full, rank + std::max(0, oversample));
   // Random start (fixed seed): q [cols][k].
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> nd(0.0, 1.0);
+  SplitMix64 rng(seed);
   std::vector<double> q(size_t(cols) * k), y;
-  for (double& x : q) x = nd(rng);
+  for (double& x : q) x = rng.normal();
   orthonormalize(q, cols, k);
   for (int it = 0; it < iters; ++it) {  // q <- orth(G^T G q)
     mul_g(g, rows, cols, q, k, y);

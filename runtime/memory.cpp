@@ -102,7 +102,7 @@ uint64_t dense_dram_bytes(const ImageManifest& m) {
   // FlashImage::load_dense_store keeps the dense region as stored and widens the norm vectors to f32.
   uint64_t norms = 0;
   for (const DenseTensor& t : m.dense_tensors)
-    if (t.rows == 1) norms += t.elems() * kF32;
+    if (image_dense_is_norm(t.rows)) norms += t.elems() * kF32;
   return io_align_up(m.dense().bytes) + norms;  // read_region pads the buffer to the I/O alignment
 }
 

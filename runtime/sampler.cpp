@@ -15,13 +15,6 @@ std::string sampler_config_problem(const SamplerConfig& c) {
   return "";
 }
 
-uint64_t SplitMix64::next() {
-  uint64_t z = (s_ += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 int argmax(const float* x, int n) {
   int best = 0;
   for (int i = 1; i < n; ++i)

@@ -1,11 +1,13 @@
 // Next-token sampling for generation: greedy (temperature 0) or temperature + top-k + top-p over the logits, drawn
-// with the sampler's own seeded PRNG (splitmix64), so the same seed gives the same tokens on every thread count and
-// CPU. Order (as llama2.c and Hugging Face's logits warpers): divide by the temperature, keep the top-k logits, keep
-// the smallest set of most likely tokens whose probability reaches top-p, renormalise, draw one.
+// with the project's seeded PRNG (SplitMix64, formats/core/rng.h), so the same seed gives the same tokens on every
+// thread count and CPU. Order (as llama2.c and Hugging Face's logits warpers): divide by the temperature, keep the
+// top-k logits, keep the smallest set of most likely tokens whose probability reaches top-p, renormalise, draw one.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "formats/core/rng.h"
 
 namespace nl {
 
@@ -18,18 +20,6 @@ struct SamplerConfig {
 
 // "" or what is wrong with the settings (negative temperature, top-p outside (0, 1], negative top-k).
 std::string sampler_config_problem(const SamplerConfig& c);
-
-// Deterministic 64-bit generator (splitmix64): the same sequence on every platform and compiler.
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : s_(seed) {}
-  uint64_t next();
-  // Uniform in [0, 1) with 53 random bits.
-  double uniform() { return double(next() >> 11) * 0x1.0p-53; }
-
- private:
-  uint64_t s_;
-};
 
 // Index of the largest value (the lowest index among equal maxima).
 int argmax(const float* x, int n);

@@ -25,7 +25,7 @@ Layout sample() {
   l.layers[0].objective = 10;
   l.layers[0].upper_bound = 12.5;
   l.layers[1].order = {1, 0};
-  l.layers[1].admission = "all";
+  l.layers[1].admission = CacheAdmission::kAll;
   l.layers[1].pinned = {1};
   return l;
 }
@@ -86,13 +86,13 @@ TEST_CASE("layout JSON round trip; writes are byte-identical") {
   CHECK(r.layers[0].upper_bound == 12.5);
   CHECK(r.layers[0].gap() == doctest::Approx(0.2));
   CHECK(r.trace_sha256 == l.trace_sha256);
-  CHECK(r.layers[0].admission.empty());
+  CHECK(r.layers[0].admission == CacheAdmission::kUnset);
   CHECK(r.layers[0].pinned.empty());
-  CHECK(r.layers[1].admission == "all");
+  CHECK(r.layers[1].admission == CacheAdmission::kAll);
   CHECK(r.layers[1].pinned == std::vector<uint32_t>{1});
   CHECK(layout_to_json(r) == a);
-  r.layers[1].admission = "isolated";
-  CHECK(layout_parse(layout_to_json(r), "x").layers[1].admission == "isolated");
+  r.layers[1].admission = CacheAdmission::kIsolated;
+  CHECK(layout_parse(layout_to_json(r), "x").layers[1].admission == CacheAdmission::kIsolated);
   CHECK(a.find("small_fraction") == std::string::npos);  // not written when not recorded
   r.layers[1].small_fraction = 0.5;
   CHECK(layout_to_json(r).find("\"small_fraction\": 0.5") != std::string::npos);

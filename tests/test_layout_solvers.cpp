@@ -194,7 +194,7 @@ TEST_CASE("greedy+ls never has a lower path weight than its greedy seed and is d
     CHECK(el.io_seconds <= eg.io_seconds);
     if (ls.guard_kept_seed) {  // kept greedy = kept the paper's pipeline: greedy's order, no recorded policy
       CHECK(ls.order == gr.order);
-      CHECK(ls.cache.admission.empty());
+      CHECK(ls.cache.admission == CacheAdmission::kUnset);
       CHECK(ls.cache.pinned.empty());
     }
   }
@@ -285,7 +285,7 @@ TEST_CASE("the miss stream: without a cache it is the trace; with one it drops t
   evaluate_layer(m, o, ec, 0, nullptr, &miss);
   CHECK(miss.bits == m.bits);
   ec.cache_ratio = 0.1;
-  LayerCachePolicy pol{"all", {}};
+  LayerCachePolicy pol{CacheAdmission::kAll, {}};
   LayerEval e = evaluate_layer(m, o, ec, 0, &pol, &miss);
   uint64_t n_miss = 0;
   for (uint32_t v = 0; v < 300; ++v) {
@@ -340,7 +340,8 @@ TEST_CASE("one pass over several cache policies equals one evaluation per policy
   ec.gap = GapPolicy::parse("auto");
   ec.cache_ratio = 0.1;
   ec.bundle_bytes = 4096;
-  const LayerCachePolicy all{"all", {}}, aligned{"linking-aligned", {}}, pinned{"all", hottest(g.freq, 12)};
+  const LayerCachePolicy all{CacheAdmission::kAll, {}}, aligned{CacheAdmission::kLinkingAligned, {}},
+      pinned{CacheAdmission::kAll, hottest(g.freq, 12)};
   const std::vector<const LayerCachePolicy*> pols = {nullptr, &all, &aligned, &pinned};
   const std::vector<LayerEval> got = evaluate_layer_policies(m, o, ec, 3, pols);
   REQUIRE(got.size() == pols.size());
@@ -385,7 +386,8 @@ TEST_CASE("the I/O lower bound: exact on a hand case, below every order and cach
     const double bound = io_lower_bound_seconds(TokenMajorMask(m, 0, m.n_tokens), e);
     CHECK(bound >= 0);
     if (ratio < 0.1) CHECK(bound > 0);
-    const LayerCachePolicy all{"all", {}}, iso{"isolated", hottest(g.freq, 10)}, pinned{"all", hottest(g.freq, 60)};
+    const LayerCachePolicy all{CacheAdmission::kAll, {}}, iso{CacheAdmission::kIsolated, hottest(g.freq, 10)},
+        pinned{CacheAdmission::kAll, hottest(g.freq, 60)};
     for (const Order& o : {solve_identity(300), solve_frequency(g), solve_greedy(g, &m)})
       for (const char* gap : {"off", "2", "auto", "auto-keep-runs"}) {
         e.gap = GapPolicy::parse(gap);

@@ -429,7 +429,7 @@ TEST_CASE("pack records the layout's planner settings; nl-run follows them unles
   const ImageManifest ms = manifest_load("pack_plan/s.nlw.json"), mp = manifest_load("pack_plan/p.nlw.json");
   CHECK(ms.planner.gap == "3");
   CHECK(ms.planner.cache_ratio == 0.1);
-  CHECK(ms.planner.cache_admission == "all");
+  CHECK(ms.planner.cache_admission == CacheAdmission::kAll);
   CHECK(ms.planner.from == "layout");
   CHECK(mp.planner.gap == "auto");  // nl-layout eval's defaults
   CHECK(mp.planner.cache_ratio == 0.05);

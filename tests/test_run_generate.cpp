@@ -99,7 +99,7 @@ TEST_CASE("generate --select gate equals dense with the manifest's cache policy 
   spec.dtype = ImageDtype::kF16;
   spec.order = test::random_order(c, 78);
   spec.cache_policy.resize(2);
-  spec.cache_policy[0] = {"all", {}};
+  spec.cache_policy[0] = {CacheAdmission::kAll, {}};
   for (uint32_t s = 0; s < 256; s += 12) spec.cache_policy[0].pinned.push_back(s);  // 22 slots, apart
   for (uint32_t s = 100; s < 118; ++s) spec.cache_policy[1].pinned.push_back(s);    // 18 slots, one run
   const std::string img = d + "/m.nlw";
@@ -247,7 +247,8 @@ TEST_CASE("generate: the same tokens for 1, 2 and 4 threads, gate and dense, eve
       const std::string img = d + "/m_" + std::string(ffn_act_name(act)) + "_" + image_dtype_name(dt) + ".nlw";
       image_write_model(img, w, spec);
       const std::string args = " generate --image " + img + " --steps 16 --prompt-tokens 3,9,17,40,2,77,5,11,60 ";
-      Result ref = run("--threads 1" + args + "--select dense");
+      // -q: a slow run's progress line (stderr, merged here) must not split the tokens line.
+      Result ref = run("-q --threads 1" + args + "--select dense");
       REQUIRE_MESSAGE(ref.rc == 0, ref.out);
       const std::string want = tokens_line(ref.out);
       REQUIRE(want.size() > 16);
@@ -256,7 +257,7 @@ TEST_CASE("generate: the same tokens for 1, 2 and 4 threads, gate and dense, eve
           CAPTURE(img);
           CAPTURE(threads);
           CAPTURE(sel);
-          Result r = run("--threads " + threads + args + "--select " + sel + " --cache-ratio 0.1 --gap 2");
+          Result r = run("-q --threads " + threads + args + "--select " + sel + " --cache-ratio 0.1 --gap 2");
           CHECK_MESSAGE(r.rc == 0, r.out);
           CHECK(tokens_line(r.out) == want);
           ++checked;

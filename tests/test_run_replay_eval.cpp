@@ -184,7 +184,7 @@ TEST_CASE("tiny-relu end to end: replay equals nl-layout eval for greedy+ls layo
     if (L.solve_args.empty()) {
       Layout x = layout_load(d + "/gls-pin.json");
       for (auto& ll : x.layers) {
-        ll.admission = L.name == "gls-iso" ? "isolated" : "all";
+        ll.admission = L.name == "gls-iso" ? CacheAdmission::kIsolated : CacheAdmission::kAll;
         ll.pinned.resize(ll.pinned.size() / 2);
         if (L.name == "gls-small") ll.small_fraction = 0.5;
       }
@@ -200,7 +200,7 @@ TEST_CASE("tiny-relu end to end: replay equals nl-layout eval for greedy+ls layo
     CHECK(m.bundle_bytes == 1536);
     bool any = false;
     for (const auto& ll : layout.layers) {
-      any = any || !ll.admission.empty() || !ll.pinned.empty();
+      any = any || ll.admission != CacheAdmission::kUnset || !ll.pinned.empty();
       records_pins[L.name] = records_pins[L.name] || !ll.pinned.empty();
     }
     REQUIRE(m.cache_policy.size() == (any ? layout.layers.size() : 0));
@@ -213,7 +213,7 @@ TEST_CASE("tiny-relu end to end: replay equals nl-layout eval for greedy+ls layo
         CHECK(m.order[l][m.cache_policy[l].pinned[k]] == layout.layers[l].pinned[k]);
       if (L.name == "gls-pin") {
         layers_pinned += !layout.layers[l].pinned.empty();
-        layers_all += layout.layers[l].admission == "all";
+        layers_all += layout.layers[l].admission == CacheAdmission::kAll;
       }
     }
   }

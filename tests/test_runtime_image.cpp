@@ -373,14 +373,14 @@ TEST_CASE("malformed manifests and images are refused with one clear line each")
   });
   FlashImage ok2(img, IoOptions{});
   REQUIRE(ok2.manifest().cache_policy.size() == 2);
-  CHECK(ok2.manifest().cache_policy[0].admission == "linking-aligned");
+  CHECK(ok2.manifest().cache_policy[0].admission == CacheAdmission::kLinkingAligned);
   with_manifest([](json& j) { j["cache_policy"] = json::array({{{"admission", "isolated"}}, json::object()}); });
-  CHECK(FlashImage(img, IoOptions{}).manifest().cache_policy[0].admission == "isolated");
+  CHECK(FlashImage(img, IoOptions{}).manifest().cache_policy[0].admission == CacheAdmission::kIsolated);
   with_manifest([](json& j) {
     j["cache_policy"] = json::array({{{"admission", "linking-aligned"}, {"future", 1}}, {{"pinned_slots", {9, 2}}}});
   });
   CHECK(ok2.manifest().cache_policy[0].pinned.empty());
-  CHECK(ok2.manifest().cache_policy[1].admission.empty());
+  CHECK(ok2.manifest().cache_policy[1].admission == CacheAdmission::kUnset);
   CHECK(ok2.manifest().cache_policy[1].pinned == std::vector<uint32_t>{9, 2});
 }
 
@@ -398,26 +398,24 @@ TEST_CASE("the cache policy round-trips through the manifest; images without one
   spec.cache_policy.resize(2);
   image_write_model(d + "/empty.nlw", w, spec);
   CHECK(read_file(d + "/empty.nlw.json").find("cache_policy") == std::string::npos);
-  spec.cache_policy[0] = {"all", {7, 3, 95}};  // hottest first: the order is kept, not sorted
-  spec.cache_policy[1] = {"", {0}, 0.25};
+  spec.cache_policy[0] = {CacheAdmission::kAll, {7, 3, 95}};  // hottest first: the order is kept, not sorted
+  spec.cache_policy[1] = {CacheAdmission::kUnset, {0}, 0.25};
   image_write_model(d + "/pol.nlw", w, spec);
   ImageManifest m = manifest_load(d + "/pol.nlw.json");
   REQUIRE(m.cache_policy.size() == 2);
-  CHECK(m.cache_policy[0].admission == "all");
+  CHECK(m.cache_policy[0].admission == CacheAdmission::kAll);
   CHECK(m.cache_policy[0].pinned == std::vector<uint32_t>{7, 3, 95});
-  CHECK(m.cache_policy[1].admission.empty());
+  CHECK(m.cache_policy[1].admission == CacheAdmission::kUnset);
   CHECK(m.cache_policy[1].pinned == std::vector<uint32_t>{0});
   CHECK(m.cache_policy[0].small_fraction == 0.0);
   CHECK(m.cache_policy[1].small_fraction == 0.25);
   CHECK(manifest_to_json(m) == read_file(d + "/pol.nlw.json"));
   // The image bytes do not depend on the policy (only the manifest does).
   CHECK(read_file(d + "/pol.nlw") == read_file(d + "/plain.nlw"));
-  // The writer refuses a policy the reader would refuse.
-  spec.cache_policy[1] = {"lru", {}};
+  // The writer refuses a policy the reader would refuse (an unknown admission cannot be represented: CacheAdmission).
+  spec.cache_policy[1] = {CacheAdmission::kAll, {96}};
   CHECK_THROWS_AS(image_write_model(d + "/bad.nlw", w, spec), UsageError);
-  spec.cache_policy[1] = {"all", {96}};
-  CHECK_THROWS_AS(image_write_model(d + "/bad.nlw", w, spec), UsageError);
-  spec.cache_policy[1] = {"all", {}, 1.0};
+  spec.cache_policy[1] = {CacheAdmission::kAll, {}, 1.0};
   CHECK_THROWS_AS(image_write_model(d + "/bad.nlw", w, spec), UsageError);
   spec.cache_policy.resize(1);
   CHECK_THROWS_AS(image_write_model(d + "/bad.nlw", w, spec), UsageError);

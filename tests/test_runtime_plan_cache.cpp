@@ -141,7 +141,7 @@ TEST_CASE("a recorded small_fraction sizes S3-FIFO's small queue: neurons back o
     const double sf = k == 0 ? 0.0 : 0.5;
     CacheConfig cc;
     cc.capacity = 10;
-    cache_apply_policy(cc, "all", {}, sf);
+    cache_apply_policy(cc, CacheAdmission::kAll, {}, sf);
     CHECK(cc.small_fraction == (sf == 0 ? 0.10 : 0.5));  // 0 = nothing recorded: S3-FIFO's 10 % stays
     SlotCache c(100, cc);
     TokenPlan p;
@@ -157,20 +157,20 @@ TEST_CASE("a recorded small_fraction sizes S3-FIFO's small queue: neurons back o
   CHECK(hits[1] == 500);  // every second access
   CHECK(hits[0] < hits[1]);
   CacheConfig bad;
-  CHECK_THROWS_AS(cache_apply_policy(bad, "", {}, 1.0), UsageError);
-  CHECK_THROWS_AS(cache_apply_policy(bad, "", {}, -0.1), UsageError);
+  CHECK_THROWS_AS(cache_apply_policy(bad, CacheAdmission::kUnset, {}, 1.0), UsageError);
+  CHECK_THROWS_AS(cache_apply_policy(bad, CacheAdmission::kUnset, {}, -0.1), UsageError);
 }
 
 TEST_CASE("a recorded cache policy: admission overrides the setting, pinned slots hottest first up to capacity") {
   CacheConfig cc;
-  cache_apply_policy(cc, "all", {9, 4, 7});
+  cache_apply_policy(cc, CacheAdmission::kAll, {9, 4, 7});
   CHECK_FALSE(cc.linking_aligned);
   CHECK(cc.pinned == std::vector<uint32_t>{9, 4, 7});
-  cache_apply_policy(cc, "linking-aligned", {});
+  cache_apply_policy(cc, CacheAdmission::kLinkingAligned, {});
   CHECK(cc.linking_aligned);
   CHECK(cc.run_admit_prob == 0.125);
   CacheConfig iso;
-  cache_apply_policy(iso, "isolated", {});  // linking-aligned with no admission inside longer reads
+  cache_apply_policy(iso, CacheAdmission::kIsolated, {});  // linking-aligned with no admission inside longer reads
   CHECK(iso.linking_aligned);
   CHECK(iso.run_admit_prob == 0.0);
   {
@@ -187,9 +187,14 @@ TEST_CASE("a recorded cache policy: admission overrides the setting, pinned slot
   }
   CacheConfig keep;
   keep.linking_aligned = false;
-  cache_apply_policy(keep, "", {1});
-  CHECK_FALSE(keep.linking_aligned);  // "" = nothing recorded: the caller's setting stays
-  CHECK_THROWS_AS(cache_apply_policy(keep, "lru", {}), UsageError);
+  cache_apply_policy(keep, CacheAdmission::kUnset, {1});
+  CHECK_FALSE(keep.linking_aligned);             // kUnset = nothing recorded: the caller's setting stays
+  CacheAdmission parsed = CacheAdmission::kAll;  // names are parsed where files and options are read
+  CHECK_FALSE(cache_admission_parse("lru", &parsed));
+  CHECK_FALSE(cache_admission_parse("", &parsed));
+  CHECK(parsed == CacheAdmission::kAll);
+  for (CacheAdmission r : kCacheAdmissionRules)
+    CHECK((cache_admission_parse(cache_admission_name(r), &parsed) && parsed == r));
   cc.capacity = 2;  // more pinned than capacity: the first (hottest) ones are held
   SlotCache c(20, cc);
   CHECK(c.resident(9));

@@ -26,17 +26,17 @@ LAYOUTS = ["identity", "greedy", "greedy+ls"]
 DENSE_ROW = "nl-run --select dense, uncapped (warm)"
 MIB = 1 << 20
 
-# Random-weight Llama shapes (llama2.c config order: dim, hidden, layers, heads, kv heads, vocab, seq_len) and the
-# synthetic workload preset whose calibrated activity gives their traces. The whole-model shapes of issue 18 are
-# packed by `nl-layout pack --synthetic-shape NAME` once it supports them.
+# Random-weight Llama shapes and the synthetic workload preset whose calibrated activity gives their traces. The
+# whole models are packed by `nl-layout pack --synthetic-shape NAME`, and their shapes are read from the binary
+# (`nl-layout pack --list-synthetic-models`; one definition, formats/core/synthetic_models.h). "187m" exists only
+# here, as a random llama2.c file (config in llama2.c order: dim, hidden, layers, heads, kv heads, vocab, seq_len).
 SYNTH = {
     "187m": {"config": (1024, 2816, 12, 16, 16, 32000, 512), "preset": "llama2-7b-prosparse"},
-    "1b": {"pack_shape": "llama-1b", "config": (2048, 5632, 22, 32, 4, 32000, 2048), "preset": "llama2-7b-prosparse"},
-    "llama2-7b": {"pack_shape": "llama2-7b", "config": (4096, 11008, 32, 32, 32, 32000, 4096),
-                  "preset": "llama2-7b-prosparse"},
-    "mistral-7b": {"pack_shape": "mistral-7b", "config": (4096, 14336, 32, 32, 8, 32000, 4096),
-                   "preset": "mistral-7b-turbosparse"},
+    "1b": {"pack_shape": "llama-1b", "preset": "llama2-7b-prosparse"},
+    "llama2-7b": {"pack_shape": "llama2-7b", "preset": "llama2-7b-prosparse"},
+    "mistral-7b": {"pack_shape": "mistral-7b", "preset": "mistral-7b-turbosparse"},
 }
+LLAMA2C_ORDER = ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len")
 
 
 def log(msg):
@@ -134,7 +134,8 @@ class Bench:
         help_gen = run([self.tool("nl-run"), "generate", "--help"])["out"]
         help_run = run([self.tool("nl-run"), "--help"])["out"]  # --threads is a global option of nl-run
         help_pack = run([self.tool("nl-layout"), "pack", "--help"])["out"]
-        self.pack_help = help_pack
+        listed = run([self.tool("nl-layout"), "pack", "--list-synthetic-models"], check=False)
+        self.pack_models = json.loads(listed["out"]) if listed["rc"] == 0 else {}
         self.has_threads = "--threads" in help_gen or "--threads" in help_run
         self.has_trace_select = "trace:" in help_gen
         self.pack_dtypes = [d for d in ("f32", "f16", "bf16", "q8_0", "q4_0") if d in help_pack]
@@ -171,8 +172,14 @@ class Bench:
             synthetic = False
         else:
             spec = SYNTH[shape]
-            cfg = spec["config"]
-            whole = spec.get("pack_shape") and spec["pack_shape"] in self.pack_help
+            whole = "pack_shape" in spec
+            if whole:
+                if spec["pack_shape"] not in self.pack_models:
+                    raise Unavailable("needs nl-layout pack --synthetic-shape %s (not listed by pack "
+                                      "--list-synthetic-models in this build)" % spec["pack_shape"])
+                cfg = tuple(self.pack_models[spec["pack_shape"]][k] for k in LLAMA2C_ORDER)
+            else:
+                cfg = spec["config"]
             model = os.path.join(d, "random.bin")
             if not whole and params(cfg) * 4 > self.a.max_random_gb * 1e9:
                 raise Unavailable("needs nl-layout pack --synthetic-shape %s (issue 18); a random llama2.c file of "

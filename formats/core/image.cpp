@@ -17,10 +17,6 @@
 
 namespace nl {
 
-bool cache_admission_known(const std::string& admission) {
-  return admission == "all" || admission == "linking-aligned" || admission == "isolated";
-}
-
 using json = nlohmann::json;
 
 const char* image_dtype_name(ImageDtype d) {
@@ -234,7 +230,7 @@ std::string manifest_to_json(const ImageManifest& m) {
     json pol = json::array();
     for (const auto& p : m.cache_policy) {
       json e = json::object();
-      if (!p.admission.empty()) e["admission"] = p.admission;
+      if (p.admission != CacheAdmission::kUnset) e["admission"] = cache_admission_name(p.admission);
       if (!p.pinned.empty()) e["pinned_slots"] = p.pinned;
       if (p.small_fraction != 0) e["small_fraction"] = p.small_fraction;
       pol.push_back(std::move(e));
@@ -247,7 +243,7 @@ std::string manifest_to_json(const ImageManifest& m) {
         {"gap", p.gap},
         {"device", {{"name", p.device}, {"read_latency_us", p.read_latency_us}, {"bandwidth_MBps", p.bandwidth_MBps}}},
         {"cache_ratio", p.cache_ratio},
-        {"cache_admission", p.cache_admission},
+        {"cache_admission", cache_admission_name(p.cache_admission)},
         {"from", p.from}};
   }
   if (!m.act_threshold.empty()) j["act_threshold"] = m.act_threshold;
@@ -387,9 +383,6 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
   for (size_t l = 0; l < m.cache_policy.size(); ++l) {
     const ImageCachePolicy& p = m.cache_policy[l];
     const std::string where = "cache_policy[" + std::to_string(l) + "]";
-    // An admission rule this build does not know would be run as something else: refuse rather than guess.
-    if (!p.admission.empty() && !cache_admission_known(p.admission))
-      bad(path, where + ".admission '" + p.admission + "' is not " + kCacheAdmissions);
     if (!cache_small_fraction_valid(p.small_fraction))
       bad(path, where + ".small_fraction must be strictly between 0 and 1");
     std::vector<char> seen(size_t(c.hidden_dim), 0);
@@ -535,7 +528,10 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
         ImageCachePolicy p;
         if (e.contains("admission")) {
           if (!e["admission"].is_string()) bad(path, where + ".admission must be a string");
-          p.admission = e["admission"].get<std::string>();
+          // An admission rule this build does not know would be run as something else: refuse rather than guess.
+          const std::string a = e["admission"].get<std::string>();
+          if (!cache_admission_parse(a, &p.admission))
+            bad(path, where + ".admission '" + a + "' is not " + kCacheAdmissions);
         }
         if (e.contains("pinned_slots")) {
           const json& ps = e["pinned_slots"];
@@ -571,9 +567,9 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
       if (!cr.is_number() || !(cr.get<double>() >= 0 && cr.get<double>() <= 1))
         bad(path, "planner.cache_ratio must be a number in [0, 1]");
       r.cache_ratio = cr.get<double>();
-      r.cache_admission = opt_str(p, "cache_admission");
-      if (!r.cache_admission.empty() && !cache_admission_known(r.cache_admission))
-        bad(path, "planner.cache_admission '" + r.cache_admission + "' is not " + kCacheAdmissions);
+      const std::string adm = opt_str(p, "cache_admission");
+      if (!adm.empty() && !cache_admission_parse(adm, &r.cache_admission))
+        bad(path, "planner.cache_admission '" + adm + "' is not " + kCacheAdmissions);
       r.from = opt_str(p, "from");
     }
     if (j.contains("act_threshold")) {  // optional (docs/formats.md)

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/core/cache_admission.h"
 #include "formats/core/model_weights.h"
 
 namespace nl {
@@ -87,40 +88,38 @@ struct DenseTensor {
 };
 // Dense tensors start on 64-byte boundaries inside the dense region (cache lines, SIMD loads).
 inline constexpr uint64_t kImageTensorAlign = 64;
-// The dtype a dense tensor is stored in: the image dtype, except 1-D tensors (the RMS norm weights) of quantized
-// images, which stay f32 as GGUF keeps them.
+// The RMS norm weights are the dense region's only 1-D tensors: the rule image_dense_dtype stores them by and
+// runtime/memory.cpp counts their f32 copies by.
+inline bool image_dense_is_norm(uint64_t rows) { return rows == 1; }
+// The dtype a dense tensor is stored in: the image dtype, except the norm weights of quantized images, which stay
+// f32 as GGUF keeps them.
 inline ImageDtype image_dense_dtype(ImageDtype image, uint64_t rows) {
-  return image_dtype_quantized(image) && rows == 1 ? ImageDtype::kF32 : image;
+  return image_dtype_quantized(image) && image_dense_is_norm(rows) ? ImageDtype::kF32 : image;
 }
 
-// The cache admission rules a layout or an image may record: "all" (plain S3-FIFO, every miss admitted),
-// "linking-aligned" (the paper's rule: misses read alone admitted, misses inside longer reads with a lower
-// probability) and "isolated" (the same rule with probability 0: only misses read alone are admitted).
-bool cache_admission_known(const std::string& admission);
 // A recorded small-FIFO share: 0 (none recorded) or strictly between 0 and 1.
 inline bool cache_small_fraction_valid(double f) { return f == 0 || (f > 0 && f < 1); }
-inline constexpr const char* kCacheAdmissions = "\"all\", \"linking-aligned\" or \"isolated\"";
 
 // The cache policy one FFN layer's order was designed for (the layout's `admission` and `pinned`, docs/formats.md),
 // in slot terms so the runtime needs no inverse permutation. Empty = none recorded (the runtime's own setting).
 struct ImageCachePolicy {
-  std::string admission;         // "" (none recorded) or one of cache_admission_known's rules
+  CacheAdmission admission = CacheAdmission::kUnset;  // kUnset: none recorded
   std::vector<uint32_t> pinned;  // slots (bundle positions in the layer's region) always resident, hottest first
   double small_fraction = 0;     // share of the S3-FIFO part given to its small FIFO; 0 = none recorded, else in (0, 1)
-  bool empty() const { return admission.empty() && pinned.empty() && small_fraction == 0; }
+  bool empty() const { return admission == CacheAdmission::kUnset && pinned.empty() && small_fraction == 0; }
 };
 
 // The planner settings the image's layout was solved and evaluated for (issue 18 item 8), recorded by pack when it
 // packs a layout: from the layout's own parameters where it records them (greedy+ls), else nl-layout eval's
 // defaults. nl-run uses them for every option the user does not pass. Advisory: not covered by the image id.
 struct ImagePlanner {
-  std::string gap;              // as --gap takes it: "off", "auto", "auto-keep-runs" or a bundle count; "" = none
-  std::string device;           // device profile name
-  double read_latency_us = 0;   // the profile's fit at its queue depth: a
-  double bandwidth_MBps = 0;    // B
-  double cache_ratio = 0;       // of each layer's FFN bytes, in [0, 1]
-  std::string cache_admission;  // "" or one of cache_admission_known's rules
-  std::string from;             // "layout" or "nl-layout eval defaults"
+  std::string gap;             // as --gap takes it: "off", "auto", "auto-keep-runs" or a bundle count; "" = none
+  std::string device;          // device profile name
+  double read_latency_us = 0;  // the profile's fit at its queue depth: a
+  double bandwidth_MBps = 0;   // B
+  double cache_ratio = 0;      // of each layer's FFN bytes, in [0, 1]
+  CacheAdmission cache_admission = CacheAdmission::kUnset;
+  std::string from;  // "layout" or "nl-layout eval defaults"
   bool empty() const { return gap.empty(); }
 };
 

@@ -84,8 +84,6 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
     throw UsageError("cannot pack: the cache policy has a different layer count");
   for (size_t l = 0; l < spec.cache_policy.size(); ++l) {
     const ImageCachePolicy& p = spec.cache_policy[l];
-    if (!p.admission.empty() && !cache_admission_known(p.admission))
-      throw UsageError("cannot pack: layer " + std::to_string(l) + ": unknown cache admission '" + p.admission + "'");
     if (!cache_small_fraction_valid(p.small_fraction))
       throw UsageError("cannot pack: layer " + std::to_string(l) + ": small_fraction must be strictly between 0 and 1");
     std::vector<char> seen(size_t(c.hidden_dim), 0);

@@ -11,11 +11,11 @@
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <thread>
 
 #include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
+#include "formats/core/rng.h"
 #include "runtime/io/file.h"
 #ifdef NL_HAVE_URING
 #include <liburing.h>
@@ -39,9 +39,9 @@ void create_probe_file(const std::string& path, uint64_t bytes, std::string* cre
   *created_path = path;
   const size_t chunk = 4 << 20;
   std::vector<uint64_t> data(chunk / 8);
-  std::mt19937_64 rng(12345);
+  SplitMix64 rng(12345);
   for (uint64_t off = 0; off < bytes; off += chunk) {
-    for (auto& w : data) w = rng();  // incompressible, so no device shortcut on zero pages
+    for (auto& w : data) w = rng.next();  // incompressible, so no device shortcut on zero pages
     size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, bytes - off));
     if (::pwrite(fd, data.data(), n, static_cast<off_t>(off)) != static_cast<ssize_t>(n)) {
       ::close(fd);
@@ -57,10 +57,10 @@ void create_probe_file(const std::string& path, uint64_t bytes, std::string* cre
 }
 
 std::vector<uint64_t> random_offsets(uint64_t file_bytes, uint32_t size, size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
+  SplitMix64 rng(seed);
   uint64_t slots = (file_bytes - size) / 4096 + 1;
   std::vector<uint64_t> v(n);
-  for (auto& o : v) o = (rng() % slots) * 4096;
+  for (auto& o : v) o = rng.below(slots) * 4096;
   return v;
 }
 

@@ -14,21 +14,25 @@ uint32_t cache_capacity_for_ratio(double ratio, uint32_t n_slots) {
   return static_cast<uint32_t>(std::floor(ratio * double(n_slots) + 1e-9));
 }
 
-void cache_apply_policy(CacheConfig& cc, const std::string& admission, const std::vector<uint32_t>& pinned_slots,
+void cache_apply_policy(CacheConfig& cc, CacheAdmission admission, const std::vector<uint32_t>& pinned_slots,
                         double small_fraction) {
   if (small_fraction != 0) {
     if (!(small_fraction > 0 && small_fraction < 1)) throw UsageError("cache: small_fraction must be in (0, 1)");
     cc.small_fraction = small_fraction;
   }
-  if (admission == "all") {
-    cc.linking_aligned = false;
-  } else if (admission == "linking-aligned") {
-    cc.linking_aligned = true;
-  } else if (admission == "isolated") {
-    cc.linking_aligned = true;
-    cc.run_admit_prob = 0;
-  } else if (!admission.empty()) {
-    throw UsageError("cache: unknown admission '" + admission + "' (all, linking-aligned, isolated)");
+  switch (admission) {
+    case CacheAdmission::kUnset:
+      break;
+    case CacheAdmission::kAll:
+      cc.linking_aligned = false;
+      break;
+    case CacheAdmission::kLinkingAligned:
+      cc.linking_aligned = true;
+      break;
+    case CacheAdmission::kIsolated:
+      cc.linking_aligned = true;
+      cc.run_admit_prob = 0;
+      break;
   }
   cc.pinned.insert(cc.pinned.end(), pinned_slots.begin(), pinned_slots.end());
 }

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "formats/core/cache_admission.h"
+
 namespace nl {
 
 struct TokenPlan;
@@ -29,11 +31,11 @@ struct CacheConfig {
 inline uint64_t cache_seed_for_layer(uint64_t seed, uint32_t layer) { return seed * 1000003ull + layer; }
 
 // Applies a layer's recorded cache policy (layout `admission`/`pinned`, image manifest `cache_policy`) on top of `cc`:
-// admission "all" or "linking-aligned" overrides cc.linking_aligned, "isolated" sets linking-aligned with a run
-// admission probability of 0 ("" keeps cc as is), the pinned slots (hottest first) are appended to cc.pinned, and a
+// admission kAll or kLinkingAligned overrides cc.linking_aligned, kIsolated sets linking-aligned with a run
+// admission probability of 0 (kUnset keeps cc as is), the pinned slots (hottest first) are appended to cc.pinned, and a
 // small_fraction other than 0 replaces cc.small_fraction. The one place nl-layout eval and nl-run turn a policy into a
 // cache configuration.
-void cache_apply_policy(CacheConfig& cc, const std::string& admission, const std::vector<uint32_t>& pinned_slots,
+void cache_apply_policy(CacheConfig& cc, CacheAdmission admission, const std::vector<uint32_t>& pinned_slots,
                         double small_fraction = 0);
 
 // Capacity in bundles for a cache holding `ratio` of the layer's FFN bytes.
