@@ -52,6 +52,10 @@ std::vector<NamedPath> hf_folder_outputs(const std::string& option, const std::s
 // tokenizer piece) becomes U+FFFD instead of an exception that loses the output; text mode prints the raw bytes.
 std::string json_dump(const nlohmann::json& j, int indent = -1);
 
+// An error message as one printable line: control bytes, newlines and bytes that are not well-formed UTF-8 become
+// \xNN (a message may quote bytes of a damaged input file; the terminal must not interpret them).
+std::string printable(const std::string& s);
+
 // An informational line on stderr unless --quiet.
 void info(const GlobalOptions& g, const std::string& line);
 

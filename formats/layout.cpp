@@ -1,6 +1,7 @@
 #include "formats/layout.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
@@ -121,10 +122,13 @@ Layout layout_parse(const std::string& text, const std::string& path, const Trac
     for (size_t s = 0; s < o.size(); ++s) {
       if (!o[s].is_number_integer())
         throw InputError(path, where + "order[" + std::to_string(s) + "] is not an integer");
-      int64_t v = o[s].get<int64_t>();
-      if (v < 0 || v >= int64_t(o.size()))
-        throw InputError(path, where + "order[" + std::to_string(s) + "] = " + std::to_string(v) +
-                                   " is out of range [0, " + std::to_string(o.size()) + ")");
+      // Unsigned past 2^63 would wrap negative in get<int64_t> (2^64-1 printed as -1): the range test and the
+      // message use the number as written.
+      const bool huge = o[s].is_number_unsigned() && o[s].get<uint64_t>() > uint64_t(INT64_MAX);
+      int64_t v = huge ? -1 : o[s].get<int64_t>();
+      if (huge || v < 0 || v >= int64_t(o.size()))
+        throw InputError(path, where + "order[" + std::to_string(s) + "] = " + o[s].dump() + " is out of range [0, " +
+                                   std::to_string(o.size()) + ")");
       if (seen[size_t(v)])
         throw InputError(path, where + "order is not a permutation: neuron " + std::to_string(v) + " appears twice");
       seen[size_t(v)] = 1;
