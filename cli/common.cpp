@@ -161,7 +161,7 @@ void info(const GlobalOptions& g, const std::string& line) {
 int run_main(const std::string& name, const std::string& description, int argc, char** argv,
              const std::function<void(CLI::App&)>& setup) {
   try {
-    install_cleanup_signal_handlers();  // SIGINT/SIGTERM remove temporary outputs
+    install_cleanup_signal_handlers();  // SIGINT/SIGTERM remove temporary outputs; out of memory in a thread: exit 4
     CLI::App app(description, name);
     app.set_version_flag("-V,--version", name + " " + NL_VERSION);
     app.require_subcommand(1);
