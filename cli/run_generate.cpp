@@ -595,18 +595,19 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   if (rank > 0) {
     const PredictorCounters& p = ffn->predictor();
     const auto [agree, prefix] = agreement(out, reference);
-    extra["predictor"] = {{"rank", rank},
-                          {"target_recall", a.target_recall},
-                          {"calibration_prompt_tokens", parse_tokens(a.calibrate_tokens, c.vocab_size, "--calibrate-prompt-tokens")},
-                          {"calibration_steps", a.calibrate_steps},
-                          {"thresholds", ffn->thresholds()},
-                          {"recall", p.recall()},
-                          {"precision", p.precision()},
-                          {"predicted_per_layer_token",
-                           double(p.predicted) / double(std::max<uint64_t>(1, forwards * uint64_t(c.n_layers)))},
-                          {"dense_tokens", reference},
-                          {"token_agreement", agree},
-                          {"agreeing_prefix", prefix}};
+    extra["predictor"] = {
+        {"rank", rank},
+        {"target_recall", a.target_recall},
+        {"calibration_prompt_tokens", parse_tokens(a.calibrate_tokens, c.vocab_size, "--calibrate-prompt-tokens")},
+        {"calibration_steps", a.calibrate_steps},
+        {"thresholds", ffn->thresholds()},
+        {"recall", p.recall()},
+        {"precision", p.precision()},
+        {"predicted_per_layer_token",
+         double(p.predicted) / double(std::max<uint64_t>(1, forwards * uint64_t(c.n_layers)))},
+        {"dense_tokens", reference},
+        {"token_agreement", agree},
+        {"agreeing_prefix", prefix}};
   }
   if (threshold) {
     const ThresholdCounters& tc = ffn->threshold_counters();

@@ -1,10 +1,10 @@
 // Small HDF5 helpers shared by the HDF5 formats (trace v1 in formats/, graph files in graph/).
 #pragma once
 #include <fcntl.h>
-#include <cerrno>
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <mutex>
 #include <string>
 #include <vector>

@@ -74,7 +74,8 @@ json parse_capturing_orders(const std::string& text, std::vector<OrderCapture>& 
   OrderCapture* cur = nullptr;
   auto in_layers = [&] { return st.size() == 2 && st[1].array && st[0].key == "layers"; };
   auto in_order = [&] {
-    return st.size() == 4 && st[3].array && !st[2].array && st[2].key == "order" && st[1].array && st[0].key == "layers";
+    return st.size() == 4 && st[3].array && !st[2].array && st[2].key == "order" && st[1].array &&
+           st[0].key == "layers";
   };
   auto element = [&](const json* value) {  // an entry of the order array being read
     OrderCapture& c = *cur;
@@ -183,7 +184,8 @@ Layout layout_parse(const std::string& text, const std::string& path, const Trac
     if (L.contains("layer") && (!L["layer"].is_number_integer() || L["layer"].get<int64_t>() != int64_t(li)))
       throw InputError(path, where + "'layer' must equal its position " + std::to_string(li));
     if (!L.contains("order") || !L["order"].is_array()) throw InputError(path, where + "missing array 'order'");
-    if (li >= orders.size()) throw InternalError("layout_parse: order of layer " + std::to_string(li) + " not captured");
+    if (li >= orders.size())
+      throw InternalError("layout_parse: order of layer " + std::to_string(li) + " not captured");
     const OrderCapture& o = orders[li];
     if (L.contains("n_neurons") &&
         (!L["n_neurons"].is_number_integer() || L["n_neurons"].get<int64_t>() != int64_t(o.v.size())))
@@ -201,8 +203,8 @@ Layout layout_parse(const std::string& text, const std::string& path, const Trac
       // The number as written (2^64-1 is not -1), whatever its size.
       const uint32_t v = o.v[s];
       if (s == o.bad || v >= n)
-        throw InputError(path, where + "order[" + std::to_string(s) + "] = " +
-                                   (s == o.bad ? o.bad_text : std::to_string(v)) + " is out of range [0, " +
+        throw InputError(path, where + "order[" + std::to_string(s) +
+                                   "] = " + (s == o.bad ? o.bad_text : std::to_string(v)) + " is out of range [0, " +
                                    std::to_string(n) + ")");
       if (seen[size_t(v)])
         throw InputError(path, where + "order is not a permutation: neuron " + std::to_string(v) + " appears twice");

@@ -281,8 +281,8 @@ int64_t read_int_attr(const std::string& path, hid_t obj, const char* name, cons
     if (H5Aread(attr, H5T_NATIVE_UINT64, &u) < 0)
       throw InputError(path, "cannot read attribute '" + std::string(name) + "'" + where);
     if (u > uint64_t(INT64_MAX))
-      throw InputError(path, "attribute '" + std::string(name) + "'" + where + " = " + std::to_string(u) +
-                                 " is out of range");
+      throw InputError(
+          path, "attribute '" + std::string(name) + "'" + where + " = " + std::to_string(u) + " is out of range");
     return int64_t(u);
   }
   int64_t v = 0;
@@ -500,7 +500,8 @@ std::vector<uint64_t> TraceReader::read_layer_words(uint32_t layer, uint64_t wor
     H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count, nullptr);
     Hid mspace(H5Screate_simple(2, count, nullptr), H5Sclose);
     if (H5Dread(ds, H5T_NATIVE_UINT64, mspace, fspace, H5P_DEFAULT, out.data()) < 0)
-      h5::read_failed(info_.path, "cannot read /layers/" + std::to_string(layer) + "/mask (truncated or corrupt file?)");
+      h5::read_failed(info_.path,
+                      "cannot read /layers/" + std::to_string(layer) + "/mask (truncated or corrupt file?)");
   }
   // Bits past n_tokens must be zero; clear them so a sloppy writer cannot inject phantom tokens.
   if (word_begin + word_count == words && (info_.n_tokens & 63) != 0) {
