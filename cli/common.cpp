@@ -167,6 +167,41 @@ std::string json_dump(const nlohmann::json& j, int indent, InvalidUtf8 mode) {
   return utf8_clean(j, mode).dump(indent);
 }
 
+std::string printable(const std::string& s) {
+  static const char* hex = "0123456789abcdef";
+  std::string r;
+  r.reserve(s.size());
+  auto esc = [&](unsigned char c) { r += std::string("\\x") + hex[c >> 4] + hex[c & 15]; };
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      r += char(c);
+      ++i;
+      continue;
+    }
+    // A well-formed UTF-8 sequence (a file name in another script) is kept; anything else is escaped byte by byte.
+    size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    bool ok = len > 0 && i + len <= s.size();
+    for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
+    if (ok && len == 3) {  // no overlong forms, no surrogates
+      const auto c1 = static_cast<unsigned char>(s[i + 1]);
+      ok = !(c == 0xe0 && c1 < 0xa0) && !(c == 0xed && c1 >= 0xa0);
+    }
+    if (ok && len == 4) {
+      const auto c1 = static_cast<unsigned char>(s[i + 1]);
+      ok = !(c == 0xf0 && c1 < 0x90) && !(c == 0xf4 && c1 >= 0x90);
+    }
+    if (ok) {
+      r.append(s, i, len);
+      i += len;
+    } else {
+      esc(c);
+      ++i;
+    }
+  }
+  return r;
+}
+
 void info(const GlobalOptions& g, const std::string& line) {
   if (!g.quiet) std::fprintf(stderr, "%s\n", line.c_str());
 }
@@ -174,7 +209,7 @@ void info(const GlobalOptions& g, const std::string& line) {
 int run_main(const std::string& name, const std::string& description, int argc, char** argv,
              const std::function<void(CLI::App&)>& setup) {
   try {
-    install_cleanup_signal_handlers();  // SIGINT/SIGTERM remove temporary outputs
+    install_cleanup_signal_handlers();  // SIGINT/SIGTERM remove temporary outputs; out of memory in a thread: exit 4
     CLI::App app(description, name);
     app.set_version_flag("-V,--version", name + " " + NL_VERSION);
     app.require_subcommand(1);
@@ -192,21 +227,22 @@ int run_main(const std::string& name, const std::string& description, int argc, 
       std::fflush(stdout);
       return kExitOk;
     } catch (const CLI::ParseError& e) {
-      std::fprintf(stderr, "%s: error: %s (run '%s --help')\n", name.c_str(), e.what(), name.c_str());
+      std::fprintf(stderr, "%s: error: %s (run '%s --help')\n", name.c_str(), printable(e.what()).c_str(),
+                   name.c_str());
       return kExitUsage;
     }
     std::fflush(stdout);
     return kExitOk;
   } catch (const Error& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "%s: error: %s\n", name.c_str(), e.what());
+    std::fprintf(stderr, "%s: error: %s\n", name.c_str(), printable(e.what()).c_str());
     return e.exit_code();
   } catch (const std::bad_alloc&) {
     // The system refused memory an input asked for: an I/O-class failure, not a bug (docs/cli.md).
     std::fprintf(stderr, "%s: error: out of memory\n", name.c_str());
     return kExitIo;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: internal error: %s\n", name.c_str(), e.what());
+    std::fprintf(stderr, "%s: internal error: %s\n", name.c_str(), printable(e.what()).c_str());
     return kExitInternal;
   }
 }

@@ -58,6 +58,10 @@ std::string utf8_for_json(const std::string& s, InvalidUtf8 mode);
 // never becomes an exception that loses the output; text mode prints the raw bytes.
 std::string json_dump(const nlohmann::json& j, int indent = -1, InvalidUtf8 mode = InvalidUtf8::kReplace);
 
+// An error message as one printable line: control bytes, newlines and bytes that are not well-formed UTF-8 become
+// \xNN (a message may quote bytes of a damaged input file; the terminal must not interpret them).
+std::string printable(const std::string& s);
+
 // An informational line on stderr unless --quiet.
 void info(const GlobalOptions& g, const std::string& line);
 

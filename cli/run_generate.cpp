@@ -2,6 +2,7 @@
 // DRAM, FFN neurons read from the flash image; a memory budget that sizes the neuron cache; a closing summary
 // (time to first token, prompt and decode tokens/s, I/O share, peak RSS). docs/runtime.md "Generation".
 #include <omp.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
@@ -46,6 +47,7 @@ struct GenerateArgs {
   std::string memory_budget;
   InvalidUtf8 invalid_utf8 = InvalidUtf8::kReplace;
   CLI::Option* cache_ratio_opt = nullptr;  // to tell an explicit --cache-ratio from its default
+  CLI::Option* prompt_opt = nullptr;       // to tell --prompt "" from no --prompt
 };
 
 // "lowrank:R" -> R, else 0.
@@ -79,7 +81,11 @@ std::string select_trace(const std::string& select) {
 void add_generate_prompt_options(CLI::App* c, GenerateArgs& a) {
   auto* ids = c->add_option("--prompt-tokens", a.prompt_tokens, "Prompt as comma-separated token ids (default: 1, BOS)")
                   ->group("Prompt");
-  c->add_option("--prompt", a.prompt, "Prompt text (BOS + the tokenizer's encoding)")->excludes(ids)->group("Prompt");
+  a.prompt_opt = c->add_option("--prompt", a.prompt,
+                               "Prompt text (BOS + the tokenizer's encoding; \"\" = BOS alone, with a warning, as in "
+                               "llama.cpp)")
+                     ->excludes(ids)
+                     ->group("Prompt");
   c->add_option("--tokenizer", a.tokenizer,
                 "Tokenizer (llama2.c tokenizer.bin; SentencePiece .model in full builds); default: the manifest's "
                 "reference, relative to the manifest's folder. Generated text is printed when one is found")
@@ -164,19 +170,17 @@ std::string tokenizer_path(const GenerateArgs& a, const FlashImage& img) {
   if (!a.tokenizer.empty()) return a.tokenizer;
   const std::string& ref = img.manifest().tokenizer;
   if (ref.empty()) return "";
-  std::string p = ref;
-  if (ref[0] != '/') {
-    const std::string& mp = img.manifest_path();
-    const auto slash = mp.rfind('/');
-    p = (slash == std::string::npos ? std::string() : mp.substr(0, slash + 1)) + ref;
-  }
-  FILE* f = std::fopen(p.c_str(), "rb");
-  if (!f) return "";
-  std::fclose(f);
-  return p;
+  // manifest_load accepts only a file name here (no path out of the folder).
+  const std::string& mp = img.manifest_path();
+  const auto slash = mp.rfind('/');
+  const std::string p = (slash == std::string::npos ? std::string() : mp.substr(0, slash + 1)) + ref;
+  // Exists: then the tokenizer reader opens it (without blocking: a FIFO there is refused, not waited on).
+  struct stat st {};
+  return ::lstat(p.c_str(), &st) == 0 ? p : "";
 }
 
-std::vector<int> parse_tokens(const std::string& s, int vocab) {
+// `option` names the flag the ids came from (--prompt-tokens, --calibrate-prompt-tokens) in its errors.
+std::vector<int> parse_tokens(const std::string& s, int vocab, const std::string& option) {
   std::vector<int> v;
   std::stringstream ss(s);
   std::string item;
@@ -187,10 +191,10 @@ std::vector<int> parse_tokens(const std::string& s, int vocab) {
       if (used != item.size() || t < 0 || t >= vocab) throw std::invalid_argument(item);
       v.push_back(t);
     } catch (const std::exception&) {
-      throw UsageError("--prompt-tokens: '" + item + "' is not a token id in [0, " + std::to_string(vocab) + ")");
+      throw UsageError(option + ": '" + item + "' is not a token id in [0, " + std::to_string(vocab) + ")");
     }
   }
-  if (v.empty()) throw UsageError("--prompt-tokens is empty");
+  if (v.empty()) throw UsageError(option + " is empty");
   return v;
 }
 
@@ -343,7 +347,11 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
           tok_path, "has " + std::to_string(tok->vocab_size()) + " tokens, the model " + std::to_string(c.vocab_size));
   }
   std::vector<int> prompt;
-  if (!a.prompt.empty()) {
+  const bool text_prompt = a.prompt_opt && a.prompt_opt->count() > 0;
+  if (text_prompt && a.prompt.empty())
+    // llama.cpp (and llama2.c's run) generate from BOS alone for an empty prompt; so do we, but never silently.
+    std::fprintf(stderr, "nl-run: warning: --prompt is empty: generating from BOS alone (as llama.cpp does)\n");
+  if (text_prompt) {
     if (!tok)
       throw UsageError(
           "--prompt needs a tokenizer: --tokenizer FILE, or an image packed with --tokenizer whose file "
@@ -351,7 +359,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
     prompt.push_back(tok->bos_id());
     for (int32_t t : tok->encode(a.prompt)) prompt.push_back(t);
   } else {
-    prompt = parse_tokens(a.prompt_tokens, c.vocab_size);
+    prompt = parse_tokens(a.prompt_tokens, c.vocab_size, "--prompt-tokens");
   }
   const int total = int(prompt.size()) + a.steps;
   if (total > c.seq_len)
@@ -469,7 +477,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   if (rank > 0) {
     // Calibration on the exact model's own continuation of the calibration prompt, then the exact reference run on
     // the prompt (token agreement), then the predicted run whose reads and tokens are reported.
-    std::vector<int> cal = parse_tokens(a.calibrate_tokens, c.vocab_size);
+    std::vector<int> cal = parse_tokens(a.calibrate_tokens, c.vocab_size, "--calibrate-prompt-tokens");
     const int cal_total = int(cal.size()) + a.calibrate_steps;
     if (cal_total > c.seq_len)
       throw UsageError("calibration prompt + steps = " + std::to_string(cal_total) + " exceeds the model's context " +
@@ -512,7 +520,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
     text = tok->decode(all);        // prompt + continuation (decoding the parts apart would drop the joining space)
     extra["tokenizer"] = tok_path;  // json_dump below applies --invalid-utf8
     extra["text"] = text;
-    if (!a.prompt.empty()) extra["prompt"] = a.prompt;
+    if (text_prompt) extra["prompt"] = a.prompt;
   }
   // Timing and memory of this run.
   double decode_io = 0;
@@ -558,18 +566,19 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   if (rank > 0) {
     const PredictorCounters& p = ffn->predictor();
     const auto [agree, prefix] = agreement(out, reference);
-    extra["predictor"] = {{"rank", rank},
-                          {"target_recall", a.target_recall},
-                          {"calibration_prompt_tokens", parse_tokens(a.calibrate_tokens, c.vocab_size)},
-                          {"calibration_steps", a.calibrate_steps},
-                          {"thresholds", ffn->thresholds()},
-                          {"recall", p.recall()},
-                          {"precision", p.precision()},
-                          {"predicted_per_layer_token",
-                           double(p.predicted) / double(std::max<uint64_t>(1, forwards * uint64_t(c.n_layers)))},
-                          {"dense_tokens", reference},
-                          {"token_agreement", agree},
-                          {"agreeing_prefix", prefix}};
+    extra["predictor"] = {
+        {"rank", rank},
+        {"target_recall", a.target_recall},
+        {"calibration_prompt_tokens", parse_tokens(a.calibrate_tokens, c.vocab_size, "--calibrate-prompt-tokens")},
+        {"calibration_steps", a.calibrate_steps},
+        {"thresholds", ffn->thresholds()},
+        {"recall", p.recall()},
+        {"precision", p.precision()},
+        {"predicted_per_layer_token",
+         double(p.predicted) / double(std::max<uint64_t>(1, forwards * uint64_t(c.n_layers)))},
+        {"dense_tokens", reference},
+        {"token_agreement", agree},
+        {"agreeing_prefix", prefix}};
   }
   if (threshold) {
     const ThresholdCounters& tc = ffn->threshold_counters();

@@ -83,6 +83,14 @@ int64_t read_int_attr(const std::string& path, hid_t obj, const char* name, cons
   Hid attr = open_scalar_attr(
       path, obj, name, where, [](H5T_class_t c) { return c == H5T_INTEGER; }, "a scalar integer", "a scalar integer",
       &type);
+  if (H5Tget_sign(type) == H5T_SGN_NONE) {
+    // An unsigned value past 2^63 would be clipped to 2^63-1 by the conversion: name the number as stored.
+    uint64_t u = 0;
+    if (H5Aread(attr, H5T_NATIVE_UINT64, &u) < 0) throw InputError(path, "cannot read " + quoted(name, where));
+    if (u > uint64_t(INT64_MAX))
+      throw InputError(path, "attribute " + quoted(name, where) + " = " + std::to_string(u) + " is out of range");
+    return int64_t(u);
+  }
   int64_t v = 0;
   if (H5Aread(attr, H5T_NATIVE_INT64, &v) < 0) throw InputError(path, "cannot read " + quoted(name, where));
   return v;

@@ -5,6 +5,7 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -57,13 +58,40 @@ struct Hid {
 // A dataset's declared extent is only a claim: unwritten chunks cost no bytes, so a few-kilobyte file can declare
 // terabytes. Before allocating, require the bytes the file really stores to account for the extent: deflate
 // expands at most 1032:1, so 1100:1 plus 1 MiB of slack accepts every honest file.
+inline constexpr uint64_t kMaxStoredRatio = 1100, kStoredSlack = 1ull << 20;
 inline void check_stored_bytes(const std::string& path, hid_t ds, uint64_t elems, uint64_t elem_bytes,
                                const std::string& what) {
-  constexpr uint64_t kMaxRatio = 1100, kSlack = 1ull << 20;
+  constexpr uint64_t kMaxRatio = kMaxStoredRatio, kSlack = kStoredSlack;
   const uint64_t stored = H5Dget_storage_size(ds);
   if (elems > (~uint64_t(0) - kSlack) / kMaxRatio / elem_bytes || elems * elem_bytes > stored * kMaxRatio + kSlack)
     throw InputError(path, what + " declares " + std::to_string(elems) + " elements but the file stores only " +
                                std::to_string(stored) + " bytes of it (truncated or corrupt file?)");
+}
+
+// Reads an input through with plain read()s, up to max_bytes: an I/O error (EIO from the device) becomes an
+// IoError (exit 4). libhdf5 reports a failed read as a failed open or read, which alone would read as bad input.
+inline void throw_if_read_error(const std::string& path, uint64_t max_bytes = ~uint64_t(0)) {
+  int fd = open_regular_input(path);
+  std::vector<char> buf(1 << 20);
+  for (uint64_t done = 0; done < max_bytes;) {
+    ssize_t r = ::read(fd, buf.data(), buf.size());
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      const std::string e = errno_text("read failed");
+      ::close(fd);
+      throw IoError(path, e);
+    }
+    if (r == 0) break;
+    done += uint64_t(r);
+  }
+  ::close(fd);
+}
+
+// A failed libhdf5 open or read of an input: an I/O error when the file cannot be read through (exit 4), else the
+// given bad-input message (exit 3).
+[[noreturn]] inline void read_failed(const std::string& path, const std::string& what) {
+  throw_if_read_error(path);
+  throw InputError(path, what);
 }
 
 // Before H5Fopen of an input: a regular file (a FIFO would block libhdf5's open), and an HDF5 signature. When
@@ -71,21 +99,9 @@ inline void check_stored_bytes(const std::string& path, hid_t ds, uint64_t elems
 // (IoError, exit 4) and not as a file that is not HDF5.
 inline void check_hdf5_input(const std::string& path, const std::string& expected) {
   int fd = open_regular_input(path);
-  if (H5Fis_hdf5(path.c_str()) > 0) {
-    ::close(fd);
-    return;
-  }
-  std::vector<char> buf(1 << 20);
-  for (int i = 0; i < 64; ++i) {
-    ssize_t r = ::read(fd, buf.data(), buf.size());
-    if (r < 0) {
-      const std::string e = errno_text("read failed");
-      ::close(fd);
-      throw IoError(path, e);
-    }
-    if (r == 0) break;
-  }
   ::close(fd);
+  if (H5Fis_hdf5(path.c_str()) > 0) return;
+  throw_if_read_error(path, uint64_t(64) << 20);
   throw InputError(path, "not an HDF5 file (or truncated): expected a " + expected);
 }
 

@@ -244,7 +244,9 @@ std::vector<T> read_1d(const std::string& path, hid_t file, const char* name, hi
 
 }  // namespace
 
-TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
+// A function-try-block: whatever libhdf5 failed to read (an open, an attribute, an object header, a dataset) is
+// reported as an I/O error (exit 4) when the file cannot be read through, as bad input (exit 3) otherwise.
+TraceReader::TraceReader(const std::string& path) try : impl_(std::make_unique<Impl>()) {
   silence_hdf5();
   info_.path = path;
   h5::check_hdf5_input(path, "neuralink-trace v1");
@@ -270,6 +272,9 @@ TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>
   info_.n_layers = static_cast<uint32_t>(n_layers);
   info_.n_tokens = static_cast<uint64_t>(n_tokens);
   const uint64_t words = words_for_tokens(info_.n_tokens);
+  // Neurons cost the readers memory even when the masks are empty (n_tokens = 0 stores nothing): count at least one
+  // word per neuron against the bytes the file stores, over all layers together (check_stored_bytes' rule).
+  uint64_t neurons_total = 0, mask_stored = 0;
   bool all_thresholds = true;
   for (uint32_t l = 0; l < info_.n_layers; ++l) {
     std::string gname = "layers/" + std::to_string(l);
@@ -302,6 +307,12 @@ TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>
                                  std::to_string(dims[1]) + "], expected [" + std::to_string(nn) + "][" +
                                  std::to_string(words) + "] for n_tokens " + std::to_string(n_tokens));
     check_stored_bytes(path, ds, dims[0] * dims[1], 8, "/" + gname + "/mask");
+    neurons_total += uint64_t(nn);
+    mask_stored += H5Dget_storage_size(ds);
+    if (neurons_total > (mask_stored * h5::kMaxStoredRatio + h5::kStoredSlack) / (std::max<uint64_t>(words, 1) * 8))
+      throw InputError(path, "layers 0.." + std::to_string(l) + " declare " + std::to_string(neurons_total) +
+                                 " neurons (n_tokens " + std::to_string(n_tokens) + ") but the file stores only " +
+                                 std::to_string(mask_stored) + " bytes of their masks (truncated or corrupt file?)");
     impl_->masks.push_back(std::move(ds));
   }
   if (!all_thresholds) info_.thresholds.clear();
@@ -323,6 +334,9 @@ TraceReader::TraceReader(const std::string& path) : impl_(std::make_unique<Impl>
       throw InputError(path, "/tokens has " + std::to_string(info_.tokens.size()) +
                                  " entries, expected n_tokens = " + std::to_string(info_.n_tokens));
   }
+} catch (const InputError&) {
+  h5::throw_if_read_error(path);
+  throw;
 }
 
 TraceReader::~TraceReader() = default;
@@ -409,8 +423,8 @@ std::vector<uint64_t> TraceReader::read_layer_words(uint32_t layer, uint64_t wor
     H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count, nullptr);
     Hid mspace(H5Screate_simple(2, count, nullptr), H5Sclose);
     if (H5Dread(ds, H5T_NATIVE_UINT64, mspace, fspace, H5P_DEFAULT, out.data()) < 0)
-      throw InputError(info_.path,
-                       "cannot read /layers/" + std::to_string(layer) + "/mask (truncated or corrupt file?)");
+      h5::read_failed(info_.path,
+                      "cannot read /layers/" + std::to_string(layer) + "/mask (truncated or corrupt file?)");
   }
   // Bits past n_tokens must be zero; clear them so a sloppy writer cannot inject phantom tokens.
   if (word_begin + word_count == words && (info_.n_tokens & 63) != 0) {

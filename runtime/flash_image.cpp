@@ -3,6 +3,7 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "formats/core/atomic_file.h"
@@ -71,6 +72,17 @@ void FlashImage::verify_all() {
     if (!verified_[i]) read_region(i, &buf);
 }
 
+namespace {
+// NaN/Inf weights make every logit NaN (a model that prints <unk> forever): pack refuses them; the loaders check
+// what they decode anyway (all of load_dense, the norms of load_dense_store) in case an image predates that.
+void check_finite_weights(const std::string& path, const std::string& name, const std::vector<float>& v) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i]))
+      throw InputError(path, "dense tensor '" + name + "' element " + std::to_string(i) + " is " +
+                                 (std::isnan(v[i]) ? "NaN" : "infinite") + ": weights must be finite (re-pack)");
+}
+}  // namespace
+
 ModelWeights FlashImage::load_dense() {
   AlignedBuffer buf;
   read_region(0, &buf);
@@ -83,6 +95,7 @@ ModelWeights FlashImage::load_dense() {
     if (!t) throw InputError(manifest_path_, "dense tensor '" + name + "' missing");
     out->resize(t->elems());
     image_decode(t->dtype, buf.data() + t->offset, t->elems(), out->data());
+    check_finite_weights(image_path_, name, *out);
   };
   get("tok_embeddings", &w.tok_embeddings);
   w.layers.resize(size_t(c.n_layers));
@@ -130,6 +143,7 @@ std::unique_ptr<DenseStore> FlashImage::load_dense_store() {
     const DenseTensor& t = find(name, 1, uint64_t(c.dim));
     std::vector<float> v(size_t(c.dim));
     image_decode(t.dtype, st->bytes.data() + t.offset, v.size(), v.data());
+    check_finite_weights(image_path_, name, v);
     st->norms.push_back(std::move(v));
     return st->norms.back().data();
   };

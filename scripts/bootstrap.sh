@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages the toolkit needs, only those that are missing (idempotent).
 # Usage: scripts/bootstrap.sh [build|demo|cross|report|train]...   (default: build)
-#   build  compilers, CMake, libraries, Python h5py for the format tests
+#   build  compilers, CMake, libraries, Python h5py for the format tests, squashfs-tools for the EIO test
 #   demo   + English text corpora (fortunes, jargon-text, bible-kjv) for the bundled default run
 #   cross  + aarch64 cross compiler and qemu-user for the phone build test
 #   report + headless Chromium for the HTML report test
@@ -11,7 +11,7 @@
 set -euo pipefail
 
 declare -A GROUP
-GROUP[build]="build-essential cmake ninja-build pkg-config git libboost-graph-dev libhdf5-dev libcli11-dev nlohmann-json3-dev doctest-dev liburing-dev libxxhash-dev libsentencepiece-dev sentencepiece libstb-dev libdeflate-dev python3 python3-h5py python3-numpy clang-format"
+GROUP[build]="build-essential cmake ninja-build pkg-config git libboost-graph-dev libhdf5-dev libcli11-dev nlohmann-json3-dev doctest-dev liburing-dev libxxhash-dev libsentencepiece-dev sentencepiece libstb-dev libdeflate-dev python3 python3-h5py python3-numpy clang-format squashfs-tools"
 GROUP[demo]="fortunes fortunes-min jargon-text bible-kjv"
 GROUP[cross]="g++-aarch64-linux-gnu qemu-user-static"
 GROUP[report]="chromium"

@@ -135,7 +135,30 @@ expect "8 graph merge: 'upper' declared but not stored" 3 "stores only" bash -c 
 "$PY" -c "
 import json; f = open('huge_layout.json', 'w'); f.write(' ' * (65 << 20) + '{}')"
 expect "8 a layout beyond its bound" 3 "allowed" "$L" eval --trace t.h5 --layout huge_layout.json -q
+# A layout of 60 MB (30M order entries) within the 64 MiB bound: its orders are parsed at 4 bytes an entry, not as a
+# DOM (1.9 GB before), so the size mismatch is reported under a 1.5 GB address-space cap.
+"$PY" -c "
+f = open('lay60.json', 'w')
+f.write('{\"format\":\"neuralink-layout\",\"version\":1,\"method\":\"identity\",\"n_layers\":1,\"layers\":[{\"order\":[')
+f.write(','.join(['0'] * 30000000)); f.write(']}]}')"
+expect "8 a 60 MB layout parsed within 1.5 GB" 3 "has 1 layers but trace" bash -c "ulimit -v 1500000; '$L' eval --trace t.h5 --layout lay60.json -q"
+rm -f lay60.json
 expect "8 --threads 4096 refused" 2 "threads" "$L" solve --trace p.h5 --out o.json --threads 4096 -q
+# A 10 KB trace with n_tokens = 0 and 4M neurons: its masks store nothing, yet solve and graph took > 4 GB (and
+# minutes). Refused by the reader (at least one word per neuron counts against the stored bytes), under a 4 GB cap.
+"$PY" - <<'EOF'
+import h5py, numpy as np
+with h5py.File("empty4m.h5", "w") as f:
+    for k, v in (("format", "neuralink-trace"), ("model", "crafted"), ("activation", "relu")): f.attrs[k] = v
+    f.attrs["version"] = np.int64(1); f.attrs["n_layers"] = np.int64(1); f.attrs["n_tokens"] = np.int64(0)
+    g = f.create_group("layers/0"); g.attrs["n_neurons"] = np.int64(1 << 22)
+    g.create_dataset("mask", shape=(1 << 22, 0), dtype="<u8")
+    f.create_dataset("sequences", shape=(0,), dtype="<i8")
+EOF
+[ "$(stat -c %s empty4m.h5)" -lt 20000 ] && pass "8 the crafted empty trace is small ($(stat -c %s empty4m.h5) bytes)" || fail "8 crafted trace too big"
+expect "8 n_tokens 0 with 4M neurons: inspect" 3 "stores only" bash -c "ulimit -v 4000000; '$P' inspect empty4m.h5"
+expect "8 n_tokens 0 with 4M neurons: solve" 3 "stores only" bash -c "ulimit -v 4000000; '$L' solve --trace empty4m.h5 --method frequency --out o.json -q"
+expect "8 n_tokens 0 with 4M neurons: graph" 3 "stores only" bash -c "ulimit -v 4000000; '$L' graph --trace empty4m.h5 --out o.h5 -q"
 
 # ----------------------------------------------------------------------- 9. safetensors data_offsets
 mkdir -p st_overlap st_gap
@@ -188,6 +211,16 @@ pid=$!
 for _ in $(seq 200); do ls s.h5.tmp.* >/dev/null 2>&1 && break; sleep 0.05; done
 kill -TERM "$pid"; wait "$pid"  # TERM: a background job of a script ignores SIGINT
 ls s.h5.tmp.* >/dev/null 2>&1 && fail "10 SIGTERM left a temporary file" || pass "10 SIGTERM removed the temporary file"
+# SIGINT as from a terminal's Ctrl-C (a background job starts with SIGINT ignored: reset it to the default first).
+"$PY" -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])' \
+  "$P" synth --preset "$src/configs/workloads/opt-350m.json" --neurons 65536 --layers 8 --profile-sequences 200 \
+  --profile-out si.h5 -q >/dev/null 2>&1 &
+pid=$!
+for _ in $(seq 200); do ls si.h5.tmp.* >/dev/null 2>&1 && break; sleep 0.05; done
+kill -INT "$pid"; wait "$pid"
+rc=$?
+ls si.h5.tmp.* >/dev/null 2>&1 && fail "10 SIGINT left a temporary file" || pass "10 SIGINT removed the temporary file (exit $rc)"
+[ ! -e si.h5 ] && pass "10 SIGINT committed nothing" || fail "10 SIGINT left si.h5"
 
 printf '{"format":"neuralink-layout","version":9223372036854775808,"method":"identity","n_layers":0,"layers":[]}' >v63.json
 expect "10 layout version 2^63 is newer, not negative" 3 "newer" "$L" eval --trace t.h5 --layout v63.json -q
@@ -203,6 +236,53 @@ raw[b:b + 4] = struct.pack("<f", float("nan"))
 open("nanm/model.safetensors", "wb").write(raw)
 EOF2
 expect "10 NaN weights refused at pack" 3 "NaN" "$L" pack --model nanm --out nan.nlw -q
+
+# A manifest's tokenizer outside the image's folder: refused, and the error quotes none of the file reached.
+mkdir -p sub && cp m.nlw sub/ && printf 'SECRET\001\002\377 bytes' >secret.bin
+"$PY" -c "
+import json; m = json.load(open('m.nlw.json')); m['tokenizer'] = '../secret.bin'
+json.dump(m, open('sub/m.nlw.json', 'w'))"
+expect "10 manifest tokenizer '../' refused" 3 "file name in the manifest's folder" "$R" generate --image sub/m.nlw --prompt "Once" --steps 1 -q
+grep -q SECRET err && fail "10 the error quotes the file reached" || pass "10 the error quotes nothing of the file reached"
+"$PY" -c "
+import json; m = json.load(open('m.nlw.json')); m['tokenizer'] = '$work/secret.bin'
+json.dump(m, open('sub/m.nlw.json', 'w'))"
+expect "10 manifest tokenizer absolute path refused" 3 "file name in the manifest's folder" "$R" generate --image sub/m.nlw --prompt-tokens 1 --steps 1 -q
+# Error lines never carry raw control or non-UTF-8 bytes (a damaged file's bytes are escaped as \xNN).
+printf '{"format":"neuralink-layout","version":1,"method":"\\u001b[2J\\u0007x","n_layers":0,"layers":[]}' >esc.json
+expect "10 control bytes in an error line are escaped" 3 'unknown method' "$L" eval --trace t.h5 --layout esc.json -q
+LC_ALL=C grep -q "$(printf '\033')" err && fail "10 raw ESC byte on stderr" || pass "10 no raw ESC byte on stderr"
+grep -qF '\x1b[2J\x07x' err && pass "10 ESC and BEL printed as \\x1b, \\x07" || fail "10 escapes missing"
+cp p.orig bin.h5
+"$PY" -c "
+import h5py, numpy as np
+with h5py.File('bin.h5', 'a') as f: f.attrs['format'] = np.bytes_(b'neural\xff\xfe\x01link')"
+expect "10 non-UTF-8 bytes in an error line are escaped" 3 'format is' "$P" inspect bin.h5
+grep -qF 'neural\xff\xfe\x01link' err && pass "10 invalid UTF-8 printed as \\xNN" || fail "10 invalid UTF-8 not escaped"
+# An order value 2^64-1 is named as written, not as -1.
+"$PY" -c "
+import json
+o = list(range(256)); o[3] = 18446744073709551615
+json.dump({'format': 'neuralink-layout', 'version': 1, 'method': 'identity', 'n_layers': 2,
+           'layers': [{'order': o}, {'order': list(range(256))}]}, open('o64.json', 'w'))"
+expect "10 order value 2^64-1 printed as written" 3 "order\[3\] = 18446744073709551615 is out of range" "$L" eval --trace t.h5 --layout o64.json -q
+# A trace version 2^63 (an unsigned attribute) is named, not clipped or wrapped.
+cp p.orig v63.h5
+"$PY" -c "
+import h5py, numpy as np
+with h5py.File('v63.h5', 'a') as f: f.attrs['version'] = np.uint64(1 << 63)"
+expect "10 trace version 2^63 named as stored" 3 "9223372036854775808" "$P" inspect v63.h5
+# --calibrate-prompt-tokens errors name that option.
+expect "10 --calibrate-prompt-tokens errors name it" 2 "^nl-run: error: --calibrate-prompt-tokens: 'x'" "$R" generate --image m.nlw --select lowrank:4 --calibrate-prompt-tokens 1,x --steps 2 -q
+# --prompt "" generates from BOS alone (as llama.cpp does), and says so.
+"$R" generate --image m.nlw --prompt "" --steps 2 -q >out 2>err
+rc=$?
+[ "$rc" = 0 ] && grep -q 'warning: --prompt is empty: generating from BOS alone' err &&
+  pass "10 --prompt \"\" warns and generates from BOS" || fail "10 --prompt \"\": exit $rc, no warning"
+"$R" generate --image m.nlw --prompt-tokens 1 --steps 2 -q >out_bos 2>/dev/null
+# The same text and tokens as the BOS-only prompt (the figures below them are timings).
+[ -n "$(grep '^tokens:' out)" ] && diff <(grep -E '^(text|tokens):' out) <(grep -E '^(text|tokens):' out_bos) >/dev/null &&
+  pass "10 --prompt \"\" is the BOS-only prompt" || fail "10 --prompt \"\" differs from --prompt-tokens 1"
 
 echo "check_reliability: $passes passed, $fails failed"
 [ "$fails" = 0 ]

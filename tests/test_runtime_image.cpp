@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "formats/core/error.h"
@@ -419,4 +420,29 @@ TEST_CASE("the cache policy round-trips through the manifest; images without one
   CHECK_THROWS_AS(image_write_model(d + "/bad.nlw", w, spec), UsageError);
   spec.cache_policy.resize(1);
   CHECK_THROWS_AS(image_write_model(d + "/bad.nlw", w, spec), UsageError);
+}
+
+TEST_CASE("an image holding NaN or Inf dense weights is refused when they are loaded") {
+  const std::string dir = tmpdir("nonfinite");
+  ModelConfig c = test::small_config();
+  for (int kind = 0; kind < 2; ++kind) {
+    CAPTURE(kind);
+    ModelWeights w = test::random_weights(c, 11);
+    // A norm vector (checked by both loaders) or an embedding (decoded, so checked, by load_dense).
+    if (kind == 0)
+      w.rms_final[3] = std::numeric_limits<float>::quiet_NaN();
+    else
+      w.tok_embeddings[7] = std::numeric_limits<float>::infinity();
+    ImageSpec spec;
+    spec.dtype = ImageDtype::kF32;
+    spec.order = test::random_order(c, 5);
+    const std::string img = dir + "/nf" + std::to_string(kind) + ".nlw";
+    image_write_model(img, w, spec);
+    FlashImage fi(img, IoOptions{});
+    CHECK_THROWS_WITH_AS(fi.load_dense(), doctest::Contains(kind == 0 ? "is NaN" : "is infinite"), InputError);
+    if (kind == 0) {
+      FlashImage fs(img, IoOptions{});
+      CHECK_THROWS_WITH_AS(fs.load_dense_store(), doctest::Contains("'rms_final' element 3 is NaN"), InputError);
+    }
+  }
 }

@@ -8,11 +8,14 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
+#include <cerrno>  // program_invocation_short_name (GNU)
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <mutex>
+#include <new>
 #include <vector>
 
 #include "formats/core/error.h"
@@ -52,7 +55,28 @@ extern "C" void cleanup_on_signal(int sig) {
 CommitGroup* g_group = nullptr;
 }  // namespace
 
+namespace {
+// std::bad_alloc thrown where it cannot unwind to the CLI's handler (a worker thread, an OpenMP region) ends in
+// std::terminate: that is still the system refusing memory, so exit 4 with one line and no temporary files (the
+// documented out-of-memory exit), not an abort.
+[[noreturn]] void terminate_out_of_memory() {
+  if (std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::bad_alloc&) {
+      for (int i = 0; i < kCleanupSlots; ++i)
+        if (g_cleanup_used[i].load() == 1) ::unlink(g_cleanup_path[i]);
+      std::fprintf(stderr, "%s: error: out of memory\n", program_invocation_short_name);
+      std::_Exit(kExitIo);
+    } catch (...) {
+    }
+  }
+  std::abort();
+}
+}  // namespace
+
 void install_cleanup_signal_handlers() {
+  std::set_terminate(terminate_out_of_memory);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
     struct sigaction old {};
     // An ignored signal stays ignored (nohup; SIGINT in a shell's background job): it would not stop us anyway.

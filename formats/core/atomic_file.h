@@ -58,6 +58,7 @@ class CommitGroup {
 
 // Temporary files are removed when the process is stopped by SIGINT, SIGTERM or SIGHUP: call once at start-up (the
 // CLIs' run_main does). The handler unlinks what is registered, then re-raises the signal with its default action.
+// It also makes std::terminate on std::bad_alloc (thrown in a thread) exit 4 "out of memory", temporaries removed.
 void install_cleanup_signal_handlers();
 // A file the process created and must remove if it is stopped (the probe's scratch file). Returns a slot for
 // cleanup_unregister, or -1 when the registry is full (the file is then only removed on normal paths).

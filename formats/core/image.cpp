@@ -466,6 +466,12 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
       bad(path, "unknown bundle kind '" + kind + "' (gated, plain)");
     m.bundle_bytes = need_u64(b, "bytes", path, "bundle.");
     m.tokenizer = opt_str(j, "tokenizer");
+    // A file name beside the manifest, as pack writes it: a path ("../", "/etc/...") would let a manifest point nl-run
+    // at any file on the machine, and its errors would quote that file's bytes.
+    if (m.tokenizer.find('/') != std::string::npos || m.tokenizer == "." || m.tokenizer == ".." ||
+        m.tokenizer.find('\0') != std::string::npos)
+      bad(path, "'tokenizer' must be a file name in the manifest's folder, not a path (\"" + m.tokenizer.substr(0, 64) +
+                    (m.tokenizer.size() > 64 ? "...\")" : "\")"));
     if (j.contains("source")) {
       m.source = opt_str(j["source"], "path");
       m.source_format = opt_str(j["source"], "format");
