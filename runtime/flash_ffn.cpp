@@ -1,11 +1,15 @@
 // Sparse FFN from the flash image (runtime/flash_ffn.h).
 #include "runtime/flash_ffn.h"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <thread>
 
 #include "formats/core/error.h"
 #include "formats/core/quant.h"
@@ -14,6 +18,8 @@ namespace nl {
 
 namespace {
 using Clock = std::chrono::steady_clock;
+// --overlap layer: bundles a computing thread claims at a time.
+constexpr size_t kClaimChunk = 8;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 void add(FlashCounters& a, const FlashCounters& b) {
@@ -529,19 +535,18 @@ void FlashFfn::layer_start(int layer, int pos0, int n_tokens, const float* x) {
   token_.bytes_read += pf_plan_.bytes_read;
 }
 
-void FlashFfn::bundle_coefficients(int layer, size_t i0, size_t i1, GateFrom from) {
+void FlashFfn::bundle_coefficients(size_t k0, size_t k1, GateFrom from) {
   const int dim = m_.config.dim;
   const ImageDtype dt = m_.dtype;
-  for (size_t i = i0; i < i1; ++i) bundles_[i] = bundle(layer, active_[i]);
   const void* xr = xq_.row(0);
   const size_t rb = row_bytes_;
   // kernels::ffn_bundles's first phase, number for number: h_i = g_i * (up_i . x), zero when g_i is zero.
-#pragma omp parallel for schedule(static) if (long(i1 - i0) * dim > (1L << 15))
-  for (long i = long(i0); i < long(i1); ++i) {
-    const uint8_t* b = bundles_[size_t(i)];
+  for (size_t k = k0; k < k1; ++k) {
+    const size_t i = idx_[k];
+    const uint8_t* b = bundles_[i];
     float gi;
     if (from == GateFrom::kGiven) {
-      gi = g_[active_[size_t(i)]];
+      gi = g_[active_[i]];
     } else {
       gi = kernels::row_dot(dt, b, xr, dim);
       if (from == GateFrom::kBundleRelu) {
@@ -550,7 +555,7 @@ void FlashFfn::bundle_coefficients(int layer, size_t i0, size_t i1, GateFrom fro
         gi = gi / (1.0f + std::exp(-gi));
       }
     }
-    h_[size_t(i)] = gi == 0.0f ? 0.0f : gi * kernels::row_dot(dt, b + rb, xr, dim);
+    h_[i] = gi == 0.0f ? 0.0f : gi * kernels::row_dot(dt, b + rb, xr, dim);
   }
 }
 
@@ -630,25 +635,60 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
   h_.resize(n);
   bundles_.resize(n);
   read_active_.resize(R);
+  hits_.clear();
   {
     size_t i = 0;
     for (size_t ri = 0; ri < R; ++ri) {
       const size_t gap0 = i;
       while (i < n && active_[i] < plan_.reads[ri].slot_begin) ++i;
-      if (per_read && i > gap0) bundle_coefficients(layer, gap0, i, from);
+      if (i > gap0) hits_.push_back({gap0, i});
       const size_t lo = i;
       while (i < n && active_[i] < plan_.reads[ri].slot_end) ++i;
       read_active_[ri] = {lo, i};
     }
-    if (per_read && i < n) bundle_coefficients(layer, i, n, from);
+    if (i < n) hits_.push_back({i, n});
   }
-  auto ready = [&](size_t ri) {
-    if (!per_read) return;
-    const auto [lo, hi] = read_active_[ri];
-    bundle_coefficients(layer, lo, hi, from);
-    ov_.bundles_computed += hi - lo;
+  // Bundles ready to compute (cache hits, then each read's as it completes), published in idx_ and claimed in
+  // chunks by whichever thread is free: with threads, one OpenMP region per layer, the first thread waiting on the
+  // I/O and publishing, the others computing; with one thread, the published bundles after each wait.
+  std::atomic<size_t> pub{0}, claim{0};
+  std::atomic<bool> stop{false};
+  auto publish = [&](size_t lo, size_t hi) {
+    size_t p = pub.load(std::memory_order_relaxed);
+    for (size_t i = lo; i < hi; ++i) {
+      bundles_[i] = bundle(layer, active_[i]);
+      idx_[p++] = uint32_t(i);
+    }
+    pub.store(p, std::memory_order_release);
     if (io.in_flight() > 0) ov_.bundles_in_flight += hi - lo;
+    ov_.bundles_computed += hi - lo;
   };
+  // Computes published bundles; all = keep going until every bundle of the layer is claimed.
+  // `idle` (per thread) gets the time spent with nothing published to compute: waiting on the I/O.
+  auto work = [&](bool all, double* idle) {
+    bool idling = false;
+    Clock::time_point t_idle;
+    for (;;) {
+      size_t c = claim.load(std::memory_order_relaxed);
+      const size_t p = pub.load(std::memory_order_acquire);
+      if (c >= p) {
+        if (!all || c >= n || stop.load(std::memory_order_relaxed)) {
+          if (idling) *idle += since(t_idle);
+          return;
+        }
+        if (!idling) idling = true, t_idle = Clock::now();
+        std::this_thread::yield();
+        continue;
+      }
+      if (idling) *idle += since(t_idle), idling = false;
+      const size_t e = std::min(p, c + kClaimChunk);
+      if (claim.compare_exchange_weak(c, e, std::memory_order_relaxed)) bundle_coefficients(c, e, from);
+    }
+  };
+  idx_.resize(n);
+  if (per_read) {
+    for (auto [lo, hi] : hits_) publish(lo, hi);
+  }
   // Copies grouped by read-ahead span (copies_ is in offset order, so by span too).
   auto copies_of = [&](size_t k) {
     auto lo =
@@ -657,35 +697,63 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
     while (hi != copies_.end() && hi->pf_read == k) ++hi;
     return std::make_pair(lo, hi);
   };
-  comp_s += since(tc);
-  std::vector<uint64_t> done;
-  while (io.pending() > 0) {
-    done.clear();
-    auto tw = Clock::now();
-    io.wait_some(&done);
-    wait += since(tw);
-    tc = Clock::now();
-    for (uint64_t id : done) {
-      if (pf && id >= pf_first_id_ && id < pf_first_id_ + pr.size()) {
-        const size_t k = size_t(id - pf_first_id_);
-        pf_done_[k] = 1;
-        auto [c0, c1] = copies_of(k);
-        for (auto c = c0; c != c1; ++c) {
-          std::memcpy(staging_.data() + c->dst, pf_staging_.data() + c->src, c->bytes);
-          if (--outstanding_[c->read] == 0) ready(c->read);
+  auto ready = [&](size_t ri) {
+    if (per_read) publish(read_active_[ri].first, read_active_[ri].second);
+  };
+  const int threads = per_read && n > 0 ? omp_get_max_threads() : 1;
+  // Waits on the engine until every read (and read-ahead) of the layer is in. With one thread `wait` is the time
+  // blocked in it; with several, the time the computing threads had nothing to compute (the exposed I/O).
+  std::vector<double> idle(size_t(threads), 0.0);
+  auto io_loop = [&] {
+    std::vector<uint64_t> done;
+    while (io.pending() > 0) {
+      done.clear();
+      auto tw = Clock::now();
+      io.wait_some(&done);
+      if (threads == 1) wait += since(tw);
+      for (uint64_t id : done) {
+        if (pf && id >= pf_first_id_ && id < pf_first_id_ + pr.size()) {
+          const size_t k = size_t(id - pf_first_id_);
+          pf_done_[k] = 1;
+          auto [c0, c1] = copies_of(k);
+          for (auto c = c0; c != c1; ++c) {
+            std::memcpy(staging_.data() + c->dst, pf_staging_.data() + c->src, c->bytes);
+            if (--outstanding_[c->read] == 0) ready(c->read);
+          }
+        } else if (!spans_.empty() && id >= late_first_id_ && id < late_first_id_ + spans_.size()) {
+          const uint32_t ri = span_read_[size_t(id - late_first_id_)];
+          if (--outstanding_[ri] == 0) ready(ri);
+        } else {
+          throw InternalError("overlap: completion of a read this layer did not issue");
         }
-      } else if (!spans_.empty() && id >= late_first_id_ && id < late_first_id_ + spans_.size()) {
-        const uint32_t ri = span_read_[size_t(id - late_first_id_)];
-        if (--outstanding_[ri] == 0) ready(ri);
-      } else {
-        throw InternalError("overlap: completion of a read this layer did not issue");
       }
+      if (threads == 1) work(false, &idle[0]);
     }
-    comp_s += since(tc);
+  };
+  if (threads > 1) {
+    std::exception_ptr err;
+#pragma omp parallel num_threads(threads)
+    {
+      if (omp_get_thread_num() == 0) {
+        try {
+          io_loop();
+        } catch (...) {
+          err = std::current_exception();
+          stop.store(true);
+        }
+      }
+      work(true, &idle[size_t(omp_get_thread_num())]);
+    }
+    if (err) std::rethrow_exception(err);
+    wait = *std::min_element(idle.begin() + 1, idle.end());
+  } else {
+    io_loop();
+    if (per_read) work(true, &idle[0]);
   }
+  comp_s += since(tc) - wait;                            // planning included, as load() + compute() count it
   const double busy = io.async() ? since(t_io0) : wait;  // a synchronous engine reads only while waited on
   pf_layer_ = -1;
-  tc = Clock::now();
+  auto tc2 = Clock::now();
   for (uint32_t o : outstanding_)
     if (o != 0) throw InternalError("overlap: a read never completed");
   if (per_read) {
@@ -707,7 +775,7 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
   } else {
     compute(layer, out, from == GateFrom::kBundleRelu);
   }
-  comp_s += since(tc);
+  comp_s += since(tc2);
   if (cache) {
     // As load(): keep the bytes of newly resident slots.
     auto& st = store_[size_t(layer)];

@@ -216,8 +216,10 @@ class FlashFfn : public FfnProvider {
   // Plans the exact reads, serves them from the read-ahead and new reads, and computes the FFN into `out` (per
   // completed read when --overlap has layer, else after all reads, as compute()).
   void load_compute_overlapped(int layer, float* out, GateFrom from);
-  // h_[i] for active indices [i0, i1): the arithmetic of kernels::ffn_bundles's first phase.
-  void bundle_coefficients(int layer, size_t i0, size_t i1, GateFrom from);
+  // The arithmetic of kernels::ffn_bundles's first phase, for published bundles.
+  void bundle_coefficients(size_t k0, size_t k1, GateFrom from);  // h_[idx_[k]] for k in [k0, k1)
+  std::vector<std::pair<size_t, size_t>> hits_;                   // active index ranges served from DRAM
+  std::vector<uint32_t> idx_;
 
   void make_caches();
   // The FFN output of one token from the active neurons (`active_`, ascending slots, gate values g_ or, for lowrank's
