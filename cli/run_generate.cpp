@@ -31,6 +31,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// io_uring reads in flight under --overlap cross|both (a layer's read-ahead; the ring itself is a few hundred KiB).
+constexpr uint32_t kReadAheadQueueDepth = 4096;
+
 struct GenerateArgs {
   FlashArgs flash;
   std::string prompt_tokens = "1";  // llama2.c BOS
@@ -47,6 +50,7 @@ struct GenerateArgs {
   std::string invalid_utf8 = "replace";
   std::string overlap = "layer";           // none | layer | cross | both; default measured in docs/runtime.md
   CLI::Option* cache_ratio_opt = nullptr;  // to tell an explicit --cache-ratio from its default
+  CLI::Option* queue_depth_opt = nullptr;  // to tell an explicit --queue-depth from its default
 };
 
 // "lowrank:R" -> R, else 0.
@@ -368,6 +372,10 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   if (std::string p = sampler_config_problem(a.sampler); !p.empty()) throw UsageError(p);
   const uint64_t budget = a.memory_budget.empty() ? 0 : parse_memory_size(a.memory_budget);
   FlashArgs fa = a.flash;  // the cache ratio may come from the budget
+  // Read-ahead runs while nobody collects completions (during attention): only reads already in the kernel's hands
+  // progress then, so cross overlap puts a whole layer's reads in flight unless --queue-depth says otherwise.
+  if ((a.overlap == "cross" || a.overlap == "both") && a.queue_depth_opt && a.queue_depth_opt->count() == 0)
+    fa.queue_depth = kReadAheadQueueDepth;
   auto img = flash_open(fa, g);
   const ImageManifest& man = img->manifest();
   const ModelConfig& c = man.config;
@@ -710,6 +718,7 @@ void add_run_generate(CLI::App& app, GlobalOptions& g) {
   add_flash_plan_options(c, a.flash);
   add_flash_metrics_options(c, a.flash);
   a.cache_ratio_opt = c->get_option("--cache-ratio");
+  a.queue_depth_opt = c->get_option("--queue-depth");
   c->callback([&g] { generate_main(a, g); });
 }
 

@@ -20,6 +20,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 // --overlap layer: bundles a computing thread claims at a time.
 constexpr size_t kClaimChunk = 8;
+// --overlap layer: below this many multiply-adds (bundles x dim) a layer's bundles are computed on the waiting thread
+// alone; a region whose workers idle through the I/O costs more than it saves on small layers.
+constexpr long kOverlapParallelWork = 1L << 18;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 void add(FlashCounters& a, const FlashCounters& b) {
@@ -700,7 +703,7 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
   auto ready = [&](size_t ri) {
     if (per_read) publish(read_active_[ri].first, read_active_[ri].second);
   };
-  const int threads = per_read && n > 0 ? omp_get_max_threads() : 1;
+  const int threads = per_read && long(n) * dim > kOverlapParallelWork ? omp_get_max_threads() : 1;
   // Waits on the engine until every read (and read-ahead) of the layer is in. With one thread `wait` is the time
   // blocked in it; with several, the time the computing threads had nothing to compute (the exposed I/O).
   std::vector<double> idle(size_t(threads), 0.0);
