@@ -32,6 +32,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// io_uring reads in flight under --overlap cross|both (a layer's read-ahead; the ring itself is a few hundred KiB).
+constexpr uint32_t kReadAheadQueueDepth = 4096;
+
 struct GenerateArgs {
   FlashArgs flash;
   std::string prompt_tokens = "1";  // llama2.c BOS
@@ -46,8 +49,10 @@ struct GenerateArgs {
   int context = 0;  // 0 = prompt + steps (at most the model's seq_len)
   std::string memory_budget;
   InvalidUtf8 invalid_utf8 = InvalidUtf8::kReplace;
+  std::string overlap = "layer";           // none | layer | cross | both; default measured in docs/runtime.md
   CLI::Option* cache_ratio_opt = nullptr;  // to tell an explicit --cache-ratio from its default
   CLI::Option* prompt_opt = nullptr;       // to tell --prompt "" from no --prompt
+  CLI::Option* queue_depth_opt = nullptr;  // to tell an explicit --queue-depth from its default
 };
 
 // "lowrank:R" -> R, else 0.
@@ -140,6 +145,14 @@ void add_generate_memory_options(CLI::App* c, GenerateArgs& a) {
                 "dense weights, gate rows, KV cache and buffers leave (an explicit --cache-ratio wins and is "
                 "checked against it); refused with exit 3 when the fixed part does not fit")
       ->group("Memory");
+}
+
+void add_generate_overlap_options(CLI::App* c, GenerateArgs& a) {
+  c->add_option("--overlap", a.overlap,
+                "I/O-compute overlap: layer = compute each bundle as its read completes (real with --io uring); "
+                "cross = start a layer's FFN reads before its attention from a predictor; both; none (default layer)")
+      ->check(CLI::IsMember({"none", "layer", "cross", "both"}))
+      ->group("I/O");
 }
 
 void add_generate_predictor_options(CLI::App* c, GenerateArgs& a) {
@@ -335,6 +348,10 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   if (std::string p = sampler_config_problem(a.sampler); !p.empty()) throw UsageError(p);
   const uint64_t budget = a.memory_budget.empty() ? 0 : parse_memory_size(a.memory_budget);
   FlashArgs fa = a.flash;  // the cache ratio may come from the budget
+  // Read-ahead runs while nobody collects completions (during attention): only reads already in the kernel's hands
+  // progress then, so cross overlap puts a whole layer's reads in flight unless --queue-depth says otherwise.
+  if ((a.overlap == "cross" || a.overlap == "both") && a.queue_depth_opt && a.queue_depth_opt->count() == 0)
+    fa.queue_depth = kReadAheadQueueDepth;
   auto img = flash_open(fa, g);
   const ImageManifest& man = img->manifest();
   const ModelConfig& c = man.config;
@@ -471,6 +488,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
                                         : SelectMode::kGate;
     FlashFfnOptions fo = flash_ffn_options(fa, mode);
     fo.lowrank_rank = rank;
+    if (!overlap_mode_parse(a.overlap, &fo.overlap)) throw UsageError("unknown --overlap " + a.overlap);
     if (threshold) fo.act_threshold.assign(size_t(c.n_layers), -std::numeric_limits<float>::infinity());
     ffn = std::make_unique<FlashFfn>(*img, fo);
   }
@@ -523,10 +541,13 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
     if (text_prompt) extra["prompt"] = a.prompt;
   }
   // Timing and memory of this run.
-  double decode_io = 0;
+  double decode_io = 0, decode_io_busy = 0, decode_ffn_compute = 0;
   if (ffn)
-    for (size_t i = size_t(gen.prompt_forwards); i < ffn->per_token().size(); ++i)
+    for (size_t i = size_t(gen.prompt_forwards); i < ffn->per_token().size(); ++i) {
       decode_io += ffn->per_token()[i].io_seconds;
+      decode_io_busy += ffn->per_token()[i].io_busy_seconds;
+      decode_ffn_compute += ffn->per_token()[i].compute_seconds;
+    }
   const int decode_forwards = out.empty() ? 0 : int(out.size()) - 1;
   const uint64_t peak = peak_rss_bytes();
   const double pp_tps = gen.prefill_seconds > 0 ? double(gen.prompt_forwards) / gen.prefill_seconds : 0.0;
@@ -546,9 +567,32 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
       {"decode_tokens_per_second", dec_tps},
       {"decode_io_seconds", decode_io},
       {"decode_io_share", io_share},
+      {"decode_io_busy_seconds", decode_io_busy},
+      {"decode_ffn_compute_seconds", decode_ffn_compute},
       {"peak_rss_bytes", peak},
       {"sampler", {{"temperature", sc.temperature}, {"top_k", sc.top_k}, {"top_p", sc.top_p}, {"seed", sc.seed}}}};
   if (synthetic) extra["synthetic"] = label;
+  const bool ov_on = ffn && a.select != "dense" && a.overlap != "none";
+  if (ffn && a.select != "dense") {
+    // Overlap figures (whole run, prompt included); io_wait is the I/O nobody computed under.
+    const OverlapCounters& o = ffn->overlap();
+    extra["overlap"] = {{"mode", a.overlap},
+                        {"engine_async", img->io().async()},
+                        {"layer_tokens", o.layer_tokens},
+                        {"bundles_computed", o.bundles_computed},
+                        {"bundles_computed_in_flight", o.bundles_in_flight},
+                        {"prefetches", o.prefetches},
+                        {"predicted_bundles", o.predicted},
+                        {"needed_bundles", o.needed},
+                        {"predicted_and_needed_bundles", o.predicted_needed},
+                        {"prefetch_bytes", o.prefetch_bytes},
+                        {"prefetch_used_bytes", o.prefetch_used_bytes},
+                        {"extra_bytes", o.extra_bytes()},
+                        {"late_bytes", o.late_bytes},
+                        {"io_busy_seconds", o.io_busy_seconds},
+                        {"io_wait_seconds", o.io_wait_seconds},
+                        {"overlap_share_of_io", o.overlap_share()}};
+  }
   if (feed) extra["trace"]["wrapped_forwards"] = feed->wrapped;
   extra["memory"] = {{"budget_bytes", budget},
                      {"context", context},
@@ -623,8 +667,20 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
                  gen.decode_seconds, dec_tps, io_share * 100, format_bytes(peak).c_str(),
                  budget ? (" (budget " + format_bytes(budget) + ")").c_str() : "",
                  synthetic ? (" [" + label + "]").c_str() : "");
-  flash_report(fa, g, *img, a.select == "dense" ? nullptr : ffn.get(), wall, forwards,
-               json_dump(extra, -1, a.invalid_utf8));
+  if (!g.quiet && ov_on) {
+    const OverlapCounters& o = ffn->overlap();
+    std::fprintf(stderr,
+                 "overlap %s (%s): I/O busy %.3f s, waited %.3f s (%.1f%% hidden); %llu of %llu bundles computed with "
+                 "reads in flight; read-ahead: %llu predicted, %llu needed, %llu both, %s extra, %s late\n",
+                 a.overlap.c_str(),
+                 img->io().async() ? "async engine" : "synchronous engine: reads overlap compute only across threads",
+                 o.io_busy_seconds, o.io_wait_seconds, o.overlap_share() * 100,
+                 static_cast<unsigned long long>(o.bundles_in_flight),
+                 static_cast<unsigned long long>(o.bundles_computed), static_cast<unsigned long long>(o.predicted),
+                 static_cast<unsigned long long>(o.needed), static_cast<unsigned long long>(o.predicted_needed),
+                 format_bytes(uint64_t(std::max(0.0, o.extra_bytes()))).c_str(), format_bytes(o.late_bytes).c_str());
+  }
+  flash_report(fa, g, *img, a.select == "dense" ? nullptr : ffn.get(), wall, forwards, json_dump(extra, -1, a.invalid_utf8));
 }
 
 }  // namespace
@@ -638,9 +694,11 @@ void add_run_generate(CLI::App& app, GlobalOptions& g) {
   add_generate_memory_options(c, a);
   add_generate_predictor_options(c, a);
   add_flash_io_options(c, a.flash);
+  add_generate_overlap_options(c, a);
   add_flash_plan_options(c, a.flash);
   add_flash_metrics_options(c, a.flash);
   a.cache_ratio_opt = c->get_option("--cache-ratio");
+  a.queue_depth_opt = c->get_option("--queue-depth");
   c->callback([&g] { generate_main(a, g); });
 }
 

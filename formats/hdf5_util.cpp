@@ -88,7 +88,7 @@ int64_t read_int_attr(const std::string& path, hid_t obj, const char* name, cons
     uint64_t u = 0;
     if (H5Aread(attr, H5T_NATIVE_UINT64, &u) < 0) throw InputError(path, "cannot read " + quoted(name, where));
     if (u > uint64_t(INT64_MAX))
-      throw InputError(path, "attribute " + quoted(name, where) + " = " + std::to_string(u) + " is out of range");
+      throw InputError(path, quoted(name, where) + " = " + std::to_string(u) + " is out of range");
     return int64_t(u);
   }
   int64_t v = 0;

@@ -1,11 +1,15 @@
 // Sparse FFN from the flash image (runtime/flash_ffn.h).
 #include "runtime/flash_ffn.h"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <thread>
 
 #include "formats/core/error.h"
 #include "formats/core/quant.h"
@@ -14,6 +18,11 @@ namespace nl {
 
 namespace {
 using Clock = std::chrono::steady_clock;
+// --overlap layer: bundles a computing thread claims at a time.
+constexpr size_t kClaimChunk = 8;
+// --overlap layer: below this many multiply-adds (bundles x dim) a layer's bundles are computed on the waiting thread
+// alone; a region whose workers idle through the I/O costs more than it saves on small layers.
+constexpr long kOverlapParallelWork = 1L << 18;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 void add(FlashCounters& a, const FlashCounters& b) {
@@ -24,6 +33,7 @@ void add(FlashCounters& a, const FlashCounters& b) {
   a.cache_hits += b.cache_hits;
   a.io_seconds += b.io_seconds;
   a.compute_seconds += b.compute_seconds;
+  a.io_busy_seconds += b.io_busy_seconds;
 }
 }  // namespace
 
@@ -37,6 +47,34 @@ bool cache_policy_mode_parse(const std::string& s, CachePolicyMode* out) {
   else
     return false;
   return true;
+}
+
+bool overlap_mode_parse(const std::string& s, OverlapMode* out) {
+  if (s == "none")
+    *out = OverlapMode::kNone;
+  else if (s == "layer")
+    *out = OverlapMode::kLayer;
+  else if (s == "cross")
+    *out = OverlapMode::kCross;
+  else if (s == "both")
+    *out = OverlapMode::kBoth;
+  else
+    return false;
+  return true;
+}
+
+const char* overlap_mode_name(OverlapMode m) {
+  switch (m) {
+    case OverlapMode::kNone:
+      return "none";
+    case OverlapMode::kLayer:
+      return "layer";
+    case OverlapMode::kCross:
+      return "cross";
+    case OverlapMode::kBoth:
+      return "both";
+  }
+  return "?";
 }
 
 const char* cache_policy_mode_name(CachePolicyMode m) {
@@ -68,6 +106,7 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
     slot_of_.push_back(std::move(inv));
   }
   make_caches();
+  prev_needed_.resize(size_t(c.n_layers));
   if (o.select == SelectMode::kLowRank) {
     if (c.act != FfnAct::kRelu)
       throw UsageError(
@@ -199,6 +238,8 @@ void FlashFfn::set_phase(LowRankPhase p, double target_recall) {
   total_ = token_ = FlashCounters{};
   per_token_.clear();
   pred_ = PredictorCounters{};
+  ov_ = OverlapCounters{};
+  prev_needed_.assign(prev_needed_.size(), {});
 }
 
 void FlashFfn::set_trace_active(int layer, const std::vector<uint32_t>& neurons) {
@@ -220,6 +261,8 @@ void FlashFfn::set_thresholds(const std::vector<float>& t) {
   total_ = token_ = FlashCounters{};
   per_token_.clear();
   thr_ = ThresholdCounters{};
+  ov_ = OverlapCounters{};
+  prev_needed_.assign(prev_needed_.size(), {});
 }
 
 const uint8_t* FlashFfn::bundle(int layer, uint32_t slot) const {
@@ -260,7 +303,9 @@ void FlashFfn::load(int layer) {
     spans_.push_back({plan_.reads[i].offset, plan_.reads[i].length, staging_.data() + read_pos_[i]});
   auto t0 = Clock::now();
   if (!spans_.empty()) img_.io().read(spans_.data(), spans_.size());
-  token_.io_seconds += since(t0);
+  const double io = since(t0);
+  token_.io_seconds += io;
+  token_.io_busy_seconds += io;
   token_.active += plan_.active;
   token_.reads += plan_.reads.size();
   token_.bytes_read += plan_.bytes_read;
@@ -319,6 +364,7 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
   if (opt_.select == SelectMode::kReplay)
     throw UsageError("the model forward needs --select gate, dense, lowrank, trace or threshold");
   const bool predict = opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kPredict;
+  const bool overlapped = opt_.overlap != OverlapMode::kNone && opt_.select != SelectMode::kDense;
   const ModelConfig& c = m_.config;
   const int dim = c.dim, hidden = c.hidden_dim;
   g_.resize(size_t(hidden));
@@ -355,6 +401,11 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
         pred_.true_positive += fires && chosen;
       }
       pred_.predicted += active_.size();
+      prev_needed_[size_t(layer)] = active_;
+      if (overlapped) {
+        load_compute_overlapped(layer, ot, GateFrom::kBundleRelu);
+        continue;
+      }
       load(layer);
       t0 = Clock::now();
       compute(layer, ot, true);
@@ -365,6 +416,11 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
       // The given neurons' bundles; each gate from the bundle's own row (no gate rows in DRAM), in the stored dtype.
       // ReLU: ffn_bundles applies the gate itself (zeros add nothing); SiLU: the gates first, then the same sum.
       active_ = trace_active_[size_t(layer)];
+      prev_needed_[size_t(layer)] = active_;
+      if (overlapped) {
+        load_compute_overlapped(layer, ot, c.act == FfnAct::kRelu ? GateFrom::kBundleRelu : GateFrom::kBundleSilu);
+        continue;
+      }
       load(layer);
       auto t0 = Clock::now();
       if (c.act == FfnAct::kRelu) {
@@ -416,11 +472,329 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
       for (uint32_t s : active_) calib_[size_t(layer)].push_back(score_[s]);
       calib_samples_ += active_.size();
     }
-    if (opt_.select != SelectMode::kDense) load(layer);
+    if (opt_.select != SelectMode::kDense) {
+      prev_needed_[size_t(layer)] = active_;
+      if (overlapped) {
+        load_compute_overlapped(layer, ot, GateFrom::kGiven);
+        continue;
+      }
+      load(layer);
+    }
     t0 = Clock::now();
     compute(layer, ot, false);
     token_.compute_seconds += since(t0);
   }
+}
+
+bool FlashFfn::wants_layer_input() const {
+  return (opt_.overlap == OverlapMode::kCross || opt_.overlap == OverlapMode::kBoth) &&
+         opt_.select != SelectMode::kDense && opt_.select != SelectMode::kReplay;
+}
+
+void FlashFfn::layer_start(int layer, int pos0, int n_tokens, const float* x) {
+  (void)pos0;
+  // Decode only: a prompt block's FFN reads are planned per token after its attention.
+  if (!wants_layer_input() || n_tokens != 1) return;
+  if (pf_layer_ >= 0) throw InternalError("read-ahead started while another layer's is pending");
+  const SlotCache* cache = caches_[size_t(layer)].get();
+  auto t0 = Clock::now();
+  pf_pred_.clear();
+  if (opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kPredict) {
+    // The low-rank gate on the layer input (normalised as the FFN's input), with the predict phase's threshold.
+    const LowRankFactors& f = lowrank_[size_t(layer)];
+    score_.resize(size_t(m_.config.hidden_dim));
+    tmp_.resize(size_t(f.rank));
+    f.predict(x, score_.data(), tmp_.data());
+    const float thr = threshold_[size_t(layer)];
+    for (int s = 0; s < m_.config.hidden_dim; ++s)
+      if (score_[size_t(s)] >= thr && !(cache && cache->resident(uint32_t(s)))) pf_pred_.push_back(uint32_t(s));
+  } else {
+    // No weight-based predictor in this mode: the layer's previous token's set (temporal locality).
+    for (uint32_t s : prev_needed_[size_t(layer)])
+      if (!(cache && cache->resident(s))) pf_pred_.push_back(s);
+  }
+  token_.compute_seconds += since(t0);
+  ++ov_.prefetches;
+  ov_.predicted += pf_pred_.size();
+  pf_plan_.clear();
+  if (pf_pred_.empty()) return;
+  planners_[size_t(layer)].plan(pf_pred_.data(), pf_pred_.size(), nullptr, pf_plan_);  // no cache: not a token
+  uint64_t total = 0;
+  pf_pos_.resize(pf_plan_.reads.size());
+  for (size_t i = 0; i < pf_plan_.reads.size(); ++i) {
+    pf_pos_[i] = total;
+    total += pf_plan_.reads[i].length;
+  }
+  pf_staging_.resize(std::max<uint64_t>(total, 1));
+  std::vector<ReadSpan> spans(pf_plan_.reads.size());
+  for (size_t i = 0; i < spans.size(); ++i)
+    spans[i] = {pf_plan_.reads[i].offset, pf_plan_.reads[i].length, pf_staging_.data() + pf_pos_[i]};
+  pf_done_.assign(spans.size(), 0);
+  pf_t0_ = Clock::now();
+  pf_first_id_ = img_.io().submit(spans.data(), spans.size());
+  pf_layer_ = layer;
+  ov_.prefetch_bytes += pf_plan_.bytes_read;
+  token_.reads += pf_plan_.reads.size();
+  token_.bytes_read += pf_plan_.bytes_read;
+}
+
+void FlashFfn::bundle_coefficients(size_t k0, size_t k1, GateFrom from) {
+  const int dim = m_.config.dim;
+  const ImageDtype dt = m_.dtype;
+  const void* xr = xq_.row(0);
+  const size_t rb = row_bytes_;
+  // kernels::ffn_bundles's first phase, number for number: h_i = g_i * (up_i . x), zero when g_i is zero.
+  for (size_t k = k0; k < k1; ++k) {
+    const size_t i = idx_[k];
+    const uint8_t* b = bundles_[i];
+    float gi;
+    if (from == GateFrom::kGiven) {
+      gi = g_[active_[i]];
+    } else {
+      gi = kernels::row_dot(dt, b, xr, dim);
+      if (from == GateFrom::kBundleRelu) {
+        if (!(gi > 0.0f)) gi = 0.0f;
+      } else {
+        gi = gi / (1.0f + std::exp(-gi));
+      }
+    }
+    h_[i] = gi == 0.0f ? 0.0f : gi * kernels::row_dot(dt, b + rb, xr, dim);
+  }
+}
+
+void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
+  const int dim = m_.config.dim;
+  IoEngine& io = img_.io();
+  SlotCache* cache = caches_[size_t(layer)].get();
+  const bool per_read = opt_.overlap == OverlapMode::kLayer || opt_.overlap == OverlapMode::kBoth;
+  const bool pf = pf_layer_ == layer;
+  if (pf_layer_ >= 0 && !pf) throw InternalError("read-ahead of another layer still pending");
+  auto tc = Clock::now();
+  double comp_s = 0, wait = 0;
+  if (pf) {
+    for (uint32_t s : active_)
+      if (!(cache && cache->resident(s))) {
+        ++ov_.needed;
+        ov_.predicted_needed += std::binary_search(pf_pred_.begin(), pf_pred_.end(), s);
+      }
+  }
+  if (cache) {
+    // As load(): drop bytes of slots evicted by the previous token's update.
+    auto& st = store_[size_t(layer)];
+    for (auto it = st.begin(); it != st.end();) it = cache->resident(it->first) ? std::next(it) : st.erase(it);
+  }
+  planners_[size_t(layer)].plan(active_.data(), active_.size(), cache, plan_);
+  const size_t R = plan_.reads.size();
+  uint64_t total = 0;
+  read_pos_.resize(R);
+  for (size_t i = 0; i < R; ++i) {
+    read_pos_[i] = total;
+    total += plan_.reads[i].length;
+  }
+  staging_.resize(std::max<uint64_t>(total, 1));
+  // Each exact read: pieces already read ahead (copied when their read-ahead span lands) and late pieces (read now).
+  spans_.clear();
+  span_read_.clear();
+  copies_.clear();
+  outstanding_.assign(R, 0);
+  uint64_t late_bytes = 0;
+  size_t pj = 0;
+  const auto& pr = pf_plan_.reads;
+  for (size_t ri = 0; ri < R; ++ri) {
+    const uint64_t a = plan_.reads[ri].offset, b = a + plan_.reads[ri].length;
+    uint64_t cur = a;
+    auto late = [&](uint64_t lo, uint64_t hi) {
+      spans_.push_back({lo, hi - lo, staging_.data() + read_pos_[ri] + (lo - a)});
+      span_read_.push_back(uint32_t(ri));
+      ++outstanding_[ri];
+      late_bytes += hi - lo;
+    };
+    if (pf) {
+      while (pj < pr.size() && pr[pj].offset + pr[pj].length <= a) ++pj;
+      for (size_t k = pj; k < pr.size() && pr[k].offset < b; ++k) {
+        const uint64_t lo = std::max(cur, pr[k].offset), hi = std::min(b, pr[k].offset + pr[k].length);
+        if (hi <= lo) continue;
+        if (lo > cur) late(cur, lo);
+        copies_.push_back(
+            {uint32_t(k), uint32_t(ri), pf_pos_[k] + (lo - pr[k].offset), read_pos_[ri] + (lo - a), hi - lo});
+        ++outstanding_[ri];
+        ov_.prefetch_used_bytes += hi - lo;
+        cur = hi;
+      }
+    }
+    if (cur < b) late(cur, b);
+  }
+  if (pf) ov_.late_bytes += late_bytes;
+  token_.active += plan_.active;
+  token_.bytes_needed += uint64_t(plan_.needed) * m_.bundle_bytes;
+  token_.cache_hits += plan_.hits.size();
+  token_.reads += spans_.size();
+  token_.bytes_read += late_bytes;
+  const auto t_io0 = pf ? pf_t0_ : Clock::now();
+  late_first_id_ = spans_.empty() ? 0 : io.submit(spans_.data(), spans_.size());
+
+  // Active indices per exact read (both ascending); the others are cache hits, in DRAM now.
+  const size_t n = active_.size();
+  h_.resize(n);
+  bundles_.resize(n);
+  read_active_.resize(R);
+  hits_.clear();
+  {
+    size_t i = 0;
+    for (size_t ri = 0; ri < R; ++ri) {
+      const size_t gap0 = i;
+      while (i < n && active_[i] < plan_.reads[ri].slot_begin) ++i;
+      if (i > gap0) hits_.push_back({gap0, i});
+      const size_t lo = i;
+      while (i < n && active_[i] < plan_.reads[ri].slot_end) ++i;
+      read_active_[ri] = {lo, i};
+    }
+    if (i < n) hits_.push_back({i, n});
+  }
+  // Bundles ready to compute (cache hits, then each read's as it completes), published in idx_ and claimed in
+  // chunks by whichever thread is free: with threads, one OpenMP region per layer, the first thread waiting on the
+  // I/O and publishing, the others computing; with one thread, the published bundles after each wait.
+  std::atomic<size_t> pub{0}, claim{0};
+  std::atomic<bool> stop{false};
+  auto publish = [&](size_t lo, size_t hi) {
+    size_t p = pub.load(std::memory_order_relaxed);
+    for (size_t i = lo; i < hi; ++i) {
+      bundles_[i] = bundle(layer, active_[i]);
+      idx_[p++] = uint32_t(i);
+    }
+    pub.store(p, std::memory_order_release);
+    if (io.in_flight() > 0) ov_.bundles_in_flight += hi - lo;
+    ov_.bundles_computed += hi - lo;
+  };
+  // Computes published bundles; all = keep going until every bundle of the layer is claimed.
+  // `idle` (per thread) gets the time spent with nothing published to compute: waiting on the I/O.
+  auto work = [&](bool all, double* idle) {
+    bool idling = false;
+    Clock::time_point t_idle;
+    for (;;) {
+      size_t c = claim.load(std::memory_order_relaxed);
+      const size_t p = pub.load(std::memory_order_acquire);
+      if (c >= p) {
+        if (!all || c >= n || stop.load(std::memory_order_relaxed)) {
+          if (idling) *idle += since(t_idle);
+          return;
+        }
+        if (!idling) idling = true, t_idle = Clock::now();
+        std::this_thread::yield();
+        continue;
+      }
+      if (idling) *idle += since(t_idle), idling = false;
+      const size_t e = std::min(p, c + kClaimChunk);
+      if (claim.compare_exchange_weak(c, e, std::memory_order_relaxed)) bundle_coefficients(c, e, from);
+    }
+  };
+  idx_.resize(n);
+  if (per_read) {
+    for (auto [lo, hi] : hits_) publish(lo, hi);
+  }
+  // Copies grouped by read-ahead span (copies_ is in offset order, so by span too).
+  auto copies_of = [&](size_t k) {
+    auto lo =
+        std::lower_bound(copies_.begin(), copies_.end(), k, [](const Copy& c, size_t kk) { return c.pf_read < kk; });
+    auto hi = lo;
+    while (hi != copies_.end() && hi->pf_read == k) ++hi;
+    return std::make_pair(lo, hi);
+  };
+  auto ready = [&](size_t ri) {
+    if (per_read) publish(read_active_[ri].first, read_active_[ri].second);
+  };
+  const int threads = per_read && long(n) * dim > kOverlapParallelWork ? omp_get_max_threads() : 1;
+  // Waits on the engine until every read (and read-ahead) of the layer is in. With one thread `wait` is the time
+  // blocked in it; with several, the time the computing threads had nothing to compute (the exposed I/O).
+  std::vector<double> idle(size_t(threads), 0.0);
+  auto io_loop = [&] {
+    std::vector<uint64_t> done;
+    while (io.pending() > 0) {
+      done.clear();
+      auto tw = Clock::now();
+      io.wait_some(&done);
+      if (threads == 1) wait += since(tw);
+      for (uint64_t id : done) {
+        if (pf && id >= pf_first_id_ && id < pf_first_id_ + pr.size()) {
+          const size_t k = size_t(id - pf_first_id_);
+          pf_done_[k] = 1;
+          auto [c0, c1] = copies_of(k);
+          for (auto c = c0; c != c1; ++c) {
+            std::memcpy(staging_.data() + c->dst, pf_staging_.data() + c->src, c->bytes);
+            if (--outstanding_[c->read] == 0) ready(c->read);
+          }
+        } else if (!spans_.empty() && id >= late_first_id_ && id < late_first_id_ + spans_.size()) {
+          const uint32_t ri = span_read_[size_t(id - late_first_id_)];
+          if (--outstanding_[ri] == 0) ready(ri);
+        } else {
+          throw InternalError("overlap: completion of a read this layer did not issue");
+        }
+      }
+      if (threads == 1) work(false, &idle[0]);
+    }
+  };
+  if (threads > 1) {
+    std::exception_ptr err;
+#pragma omp parallel num_threads(threads)
+    {
+      if (omp_get_thread_num() == 0) {
+        try {
+          io_loop();
+        } catch (...) {
+          err = std::current_exception();
+          stop.store(true);
+        }
+      }
+      work(true, &idle[size_t(omp_get_thread_num())]);
+    }
+    if (err) std::rethrow_exception(err);
+    wait = *std::min_element(idle.begin() + 1, idle.end());
+  } else {
+    io_loop();
+    if (per_read) work(true, &idle[0]);
+  }
+  comp_s += since(tc) - wait;                            // planning included, as load() + compute() count it
+  const double busy = io.async() ? since(t_io0) : wait;  // a synchronous engine reads only while waited on
+  pf_layer_ = -1;
+  auto tc2 = Clock::now();
+  for (uint32_t o : outstanding_)
+    if (o != 0) throw InternalError("overlap: a read never completed");
+  if (per_read) {
+    // The down projection once, in slot order, over the neurons ffn_bundles would keep: the same sum as compute().
+    size_t k = 0;
+    const size_t rb2 = 2 * row_bytes_;
+    for (size_t i = 0; i < n; ++i)
+      if (from != GateFrom::kBundleRelu || h_[i] != 0.0f) {
+        h_[k] = h_[i];
+        bundles_[k++] = bundle(layer, active_[i]) + rb2;
+      }
+    kernels::down_project(m_.dtype, out, dim, h_.data(), bundles_.data(), int(k));
+  } else if (from == GateFrom::kBundleSilu) {
+    for (uint32_t s : active_) {
+      const float gv = kernels::row_dot(m_.dtype, bundle(layer, s), xq_.row(0), dim);
+      g_[s] = gv / (1.0f + std::exp(-gv));
+    }
+    compute(layer, out, false);
+  } else {
+    compute(layer, out, from == GateFrom::kBundleRelu);
+  }
+  comp_s += since(tc2);
+  if (cache) {
+    // As load(): keep the bytes of newly resident slots.
+    auto& st = store_[size_t(layer)];
+    for (const ReadOp& r : plan_.reads)
+      for (uint32_t s = r.slot_begin; s < r.slot_end; ++s)
+        if (cache->resident(s) && !st.count(s)) {
+          const uint8_t* b = bundle(layer, s);
+          st.emplace(s, std::vector<uint8_t>(b, b + m_.bundle_bytes));
+        }
+  }
+  ++ov_.layer_tokens;
+  ov_.io_busy_seconds += busy;
+  ov_.io_wait_seconds += wait;
+  token_.io_seconds += wait;
+  token_.io_busy_seconds += busy;
+  token_.compute_seconds += comp_s;
 }
 
 }  // namespace nl

@@ -10,8 +10,14 @@
 // `trace` (benchmarks: the caller names each layer-token's active neurons, e.g. from a trace of the same shape; their
 // bundles are read and computed for real, gate from the bundle's own gate row) and `threshold` (CATS: gate rows in
 // DRAM as for gate; a neuron is read only when |act(gate x)| > t_l, the rest contribute nothing).
+// I/O-compute overlap (--overlap, docs/runtime.md "I/O-compute overlap"): `layer` computes each bundle's gate/up as
+// soon as its read completes (the engine's submit/wait_some; io_uring completions) and the down projection once, in
+// slot order, so the tokens equal the non-overlapped run's; `cross` starts a layer's FFN reads at the layer's start,
+// before its attention, from a predictor (lowrank: the low-rank gate on the layer input; otherwise the layer's
+// previous token's set), then reads what the exact selection adds at once and computes only the exact set.
 // Not thread-safe: one instance per generating thread.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -43,6 +49,30 @@ struct PredictorCounters {
   double precision() const { return predicted ? double(true_positive) / double(predicted) : 1.0; }
 };
 
+// --overlap: none | layer | cross | both.
+enum class OverlapMode { kNone, kLayer, kCross, kBoth };
+bool overlap_mode_parse(const std::string& s, OverlapMode* out);
+const char* overlap_mode_name(OverlapMode m);
+
+// Overlap figures, summed over layer-tokens.
+struct OverlapCounters {
+  uint64_t layer_tokens = 0;         // layer-tokens whose reads went through the overlapped path
+  uint64_t bundles_in_flight = 0;    // bundles computed while other reads of the layer were still in the kernel
+  uint64_t bundles_computed = 0;     // bundles computed on the overlapped path
+  uint64_t prefetches = 0;           // cross: layer-tokens read ahead
+  uint64_t predicted = 0;            // cross: bundles the predictor chose (not resident in the cache)
+  uint64_t needed = 0;               // cross: bundles the exact selection needed from flash (not resident)
+  uint64_t predicted_needed = 0;     // cross: both
+  uint64_t prefetch_bytes = 0;       // cross: bytes read ahead
+  uint64_t prefetch_used_bytes = 0;  // cross: of them, bytes inside the exact plan's reads
+  uint64_t late_bytes = 0;           // cross: bytes read after the exact selection (what the prediction missed)
+  double io_busy_seconds = 0;        // from a layer's first submit to its last completion
+  double io_wait_seconds = 0;        // of that, blocked waiting for completions
+  // Share of the I/O time hidden behind compute.
+  double overlap_share() const { return io_busy_seconds > 0 ? 1.0 - io_wait_seconds / io_busy_seconds : 0.0; }
+  double extra_bytes() const { return double(prefetch_bytes) - double(prefetch_used_bytes); }
+};
+
 // Which cache policy each layer runs: the manifest's `cache_policy` (admission and pinned slots recorded by pack from
 // the layout; layers without one run linking-aligned S3-FIFO), or one admission rule for every layer with no pinning.
 enum class CachePolicyMode { kManifest, kLinkingAligned, kAll };
@@ -59,6 +89,7 @@ struct FlashFfnOptions {
   CachePolicyMode cache_policy = CachePolicyMode::kManifest;
   int lowrank_rank = 0;              // lowrank: R
   std::vector<float> act_threshold;  // threshold: t per layer (|act(gate x)| > t fires; ReLU models: act > t)
+  OverlapMode overlap = OverlapMode::kNone;
 };
 
 // Threshold selection: the |act(gate x)| mass and the neuron count the threshold keeps against all neurons (gate
@@ -79,6 +110,9 @@ struct FlashCounters {
   uint64_t cache_hits = 0;     // active neurons served from DRAM
   double io_seconds = 0;       // wall time inside the I/O engine
   double compute_seconds = 0;  // wall time of the sparse FFN arithmetic (gate, up, down)
+  // --overlap: io_seconds is the time blocked waiting for reads; io_busy_seconds the time reads were outstanding
+  // (first submit to last completion). Without overlap both are the read time.
+  double io_busy_seconds = 0;
 };
 
 class FlashFfn : public FfnProvider {
@@ -87,6 +121,9 @@ class FlashFfn : public FfnProvider {
   FlashFfn(FlashImage& image, const FlashFfnOptions& o);
 
   void ffn(int layer, int pos0, int n_tokens, const float* x, float* out, FfnObserver* observer) override;
+  bool wants_layer_input() const override;
+  void layer_start(int layer, int pos0, int n_tokens, const float* x) override;
+  const OverlapCounters& overlap() const { return ov_; }
 
   // Replay: plans, reads and accounts one layer-token whose active neurons (original indices) are given.
   void replay_layer(int layer, const std::vector<uint32_t>& active_neurons);
@@ -154,6 +191,35 @@ class FlashFfn : public FfnProvider {
   ThresholdCounters thr_;
 
   uint64_t pinned_bundles_ = 0, pinned_reads_ = 0, pinned_bytes_read_ = 0;
+
+  // Overlap.
+  enum class GateFrom { kGiven, kBundleRelu, kBundleSilu };  // where each bundle's gate value comes from
+  OverlapCounters ov_;
+  std::vector<std::vector<uint32_t>> prev_needed_;  // cross: per layer, the previous token's exact set (predictor)
+  int pf_layer_ = -1;                               // cross: the layer read ahead, -1 = none
+  TokenPlan pf_plan_;
+  AlignedBuffer pf_staging_;
+  std::vector<uint64_t> pf_pos_;   // staging position of each read-ahead read
+  uint64_t pf_first_id_ = 0;       // engine id of the first read-ahead span
+  std::vector<uint8_t> pf_done_;   // per read-ahead span: completed
+  std::vector<uint32_t> pf_pred_;  // cross: predicted slots, ascending
+  std::chrono::steady_clock::time_point pf_t0_;
+  struct Copy {  // a piece of an exact read served by a read-ahead span
+    uint32_t pf_read, read;
+    uint64_t src, dst, bytes;  // positions in pf_staging_ / staging_
+  };
+  std::vector<Copy> copies_;
+  std::vector<uint32_t> outstanding_;                   // per exact read: pieces not yet in place
+  std::vector<std::pair<size_t, size_t>> read_active_;  // per exact read: its range of active_ indices
+  std::vector<uint32_t> span_read_;                     // per late span: its exact read
+  uint64_t late_first_id_ = 0;
+  // Plans the exact reads, serves them from the read-ahead and new reads, and computes the FFN into `out` (per
+  // completed read when --overlap has layer, else after all reads, as compute()).
+  void load_compute_overlapped(int layer, float* out, GateFrom from);
+  // The arithmetic of kernels::ffn_bundles's first phase, for published bundles.
+  void bundle_coefficients(size_t k0, size_t k1, GateFrom from);  // h_[idx_[k]] for k in [k0, k1)
+  std::vector<std::pair<size_t, size_t>> hits_;                   // active index ranges served from DRAM
+  std::vector<uint32_t> idx_;
 
   void make_caches();
   // The FFN output of one token from the active neurons (`active_`, ascending slots, gate values g_ or, for lowrank's

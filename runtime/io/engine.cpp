@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstring>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "formats/core/error.h"
@@ -87,6 +88,25 @@ bool IoEngine::fall_back_to_buffered(int err) {
   direct_ = false;
   if (opt_.warn) opt_.warn("warning: " + path_ + ": O_DIRECT reads refused; reading through the page cache");
   return true;
+}
+
+uint64_t IoEngine::submit(const ReadSpan* s, size_t n) {
+  const uint64_t first = next_id_;
+  for (size_t i = 0; i < n; ++i) queued_.push_back({next_id_++, s[i]});
+  return first;
+}
+
+void IoEngine::wait_some(std::vector<uint64_t>* done) {
+  if (queued_.empty()) return;
+  const auto [id, span] = queued_.front();
+  queued_.pop_front();
+  try {
+    read(&span, 1);
+  } catch (...) {
+    queued_.clear();
+    throw;
+  }
+  done->push_back(id);
 }
 
 void IoEngine::pread_full(uint64_t offset, uint64_t bytes, uint8_t* dst) {
@@ -214,7 +234,56 @@ class UringEngine final : public VectoredEngine {
     }
   }
   ~UringEngine() override {
+    if (have_ring_) drain_quietly();
     if (have_ring_) io_uring_queue_exit(&ring_);
+  }
+
+  bool async() const override { return have_ring_; }
+  size_t pending() const override { return have_ring_ ? waiting_.size() + flying_.size() : IoEngine::pending(); }
+  size_t in_flight() const override { return flying_.size(); }
+
+  uint64_t submit(const ReadSpan* s, size_t n) override {
+    if (!have_ring_) return IoEngine::submit(s, n);
+    for (size_t i = 0; i < n; ++i) check_aligned(s[i]);
+    counters_.spans += n;
+    const uint64_t first = next_id_;
+    for (size_t i = 0; i < n; ++i) waiting_.push_back({next_id_++, s[i]});
+    fill();
+    return first;
+  }
+
+  void wait_some(std::vector<uint64_t>* done) override {
+    if (!have_ring_) return IoEngine::wait_some(done);
+    if (waiting_.empty() && flying_.empty()) return;
+    try {
+      fill();
+      io_uring_cqe* cqe = nullptr;
+      int rc;
+      do rc = io_uring_wait_cqe(&ring_, &cqe);
+      while (rc == -EINTR);
+      if (rc < 0) {
+        // The ring is unusable: tearing it down cancels and waits for the reads still writing into buffers.
+        io_uring_queue_exit(&ring_);
+        have_ring_ = false;
+        flying_.clear();
+        waiting_.clear();
+        throw IoError(path_, std::string("io_uring failed: ") + std::strerror(-rc));
+      }
+      // Every completion already there, not only the first.
+      while (cqe) {
+        const uint64_t id = io_uring_cqe_get_data64(cqe);
+        const int res = cqe->res;
+        io_uring_cqe_seen(&ring_, cqe);
+        finish(id, res);
+        done->push_back(id);
+        cqe = nullptr;
+        if (io_uring_peek_cqe(&ring_, &cqe) != 0) cqe = nullptr;
+      }
+      fill();
+    } catch (...) {
+      drain_quietly();
+      throw;
+    }
   }
 
   void read(const ReadSpan* s, size_t n) override {
@@ -284,6 +353,62 @@ class UringEngine final : public VectoredEngine {
   io_uring ring_{};
   bool have_ring_ = false;
   uint32_t depth_ = 32;
+  std::deque<std::pair<uint64_t, ReadSpan>> waiting_;  // submitted, not yet handed to the kernel
+  std::unordered_map<uint64_t, ReadSpan> flying_;      // in the kernel's hands, by id
+
+  // Hands waiting spans to the kernel up to the queue depth.
+  void fill() {
+    size_t queued = 0;
+    while (flying_.size() < depth_ && !waiting_.empty()) {
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+      if (!sqe) break;
+      const auto [id, sp] = waiting_.front();
+      waiting_.pop_front();
+      io_uring_prep_read(sqe, fd_, sp.dst, unsigned(sp.bytes), sp.offset);
+      io_uring_sqe_set_data64(sqe, id);
+      flying_.emplace(id, sp);
+      ++queued;
+    }
+    if (queued > 0) {
+      const int rc = io_uring_submit(&ring_);
+      if (rc < 0) throw IoError(path_, std::string("io_uring submit failed: ") + std::strerror(-rc));
+    }
+  }
+
+  // One completion: short, interrupted or refused reads are finished synchronously (EINVAL under O_DIRECT falls
+  // back to buffered reads, as read() does).
+  void finish(uint64_t id, int cqe_res) {
+    auto it = flying_.find(id);
+    if (it == flying_.end()) throw InternalError("io_uring: completion of an unknown read");
+    const ReadSpan sp = it->second;
+    flying_.erase(it);
+    const int64_t res = observe(sp.offset, sp.bytes, cqe_res);
+    if (res > 0) counters_.bytes += uint64_t(res);
+    if (res >= 0 && uint64_t(res) == sp.bytes) return;
+    if (res < 0 && res != -EINTR && res != -EAGAIN && !fall_back_to_buffered(int(-res)))
+      fail(int(-res), sp.offset, sp.bytes);
+    uint64_t from = res < 0 ? 0 : uint64_t(res);
+    if (direct_) from = io_align_down(from);
+    pread_full(sp.offset + from, sp.bytes - from, static_cast<uint8_t*>(sp.dst) + from);
+  }
+
+  // After an error: waits out every read the kernel still holds, forgets the rest.
+  void drain_quietly() {
+    waiting_.clear();
+    while (!flying_.empty()) {
+      io_uring_cqe* cqe = nullptr;
+      const int rc = io_uring_wait_cqe(&ring_, &cqe);
+      if (rc == -EINTR) continue;
+      if (rc < 0) {
+        io_uring_queue_exit(&ring_);  // cancels and waits for what is left
+        have_ring_ = false;
+        break;
+      }
+      flying_.erase(io_uring_cqe_get_data64(cqe));
+      io_uring_cqe_seen(&ring_, cqe);
+    }
+    flying_.clear();
+  }
 };
 #endif
 

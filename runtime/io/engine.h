@@ -9,9 +9,12 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace nl {
 
@@ -60,6 +63,21 @@ class IoEngine {
   // IoError for an operating-system failure (EIO, ...), InternalError for a misaligned span under O_DIRECT.
   virtual void read(const ReadSpan* spans, size_t n) = 0;
 
+  // Asynchronous reads, for computing on data as it lands (nl-run --overlap). submit() queues spans and returns the
+  // id of the first (ids count up by one per span over the engine's life); uring puts them in flight at once (up to
+  // the queue depth), the other engines read nothing yet. wait_some() blocks until at least one pending span is
+  // complete and appends the ids of every completed one (uring: completion order; the others read the oldest pending
+  // span themselves, so nothing overlaps). Errors as read(); after an error nothing is pending. Each span's buffer
+  // must stay valid until its id is reported. Do not mix with read() while spans are pending.
+  virtual uint64_t submit(const ReadSpan* spans, size_t n);
+  virtual void wait_some(std::vector<uint64_t>* done);
+  // Spans submitted and not yet reported.
+  virtual size_t pending() const { return queued_.size(); }
+  // Spans the kernel is reading right now (uring); always 0 for the synchronous engines.
+  virtual size_t in_flight() const { return 0; }
+  // Whether submit() really overlaps: reads proceed while the caller computes.
+  virtual bool async() const { return false; }
+
  protected:
   friend std::unique_ptr<IoEngine> io_open(const std::string& path, const IoOptions& o);
   IoEngine(IoKind kind, std::string path, const IoOptions& o);
@@ -70,6 +88,8 @@ class IoEngine {
   bool direct_ = false;
   uint64_t call_index_ = 0;
   IoCounters counters_;
+  uint64_t next_id_ = 0;
+  std::deque<std::pair<uint64_t, ReadSpan>> queued_;  // synchronous engines: submitted, not yet read
 
   // Result of a call as the engine sees it (through the fault hook).
   int64_t observe(uint64_t offset, uint64_t bytes, int64_t result);

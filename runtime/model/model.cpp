@@ -152,6 +152,11 @@ void Model::forward_sequence(const int* tokens, int n, int pos0, float* logits) 
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerView& L = v_.layers[size_t(l)];
+    if (ffn_->wants_layer_input()) {
+      for (int t = 0; t < n; ++t)
+        kernels::rmsnorm(xb_.data() + size_t(t) * dim, x_.data() + size_t(t) * dim, L.rms_ffn, dim, c.norm_eps);
+      ffn_->layer_start(l, pos0, n, xb_.data());
+    }
     for (int t = 0; t < n; ++t)
       kernels::rmsnorm(xb_.data() + size_t(t) * dim, x_.data() + size_t(t) * dim, L.rms_att, dim, c.norm_eps);
     kernels::matmul(q_.data(), xb_.data(), L.wq, n);

@@ -34,6 +34,12 @@ class FfnProvider {
  public:
   virtual ~FfnProvider() = default;
   virtual void ffn(int layer, int pos0, int n_tokens, const float* x, float* out, FfnObserver* observer) = 0;
+  // Read-ahead (nl-run --overlap cross): when wants_layer_input(), layer_start gets each layer's input before its
+  // attention, normalised with the layer's FFN norm as the FFN input will be, so reads can start early.
+  virtual bool wants_layer_input() const { return false; }
+  virtual void layer_start(int layer, int pos0, int n_tokens, const float* x) {
+    (void)layer, (void)pos0, (void)n_tokens, (void)x;
+  }
 };
 
 // The dense gated FFN over ModelWeights (w_gate, w_up, w_down of every layer must be present). The down projection
