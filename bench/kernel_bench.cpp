@@ -23,6 +23,7 @@
 #include "formats/core/image.h"
 #include "formats/core/quant.h"
 #include "formats/core/synthetic_models.h"
+#include "runtime/model/dense_bundles.h"
 #include "runtime/model/model.h"
 #include "runtime/model/typed_kernels.h"
 
@@ -160,43 +161,28 @@ void bench_matvec(int reps, const std::vector<int>& threads) {
 // ------------------------------------------------------------------------------------------------------------------
 // Part 2: whole model in DRAM.
 
-// The gated FFN over bundles in DRAM (every neuron: a SiLU model), the arithmetic of nl-run --select dense.
+// The gated FFN over bundles in DRAM (every neuron: a SiLU model): nl-run --select dense's own path
+// (runtime/model/dense_bundles.h), from bundles encoded as an image holds them.
 class BundleFfn : public FfnProvider {
  public:
-  BundleFfn(ImageDtype dt, const ModelConfig& c) : dt_(dt), c_(c) {
-    rb_ = image_row_bytes(dt, size_t(c.dim));
-    bb_ = 3 * rb_;
-  }
+  BundleFfn(ImageDtype dt, const ModelConfig& c) : dt_(dt), c_(c) {}
   void add_layer(const float* gate, const float* up, const float* down_t) {  // down_t: [hidden][dim] (columns)
-    auto& b = layers_.emplace_back(size_t(c_.hidden_dim) * bb_);
-    encode_rows(dt_, gate, c_.hidden_dim, c_.dim, b.data(), bb_);
-    encode_rows(dt_, up, c_.hidden_dim, c_.dim, b.data() + rb_, bb_);
-    encode_rows(dt_, down_t, c_.hidden_dim, c_.dim, b.data() + 2 * rb_, bb_);
+    const size_t rb = image_row_bytes(dt_, size_t(c_.dim)), bb = 3 * rb;
+    std::vector<uint8_t> b(size_t(c_.hidden_dim) * bb);
+    encode_rows(dt_, gate, c_.hidden_dim, c_.dim, b.data(), bb);
+    encode_rows(dt_, up, c_.hidden_dim, c_.dim, b.data() + rb, bb);
+    encode_rows(dt_, down_t, c_.hidden_dim, c_.dim, b.data() + 2 * rb, bb);
+    layers_.emplace_back(dt_, c_.dim, c_.hidden_dim, b.data(), bb);
   }
-  size_t bytes() const { return layers_.size() * layers_[0].size(); }
+  size_t bytes() const { return layers_.size() * layers_[0].bytes(); }
   void ffn(int layer, int, int n, const float* x, float* out, FfnObserver*) override {
-    const int hid = c_.hidden_dim, dim = c_.dim;
-    const WeightView gate{dt_, layers_[size_t(layer)].data(), hid, dim, bb_};
-    g_.resize(size_t(n) * hid);
-    kernels::matmul(g_.data(), x, gate, n);
-    ptrs_.resize(size_t(hid));
-    for (int s = 0; s < hid; ++s) ptrs_[size_t(s)] = layers_[size_t(layer)].data() + size_t(s) * bb_;
-    for (int t = 0; t < n; ++t) {
-      float* g = g_.data() + size_t(t) * hid;
-      for (int s = 0; s < hid; ++s) g[s] = g[s] / (1.0f + std::exp(-g[s]));
-      px_.prepare(dt_, x + size_t(t) * dim, 1, dim);
-      kernels::ffn_bundles(dt_, dim, px_, g, ptrs_.data(), hid, out + size_t(t) * dim);
-    }
+    layers_[size_t(layer)].ffn(x, n, FfnAct::kSilu, out);
   }
 
  private:
   ImageDtype dt_;
   ModelConfig c_;
-  size_t rb_, bb_;
-  std::vector<std::vector<uint8_t>> layers_;
-  std::vector<float> g_;
-  std::vector<const uint8_t*> ptrs_;
-  kernels::PreparedX px_;
+  std::vector<kernels::DenseBundles> layers_;
 };
 
 struct TypedModel {

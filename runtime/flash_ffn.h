@@ -26,6 +26,7 @@
 
 #include "runtime/flash_image.h"
 #include "runtime/lowrank.h"
+#include "runtime/model/dense_bundles.h"
 #include "runtime/model/model.h"
 #include "runtime/model/typed_kernels.h"
 #include "runtime/plan/read_plan.h"
@@ -160,7 +161,7 @@ class FlashFfn : public FfnProvider {
   std::vector<std::vector<uint32_t>> slot_of_;    // per layer: original neuron -> slot
   size_t row_bytes_ = 0;                          // one bundle part (gate row, up row or down column)
   std::vector<std::vector<uint8_t>> gate_bytes_;  // gate / lowrank: [slot] gate rows per layer, stored dtype
-  std::vector<AlignedBuffer> region_;             // dense: every FFN region in DRAM
+  std::vector<kernels::DenseBundles> dense_;      // dense: every FFN layer in DRAM, re-laid out
   std::vector<WeightView> gate_view_;             // per layer: the gate rows (gate_bytes_ or inside region_)
   kernels::PreparedX xq_;                         // the token's normalised input, as the kernels want it
   std::vector<float> h_;                          // per active neuron: act(gate)

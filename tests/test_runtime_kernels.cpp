@@ -12,6 +12,7 @@
 #include "formats/core/half.h"
 #include "formats/core/image.h"
 #include "formats/core/quant.h"
+#include "runtime/model/dense_bundles.h"
 #include "runtime/model/typed_kernels.h"
 
 using namespace nl;
@@ -165,6 +166,58 @@ TEST_CASE("matrix products and the down projection give the same bits for 1, 2, 
       }
       CHECK(same_bits(y, ref_y));
       CHECK(same_bits(d, ref_d));
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST_CASE("the dense FFN over re-laid-out bundles equals the gated bundle FFN bit for bit (every path, 1-3 threads)") {
+  IsaGuard guard;
+  const int saved = omp_get_max_threads();
+  for (ImageDtype dt : kDtypes) {
+    CAPTURE(image_dtype_name(dt));
+    // dim 320: two down chunks of 128 and a partial one; hidden 77: not a multiple of any group.
+    const int dim = 320, hidden = 77, n = 3;
+    const size_t rb = image_row_bytes(dt, size_t(dim)), bb = 3 * rb + 64;  // padded bundles, as images may be
+    TypedMatrix gate = make_matrix(dt, hidden, dim, 11), up = make_matrix(dt, hidden, dim, 12),
+                down = make_matrix(dt, hidden, dim, 13);
+    std::vector<uint8_t> bundles(size_t(hidden) * bb, 0xAB);
+    std::vector<const uint8_t*> bp;
+    for (int s = 0; s < hidden; ++s) {
+      uint8_t* b = bundles.data() + size_t(s) * bb;
+      std::memcpy(b, gate.bytes.data() + size_t(s) * rb, rb);
+      std::memcpy(b + rb, up.bytes.data() + size_t(s) * rb, rb);
+      std::memcpy(b + 2 * rb, down.bytes.data() + size_t(s) * rb, rb);
+      bp.push_back(b);
+    }
+    const std::vector<float> x = random_x(n * dim, 21);
+    kernels::DenseBundles db(dt, dim, hidden, bundles.data(), bb);
+    for (FfnAct act : {FfnAct::kRelu, FfnAct::kSilu}) {
+      CAPTURE(ffn_act_name(act));
+      // The gated path: per token, ReLU gates from the bundles' own rows; SiLU gates given (as FlashFfn computes them).
+      std::vector<float> want(size_t(n) * dim);
+      for (int t = 0; t < n; ++t) {
+        kernels::PreparedX px;
+        px.prepare(dt, x.data() + size_t(t) * dim, 1, dim);
+        std::vector<float> g(static_cast<size_t>(hidden));
+        kernels::matmul(g.data(), px, gate.view(), 1);
+        for (float& v : g) v = v / (1.0f + std::exp(-v));
+        kernels::ffn_bundles(dt, dim, px, act == FfnAct::kRelu ? nullptr : g.data(), bp.data(), hidden,
+                             want.data() + size_t(t) * dim);
+      }
+      for (kernels::Isa isa : kernels::available_isas()) {
+        CAPTURE(kernels::isa_name(isa));
+        kernels::set_isa(isa);
+        for (int threads : {1, 2, 3}) {
+          omp_set_num_threads(threads);
+          std::vector<float> got(size_t(n) * dim, -1.0f);
+          db.ffn(x.data(), n, act, got.data());
+          CHECK(same_bits(got, want));
+          std::vector<float> one(static_cast<size_t>(dim));  // token by token: the same numbers
+          db.ffn(x.data() + dim, 1, act, one.data());
+          CHECK(std::memcmp(one.data(), want.data() + dim, sizeof(float) * dim) == 0);
+        }
+      }
     }
   }
   omp_set_num_threads(saved);

@@ -198,7 +198,7 @@ class Bench:
                                    str(cfg[2]), "--neurons", str(cfg[1]), "--profile-out", trace, "-q"])
             synthetic = True
         images = {}
-        for m in LAYOUTS:
+        for m in (["identity"] if self.a.kernel_row_only else LAYOUTS):  # the kernel row runs the identity image
             lay = os.path.join(d, "layout.%s.json" % m)
             if not os.path.exists(lay):
                 run(self.nice() + [self.tool("nl-layout"), "solve", "--trace", trace, "--method", m, "--out", lay,
@@ -273,6 +273,47 @@ class Bench:
                 "read_bytes": r["read_bytes"], "maxrss_kib": r["maxrss_kib"], "cgroup_peak": r["cgroup_peak"],
                 "wall_s": r["wall_s"]}, r
 
+    def kernel_row(self, p, vocab):
+        """The kernel row: everything in DRAM, same dtype and threads. Per repetition and thread count, alternated:
+        llama-bench (pp of --kernel-prompt tokens and tg of --steps, one run each), nl-run --select dense (its own
+        prefill and decode clocks) and, with --base-build, the same nl-run command of that build. Medians [min-max]."""
+        prompt_ids = self.prompt_n(vocab, self.a.kernel_prompt)
+        k = {"threads": {}, "prompt": self.a.kernel_prompt, "steps": self.a.steps}
+        engines = [("nl", self.cli)] + ([("base", os.path.join(os.path.abspath(self.a.base_build), "cli"))]
+                                        if self.a.base_build else [])
+        ts = sorted({1, self.a.threads}) if self.has_threads else [1]
+        for t in ts:
+            k["threads"][str(t)] = {e: {"tg": [], "pp": []} for e in ["llama"] + [n for n, _ in engines]}
+        for _ in range(self.a.reps):
+            for t in ts:
+                cell = k["threads"][str(t)]
+                argv = self.nice() + [self.llama_bench, "-m", p["gguf"], "-p", str(self.a.kernel_prompt), "-n",
+                                      str(self.a.steps), "-t", str(t), "-r", "1", "-o", "json"]
+                for e in json.loads(run(argv)["out"]):
+                    cell["llama"]["pp" if e.get("n_prompt", 0) > 0 else "tg"].append(e["avg_ts"])
+                for name, cli in engines:
+                    argv = self.nice() + [os.path.join(cli, "nl-run"), "--threads", str(t), "generate", "--image",
+                                          p["images"]["identity"], "--select", "dense", "--prompt-tokens",
+                                          ",".join(map(str, prompt_ids)), "--steps", str(self.a.steps), "--json", "-q"]
+                    r = run(argv, check=False)
+                    if r["rc"] != 0:
+                        continue
+                    gen = json.loads(r["out"]).get("generation", {})
+                    if gen.get("decode_tokens_per_second"):
+                        cell[name]["tg"].append(gen["decode_tokens_per_second"])
+                    if gen.get("prompt_tokens_per_second"):
+                        cell[name]["pp"].append(gen["prompt_tokens_per_second"])
+        k["loadavg_end"] = os.getloadavg()
+        return k
+
+    def prompt_n(self, vocab, n):
+        saved = self.a.prompt
+        self.a.prompt = n
+        try:
+            return self.prompt(vocab)
+        finally:
+            self.a.prompt = saved
+
     def llama_bench_tg(self, gguf, threads):
         argv = self.nice() + [self.llama_bench, "-m", gguf, "-p", "0", "-n",
                               str(self.a.steps), "-t", str(threads), "-r", str(max(2, self.a.reps)), "-o", "json"]
@@ -297,6 +338,12 @@ class Bench:
         cfg = man["model"]
         prompt = self.prompt(cfg["vocab_size"])
         steps = self.a.steps
+        if self.a.kernel_row_only:
+            if not (self.llama_ok and os.access(self.llama_bench, os.X_OK)):
+                res["unavailable"]["kernel row"] = "llama-bench not built (scripts/llamacpp.sh)"
+            else:
+                res["kernel_alt"] = self.kernel_row(p, cfg["vocab_size"])
+            return res
         res["prompt"] = prompt
         # The cap: non-FFN bytes + 10 % of the FFN bytes + KV cache (f16 K and V, prompt + steps positions) + 256 MiB.
         ffn_bytes = sum(r["bytes"] for r in man["regions"][1:])
@@ -417,6 +464,7 @@ class Bench:
             res["unavailable"]["kernel row"] = "llama-bench not built (scripts/llamacpp.sh)"
         elif self.llama_ok and comp is not None:
             # Both engines at the same thread counts: nl-run --select dense (median of the reps) and llama-bench tg.
+            res["kernel_alt"] = self.kernel_row(p, cfg["vocab_size"])
             k = {"nl_dense_tok_s": 1e3 / comp, "nl_threads": self.a.threads if self.has_threads else 1, "llama": {},
                  "nl": {}}
             for t in sorted({1, self.a.threads}):
@@ -477,6 +525,29 @@ def fr(xs, f="%.2f"):
     return (f + " [" + f + "-" + f + "]") % (med(xs), min(xs), max(xs))
 
 
+def print_kernel_alt(res):
+    ka = res.get("kernel_alt")
+    if ka:
+        print("kernel row (all in DRAM, alternated per repetition; load average at the end %.1f %.1f %.1f): tok/s "
+              "median [min-max] over %d reps, prompt %d tokens, %d decoded" % (
+                  tuple(ka["loadavg_end"]) + (len(next(iter(ka["threads"].values()))["llama"]["tg"]), ka["prompt"],
+                                              ka["steps"])))
+        for t, cell in sorted(ka["threads"].items()):
+            for what, label in (("tg", "decode"), ("pp", "prefill")):
+                lv = cell["llama"][what]
+                if not lv:
+                    continue
+                line = "  %s thread%s %-7s llama.cpp %-24s" % (t, "s" if t != "1" else " ", label, fr(lv, "%.1f"))
+                for name in [n for n in cell if n != "llama"]:
+                    v = cell[name][what]
+                    tag = "nl-run" if name == "nl" else "nl-run (--base-build)"
+                    if v:
+                        line += "  %s %-24s %.3fx" % (tag, fr(v, "%.1f"), trunc(med(v) / med(lv), 3))
+                    else:
+                        line += "  %s failed" % tag
+                print(line)
+
+
 def print_shape(res):
     tag = " (SYNTHETIC: random weights, meaningless text, real timing)" if res.get("synthetic") else ""
     print("\n== %s %s%s" % (res["shape"], res["dtype"], tag))
@@ -489,12 +560,14 @@ def print_shape(res):
               (ag["agree"], ag["of"], ag["prefix"]))
         if "nl_gate" in ag:
             print("nl-run --select gate vs dense: %s" % ("identical" if ag["nl_gate"] == ag["nl_dense"] else "DIFFER"))
-    print("cap %.1f MiB = non-FFN %.1f MiB + 10%% of FFN %.1f MiB + KV %.2f MiB + 256 MiB" %
-          (res["cap_bytes"] / MIB, res["non_ffn_bytes"] / MIB, res["ffn_bytes"] / MIB / 10, res["kv_bytes"] / MIB))
+    if "cap_bytes" in res:
+        print("cap %.1f MiB = non-FFN %.1f MiB + 10%% of FFN %.1f MiB + KV %.2f MiB + 256 MiB" %
+              (res["cap_bytes"] / MIB, res["non_ffn_bytes"] / MIB, res["ffn_bytes"] / MIB / 10, res["kv_bytes"] / MIB))
     for k, v in res.get("unavailable", {}).items():
         print("not available: %s: %s" % (k, v))
     rows = res.get("rows", {})
     if not rows:
+        print_kernel_alt(res)
         return
     print("nl-run selection: --select %s; load average at the end %s" % (
         res.get("select", "?"), " ".join("%.1f" % x for x in res.get("loadavg_end", ()))))
@@ -518,6 +591,7 @@ def print_shape(res):
     if bound:
         print("bound: %.3f ms/token = max(compute in DRAM %.3f, needed bytes at %s %.0f MB/s %.3f)" % (
             bound["bound_ms"], bound["compute_ms"], bound["device"], bound["bandwidth_MBps"], bound["io_ms"]))
+    print_kernel_alt(res)
     k = res.get("kernel")
     if k:
         for t, v in sorted(k["llama"].items()):
@@ -553,6 +627,10 @@ def main():
     ap.add_argument("--agreement-only", action="store_true", help="only the greedy-token agreement, no timing")
     ap.add_argument("--smoke", action="store_true", help="stories260k f32, 1 rep, 8 tokens (the test suite's run)")
     ap.add_argument("--json", help="write all figures here")
+    ap.add_argument("--kernel-row-only", action="store_true",
+                    help="only the kernel row (everything in DRAM: nl-run --select dense vs llama-bench, alternated)")
+    ap.add_argument("--kernel-prompt", type=int, default=64, help="kernel row: prompt tokens (llama-bench pp)")
+    ap.add_argument("--base-build", help="kernel row: also run this build's nl-run, alternated (before/after)")
     a = ap.parse_args()
     if a.smoke:
         a.shapes, a.dtypes, a.reps, a.steps, a.profile_tokens = "stories260k", "f32", 1, 8, 2048

@@ -1,6 +1,6 @@
-// Typed-weight kernels (runtime/model/typed_kernels.h): the portable reference, x86 AVX2 (+F16C) and AVX-VNNI
+// Typed-weight kernels (runtime/model/typed_kernels.h): the portable reference, x86 AVX2 (+F16C), AVX-VNNI and AVX-512
 // paths, aarch64 NEON (+dotprod) paths, and the run-time dispatch. Every path follows the canonical orders the header
-// defines; tests/test_typed_kernels.cpp checks each available path bitwise against the portable one.
+// defines; tests/test_runtime_kernels.cpp checks each available path bitwise against the portable one.
 #include "runtime/model/typed_kernels.h"
 
 #include <omp.h>
@@ -37,10 +37,40 @@ typedef float v8f __attribute__((vector_size(32)));
 constexpr long kParallelWork = 1L << 15;
 // Outputs per down-projection chunk: one quantization block.
 constexpr int kChunk = kQuantBlock;
+// Rows per multi-row dot (matmul over f16 / bf16 weights): independent accumulator chains, x loaded once.
+constexpr int kRowBlock = 4;
+
+// A prepared q8_0 activation row (PreparedX::row): nb blocks, padding to 4 bytes, then nb int32 sums of each block's
+// 32 quants (the VNNI paths' offset correction; exact integers).
+inline size_t xq_sums_offset(int nb) { return (size_t(nb) * sizeof(BlockQ8_0) + 3) & ~size_t(3); }
+inline size_t xq_record_bytes(int nb) { return xq_sums_offset(nb) + sizeof(int32_t) * size_t(nb); }
+inline const int32_t* xq_sums(const BlockQ8_0* x, int nb) {
+  return reinterpret_cast<const int32_t*>(reinterpret_cast<const uint8_t*>(x) + xq_sums_offset(nb));
+}
 
 __attribute__((always_inline)) inline float reduce8(const float* a) {
   const float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
   return (s0 + s2) + (s1 + s3);
+}
+
+// Software prefetch of a byte range (no effect on any number). Rows inside bundles are short runs at a large
+// stride ([gate | up | down] per neuron), which the hardware stream prefetchers do not follow across the gaps:
+// the dot and down loops request the next rows' bytes ahead themselves.
+inline void prefetch_bytes(const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  for (size_t o = 0; o < n; o += 64) __builtin_prefetch(c + o);
+}
+// Neurons (down) whose column slices are requested ahead of the one being summed.
+constexpr int kDownAhead = 4;
+// The bytes of outputs [o0, o1) in a down column of dtype dt (block-aligned for quantized ones).
+inline void prefetch_col(ImageDtype dt, const uint8_t* col, int o0, int o1) {
+  if (image_dtype_quantized(dt)) {
+    const size_t bb = image_row_bytes(dt, kQuantBlock), b0 = size_t(o0) / kQuantBlock;
+    prefetch_bytes(col + b0 * bb, (size_t(o1 + kQuantBlock - 1) / kQuantBlock - b0) * bb);
+  } else {
+    const size_t es = image_row_bytes(dt, 1);
+    prefetch_bytes(col + size_t(o0) * es, size_t(o1 - o0) * es);
+  }
 }
 
 inline uint16_t ld16(const uint8_t* p, size_t i) {
@@ -54,6 +84,9 @@ struct Table {
   float (*dot_bf16)(const uint8_t* w, const float* x, int n);
   float (*dot_q8)(const BlockQ8_0* w, const BlockQ8_0* x, int nb);
   float (*dot_q4)(const BlockQ4_0* w, const BlockQ8_0* x, int nb);
+  // kRowBlock consecutive rows (`stride` bytes apart) against one activation row: y[r] = dot_f16(w + r * stride, x).
+  void (*rows_f16)(const uint8_t* w, size_t stride, const float* x, int n, float* y);
+  void (*rows_bf16)(const uint8_t* w, size_t stride, const float* x, int n, float* y);
   void (*down_f16)(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na);
   void (*down_bf16)(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na);
   void (*down_q8)(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na);
@@ -74,6 +107,11 @@ float dot_h16_port(const uint8_t* w, const float* x, int n) {
   float tail = 0.0f;
   for (; i < n; ++i) tail += Cvt(ld16(w, size_t(i))) * x[i];
   return reduce8(s) + tail;
+}
+
+template <float (*Dot)(const uint8_t*, const float*, int)>
+void rows_port(const uint8_t* w, size_t stride, const float* x, int n, float* y) {
+  for (int r = 0; r < kRowBlock; ++r) y[r] = Dot(w + size_t(r) * stride, x, n);
 }
 
 inline int32_t isum_q8(const BlockQ8_0& w, const BlockQ8_0& x) {
@@ -154,6 +192,8 @@ const Table kPortable = {dot_h16_port<f16_to_f32>,
                          dot_h16_port<bf16_to_f32>,
                          dot_blocks_port<BlockQ8_0, isum_q8>,
                          dot_blocks_port<BlockQ4_0, isum_q4>,
+                         rows_port<dot_h16_port<f16_to_f32>>,
+                         rows_port<dot_h16_port<bf16_to_f32>>,
                          down_h16_port<f16_to_f32>,
                          down_h16_port<bf16_to_f32>,
                          down_q8_port,
@@ -255,6 +295,7 @@ NL_AVX2 void down_h16_avx2(float* out, int o0, int o1, const float* h, const uin
   const int o8 = o0 + (o1 - o0) / 8 * 8;
   std::fill(out + o0, out + o1, 0.0f);
   for (int i = 0; i < na; ++i) {
+    if (i + kDownAhead < na) prefetch_col(ImageDtype::kF16, cols[i + kDownAhead], o0, o1);
     const __m256 hv = _mm256_set1_ps(h[i]);
     const uint8_t* c = cols[i];
     for (int o = o0; o < o8; o += 8)
@@ -271,7 +312,8 @@ template <bool Q4>
 NL_AVX2 void down_blocks_avx2(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
   std::fill(out + o0, out + o1, 0.0f);
   const int b0 = o0 / kQuantBlock, b1 = (o1 + kQuantBlock - 1) / kQuantBlock;
-  for (int i = 0; i < na; ++i)
+  for (int i = 0; i < na; ++i) {
+    if (i + kDownAhead < na) prefetch_col(Q4 ? ImageDtype::kQ4_0 : ImageDtype::kQ8_0, cols[i + kDownAhead], o0, o1);
     for (int b = b0; b < b1; ++b) {
       __m256i q;
       float d;
@@ -294,12 +336,15 @@ NL_AVX2 void down_blocks_avx2(float* out, int o0, int o1, const float* h, const 
       _mm256_storeu_ps(y + 24,
                        _mm256_add_ps(_mm256_loadu_ps(y + 24), _mm256_mul_ps(c, i8x8_to_f32(_mm_srli_si128(hi, 8)))));
     }
+  }
 }
 
 const Table kAvx2 = {dot_h16_avx2<false>,
                      dot_h16_avx2<true>,
                      dot_blocks_avx2<BlockQ8_0, isum_q8>,
                      dot_blocks_avx2<BlockQ4_0, isum_q4>,
+                     rows_port<dot_h16_avx2<false>>,
+                     rows_port<dot_h16_avx2<true>>,
                      down_h16_avx2<false>,
                      down_h16_avx2<true>,
                      down_blocks_avx2<false>,
@@ -308,10 +353,197 @@ const Table kAvxVnni = {dot_h16_avx2<false>,
                         dot_h16_avx2<true>,
                         dot_blocks_vnni<BlockQ8_0, isum_q8>,
                         dot_blocks_vnni<BlockQ4_0, isum_q4>,
+                        rows_port<dot_h16_avx2<false>>,
+                        rows_port<dot_h16_avx2<true>>,
                         down_h16_avx2<false>,
                         down_h16_avx2<true>,
                         down_blocks_avx2<false>,
                         down_blocks_avx2<true>};
+// AVX-512 (F, BW, VL) with VNNI: 16-lane f16 / bf16 products, multi-row dots (kRowBlock rows share each x load and
+// give independent add chains), VNNI block dots with an offset instead of sign fix-ups, and down accumulations that
+// keep 8 neurons' columns in flight per pass over the outputs. Same canonical orders as above.
+#define NL_512 __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+// GCC 12's AVX-512 headers build conversions from _mm512_undefined_*() and warn about them (false positives).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+template <bool Bf16>
+NL_512 inline __m512 cvt16(const uint8_t* p) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if constexpr (Bf16)
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+  else
+    return _mm512_cvtph_ps(v);
+}
+
+// The canonical 32-lane fold of two 16-lane accumulators (lanes 0-15, 16-31), then reduce8.
+NL_512 inline float fold32(__m512 a0, __m512 a1) {
+  const __m256 s0 =
+      _mm256_add_ps(_mm512_castps512_ps256(a0), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a0), 1)));
+  const __m256 s1 =
+      _mm256_add_ps(_mm512_castps512_ps256(a1), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a1), 1)));
+  alignas(32) float s[8];
+  _mm256_store_ps(s, _mm256_add_ps(s0, s1));
+  return reduce8(s);
+}
+
+template <bool Bf16, int R>
+NL_512 inline void dot_h16_512_rows(const uint8_t* w, size_t stride, const float* x, int n, float* y) {
+  __m512 a[R][2];
+  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* wr = w + size_t(r) * stride + 2 * size_t(i);
+      a[r][0] = _mm512_add_ps(a[r][0], _mm512_mul_ps(cvt16<Bf16>(wr), x0));
+      a[r][1] = _mm512_add_ps(a[r][1], _mm512_mul_ps(cvt16<Bf16>(wr + 32), x1));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const uint8_t* wr = w + size_t(r) * stride;
+    float tail = 0.0f;
+    for (int j = i; j < n; ++j)
+      tail += (Bf16 ? bf16_to_f32(ld16(wr, size_t(j))) : f16_to_f32(ld16(wr, size_t(j)))) * x[j];
+    y[r] = fold32(a[r][0], a[r][1]) + tail;
+  }
+}
+
+template <bool Bf16>
+NL_512 float dot_h16_512(const uint8_t* w, const float* x, int n) {
+  float y;
+  dot_h16_512_rows<Bf16, 1>(w, 0, x, n, &y);
+  return y;
+}
+template <bool Bf16>
+NL_512 void rows_h16_512(const uint8_t* w, size_t stride, const float* x, int n, float* y) {
+  dot_h16_512_rows<Bf16, kRowBlock>(w, stride, x, n, y);
+}
+
+// 32 weights as unsigned bytes u with w = u - off: q8_0 flips the sign bit (u = w + 128), q4_0 takes the nibbles as
+// they are (u = w + 8); the block's integer dot is dpbusd(u, x) - off * sum(x), exact.
+NL_512 inline __m256i wu32(const BlockQ8_0& b) {
+  return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs)), _mm256_set1_epi8(char(0x80)));
+}
+NL_512 inline __m256i wu32(const BlockQ4_0& b) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+  const __m128i m = _mm_set1_epi8(15);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+template <class B>
+constexpr int kWOffsetShift = sizeof(B) == sizeof(BlockQ8_0) ? 7 : 3;  // off = 128 (q8_0) or 8 (q4_0)
+
+// The f16 scales of 8 consecutive blocks (stride sizeof(B)) as 8 floats; each 4-byte gather stays inside its block.
+template <class B>
+NL_512 inline __m256 scales8(const B* blk) {
+  const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(sizeof(B)));
+  const __m256i g = _mm256_i32gather_epi32(reinterpret_cast<const int*>(&blk->d), idx, 1);
+  return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(g));
+}
+
+template <class B, int32_t (*Isum)(const B&, const BlockQ8_0&)>
+NL_512 float dot_blocks_512(const B* w, const BlockQ8_0* x, int nb) {
+  const int32_t* xs = xq_sums(x, nb);
+  __m256 acc = _mm256_setzero_ps();
+  int b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    __m256i s[8];
+    for (int k = 0; k < 8; ++k)
+      s[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu32(w[b + k]),
+                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b + k].qs)));
+    const __m256i corr =
+        _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + b)), kWOffsetShift<B>);
+    const __m256i isum = _mm256_sub_epi32(hsum8x8(s), corr);
+    const __m256 d = _mm256_mul_ps(scales8(w + b), scales8(x + b));
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
+  }
+  alignas(32) float a[8];
+  _mm256_store_ps(a, acc);
+  float tail = 0.0f;
+  for (; b < nb; ++b) tail += float(Isum(w[b], x[b])) * (f16_to_f32(w[b].d) * f16_to_f32(x[b].d));
+  return reduce8(a) + tail;
+}
+
+// Down accumulation: per pass, 8 neurons' columns against 32 outputs held in registers; out[o] still gets
+// h_0 w_0[o], h_1 w_1[o], ... added one at a time in list order.
+constexpr int kDownGroup = 8;
+
+template <bool Bf16>
+NL_512 void down_h16_512(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
+  const int o32 = o0 + (o1 - o0) / 32 * 32;
+  std::fill(out + o0, out + o1, 0.0f);
+  for (int i0 = 0; i0 < na; i0 += kDownGroup) {
+    const int k1 = std::min(kDownGroup, na - i0);
+    for (int k = i0 + kDownGroup; k < std::min(na, i0 + 2 * kDownGroup); ++k)
+      prefetch_col(ImageDtype::kF16, cols[k], o0, o1);
+    __m512 hv[kDownGroup];
+    for (int k = 0; k < k1; ++k) hv[k] = _mm512_set1_ps(h[i0 + k]);
+    for (int o = o0; o < o32; o += 32) {
+      __m512 a0 = _mm512_loadu_ps(out + o), a1 = _mm512_loadu_ps(out + o + 16);
+      for (int k = 0; k < k1; ++k) {
+        const uint8_t* c = cols[i0 + k] + 2 * size_t(o);
+        a0 = _mm512_add_ps(a0, _mm512_mul_ps(hv[k], cvt16<Bf16>(c)));
+        a1 = _mm512_add_ps(a1, _mm512_mul_ps(hv[k], cvt16<Bf16>(c + 32)));
+      }
+      _mm512_storeu_ps(out + o, a0);
+      _mm512_storeu_ps(out + o + 16, a1);
+    }
+    for (int k = 0; k < k1; ++k)
+      for (int o = o32; o < o1; ++o) {
+        const uint16_t v = ld16(cols[i0 + k], size_t(o));
+        out[o] += h[i0 + k] * (Bf16 ? bf16_to_f32(v) : f16_to_f32(v));
+      }
+  }
+}
+
+NL_512 inline void q32_to_f32(const BlockQ8_0& b, __m512* lo, __m512* hi) {
+  *lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs))));
+  *hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16))));
+}
+NL_512 inline void q32_to_f32(const BlockQ4_0& b, __m512* lo, __m512* hi) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+  const __m128i m = _mm_set1_epi8(15), eight = _mm_set1_epi8(8);
+  *lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_and_si128(v, m), eight)));
+  *hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), eight)));
+}
+
+template <class B>
+NL_512 void down_blocks_512(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
+  std::fill(out + o0, out + o1, 0.0f);
+  const int b0 = o0 / kQuantBlock, b1 = (o1 + kQuantBlock - 1) / kQuantBlock;
+  for (int i0 = 0; i0 < na; i0 += kDownGroup) {
+    const int k1 = std::min(kDownGroup, na - i0);
+    for (int k = i0 + kDownGroup; k < std::min(na, i0 + 2 * kDownGroup); ++k)
+      prefetch_col(sizeof(B) == sizeof(BlockQ8_0) ? ImageDtype::kQ8_0 : ImageDtype::kQ4_0, cols[k], o0, o1);
+    for (int b = b0; b < b1; ++b) {
+      float* y = out + size_t(b) * kQuantBlock;
+      __m512 a0 = _mm512_loadu_ps(y), a1 = _mm512_loadu_ps(y + 16);
+      for (int k = 0; k < k1; ++k) {
+        const B& blk = reinterpret_cast<const B*>(cols[i0 + k])[b];
+        const __m512 c = _mm512_set1_ps(h[i0 + k] * f16_to_f32(blk.d));
+        __m512 lo, hi;
+        q32_to_f32(blk, &lo, &hi);
+        a0 = _mm512_add_ps(a0, _mm512_mul_ps(c, lo));
+        a1 = _mm512_add_ps(a1, _mm512_mul_ps(c, hi));
+      }
+      _mm512_storeu_ps(y, a0);
+      _mm512_storeu_ps(y + 16, a1);
+    }
+  }
+}
+
+const Table kAvx512 = {dot_h16_512<false>,
+                       dot_h16_512<true>,
+                       dot_blocks_512<BlockQ8_0, isum_q8>,
+                       dot_blocks_512<BlockQ4_0, isum_q4>,
+                       rows_h16_512<false>,
+                       rows_h16_512<true>,
+                       down_h16_512<false>,
+                       down_h16_512<true>,
+                       down_blocks_512<BlockQ8_0>,
+                       down_blocks_512<BlockQ4_0>};
+#pragma GCC diagnostic pop
 #endif
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -432,13 +664,22 @@ void down_blocks_neon(float* out, int o0, int o1, const float* h, const uint8_t*
   }
 }
 
-const Table kNeon = {
-    dot_h16_neon<false>,  dot_h16_neon<true>,  dot_blocks_neon<BlockQ8_0, isum_q8>, dot_blocks_neon<BlockQ4_0, isum_q4>,
-    down_h16_neon<false>, down_h16_neon<true>, down_blocks_neon<BlockQ8_0>,         down_blocks_neon<BlockQ4_0>};
+const Table kNeon = {dot_h16_neon<false>,
+                     dot_h16_neon<true>,
+                     dot_blocks_neon<BlockQ8_0, isum_q8>,
+                     dot_blocks_neon<BlockQ4_0, isum_q4>,
+                     rows_port<dot_h16_neon<false>>,
+                     rows_port<dot_h16_neon<true>>,
+                     down_h16_neon<false>,
+                     down_h16_neon<true>,
+                     down_blocks_neon<BlockQ8_0>,
+                     down_blocks_neon<BlockQ4_0>};
 const Table kNeonDot = {dot_h16_neon<false>,
                         dot_h16_neon<true>,
                         dot_blocks_dotprod<BlockQ8_0, isum_q8>,
                         dot_blocks_dotprod<BlockQ4_0, isum_q4>,
+                        rows_port<dot_h16_neon<false>>,
+                        rows_port<dot_h16_neon<true>>,
                         down_h16_neon<false>,
                         down_h16_neon<true>,
                         down_blocks_neon<BlockQ8_0>,
@@ -454,6 +695,9 @@ bool isa_supported(Isa isa) {
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
     case Isa::kAvxVnni:
       return isa_supported(Isa::kAvx2) && __builtin_cpu_supports("avxvnni");
+    case Isa::kAvx512:
+      return isa_supported(Isa::kAvx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 #endif
 #if defined(__aarch64__)
     case Isa::kNeon:
@@ -473,6 +717,8 @@ const Table* table_of(Isa isa) {
       return &kAvx2;
     case Isa::kAvxVnni:
       return &kAvxVnni;
+    case Isa::kAvx512:
+      return &kAvx512;
 #endif
 #if defined(__aarch64__)
     case Isa::kNeon:
@@ -503,6 +749,8 @@ const char* isa_name(Isa isa) {
       return "avx2";
     case Isa::kAvxVnni:
       return "avx-vnni";
+    case Isa::kAvx512:
+      return "avx512-vnni";
     case Isa::kNeon:
       return "neon";
     case Isa::kNeonDot:
@@ -513,7 +761,7 @@ const char* isa_name(Isa isa) {
 
 std::vector<Isa> available_isas() {
   std::vector<Isa> out;
-  for (Isa i : {Isa::kPortable, Isa::kAvx2, Isa::kAvxVnni, Isa::kNeon, Isa::kNeonDot})
+  for (Isa i : {Isa::kPortable, Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512, Isa::kNeon, Isa::kNeonDot})
     if (isa_supported(i)) out.push_back(i);
   return out;
 }
@@ -533,13 +781,24 @@ void PreparedX::prepare(ImageDtype w_dtype, const float* x, int n, int cols) {
   if (!image_dtype_quantized(w_dtype)) return;
   if (cols % kQuantBlock != 0)
     throw InternalError("quantized weights with " + std::to_string(cols) + " columns (not a multiple of 32)");
-  const size_t nb = size_t(cols) / kQuantBlock;
-  q_.resize(size_t(n) * nb);
-  for (int t = 0; t < n; ++t) quantize_row_q8_0(x + size_t(t) * cols, q_.data() + size_t(t) * nb, size_t(cols));
+  const int nb = cols / kQuantBlock;
+  rec_ = xq_record_bytes(nb);
+  q_.resize(size_t(n) * rec_ / sizeof(uint32_t));
+  for (int t = 0; t < n; ++t) {
+    uint8_t* r = reinterpret_cast<uint8_t*>(q_.data()) + size_t(t) * rec_;
+    BlockQ8_0* blk = reinterpret_cast<BlockQ8_0*>(r);
+    quantize_row_q8_0(x + size_t(t) * cols, blk, size_t(cols));
+    int32_t* sums = reinterpret_cast<int32_t*>(r + xq_sums_offset(nb));
+    for (int b = 0; b < nb; ++b) {
+      int32_t s = 0;
+      for (int j = 0; j < kQuantBlock; ++j) s += blk[b].qs[j];
+      sums[b] = s;
+    }
+  }
 }
 
 const void* PreparedX::row(int t) const {
-  if (image_dtype_quantized(dtype_)) return q_.data() + size_t(t) * (size_t(cols_) / kQuantBlock);
+  if (image_dtype_quantized(dtype_)) return reinterpret_cast<const uint8_t*>(q_.data()) + size_t(t) * rec_;
   return x_ + size_t(t) * cols_;
 }
 
@@ -562,10 +821,35 @@ float row_dot(ImageDtype dt, const uint8_t* w, const void* x, int n) {
 void matmul(float* y, const PreparedX& x, const WeightView& w, int n) {
   const int rows = w.rows, cols = w.cols;
   const long work = long(n) * rows * cols;
-  // Each output (t, o) is one row_dot, whichever thread runs it; a row's bytes stay in cache across the tokens.
+  // Each output (t, o) is one row_dot (or the same dot inside a multi-row one), whichever thread runs it; a row's
+  // bytes stay in cache across the tokens.
+  const size_t rb = image_row_bytes(w.dtype, size_t(cols));
+  auto rows_fn = w.dtype == ImageDtype::kF16    ? g_table->rows_f16
+                 : w.dtype == ImageDtype::kBF16 ? g_table->rows_bf16
+                                                : nullptr;
+  if (rows_fn) {
+    const int groups = (rows + kRowBlock - 1) / kRowBlock;
+#pragma omp parallel for schedule(static) if (work > kParallelWork)
+    for (int gi = 0; gi < groups; ++gi) {
+      const int o0 = gi * kRowBlock;
+      for (int r = o0 + kRowBlock; r < std::min(rows, o0 + 2 * kRowBlock); ++r) prefetch_bytes(w.row(r), rb);
+      for (int t = 0; t < n; ++t) {
+        const float* xt = static_cast<const float*>(x.row(t));
+        if (o0 + kRowBlock <= rows) {
+          float yr[kRowBlock];
+          rows_fn(w.row(o0), w.row_stride, xt, cols, yr);
+          for (int r = 0; r < kRowBlock; ++r) y[size_t(t) * rows + o0 + r] = yr[r];
+        } else {
+          for (int o = o0; o < rows; ++o) y[size_t(t) * rows + o] = row_dot(w.dtype, w.row(o), xt, cols);
+        }
+      }
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static) if (work > kParallelWork)
   for (int o = 0; o < rows; ++o) {
     const uint8_t* wr = w.row(o);
+    if (o + kRowBlock < rows) prefetch_bytes(w.row(o + kRowBlock), rb);
     for (int t = 0; t < n; ++t) y[size_t(t) * rows + o] = row_dot(w.dtype, wr, x.row(t), cols);
   }
 }
@@ -640,6 +924,7 @@ void ffn_bundles(ImageDtype dt, int dim, const PreparedX& x, const float* g, con
 #pragma omp parallel for schedule(static) if (long(n) * dim > kParallelWork)
   for (int i = 0; i < n; ++i) {
     const uint8_t* b = bundles[i];
+    if (i + 2 < n) prefetch_bytes(bundles[i + 2] + (g ? rb : 0), g ? rb : 2 * rb);
     float gi;
     if (g) {
       gi = g[i];

@@ -1,6 +1,6 @@
 // Kernels over typed weights (runtime/model/weights_view.h): row dot products, matrix-vector / matrix-matrix
 // products and the sparse FFN's down-projection accumulation, for f32, f16, bf16, q8_0 and q4_0 weights, with a
-// portable C++ reference and x86 AVX2 (+F16C), AVX-VNNI and aarch64 NEON (+dotprod) paths
+// portable C++ reference and x86 AVX2 (+F16C), AVX-VNNI, AVX-512 (+VNNI) and aarch64 NEON (+dotprod) paths
 // chosen at run time.
 //
 // Determinism: every kernel has one canonical summation order that each ISA path reproduces bit for bit (products and
@@ -24,7 +24,7 @@
 
 namespace nl::kernels {
 
-enum class Isa { kPortable, kAvx2, kAvxVnni, kNeon, kNeonDot };
+enum class Isa { kPortable, kAvx2, kAvxVnni, kAvx512, kNeon, kNeonDot };
 const char* isa_name(Isa isa);
 // The paths this CPU can run, the portable one first.
 std::vector<Isa> available_isas();
@@ -33,7 +33,8 @@ Isa active_isa();
 // Tests and benchmarks: run `isa` from now on (must be available). Not thread-safe against running kernels.
 void set_isa(Isa isa);
 
-// Activations prepared for a weight dtype: f32 as given, or one q8_0 row per token for q8_0 / q4_0 weights.
+// Activations prepared for a weight dtype: f32 as given, or one q8_0 row per token for q8_0 / q4_0 weights (with
+// each block's integer sum, which the VNNI paths need).
 // Reused buffers: prepare once per input, then dot many rows.
 class PreparedX {
  public:
@@ -46,10 +47,12 @@ class PreparedX {
   ImageDtype dtype_ = ImageDtype::kF32;
   const float* x_ = nullptr;
   int cols_ = 0;
-  std::vector<BlockQ8_0> q_;
+  size_t rec_ = 0;           // bytes per token's quantized record (blocks, then per-block sums)
+  std::vector<uint32_t> q_;  // the records (uint32_t: 4-byte aligned sums)
 };
 
-// One weight row (`n` = cols, a multiple of 32 for q8_0 / q4_0) against one prepared activation row.
+// One weight row (`n` = cols, a multiple of 32 for q8_0 / q4_0) against one prepared activation row (x =
+// PreparedX::row(t), nothing else).
 float row_dot(ImageDtype dt, const uint8_t* w, const void* x, int n);
 // y[t][o] = row_dot(w.row(o), x_t) for t < n, o < w.rows; x [n][w.cols] f32. Same numbers for any n, any thread count.
 void matmul(float* y, const float* x, const WeightView& w, int n);

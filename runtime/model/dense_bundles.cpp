@@ -1,0 +1,101 @@
+// Dense gated FFN over re-laid-out bundles (runtime/model/dense_bundles.h).
+#include "runtime/model/dense_bundles.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "formats/core/image.h"
+
+namespace nl::kernels {
+namespace {
+
+// Outputs per down chunk (a multiple of the 32-weight quantization block): small enough that 2-8 threads get
+// balanced contiguous shares of a 1024-4096 dim, large enough that a neuron's slice is whole cache lines (f16: 256 B).
+constexpr int kDownChunk = 128;
+// Multiply-adds below which a pass stays on the calling thread (as the typed kernels' rule: shape only).
+constexpr long kParallelWork = 1L << 15;
+
+}  // namespace
+
+DenseBundles::DenseBundles(ImageDtype dt, int dim, int hidden, const uint8_t* bundles, size_t bundle_bytes)
+    : dt_(dt), dim_(dim), hidden_(hidden), rb_(image_row_bytes(dt, size_t(dim))) {
+  data_.resize(3 * size_t(hidden) * rb_);
+  uint8_t* gate = data_.data();
+  uint8_t* up = gate + size_t(hidden) * rb_;
+  size_t off = 2 * size_t(hidden) * rb_;
+  for (int o0 = 0; o0 < dim; o0 += kDownChunk) {
+    const int o1 = std::min(dim, o0 + kDownChunk);
+    const size_t skip = image_row_bytes(dt, size_t(o0)), cb = image_row_bytes(dt, size_t(o1 - o0));
+    chunk_off_.push_back(off);
+    chunk_cb_.push_back(cb);
+    for (int s = 0; s < hidden; ++s)
+      std::memcpy(data_.data() + off + size_t(s) * cb, bundles + size_t(s) * bundle_bytes + 2 * rb_ + skip, cb);
+    off += size_t(hidden) * cb;
+  }
+  for (int s = 0; s < hidden; ++s) {
+    std::memcpy(gate + size_t(s) * rb_, bundles + size_t(s) * bundle_bytes, rb_);
+    std::memcpy(up + size_t(s) * rb_, bundles + size_t(s) * bundle_bytes + rb_, rb_);
+  }
+}
+
+void DenseBundles::ffn(const float* x, int n, FfnAct act, float* out) {
+  const size_t hid = size_t(hidden_), total = size_t(n) * hid;
+  g_.resize(total);
+  u_.resize(total);
+  h_.resize(total);
+  idx_.resize(total);
+  count_.resize(size_t(n));
+  xq_.prepare(dt_, x, n, dim_);
+  matmul(g_.data(), xq_, gate(), n);
+  matmul(u_.data(), xq_, up(), n);
+  // The gated path's numbers: ReLU lists neurons with gate > 0; SiLU lists every neuron with act = v / (1 + e^-v);
+  // h = g * u (0 when g is 0). A neuron with h = 0 adds exactly nothing to a sum, so it is left out.
+  for (int t = 0; t < n; ++t) {
+    const float* g = g_.data() + size_t(t) * hid;
+    const float* u = u_.data() + size_t(t) * hid;
+    float* h = h_.data() + size_t(t) * hid;
+    uint32_t* idx = idx_.data() + size_t(t) * hid;
+    int k = 0;
+    for (int s = 0; s < hidden_; ++s) {
+      float a;
+      if (act == FfnAct::kRelu) {
+        if (!(g[s] > 0.0f)) continue;
+        a = g[s];
+      } else {
+        a = g[s] / (1.0f + std::exp(-g[s]));
+      }
+      const float hv = a == 0.0f ? 0.0f : a * u[s];
+      if (hv != 0.0f) {
+        h[k] = hv;
+        idx[k++] = uint32_t(s);
+      }
+    }
+    count_[size_t(t)] = k;
+  }
+  // Down: chunks of outputs split over threads, each chunk's slices contiguous; every output summed by one call in
+  // slot order, whatever the split.
+  const int chunks = int(chunk_off_.size());
+  long work = 0;
+  for (int t = 0; t < n; ++t) work += long(count_[size_t(t)]) * dim_;
+#pragma omp parallel if (work > kParallelWork)
+  {
+    std::vector<const uint8_t*> cols(hid);
+#pragma omp for schedule(static)
+    for (int c = 0; c < chunks; ++c) {
+      const int o0 = c * kDownChunk, o1 = std::min(dim_, o0 + kDownChunk);
+      const uint8_t* base = data_.data() + chunk_off_[size_t(c)];
+      const size_t cb = chunk_cb_[size_t(c)];
+      for (int t = 0; t < n; ++t) {
+        const int k = count_[size_t(t)];
+        const uint32_t* idx = idx_.data() + size_t(t) * hid;
+        for (int i = 0; i < k; ++i) cols[size_t(i)] = base + size_t(idx[i]) * cb;
+        down_accum(dt_, out + size_t(t) * dim_ + o0, 0, o1 - o0, h_.data() + size_t(t) * hid, cols.data(), k);
+      }
+    }
+  }
+}
+
+}  // namespace nl::kernels

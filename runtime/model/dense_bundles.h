@@ -1,0 +1,46 @@
+// The FFN of `nl-run --select dense`: one layer's gated bundles ([gate row | up row | down column] per neuron, as the
+// image stores them) re-laid out once at load into a contiguous gate matrix, a contiguous up matrix and the down
+// columns blocked by output chunk ([chunk][neuron][the chunk's outputs]), so every pass streams memory sequentially
+// (the hardware prefetchers do not follow 1/3-bundle runs at a bundle stride) and each thread's share of the down
+// projection is one contiguous range. Same bytes, same kernels (runtime/model/typed_kernels.h), same summation
+// order as the gated path: h_i = act(gate_i . x) * (up_i . x) and out[o] = the sum over neurons in slot order of
+// h_i * down_i[o], each output summed by one thread, so tokens equal --select gate's for any thread count.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "formats/core/model_weights.h"
+#include "runtime/model/typed_kernels.h"
+
+namespace nl::kernels {
+
+class DenseBundles {
+ public:
+  // `bundles`: `hidden` bundles of dtype dt, `bundle_bytes` apart (copied; the caller may free them).
+  DenseBundles(ImageDtype dt, int dim, int hidden, const uint8_t* bundles, size_t bundle_bytes);
+
+  // The gate rows as a matrix ([hidden][dim]).
+  WeightView gate() const { return {dt_, data_.data(), hidden_, dim_, rb_}; }
+  WeightView up() const { return {dt_, data_.data() + size_t(hidden_) * rb_, hidden_, dim_, rb_}; }
+
+  // out [n][dim] = the gated FFN of x [n][dim] (f32, normalised), act = SiLU (v / (1 + exp(-v))) or ReLU, for n
+  // tokens at once (each token's numbers are those of the same token alone).
+  void ffn(const float* x, int n, FfnAct act, float* out);
+
+  size_t bytes() const { return data_.size(); }
+
+ private:
+  ImageDtype dt_;
+  int dim_, hidden_;
+  size_t rb_;                      // bytes of one gate / up row (= one whole down column)
+  std::vector<uint8_t> data_;      // gate rows, up rows, then the down chunks
+  std::vector<size_t> chunk_off_;  // per down chunk: its offset in data_ ([hidden][its outputs' bytes])
+  std::vector<size_t> chunk_cb_;   // per down chunk: bytes of one neuron's slice
+  PreparedX xq_;
+  std::vector<float> g_, u_, h_;  // [n][hidden]
+  std::vector<uint32_t> idx_;     // [n][hidden]: the neurons each token sums (h != 0), in slot order
+  std::vector<int> count_;        // [n]: how many
+};
+
+}  // namespace nl::kernels
