@@ -204,6 +204,8 @@ TEST_CASE(
     o.method = "greedy";
     const LayerSolve gr = solve_layer(m, o, 0);
     o.method = "greedy+ls";
+    o.validation_share = 0;  // built and chosen on the same tokens
+    o.guard_weight = true;
     const LayerSolve ls = solve_layer(m, o, 0);
     o.guard_weight = false;
     const LayerSolve unguarded = solve_layer(m, o, 0), unguarded2 = solve_layer(m, o, 0);
