@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   std::string methods = "identity,frequency,rcm,greedy,greedy+ls";
   double pin_share = 1.0;
   uint64_t max_evaluations = 0;
-  uint32_t kicks = 0, sample_tokens = 8192, neighbours = 6;
+  uint32_t sample_tokens = 8192, neighbours = 6;
   bool keep_weight = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
@@ -50,8 +50,6 @@ int main(int argc, char** argv) {
       pin_share = std::stod(v);
     else if (k == "--max-evaluations")
       max_evaluations = std::stoull(v);
-    else if (k == "--kicks")
-      kicks = uint32_t(std::stoul(v));
     else if (k == "--keep-weight")
       keep_weight = v != "0";
     else if (k == "--sample-tokens")
@@ -109,7 +107,6 @@ int main(int argc, char** argv) {
     o.eval = e5;
     o.pin_share = pin_share;
     o.ls.max_evaluations = max_evaluations;
-    o.ls.kicks = kicks;
     o.ls.keep_weight = keep_weight;
     o.ls.sample_tokens = sample_tokens;
     o.ls.neighbours = neighbours;

@@ -92,11 +92,6 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
                "Validation tokens (a prefix of the held-out sequences) the candidates are compared on")
       ->check(CLI::Range(uint64_t(64), uint64_t(1) << 40))
       ->group(grp);
-  c.add_option("--kicks", a.o.ls.kicks, "Random kicks followed by local search, kept when better")->group(grp);
-  c.add_option("--time-budget", a.o.ls.time_budget_s,
-               "Stop kicking after this many seconds per layer (timing-dependent!)")
-      ->check(CLI::Range(0.0, 1e6))
-      ->group(grp);
 }
 
 void solve_main(const SolveArgs& a, const GlobalOptions& g) {

@@ -84,7 +84,7 @@ struct FamilyInput {
   const LayerGraph& g;
   const TokenMajorMask& tm;  // the first guard_tokens of m: pinned sets and the peel are measured there
   const SolveOptions& opt;
-  const EvalConfig& ec;
+  const CostModel& cost;  // every estimate and the exact measure (layout/cost_model.h)
   LsOptions lo;
   uint32_t cap = 0, n_pin = 0;
   bool can_pin = false;
@@ -93,25 +93,16 @@ struct FamilyInput {
   GreedyFirstBand band;  // greedy's runs on subsets reuse it
 
   FamilyInput(const LayerMask& mask, const LayerGraph& graph, const TokenMajorMask& t, const SolveOptions& o,
-              const EvalConfig& e, uint32_t layer_index)
-      : m(mask), g(graph), tm(t), opt(o), ec(e) {
+              const CostModel& c)
+      : m(mask), g(graph), tm(t), opt(o), cost(c) {
     lo = opt.ls;
-    PlannerConfig pc;
-    pc.n_slots = m.n_neurons;
-    pc.bundle_bytes = ec.bundle_bytes;
-    pc.gap = ec.gap;
-    pc.cost = ec.device.cost;
-    lo.merge_gap = ReadPlanner(pc).merge_gap_bundles();
-    lo.read_us = ec.device.cost.read_latency_us;
-    lo.bundle_us = double(ec.bundle_bytes) / ec.device.cost.bandwidth_MBps;  // bytes / (MB/s) = us
-    lo.seed = opt.seed * 7919 + layer_index;
+    lo.cost = cost;
     if (lo.max_evaluations == 0) lo.max_evaluations = uint64_t(opt.evaluations_per_neuron) * m.n_neurons;
-    cap = cache_capacity_for_ratio(ec.cache_ratio, m.n_neurons);
+    cap = cost.cache_capacity;
     n_pin = uint32_t(std::floor(opt.pin_share * cap + 1e-9));
     can_pin = n_pin > 0 && n_pin < m.n_neurons;
     if (can_pin) hot_pins = hottest(g.freq, n_pin);
   }
-  PinCost pin_cost() const { return PinCost{lo.read_us, lo.bundle_us, lo.merge_gap}; }
   std::string pol_label(const std::string& admission, const std::string& pins) const {
     return admission + (pins.empty() ? "" : "+" + pins);
   }
@@ -152,7 +143,7 @@ std::vector<Build> family_search(FamilyInput& in, LsStats* ls, PinRefineStats* p
   if (in.can_pin && opt.pin_rounds > 0) {
     PinRefineStats st;
     std::vector<uint32_t> refined =
-        refine_pins(in.tm, b.order, in.hot_pins, in.g.freq, in.pin_cost(), opt.pin_rounds, opt.ls.sample_tokens, &st);
+        refine_pins(in.tm, b.order, in.hot_pins, in.g.freq, in.cost, opt.pin_rounds, opt.ls.sample_tokens, &st);
     if (pins) *pins = st;
     if (st.swaps > 0)
       b.add(in.pol_label(opt.admission, "refined"), LayerCachePolicy{opt.admission, std::move(refined)});
@@ -207,7 +198,7 @@ std::vector<Build> family_ends_in(FamilyInput& in, const std::string* only) {
   const TokenMajorMask& tm = in.tm;
   const SolveOptions& opt = in.opt;
   std::vector<Build> out;
-  if (!(in.lo.merge_gap > in.lo.max_window && m.n_neurons >= 4)) return out;
+  if (!(in.cost.merge_gap > in.lo.max_window && m.n_neurons >= 4)) return out;
   auto peel = [&](const std::vector<uint32_t>& pins) {
     std::vector<uint8_t> inc(m.n_neurons, 1);
     for (uint32_t v : pins) inc[v] = 0;
@@ -243,9 +234,8 @@ std::vector<Build> family_ends_in(FamilyInput& in, const std::string* only) {
     }
     return o;
   };
-  SpanCost sc{in.lo.read_us, 1.0 / in.ec.device.cost.bandwidth_MBps, in.ec.bundle_bytes, in.ec.device.block_bytes};
   auto polish = [&](const Order& o, const std::vector<uint32_t>& pins) {
-    return polish_span(tm, o, pins, sc, 4, opt.ls.sample_tokens, opt.polish_work);
+    return polish_span(tm, o, pins, in.cost, 4, opt.ls.sample_tokens, opt.polish_work);
   };
   auto eps_label = [](const std::string& base, double eps) {
     char buf[64];
@@ -276,7 +266,7 @@ std::vector<Build> family_ends_in(FamilyInput& in, const std::string* only) {
   std::vector<uint32_t> refined;
   if (opt.pin_rounds > 0) {
     PinRefineStats ps;
-    refined = refine_pins(tm, compose(cold, in.hot_pins, 0.0), in.hot_pins, g.freq, in.pin_cost(), opt.pin_rounds,
+    refined = refine_pins(tm, compose(cold, in.hot_pins, 0.0), in.hot_pins, g.freq, in.cost, opt.pin_rounds,
                           opt.ls.sample_tokens, &ps);
     if (ps.swaps == 0) refined.clear();
   }
@@ -481,12 +471,13 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
     r.order = solve_greedy(g, &m, &r.greedy);
     r.seconds_greedy = lap();
   } else if (meth == "greedy+ls") {
-    EvalConfig ec = opt.eval;
-    if (ec.bundle_bytes == 0) ec.bundle_bytes = default_bundle_bytes(m.n_neurons);
+    // The one objective (layout/cost_model.h): every search's estimate and the selection's exact measure.
+    const CostModel cost = cost_model(opt.eval, m.n_neurons);
+    const EvalConfig& ec = cost.exact;
     // Pinned sets and the peel are measured on the first guard_tokens build tokens (a contiguous prefix, so the cache
     // sees real token-to-token persistence); candidates are compared on as many validation tokens.
     const TokenMajorMask tm_build(mb, 0, std::min<uint64_t>(mb.n_tokens, opt.guard_tokens));
-    FamilyInput in(mb, g, tm_build, opt, ec, layer_index);
+    FamilyInput in(mb, g, tm_build, opt, cost);
     in.greedy = solve_greedy(g, &mb, &r.greedy, nullptr, &in.band);
     r.seconds_greedy = lap();
     std::unique_ptr<TokenMajorMask> tm_val_own;
@@ -533,7 +524,7 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
     r.cache = sel.best_policy;
     if (split && opt.rebuild) {
       const TokenMajorMask tm_all(m, 0, std::min<uint64_t>(m.n_tokens, opt.guard_tokens));
-      FamilyInput all(m, g_all, tm_all, opt, ec, layer_index);
+      FamilyInput all(m, g_all, tm_all, opt, cost);
       all.greedy = solve_greedy(g_all, &m, nullptr, nullptr, &all.band);
       r.rebuilt = rebuild_recipe(all, sel, r);
     }
@@ -577,8 +568,6 @@ Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,
     p["evaluations_per_neuron"] = opt.evaluations_per_neuron;
     p["sample_tokens"] = opt.ls.sample_tokens;
     p["neighbours"] = opt.ls.neighbours;
-    p["kicks"] = opt.ls.kicks;
-    if (opt.ls.time_budget_s > 0) p["time_budget_s"] = opt.ls.time_budget_s;
   }
   out.parameters = p;
   out.layers.resize(ti.n_layers);

@@ -184,7 +184,6 @@ TEST_CASE("greedy+ls under the weight guard never has a lower path weight than i
     o.method = "greedy";
     LayerSolve gr = solve_layer(m, o, 0);
     o.method = "greedy+ls";
-    o.ls.kicks = 20;
     o.validation_share = 0;  // built and chosen on the same tokens, under the weight guard
     o.guard_weight = true;
     LayerSolve ls = solve_layer(m, o, 0), ls2 = solve_layer(m, o, 0);
@@ -209,16 +208,17 @@ TEST_CASE("the search objective equals the planner's I/O time (fixed gap, block-
   std::reverse(o.begin() + 50, o.end());
   for (uint32_t g : {0u, 1u, 2u}) {
     LsOptions lo;
-    lo.merge_gap = g;
-    lo.read_us = 8.14;
-    lo.bundle_us = 4096.0 / 4267.0;
+    lo.cost.merge_gap = g;
+    lo.cost.read_us = 8.14;
+    lo.cost.bandwidth_MBps = 4267.0;
+    lo.cost.bundle_bytes = 4096;
     lo.sample_tokens = 640;  // every token
     EvalConfig ec;
     ec.device = default_device();
     ec.gap = GapPolicy::parse(g ? std::to_string(g) : "off");
     ec.bundle_bytes = 4096;
     LayerEval e = evaluate_layer(m, o, ec, 0);
-    double want_us = (lo.read_us + lo.bundle_us) * double(e.active) - ls_objective(m, o, lo);
+    double want_us = (lo.cost.read_us + lo.cost.bundle_us()) * double(e.active) - ls_objective(m, o, lo);
     CHECK(e.io_seconds * 1e6 == doctest::Approx(want_us).epsilon(1e-9));
   }
 }
@@ -314,7 +314,7 @@ TEST_CASE("the search's window-count kernels agree, and the full matrix gives th
     CHECK(path_weight(lists, m, seed) == path_weight(m, seed));  // no matrix: counted from the mask
     for (uint32_t g : {0u, 1u, 3u}) {
       LsOptions lo;
-      lo.merge_gap = g;
+      lo.cost.merge_gap = g;
       lo.sample_tokens = 4096;
       detail::ls_portable_kernel = true;
       const double portable = ls_objective(m, seed, lo);
