@@ -17,7 +17,6 @@ struct SolveArgs {
   std::string trace, out;
   SolveOptions o;
   uint64_t full_matrix_mib = SolveOptions{}.full_matrix_bytes >> 20;
-  bool no_rebuild = !SolveOptions{}.rebuild;
   DeviceObjectiveArgs dev;
 };
 
@@ -78,8 +77,9 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
                "rest builds them (0 = build and choose on the same tokens)")
       ->check(CLI::Range(0.0, 0.9))
       ->group(grp);
-  c.add_flag("--no-rebuild", a.no_rebuild,
-             "Keep the chosen candidate as built on the build tokens (default: rebuild its recipe on all tokens)")
+  c.add_flag("--rebuild", a.o.rebuild,
+             "Rebuild the chosen candidate's recipe on every profile token (default: keep it as built on the build "
+             "tokens)")
       ->group(grp);
   c.add_flag("--weight-guard", a.o.guard_weight,
              "Refuse candidates whose gap-0 path weight is below greedy's (the paper's proxy; gap-0 reads never rise, "
@@ -100,7 +100,6 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   SolveOptions o = a.o;
   o.full_matrix_bytes = a.full_matrix_mib << 20;
   o.eval = eval_config_from(a.dev);
-  o.rebuild = !a.no_rebuild;
   uint32_t n_layers = 0;
   {
     TraceReader tr(a.trace);

@@ -439,20 +439,22 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
   LayerMask m_build_own;
   if (split) m_build_own = mask_tokens(m, 0, r.split.build_end);
   const LayerMask& mb = split ? m_build_own : m;
-  LayerGraph g = coactivation_count(mb, co), g_all_own;
-  if (split) {
-    if (co.full_matrix) {  // counts add: the validation part's counts complete the build part's
-      g_all_own = g;
+  LayerGraph g = coactivation_count(mb, co);
+  // Once the candidates are chosen, g becomes every profile token's graph (for the rebuild, the objective and the
+  // bound): counts add, so the validation part's counts complete the build part's in place.
+  auto complete_graph = [&] {
+    if (!split) return;
+    m_build_own = LayerMask();  // the build tokens are done with
+    if (co.full_matrix) {
       const LayerGraph gv = coactivation_count(mask_tokens(m, r.split.build_end, m.n_tokens), co);
-      for (size_t i = 0; i < g_all_own.freq.size(); ++i) g_all_own.freq[i] += gv.freq[i];
-      for (size_t i = 0; i < g_all_own.upper.size(); ++i) g_all_own.upper[i] += gv.upper[i];
-      g_all_own.n_tokens = m.n_tokens;
-      coactivation_build_topk(g_all_own, co.top_k);
+      for (size_t i = 0; i < g.freq.size(); ++i) g.freq[i] += gv.freq[i];
+      for (size_t i = 0; i < g.upper.size(); ++i) g.upper[i] += gv.upper[i];
+      g.n_tokens = m.n_tokens;
+      coactivation_build_topk(g, co.top_k);
     } else {
-      g_all_own = coactivation_count(m, co);
+      g = coactivation_count(m, co);
     }
-  }
-  const LayerGraph& g_all = split ? g_all_own : g;
+  };
   auto lap = [t = t0]() mutable {
     auto now = std::chrono::steady_clock::now();
     double d = std::chrono::duration<double>(now - t).count();
@@ -460,7 +462,6 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
     return d;
   };
   r.seconds_count = lap();
-  r.upper_bound = path_upper_bound(g_all);
   if (meth == "identity") {
     r.order = solve_identity(m.n_neurons);
   } else if (meth == "frequency") {
@@ -522,17 +523,21 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
     r.chosen_validation_ms = 1e3 * sel.best_io / double(std::max<uint64_t>(1, tm_val.end - tm_val.begin));
     r.order = sel.best;
     r.cache = sel.best_policy;
+    r.seconds_ls = lap();
+    complete_graph();
+    r.seconds_count += lap();
     if (split && opt.rebuild) {
       const TokenMajorMask tm_all(m, 0, std::min<uint64_t>(m.n_tokens, opt.guard_tokens));
-      FamilyInput all(m, g_all, tm_all, opt, cost);
-      all.greedy = solve_greedy(g_all, &m, nullptr, nullptr, &all.band);
+      FamilyInput all(m, g, tm_all, opt, cost);
+      all.greedy = solve_greedy(g, &m, nullptr, nullptr, &all.band);
       r.rebuilt = rebuild_recipe(all, sel, r);
+      r.seconds_ls += lap();
     }
-    r.seconds_ls = lap();
   } else {
     throw UsageError("unknown method '" + meth + "' (identity, frequency, greedy, greedy+ls, rcm)");
   }
-  r.objective = path_weight(g_all, m, r.order);
+  r.upper_bound = path_upper_bound(g);
+  r.objective = path_weight(g, m, r.order);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

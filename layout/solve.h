@@ -1,7 +1,7 @@
 // Solving a whole trace: per layer, count co-activations (graph/), run the chosen method, and record the
 // objective and upper bound; layers in parallel (OpenMP). greedy+ls builds candidates (order + cache policy) in
 // families on the first sequences of the profile trace, chooses the one the runtime pays least for on the last
-// sequences (validation tokens the candidates never saw), and rebuilds the chosen recipe on all profile tokens. The
+// sequences (validation tokens the candidates never saw), and optionally rebuilds the chosen recipe on all tokens. The
 // paper's pipeline (greedy + the evaluator's cache) is always a candidate, so on validation the choice never loses
 // to it. How it works and how to change the objective: docs/solvers.md.
 #pragma once
@@ -44,7 +44,9 @@ struct SolveOptions {
   // Share of the profile trace's sequences (the last ones) held out to choose between candidates; the rest builds
   // them. 0 = build on every token and choose on the first guard_tokens of them (before validated selection).
   double validation_share = 0.2;
-  bool rebuild = true;            // rebuild the chosen recipe on all profile tokens (validation_share > 0)
+  // Rebuild the chosen recipe on all profile tokens (validation_share > 0). Off: it gained at most 0.06 % held out
+  // on the presets and nothing on tiny-relu for about 11 % more CPU (docs/benchmarks.md "Layout solver").
+  bool rebuild = false;
   uint64_t guard_tokens = 16384;  // validation tokens (a prefix of the held-out part) the choice is made on
   bool guard_weight = false;      // a candidate must keep greedy's path weight (gap-0 reads without a cache)
   // The ends-in family's swap polish (layout/span.h): tokens visited per polish, a deterministic budget.

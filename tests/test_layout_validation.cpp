@@ -169,14 +169,20 @@ TEST_CASE("the paper's pipeline is always a candidate, so on validation the choi
   }
 }
 
-TEST_CASE("greedy+ls with validation is deterministic and rebuilds on every token") {
+TEST_CASE("greedy+ls with validation is deterministic, counts every token for its objective, and can rebuild") {
   const uint64_t T = 2400;
   const LayerMask m = clustered(300, T, 21);
   const std::vector<int64_t> seq = sequences(T, 80);
   SolveOptions o = ls_options(16384);
+  o.rebuild = true;
   const LayerSolve a = solve_layer(m, o, 0, &seq), b = solve_layer(m, o, 0, &seq);
   CHECK(a.order == b.order);
   CHECK(a.cache.pinned == b.cache.pinned);
   CHECK(a.rebuilt);
   CHECK(a.objective == path_weight(m, a.order));  // the objective counts every profile token
+  o.rebuild = false;
+  const LayerSolve c = solve_layer(m, o, 0, &seq);
+  CHECK(!c.rebuilt);
+  CHECK(c.objective == path_weight(m, c.order));
+  CHECK(c.upper_bound == a.upper_bound);  // the bound too
 }
