@@ -442,9 +442,19 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
   LayerGraph g = coactivation_count(mb, co);
   // Once the candidates are chosen, g becomes every profile token's graph (for the rebuild, the objective and the
   // bound): counts add, so the validation part's counts complete the build part's in place.
+  // Without a rebuild only the bound needs the validation part: the sum of the two parts' bounds (the two heaviest
+  // counts of a sum are at most the sums of each part's two heaviest) needs its top-2 lists only, not a second matrix.
+  double bound_validation = -1;
   auto complete_graph = [&] {
     if (!split) return;
     m_build_own = LayerMask();  // the build tokens are done with
+    if (!opt.rebuild) {
+      CoactivationOptions cv = co;
+      cv.full_matrix = false;
+      cv.top_k = 2;
+      bound_validation = path_upper_bound(coactivation_count(mask_tokens(m, r.split.build_end, m.n_tokens), cv));
+      return;
+    }
     if (co.full_matrix) {
       const LayerGraph gv = coactivation_count(mask_tokens(m, r.split.build_end, m.n_tokens), co);
       for (size_t i = 0; i < g.freq.size(); ++i) g.freq[i] += gv.freq[i];
@@ -536,8 +546,8 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
   } else {
     throw UsageError("unknown method '" + meth + "' (identity, frequency, greedy, greedy+ls, rcm)");
   }
-  r.upper_bound = path_upper_bound(g);
-  r.objective = path_weight(g, m, r.order);
+  r.upper_bound = path_upper_bound(g) + std::max(0.0, bound_validation);
+  r.objective = graph_covers(g, m) ? path_weight(g, m, r.order) : path_weight(m, r.order);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

@@ -184,5 +184,7 @@ TEST_CASE("greedy+ls with validation is deterministic, counts every token for it
   const LayerSolve c = solve_layer(m, o, 0, &seq);
   CHECK(!c.rebuilt);
   CHECK(c.objective == path_weight(m, c.order));
-  CHECK(c.upper_bound == a.upper_bound);  // the bound too
+  // Without the rebuild the bound is the sum of the two parts' bounds: still a bound, at least the exact one.
+  CHECK(c.upper_bound >= a.upper_bound);
+  CHECK(double(c.objective) <= c.upper_bound);
 }
