@@ -26,9 +26,9 @@ int main(int argc, char** argv) {
   spec.cluster_rate = 0.027;
   uint64_t test_tokens = 8192;
   std::string methods = "identity,frequency,rcm,greedy,greedy+ls";
-  double hot_share = 0.0, pin_share = 1.0;
+  double pin_share = 1.0;
   uint64_t max_evaluations = 0;
-  uint32_t kicks = 0, sample_tokens = 8192, neighbours = 6;
+  uint32_t sample_tokens = 8192, neighbours = 6;
   bool keep_weight = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
@@ -46,14 +46,10 @@ int main(int argc, char** argv) {
       spec.hot_fraction = std::stod(v);
     else if (k == "--methods")
       methods = v;
-    else if (k == "--hot-share")
-      hot_share = std::stod(v);
     else if (k == "--pin-share")
       pin_share = std::stod(v);
     else if (k == "--max-evaluations")
       max_evaluations = std::stoull(v);
-    else if (k == "--kicks")
-      kicks = uint32_t(std::stoul(v));
     else if (k == "--keep-weight")
       keep_weight = v != "0";
     else if (k == "--sample-tokens")
@@ -109,10 +105,8 @@ int main(int argc, char** argv) {
     SolveOptions o;
     o.method = m;
     o.eval = e5;
-    o.hot_share = hot_share;
     o.pin_share = pin_share;
     o.ls.max_evaluations = max_evaluations;
-    o.ls.kicks = kicks;
     o.ls.keep_weight = keep_weight;
     o.ls.sample_tokens = sample_tokens;
     o.ls.neighbours = neighbours;
@@ -126,11 +120,11 @@ int main(int argc, char** argv) {
                 greedy_io > 0 ? g5.io_ms_per_token() / greedy_io : 0.0);
     if (m == "greedy+ls")
       std::printf(
-          "  ls: moves %llu, evaluations %llu, refused by weight %llu, weight %llu -> %llu, guard kept seed %d, "
+          "  ls: moves %llu, evaluations %llu, refused by weight %llu, weight %llu -> %llu, kept the paper's %d, "
           "hot block fell back %d\n",
           (unsigned long long)s.ls.moves, (unsigned long long)s.ls.evaluations,
           (unsigned long long)s.ls.refused_by_weight, (unsigned long long)s.ls.weight_seed,
-          (unsigned long long)s.ls.weight_final, int(s.guard_kept_seed), int(s.ls.fell_back));
+          (unsigned long long)s.ls.weight_final, int(s.kept_paper()), int(s.ls.fell_back));
     if (m == "greedy")
       std::printf(
           "  greedy: %llu candidate pairs, %llu accepted, %u fragments, %llu endpoint links, %llu index links\n",

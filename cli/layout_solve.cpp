@@ -22,7 +22,6 @@ struct SolveArgs {
   std::vector<std::string> graph;
   SolveOptions o;
   uint64_t full_matrix_mib = SolveOptions{}.full_matrix_bytes >> 20;
-  bool no_weight_guard = !SolveOptions{}.guard_weight;
   DeviceObjectiveArgs dev;
 };
 
@@ -66,10 +65,6 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
   c.add_option("--neighbours", a.o.ls.neighbours, "Candidate neighbours tried per neuron")
       ->check(CLI::Range(1u, 4096u))
       ->group(grp);
-  c.add_option("--hot-share", a.o.hot_share,
-               "Hot block (neurons the cache will hold, moved to the end) as a share of the cache capacity")
-      ->check(CLI::Range(0.0, 1.0))
-      ->group(grp);
   c.add_option("--pin-share", a.o.pin_share,
                "Share of the cache capacity pinned with the hottest neurons, which leave the path (0 = S3-FIFO only)")
       ->check(CLI::Range(0.0, 1.0))
@@ -92,23 +87,25 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
       ->check(CLI::IsMember(admissions))
       ->default_str(cache_admission_name(SolveOptions{}.admission))
       ->group(grp);
-  c.add_flag("--miss-stream", a.o.miss_stream, "Also try greedy + search on the co-activation of cache misses")
+  c.add_option("--validation-share", a.o.validation_share,
+               "Share of the profile trace's sequences (the last ones) held out to choose between candidates; the "
+               "rest builds them (0 = build and choose on the same tokens)")
+      ->check(CLI::Range(0.0, 0.9))
       ->group(grp);
-  c.add_flag("--no-weight-guard", a.no_weight_guard,
-             "Accept variants with a lower gap-0 path weight than greedy: optimise for the planner only (gap-0 reads "
-             "may rise)")
+  c.add_flag("--rebuild", a.o.rebuild,
+             "Rebuild the chosen candidate's recipe on every profile token (default: keep it as built on the build "
+             "tokens)")
+      ->group(grp);
+  c.add_flag("--weight-guard", a.o.guard_weight,
+             "Refuse candidates whose gap-0 path weight is below greedy's (the paper's proxy; gap-0 reads never rise, "
+             "the I/O time may)")
       ->group(grp);
   c.add_option("--max-evaluations", a.o.ls.max_evaluations,
                "Move evaluations per layer before the search stops (deterministic budget; 0 = default)")
       ->group(grp);
   c.add_option("--guard-tokens", a.o.guard_tokens,
-               "Profile tokens (a prefix) the guard compares the pipelines' I/O time on")
+               "Validation tokens (a prefix of the held-out sequences) the candidates are compared on")
       ->check(CLI::Range(uint64_t(64), uint64_t(1) << 40))
-      ->group(grp);
-  c.add_option("--kicks", a.o.ls.kicks, "Random kicks followed by local search, kept when better")->group(grp);
-  c.add_option("--time-budget", a.o.ls.time_budget_s,
-               "Stop kicking after this many seconds per layer (timing-dependent!)")
-      ->check(CLI::Range(0.0, 1e6))
       ->group(grp);
 }
 
@@ -122,7 +119,6 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   SolveOptions o = a.o;
   o.full_matrix_bytes = a.full_matrix_mib << 20;
   o.eval = eval_config_from(a.dev);
-  o.guard_weight = !a.no_weight_guard;
   uint32_t n_layers = 0;
   if (!a.graph.empty()) {
     bool full = true;
@@ -141,27 +137,28 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   }
   Progress prog("solve " + o.method, n_layers, !g.quiet, "layers");
   auto on_layer = [&](uint32_t layer, const LayerSolve& s) {
-    char buf[768];
-    int k = std::snprintf(
-        buf, sizeof buf, "layer %u: %s path weight %llu, bound %.0f, %.2f s (count %.2f, greedy %.2f, search %.2f)%s",
-        layer, o.method.c_str(), static_cast<unsigned long long>(s.objective), s.upper_bound, s.seconds,
-        s.seconds_count, s.seconds_greedy, s.seconds_ls, s.guard_kept_seed ? " (guard kept the greedy seed)" : "");
-    if (o.method == "greedy+ls" && k > 0 && size_t(k) < sizeof buf) {
-      std::string pins;
-      if (!s.cache.pinned.empty())
-        pins = " + " + std::to_string(s.cache.pinned.size()) +
-               (s.pins_refined ? " pinned (refined)" : " pinned (hottest)");
-      std::snprintf(buf + k, sizeof buf - size_t(k),
-                    "; profile io_ms/tok greedy %.4f, search %.4f, pinned variant %.4f, miss variant %.4f (weight %llu "
-                    "-> %llu), ends-in variant %.4f; kept %s%s, %llu evaluations",
-                    s.io_ms_greedy, s.io_ms_ls, s.io_ms_pinned, s.io_ms_miss, (unsigned long long)s.weight_miss_greedy,
-                    (unsigned long long)s.weight_miss, s.io_ms_span,
-                    s.guard_kept_seed                             ? "greedy"
-                    : s.cache.admission == CacheAdmission::kUnset ? "ours, paper's cache"
-                                                                  : cache_admission_name(s.cache.admission),
-                    pins.c_str(), static_cast<unsigned long long>(s.ls.evaluations));
+    std::string line;
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "layer %u: %s path weight %llu, bound %.0f, %.2f s (count %.2f, greedy %.2f, search %.2f)", layer,
+                  o.method.c_str(), static_cast<unsigned long long>(s.objective), s.upper_bound, s.seconds,
+                  s.seconds_count, s.seconds_greedy, s.seconds_ls);
+    line = buf;
+    if (o.method == "greedy+ls") {
+      std::snprintf(buf, sizeof buf, "; built on %llu tokens, chosen on %llu%s; io ms/tok build / validation:",
+                    (unsigned long long)s.split.build_end, (unsigned long long)(s.split.n_tokens - s.split.build_end),
+                    s.split.split() ? "" : " (the same tokens)");
+      line += buf;
+      for (const FamilyFigure& f : s.families) {
+        std::snprintf(buf, sizeof buf, " %s %.4f / %.4f", f.family.c_str(), f.build_ms, f.validation_ms);
+        line += buf;
+        if (f.refused) line += " (" + std::to_string(f.refused) + " of " + std::to_string(f.candidates) + " refused)";
+        line += ",";
+      }
+      line += " kept " + s.chosen_family + " (" + s.chosen + ")" + (s.rebuilt ? ", rebuilt on all tokens" : "");
+      if (!s.cache.pinned.empty()) line += ", " + std::to_string(s.cache.pinned.size()) + " pinned";
     }
-    prog.note(buf);
+    prog.note(line);
     prog.add(1);
   };
   Layout l = a.graph.empty() ? solve_trace(a.trace, o, on_layer) : solve_graph(a.graph, a.trace, o, on_layer);

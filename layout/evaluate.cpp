@@ -10,6 +10,7 @@
 #include "formats/core/progress.h"
 #include "formats/layout.h"
 #include "formats/trace.h"
+#include "layout/cost_model.h"
 
 namespace nl {
 
@@ -79,13 +80,7 @@ std::vector<LayerEval> evaluate_policies(const LayerMask& m, const std::vector<u
                                          const TokenMajorMask* tm) {
   const uint32_t n = m.n_neurons;
   if (order.size() != n) throw InternalError("evaluate: order length does not match the layer");
-  PlannerConfig pc;
-  pc.n_slots = n;
-  pc.bundle_bytes = cfg.bundle_bytes;
-  pc.block_bytes = cfg.device.block_bytes;
-  pc.gap = cfg.gap;
-  pc.cost = cfg.device.cost;
-  ReadPlanner planner(pc);
+  ReadPlanner planner(planner_config(cfg, n));
   std::vector<uint32_t> slot_of(n);
   for (uint32_t s = 0; s < n; ++s) slot_of[order[s]] = s;
   const size_t np = policies.size();
@@ -168,9 +163,9 @@ std::vector<LayerEval> evaluate_layer_policies(const LayerMask& m, const std::ve
 
 double io_lower_bound_seconds(const TokenMajorMask& tm, const EvalConfig& cfg) {
   if (cfg.cache.window_tokens > 0) return -1.0;
-  const uint32_t k = cache_capacity_for_ratio(cfg.cache_ratio, tm.n_neurons);
-  const double a = cfg.device.cost.read_latency_us * 1e-6;
-  const double per_bundle = double(cfg.bundle_bytes) / (cfg.device.cost.bandwidth_MBps * 1e6);
+  const CostModel c = cost_model(cfg, tm.n_neurons);
+  const uint32_t k = c.cache_capacity;
+  const double a = c.read_us * 1e-6, per_bundle = c.bundle_us() * 1e-6;
   double s = 0;
   for (uint64_t t = tm.begin; t < tm.end; ++t) {
     const uint64_t* r = tm.row(t);

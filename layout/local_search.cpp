@@ -1,7 +1,6 @@
 #include "layout/local_search.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <deque>
 #include <numeric>
@@ -10,7 +9,6 @@
 #endif
 
 #include "formats/core/error.h"
-#include "formats/core/rng.h"
 
 namespace nl {
 
@@ -106,8 +104,8 @@ struct Search {
 
   Search(const LayerMask& mask, const LayerGraph& graph, const LsOptions& o) : m(mask), g(graph), opt(o) {
     n = m.n_neurons;
-    g1 = std::min<uint32_t>({opt.merge_gap + 1, kMaxWindow, std::max<uint32_t>(1, opt.max_window)});
-    for (uint32_t d = 1; d <= g1; ++d) sd[d] = opt.read_us - double(d - 1) * opt.bundle_us;
+    g1 = std::min<uint32_t>({opt.cost.merge_gap + 1, kMaxWindow, std::max<uint32_t>(1, opt.max_window)});
+    for (uint32_t d = 1; d <= g1; ++d) sd[d] = opt.cost.merge_saving_us(d);
     uint64_t want = std::max<uint64_t>(1, (uint64_t(opt.sample_tokens) + 63) / 64);
     W = uint32_t(std::min<uint64_t>(m.words, want));
     R.assign(size_t(n + 1) * W, 0);
@@ -343,37 +341,6 @@ struct Search {
     inq.assign(n, 0);
     for (uint32_t k = 0; k < n_act; ++k) push(k);
     descend();
-    // Kicks: a random segment reversal, local search, kept only when the objective improved.
-    SplitMix64 rng{opt.seed * kSplitMixGamma + 1};
-    auto next = [&] { return rng.next(); };
-    auto t0 = std::chrono::steady_clock::now();
-    for (uint32_t k = 0; k < opt.kicks && n_act > 8 && budget_left(); ++k) {
-      if (opt.time_budget_s > 0 &&
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > opt.time_budget_s)
-        break;
-      Order keep_ord = ord;
-      std::vector<uint32_t> keep_pos = pos;
-      double keep_saving = saving;
-      uint64_t keep_w = w_cur;
-      int64_t a = int64_t(next() % (n_act - 4)), len = 2 + int64_t(next() % 30);
-      int64_t b = std::min<int64_t>(a + len, n_act - 1);
-      Move kick{Move::Reverse, a, b};
-      int64_t dw = weight_delta(kick);
-      saving += delta(kick);
-      apply(kick);
-      w_cur = uint64_t(int64_t(w_cur) + dw);
-      push_around(a);
-      push_around(b);
-      descend();
-      if (saving > keep_saving + 1e-6 && w_cur >= w_floor) {
-        ++st.kicks_kept;
-      } else {
-        ord.swap(keep_ord);
-        pos.swap(keep_pos);
-        saving = keep_saving;
-        w_cur = keep_w;
-      }
-    }
   }
 };
 

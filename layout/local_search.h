@@ -2,39 +2,36 @@
 // merging (a pair of active slots d apart with nothing active between is read as one when d-1 <= g, saving
 // a - (d-1)*b/B of a separate read), with the neurons the cache will hold treated as not needing reads.
 // Moves: 2-opt (segment reversal, including prefix/suffix), Or-opt (segments of 1-3, both orientations),
-// driven by top-k neighbour lists and don't-look bits; optional kicks. The path weight (gap-0 reads on the full
-// profile trace) never drops below the seed's: a move that would push it below is refused.
+// driven by top-k neighbour lists and don't-look bits. The window saving comes from the layer's cost model
+// (layout/cost_model.h). The path weight (gap-0 reads on the full profile trace) never drops below the seed's: a move
+// that would push it below is refused.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "formats/core/bitmask.h"
 #include "graph/coactivation.h"
+#include "layout/cost_model.h"
 #include "layout/solvers.h"
 #include "runtime/device.h"
 
 namespace nl {
 
 struct LsOptions {
-  uint32_t merge_gap = 2;                                           // g: largest gap (bundles) the planner merges
-  double read_us = default_device().cost.read_latency_us;           // a: cost of one read
-  double bundle_us = 16384 / default_device().cost.bandwidth_MBps;  // bundle_bytes / B (16 KiB): one bundle
+  CostModel cost;                 // merge gap g, read cost a, bundle cost (solve fills it in: cost_model())
   uint32_t sample_tokens = 8192;  // tokens of the profile trace the objective is measured on (evenly spread)
   uint32_t neighbours = 6;        // candidates per neuron from its top-k list
   uint32_t max_window = 4;        // window terms span at most this many slots (caps g + 1; cost grows with it)
   uint32_t hot_count = 0;         // most frequent neurons moved to a block at the end (for the cache); 0 = off
   bool keep_weight = true;        // refuse moves that push the path weight below the seed's (experiments: false)
-  uint32_t kicks = 0;             // random segment-reversal kicks followed by local search, kept when better
   uint64_t max_evaluations = 0;   // move evaluations before the search stops (0 = until a local optimum);
-                                  // the deterministic budget (the result depends only on inputs and seed)
-  double time_budget_s = 0;       // > 0: stop kicking after this many seconds (non-deterministic timing!)
-  uint64_t seed = 1;
+                                  // the deterministic budget (the result depends only on the inputs)
 };
 
 struct LsStats {
   double saving_seed = 0, saving_final = 0;  // objective (us saved on the sample) before / after
   uint64_t weight_seed = 0, weight_final = 0;
-  uint64_t moves = 0, evaluations = 0, refused_by_weight = 0, kicks_kept = 0;
+  uint64_t moves = 0, evaluations = 0, refused_by_weight = 0;
   bool fell_back = false;  // the hot block could not keep the seed's path weight: seed order kept
 };
 

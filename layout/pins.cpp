@@ -12,7 +12,7 @@ namespace {
 // (unpinned) or what unpinning it would cost (pinned), each with the rest of the set as it is.
 class PinPass {
  public:
-  PinPass(const TokenMajorMask& tm, const Order& order, const PinCost& c, uint64_t max_tokens)
+  PinPass(const TokenMajorMask& tm, const Order& order, const CostModel& c, uint64_t max_tokens)
       : n_(tm.n_neurons), order_(order), c_(c) {
     if (order.size() != n_) throw InternalError("refine_pins: order length does not match the layer");
     const uint64_t end = max_tokens && max_tokens < tm.end - tm.begin ? tm.begin + max_tokens : tm.end;
@@ -42,7 +42,7 @@ class PinPass {
       for (size_t i = 0; i < n_act; ++i)
         if (!pin_slot_[act[i]]) need_.push_back(act[i]);
       if (!need_.empty()) {
-        total += c_.read_us + double(need_.size()) * c_.bundle_us;
+        total += c_.read_us + double(need_.size()) * bundle_us_;
         for (size_t i = 1; i < need_.size(); ++i) total += link(need_[i - 1], need_[i]);
       }
       // j = needed slots before the current active slot.
@@ -53,7 +53,7 @@ class PinPass {
         const int64_t p = j > 0 ? int64_t(need_[j - 1]) : -1;
         const size_t qi = is_needed ? j + 1 : j;
         const int64_t q = qi < need_.size() ? int64_t(need_[qi]) : -1;
-        dslot_[s] += c_.bundle_us + link_or(p, s, true) + link_or(s, q, false) - link_pq(p, q);
+        dslot_[s] += bundle_us_ + link_or(p, s, true) + link_or(s, q, false) - link_pq(p, q);
         if (is_needed) ++j;
       }
     }
@@ -65,17 +65,14 @@ class PinPass {
  private:
   uint32_t n_;
   const Order& order_;
-  PinCost c_;
+  CostModel c_;
+  double bundle_us_ = c_.bundle_us();
   std::vector<uint32_t> slots_, need_;  // slots_: every token's active slots; need_: one token's unpinned ones
   std::vector<uint64_t> tok_begin_;     // token t's slots are slots_[tok_begin_[t], tok_begin_[t + 1])
   std::vector<uint8_t> pin_slot_;
   std::vector<double> dslot_;
 
-  double link(uint32_t x, uint32_t y) const {  // consecutive needed slots x < y
-    const uint32_t g = y - x - 1;
-    if (g == 0) return 0;
-    return g <= c_.merge_gap ? std::min(double(g) * c_.bundle_us, c_.read_us) : c_.read_us;
-  }
+  double link(uint32_t x, uint32_t y) const { return c_.link_us(y - x - 1); }  // consecutive needed slots x < y
   // A missing neighbour before s: s starts the first read (a); a missing one after: nothing more.
   double link_or(int64_t p, int64_t q, bool before) const {
     if (before) return p < 0 ? c_.read_us : link(uint32_t(p), uint32_t(q));
@@ -105,14 +102,14 @@ std::vector<uint8_t> pin_flags(uint32_t n, const std::vector<uint32_t>& pinned) 
 }
 
 double pinned_cost_us(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned,
-                      const PinCost& c) {
+                      const CostModel& c) {
   PinPass pass(tm, order, c, 0);
   std::vector<double> delta;
   return pass.run(pin_flags(tm.n_neurons, pinned), delta);
 }
 
 std::vector<double> pin_deltas(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned,
-                               const PinCost& c) {
+                               const CostModel& c) {
   PinPass pass(tm, order, c, 0);
   std::vector<double> delta;
   pass.run(pin_flags(tm.n_neurons, pinned), delta);
@@ -120,7 +117,7 @@ std::vector<double> pin_deltas(const TokenMajorMask& tm, const Order& order, con
 }
 
 std::vector<uint32_t> refine_pins(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& seed,
-                                  const std::vector<uint64_t>& freq, const PinCost& c, uint32_t rounds,
+                                  const std::vector<uint64_t>& freq, const CostModel& c, uint32_t rounds,
                                   uint64_t max_tokens, PinRefineStats* stats) {
   const uint32_t n = tm.n_neurons;
   if (freq.size() != n) throw InternalError("refine_pins: frequencies do not match the layer");

@@ -9,16 +9,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "layout/cost_model.h"
 #include "layout/evaluate.h"
 #include "layout/solvers.h"
 
 namespace nl {
-
-struct PinCost {
-  double read_us = default_device().cost.read_latency_us;           // a: one more read
-  double bundle_us = 16384 / default_device().cost.bandwidth_MBps;  // bundle_bytes / B (16 KiB): one bundle
-  uint32_t merge_gap = 2;  // the planner merges two reads across at most this many bundles (auto: g * bundle < a*B)
-};
 
 struct PinRefineStats {
   double cost_seed_us = 0, cost_final_us = 0;  // estimated I/O us summed over the tokens, for the seed / the result
@@ -26,25 +21,24 @@ struct PinRefineStats {
 };
 
 // Estimated I/O microseconds of `order` with `pinned` (neuron ids) resident, summed over tm's tokens: per token a
-// read for the first needed slot, a bundle per needed slot, and between two consecutive needed slots x < y the
-// cheaper of reading the y - x - 1 bundles between (if at most merge_gap) and one more read. Block alignment is
-// ignored (the guard measures the real planner).
+// read for the first needed slot, a bundle per needed slot, and between two consecutive needed slots x < y
+// CostModel::link_us of the y - x - 1 slots between. Block alignment is ignored (the selection measures the planner).
 // `pinned` (neuron ids) as one flag per neuron of n; throws InternalError unless they are distinct and < n.
 std::vector<uint8_t> pin_flags(uint32_t n, const std::vector<uint32_t>& pinned);
 
 double pinned_cost_us(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned,
-                      const PinCost& c);
+                      const CostModel& c);
 
 // Per neuron, the first-order change of pinned_cost_us from flipping that neuron alone: for an unpinned neuron
 // what pinning it saves, for a pinned one what unpinning it costs (exact for a single flip). What refine_pins ranks.
 std::vector<double> pin_deltas(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned,
-                               const PinCost& c);
+                               const CostModel& c);
 
 // Refines `seed` (neuron ids; the result has the same size, ordered hottest first by `freq`, ties by index) for
 // `order` on the first `max_tokens` of tm's tokens (0 = all), in at most `rounds` rounds of swaps. Returns the
 // seed itself when no swap lowers the cost.
 std::vector<uint32_t> refine_pins(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& seed,
-                                  const std::vector<uint64_t>& freq, const PinCost& c, uint32_t rounds = 8,
+                                  const std::vector<uint64_t>& freq, const CostModel& c, uint32_t rounds = 8,
                                   uint64_t max_tokens = 0, PinRefineStats* stats = nullptr);
 
 }  // namespace nl

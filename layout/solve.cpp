@@ -2,8 +2,12 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <limits>
+#include <memory>
 #include <mutex>
 
 #include "formats/core/error.h"
@@ -14,18 +18,457 @@
 
 namespace nl {
 
-LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t layer_index, const LayerCountsFn& counts) {
+TokenSplit validation_split(const std::vector<int64_t>& sequence_starts, uint64_t n_tokens, double share) {
+  if (!(share >= 0 && share < 1)) throw UsageError("validation share must be in [0, 1)");
+  TokenSplit s;
+  s.n_tokens = s.build_end = n_tokens;
+  if (share == 0 || n_tokens < 2) return s;
+  std::vector<uint64_t> starts = {0};  // the sequences that hold tokens, ascending
+  for (int64_t x : sequence_starts)
+    if (x > 0 && uint64_t(x) < n_tokens && uint64_t(x) > starts.back()) starts.push_back(uint64_t(x));
+  const uint64_t n_seq = starts.size();
+  if (n_seq >= 2) {
+    const uint64_t k = std::clamp<uint64_t>(uint64_t(std::ceil(share * double(n_seq) - 1e-9)), 1, n_seq - 1);
+    s.build_end = starts[n_seq - k];
+    s.validation_sequences = k;
+  } else {
+    s.build_end = std::clamp<uint64_t>(uint64_t(std::floor((1 - share) * double(n_tokens))), 1, n_tokens - 1);
+  }
+  return s;
+}
+
+LayerMask mask_tokens(const LayerMask& m, uint64_t begin, uint64_t end) {
+  end = std::min(end, m.n_tokens);
+  begin = std::min(begin, end);
+  LayerMask out(m.n_neurons, end - begin);
+  const uint64_t shift = begin & 63, w0 = begin >> 6, src_end = words_for_tokens(end);
+  for (uint32_t v = 0; v < m.n_neurons; ++v) {
+    const uint64_t* r = m.row(v);
+    uint64_t* o = out.row(v);
+    for (uint64_t w = 0; w < out.words; ++w) {
+      uint64_t x = r[w0 + w] >> shift;
+      if (shift && w0 + w + 1 < src_end) x |= r[w0 + w + 1] << (64 - shift);
+      o[w] = x;
+    }
+    const uint64_t tail = out.n_tokens & 63;  // bits past the slice's last token
+    if (tail && out.words) o[out.words - 1] &= (uint64_t(1) << tail) - 1;
+  }
+  return out;
+}
+
+uint64_t order_hash(const Order& order) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint32_t v : order)
+    for (int b = 0; b < 4; ++b) h = (h ^ ((v >> (8 * b)) & 0xFF)) * 1099511628211ull;
+  return h;
+}
+
+namespace {
+
+// The paper's pipeline's and every candidate's cache policy as a label, so that a recipe chosen on the build tokens
+// can be rebuilt on all of them (pinned sets are recomputed there).
+struct Build {
+  std::string label;
+  Order order;
+  std::vector<LayerCachePolicy> policies;  // [0] is the evaluator's cache (the paper's: nothing recorded)
+  std::vector<std::string> policy_labels;
+  void add(std::string l, LayerCachePolicy p) {
+    policy_labels.push_back(std::move(l));
+    policies.push_back(std::move(p));
+  }
+};
+
+// What the candidate families of one layer are built from: the build tokens, or every profile token for the rebuild.
+struct FamilyInput {
+  const LayerMask& m;
+  const LayerGraph& g;
+  const TokenMajorMask& tm;  // the first guard_tokens of m: pinned sets and the peel are measured there
+  const SolveOptions& opt;
+  const CostModel& cost;  // every estimate and the exact measure (layout/cost_model.h)
+  LsOptions lo;
+  uint32_t cap = 0, n_pin = 0;
+  bool can_pin = false;
+  std::vector<uint32_t> hot_pins;
+  Order greedy;
+  GreedyFirstBand band;  // greedy's runs on subsets reuse it
+
+  FamilyInput(const LayerMask& mask, const LayerGraph& graph, const TokenMajorMask& t, const SolveOptions& o,
+              const CostModel& c)
+      : m(mask), g(graph), tm(t), opt(o), cost(c) {
+    lo = opt.ls;
+    lo.cost = cost;
+    if (lo.max_evaluations == 0) lo.max_evaluations = uint64_t(opt.evaluations_per_neuron) * m.n_neurons;
+    cap = cost.cache_capacity;
+    n_pin = uint32_t(std::floor(opt.pin_share * cap + 1e-9));
+    can_pin = n_pin > 0 && n_pin < m.n_neurons;
+    if (can_pin) hot_pins = hottest(g.freq, n_pin);
+  }
+  std::string pol_label(CacheAdmission admission, const std::string& pins) const {
+    return cache_admission_name(admission) + (pins.empty() ? "" : "+" + pins);
+  }
+};
+
+// `only` (optional): build just the candidate with that label (the rebuild of a chosen recipe).
+bool wanted(const std::string* only, const std::string& label) { return !only || *only == label; }
+
+// The paper's pipeline: greedy with the evaluator's (linking-aligned) cache.
+std::vector<Build> family_paper(FamilyInput& in) {
+  Build b;
+  b.label = "greedy";
+  b.order = in.greedy;
+  b.add("paper's cache", LayerCachePolicy{});
+  return {b};
+}
+
+// The order searched from greedy (layout/local_search.h) with the cache policies designed for it: admission `all`
+// with nothing pinned, the hottest neurons pinned where they are (all of the pinned share, or 6/8, 5/8, 4/8 of it
+// with the rest of the capacity S3-FIFO admitting every miss or only misses read alone), and the full set refined
+// for this order (layout/pins.h).
+std::vector<Build> family_search(FamilyInput& in, LsStats* ls, PinRefineStats* pins) {
+  const SolveOptions& opt = in.opt;
+  Build b;
+  b.label = "search";
+  b.order = local_search(in.m, in.g, in.greedy, in.lo, ls);
+  b.add("paper's cache", LayerCachePolicy{});
+  b.add(cache_admission_name(opt.admission), LayerCachePolicy{opt.admission, {}});
+  if (in.can_pin) b.add(in.pol_label(opt.admission, "hot"), LayerCachePolicy{opt.admission, in.hot_pins});
+  for (uint32_t q : {6u, 5u, 4u}) {
+    const uint32_t k = in.n_pin * q / 8;
+    if (!in.can_pin || k == 0 || k >= in.n_pin) continue;
+    std::vector<uint32_t> part(in.hot_pins.begin(), in.hot_pins.begin() + k);
+    const std::string pl = "hot" + std::to_string(q) + "/8";
+    b.add(in.pol_label(opt.admission, pl), LayerCachePolicy{opt.admission, part});
+    if (opt.admission != CacheAdmission::kIsolated)
+      b.add(in.pol_label(CacheAdmission::kIsolated, pl), LayerCachePolicy{CacheAdmission::kIsolated, std::move(part)});
+  }
+  if (in.can_pin && opt.pin_rounds > 0) {
+    PinRefineStats st;
+    std::vector<uint32_t> refined =
+        refine_pins(in.tm, b.order, in.hot_pins, in.g.freq, in.cost, opt.pin_rounds, opt.ls.sample_tokens, &st);
+    if (pins) *pins = st;
+    if (st.swaps > 0)
+      b.add(in.pol_label(opt.admission, "refined"), LayerCachePolicy{opt.admission, std::move(refined)});
+  }
+  return {b};
+}
+
+// The hottest neurons pinned; the path is solved without them (greedy on the cold neurons' own co-activation, i.e. on
+// the miss stream), and they sit in a block at the end ordered by greedy among themselves so that gap-0 reads without a
+// cache stay low too; then the search with the pinned rows treated as free.
+std::vector<Build> family_pinned(FamilyInput& in) {
+  if (!in.can_pin) return {};
+  const LayerMask& m = in.m;
+  const LayerGraph& g = in.g;
+  std::vector<uint8_t> cold(m.n_neurons, 1);
+  for (uint32_t v : in.hot_pins) cold[v] = 0;
+  Order cp = solve_greedy_subset(g, &m, &cold, nullptr, nullptr, &in.band);
+  for (auto& c : cold) c ^= 1;
+  Order hp = solve_greedy_subset(g, &m, &cold, nullptr, nullptr, &in.band);
+  uint64_t bw = 0;
+  int bo = 0;
+  for (int o = 0; o < 4; ++o) {  // orient the two paths for the most co-activated junction
+    uint32_t a = (o & 1) ? cp.front() : cp.back(), b = (o & 2) ? hp.back() : hp.front();
+    uint64_t c = pair_count(g, m, a, b);
+    if (c > bw) bw = c, bo = o;
+  }
+  if (bo & 1) std::reverse(cp.begin(), cp.end());
+  if (bo & 2) std::reverse(hp.begin(), hp.end());
+  Order seed = cp;
+  seed.insert(seed.end(), hp.begin(), hp.end());
+  LsOptions lp = in.lo;
+  lp.hot_count = in.n_pin;
+  LsStats st;
+  Build b;
+  b.label = "pinned";
+  b.order = local_search(m, g, seed, lp, &st);
+  b.add("paper's cache", LayerCachePolicy{});
+  b.add(cache_admission_name(in.opt.admission), LayerCachePolicy{in.opt.admission, {}});
+  b.add(in.pol_label(in.opt.admission, "hot"), LayerCachePolicy{in.opt.admission, in.hot_pins});
+  return {b};
+}
+
+// Layers read in few long pieces (the merge gap is wider than the search's windows, so it cannot see what a move
+// does to a read's span): the order built from both ends inwards (layout/span.h) with the pinned neurons in a block
+// after it (never read while resident). Where both ends' unions already cover all but a share `eps` of the tokens,
+// the order changes the span little, so the neurons left there, and the pinned block, are ordered by greedy among
+// themselves for the path weight (gap-0 reads). Without the weight guard each peel is also polished by slot swaps on
+// the exact one-read cost (block-aligned span).
+std::vector<Build> family_ends_in(FamilyInput& in, const std::string* only) {
+  const LayerMask& m = in.m;
+  const LayerGraph& g = in.g;
+  const TokenMajorMask& tm = in.tm;
+  const SolveOptions& opt = in.opt;
+  std::vector<Build> out;
+  if (!(in.cost.merge_gap > in.lo.max_window && m.n_neurons >= 4)) return out;
+  auto peel = [&](const std::vector<uint32_t>& pins) {
+    std::vector<uint8_t> inc(m.n_neurons, 1);
+    for (uint32_t v : pins) inc[v] = 0;
+    return solve_ends_in(tm, inc);
+  };
+  auto compose = [&](const EndsIn& e, const std::vector<uint32_t>& pins, double eps) {
+    const uint64_t n_tok = tm.end - tm.begin;
+    const uint64_t need = n_tok - uint64_t(eps * double(n_tok));
+    auto kept = [&](const std::vector<uint64_t>& cover) {  // end neurons up to the first covering `need`
+      size_t k = 0;
+      while (k < cover.size() && cover[k] < need) ++k;
+      return std::min(cover.size(), k + 1);
+    };
+    const size_t kl = kept(e.cover_left), kr = kept(e.cover_right);
+    auto greedy_of = [&](const std::vector<uint8_t>& inc, uint32_t after) {  // oriented to join `after`
+      Order p = solve_greedy_subset(g, &m, &inc, nullptr, nullptr, &in.band);
+      if (after < m.n_neurons && p.size() > 1 && pair_count(g, m, after, p.back()) > pair_count(g, m, after, p.front()))
+        std::reverse(p.begin(), p.end());
+      return p;
+    };
+    std::vector<uint8_t> mid(m.n_neurons, 0);
+    for (size_t i = kl; i < e.left.size(); ++i) mid[e.left[i]] = 1;
+    for (size_t i = kr; i < e.right.size(); ++i) mid[e.right[i]] = 1;
+    Order o(e.left.begin(), e.left.begin() + std::ptrdiff_t(kl));
+    const Order mp = greedy_of(mid, o.empty() ? m.n_neurons : o.back());
+    o.insert(o.end(), mp.begin(), mp.end());
+    for (size_t i = kr; i-- > 0;) o.push_back(e.right[i]);
+    if (!pins.empty()) {
+      std::vector<uint8_t> pin(m.n_neurons, 0);
+      for (uint32_t v : pins) pin[v] = 1;
+      const Order hp = greedy_of(pin, o.empty() ? m.n_neurons : o.back());
+      o.insert(o.end(), hp.begin(), hp.end());
+    }
+    return o;
+  };
+  auto polish = [&](const Order& o, const std::vector<uint32_t>& pins) {
+    return polish_span(tm, o, pins, in.cost, 4, opt.ls.sample_tokens, opt.polish_work);
+  };
+  auto eps_label = [](const std::string& base, double eps) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s eps %g", base.c_str(), eps);
+    return std::string(buf);
+  };
+  auto add = [&](std::string label, Order o, const std::vector<std::pair<std::string, LayerCachePolicy>>& pols) {
+    Build b;
+    b.label = std::move(label);
+    b.order = std::move(o);
+    b.add("paper's cache", LayerCachePolicy{});
+    b.add(cache_admission_name(opt.admission), LayerCachePolicy{opt.admission, {}});
+    for (const auto& [l, p] : pols) b.add(l, p);
+    out.push_back(std::move(b));
+  };
+  auto any_wanted = [&](const std::string& base) { return !only || only->rfind(base, 0) == 0; };
+  const std::vector<double> shares = {0.0, 0.002, 0.02, 0.1, 0.3};
+  const std::string hot_l = in.pol_label(opt.admission, "hot"), ref_l = in.pol_label(opt.admission, "refined");
+  if (any_wanted("ends-in ") || any_wanted("ends-in polish")) {
+    const EndsIn all = peel({});
+    for (double eps : shares)
+      if (wanted(only, eps_label("ends-in", eps))) add(eps_label("ends-in", eps), compose(all, {}, eps), {});
+    if (!opt.guard_weight && wanted(only, "ends-in polish"))
+      add("ends-in polish", polish(compose(all, {}, 0.0), {}), {});
+  }
+  if (!in.can_pin || !any_wanted("ends-in+")) return out;
+  const EndsIn cold = peel(in.hot_pins);
+  std::vector<uint32_t> refined;
+  if (opt.pin_rounds > 0) {
+    PinRefineStats ps;
+    refined = refine_pins(tm, compose(cold, in.hot_pins, 0.0), in.hot_pins, g.freq, in.cost, opt.pin_rounds,
+                          opt.ls.sample_tokens, &ps);
+    if (ps.swaps == 0) refined.clear();
+  }
+  for (double eps : shares) {
+    if (!wanted(only, eps_label("ends-in+hot", eps))) continue;
+    std::vector<std::pair<std::string, LayerCachePolicy>> pols = {
+        {hot_l, LayerCachePolicy{opt.admission, in.hot_pins}}};
+    if (!refined.empty()) pols.emplace_back(ref_l, LayerCachePolicy{opt.admission, refined});
+    add(eps_label("ends-in+hot", eps), compose(cold, in.hot_pins, eps), pols);
+  }
+  if (!opt.guard_weight && wanted(only, "ends-in+hot polish"))
+    add("ends-in+hot polish", polish(compose(cold, in.hot_pins, 0.0), in.hot_pins),
+        {{hot_l, LayerCachePolicy{opt.admission, in.hot_pins}}});
+  if (!refined.empty() && any_wanted("ends-in+refined")) {
+    const EndsIn rest = peel(refined);
+    for (double eps : shares)
+      if (wanted(only, eps_label("ends-in+refined", eps)))
+        add(eps_label("ends-in+refined", eps), compose(rest, refined, eps),
+            {{ref_l, LayerCachePolicy{opt.admission, refined}}});
+    if (!opt.guard_weight && wanted(only, "ends-in+refined polish"))
+      add("ends-in+refined polish", polish(compose(rest, refined, 0.0), refined),
+          {{ref_l, LayerCachePolicy{opt.admission, refined}}});
+  }
+  return out;
+}
+
+// The choice between candidates: each build's order under each of its cache policies on the validation tokens (one
+// pass per order), then the two best policies that leave part of the capacity to S3-FIFO again with a larger small
+// FIFO: with strong token-to-token persistence a neuron's second access comes one token after its first, and a 10 %
+// small queue has evicted it (to the ghost list) by then, so the second access misses too. (Only two: each policy
+// costs a planner and cache pass over the validation tokens.) The first strictly better candidate wins ties.
+struct Selection {
+  const LayerMask& m;  // the mask the validation tokens come from (tm)
+  const TokenMajorMask& tm;
+  EvalConfig ev;  // token range = tm's
+  uint32_t layer = 0, cap = 0;
+  const SolveOptions& opt;
+  const LayerGraph& g_build;
+  const LayerMask& m_build;
+  uint64_t w_greedy = 0;
+
+  Selection(const LayerMask& mask, const TokenMajorMask& t, const EvalConfig& e, uint32_t l, uint32_t c,
+            const SolveOptions& o, const LayerGraph& gb, const LayerMask& mbuild)
+      : m(mask), tm(t), ev(e), layer(l), cap(c), opt(o), g_build(gb), m_build(mbuild) {}
+
+  double best_io = std::numeric_limits<double>::infinity();
+  Order best;
+  LayerCachePolicy best_policy;
+  std::string best_family, best_build, best_policy_label;
+
+  std::vector<CandidateFigure>* seen = nullptr;
+
+  void offer(const std::string& family, const std::vector<Build>& builds, FamilyFigure& fig, bool small_pass = true) {
+    fig.family = family;
+    double fig_io = std::numeric_limits<double>::infinity();
+    for (const Build& b : builds) {
+      ++fig.candidates;
+      const uint64_t hash = order_hash(b.order);
+      if (opt.guard_weight && path_weight(g_build, m_build, b.order) < w_greedy) {
+        ++fig.refused;
+        if (seen) seen->push_back({family, b.label, -1.0, hash});
+        continue;
+      }
+      auto run = [&](const std::vector<LayerCachePolicy>& ps, const std::vector<std::string>& labels) {
+        std::vector<const LayerCachePolicy*> pp;
+        for (const auto& pol : ps) pp.push_back(&pol);
+        const std::vector<LayerEval> es = evaluate_layer_policies(m, b.order, ev, layer, pp, &tm);  // one pass
+        for (size_t k = 0; k < ps.size(); ++k) {
+          const double io = es[k].io_seconds;
+          if (seen) seen->push_back({family, b.label + ", " + labels[k], es[k].io_ms_per_token(), hash});
+          if (io < fig_io)
+            fig_io = io, fig.validation_ms = es[k].io_ms_per_token(), fig.best = b.label + ", " + labels[k];
+          if (io < best_io) {
+            best_io = io, best = b.order, best_policy = ps[k];
+            best_family = family, best_build = b.label, best_policy_label = labels[k];
+          }
+        }
+        return es;
+      };
+      const std::vector<LayerEval> es = run(b.policies, b.policy_labels);
+      if (!small_pass || opt.small_fraction <= 0) continue;
+      std::vector<size_t> idx;
+      for (size_t k = 0; k < b.policies.size(); ++k)
+        if (b.policies[k].pinned.size() < cap) idx.push_back(k);
+      std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t c) { return es[a].io_seconds < es[c].io_seconds; });
+      std::vector<LayerCachePolicy> more;
+      std::vector<std::string> labels;
+      for (size_t i = 0; i < idx.size() && i < 2; ++i) {
+        LayerCachePolicy q = b.policies[idx[i]];
+        q.small_fraction = opt.small_fraction;
+        more.push_back(std::move(q));
+        labels.push_back(small_label(b.policy_labels[idx[i]]));
+      }
+      if (!more.empty()) run(more, labels);
+    }
+  }
+  std::string small_label(const std::string& l) const {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, ", small FIFO %g", opt.small_fraction);
+    return l + buf;
+  }
+};
+
+// Runs one family on `in`: the candidates the selection compares, or (only != nullptr) just the one with that label.
+std::vector<Build> run_family(const std::string& family, FamilyInput& in, const std::string* only, LayerSolve& r) {
+  if (family == "paper") return family_paper(in);
+  if (family == "search") return family_search(in, &r.ls, &r.pins);
+  if (family == "pinned") return family_pinned(in);
+  if (family == "ends-in") return family_ends_in(in, only);
+  throw InternalError("solve: unknown candidate family " + family);
+}
+
+const std::vector<std::string>& families() {
+  static const std::vector<std::string> f = {"paper", "search", "pinned", "ends-in"};
+  return f;
+}
+
+// The chosen recipe (family, build, cache policy label) rebuilt on `in` (every profile token). A pinned set refined
+// on the build tokens may come out unrefined here (no swap pays): the hottest set then stands in for it. Returns
+// false when the recipe cannot be rebuilt (the caller keeps the candidate built on the build tokens).
+bool rebuild_recipe(FamilyInput& in, const Selection& sel, LayerSolve& r) {
+  auto swap_refined = [](std::string s) {
+    for (size_t p; (p = s.find("refined")) != std::string::npos;) s.replace(p, 7, "hot");
+    return s;
+  };
+  std::string build = sel.best_build;
+  std::vector<Build> bs = run_family(sel.best_family, in, &build, r);
+  if (bs.empty() && build.find("refined") != std::string::npos) {
+    build = swap_refined(build);
+    bs = run_family(sel.best_family, in, &build, r);
+  }
+  for (const Build& b : bs) {
+    if (b.label != build) continue;
+    std::string pl = sel.best_policy_label;
+    const std::string sf = sel.small_label("");
+    const bool small = pl.size() > sf.size() && pl.compare(pl.size() - sf.size(), sf.size(), sf) == 0;
+    if (small) pl.resize(pl.size() - sf.size());
+    for (int attempt = 0; attempt < 2; ++attempt, pl = swap_refined(pl)) {
+      for (size_t k = 0; k < b.policies.size(); ++k) {
+        if (b.policy_labels[k] != pl) continue;
+        r.order = b.order;
+        r.cache = b.policies[k];
+        if (small) r.cache.small_fraction = in.opt.small_fraction;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t layer_index,
+                       const std::vector<int64_t>* sequence_starts, const LayerCountsFn& counts) {
   auto t0 = std::chrono::steady_clock::now();
   LayerSolve r;
   CoactivationOptions co;
   co.top_k = std::max<uint32_t>(opt.top_k, 2);
   const uint64_t pairs = uint64_t(m.n_neurons) * (m.n_neurons > 0 ? m.n_neurons - 1 : 0) / 2;
-  co.full_matrix = (opt.method == "greedy" || opt.method == "greedy+ls") && pairs * 4 <= opt.full_matrix_bytes;
+  const std::string& meth = opt.method;
+  co.full_matrix = (meth == "greedy" || meth == "greedy+ls") && pairs * 4 <= opt.full_matrix_bytes;
   // With the full matrix greedy needs no candidate lists; the search reads the first `neighbours` entries and the
   // bound the first two, and exact top-k lists are prefixes of longer ones, so shorter lists change nothing.
   if (co.full_matrix) co.top_k = std::min(co.top_k, std::max<uint32_t>(2, opt.ls.neighbours));
-  LayerGraph counted;
-  const LayerGraph& g = counts ? counts(layer_index, co) : (counted = coactivation_count(m, co));
+  // greedy+ls builds its candidates on the first sequences and chooses on the rest; every other method (and the
+  // objective, the bound) sees every token. Counts given from outside (solve --graph) already hold every counted
+  // token, so there is no held-out part to split off: the sample then builds and chooses (docs/solvers.md).
+  r.split = validation_split(meth == "greedy+ls" && sequence_starts ? *sequence_starts : std::vector<int64_t>{},
+                             m.n_tokens, meth == "greedy+ls" && !counts ? opt.validation_share : 0.0);
+  const bool split = r.split.split();
+  LayerMask m_build_own;
+  if (split) m_build_own = mask_tokens(m, 0, r.split.build_end);
+  const LayerMask& mb = split ? m_build_own : m;
+  LayerGraph counted;  // the build tokens' counts (completed in place below); unused when `counts` gives them
+  if (!counts) counted = coactivation_count(mb, co);
+  const LayerGraph& g = counts ? counts(layer_index, co) : counted;
+  // Once the candidates are chosen, g becomes every profile token's graph (for the rebuild, the objective and the
+  // bound): counts add, so the validation part's counts complete the build part's in place.
+  // Without a rebuild only the bound needs the validation part: the sum of the two parts' bounds (the two heaviest
+  // counts of a sum are at most the sums of each part's two heaviest) needs its top-2 lists only, not a second matrix.
+  double bound_validation = -1;
+  auto complete_graph = [&] {
+    if (!split) return;
+    m_build_own = LayerMask();  // the build tokens are done with
+    if (!opt.rebuild) {
+      CoactivationOptions cv = co;
+      cv.full_matrix = false;
+      cv.top_k = 2;
+      bound_validation = path_upper_bound(coactivation_count(mask_tokens(m, r.split.build_end, m.n_tokens), cv));
+      return;
+    }
+    if (co.full_matrix) {
+      const LayerGraph gv = coactivation_count(mask_tokens(m, r.split.build_end, m.n_tokens), co);
+      for (size_t i = 0; i < counted.freq.size(); ++i) counted.freq[i] += gv.freq[i];
+      for (size_t i = 0; i < counted.upper.size(); ++i) counted.upper[i] += gv.upper[i];
+      counted.n_tokens = m.n_tokens;
+      coactivation_build_topk(counted, co.top_k);
+    } else {
+      counted = coactivation_count(m, co);
+    }
+  };
   auto lap = [t = t0]() mutable {
     auto now = std::chrono::steady_clock::now();
     double d = std::chrono::duration<double>(now - t).count();
@@ -33,249 +476,82 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
     return d;
   };
   r.seconds_count = lap();
-  r.upper_bound = path_upper_bound(g);
-  const std::string& meth = opt.method;
   if (meth == "identity") {
     r.order = solve_identity(m.n_neurons);
   } else if (meth == "frequency") {
     r.order = solve_frequency(g);
   } else if (meth == "rcm") {
     r.order = solve_rcm(g, opt.rcm_min_count);
-  } else if (meth == "greedy" || meth == "greedy+ls") {
-    GreedyFirstBand first_band;  // the pinned variant's greedy runs on subsets reuse it
-    r.order = solve_greedy(g, &m, &r.greedy, nullptr, &first_band);
+  } else if (meth == "greedy") {
+    r.order = solve_greedy(g, &m, &r.greedy);
     r.seconds_greedy = lap();
-    if (meth == "greedy+ls") {
-      EvalConfig ec = opt.eval;
-      if (ec.bundle_bytes == 0) ec.bundle_bytes = default_bundle_bytes(m.n_neurons);
-      PlannerConfig pc;
-      pc.n_slots = m.n_neurons;
-      pc.bundle_bytes = ec.bundle_bytes;
-      pc.gap = ec.gap;
-      pc.cost = ec.device.cost;
-      LsOptions lo = opt.ls;
-      lo.merge_gap = ReadPlanner(pc).merge_gap_bundles();
-      lo.read_us = ec.device.cost.read_latency_us;
-      lo.bundle_us = double(ec.bundle_bytes) / ec.device.cost.bandwidth_MBps;  // bytes / (MB/s) = us
-      lo.seed = opt.seed * 7919 + layer_index;
-      if (lo.max_evaluations == 0) lo.max_evaluations = uint64_t(opt.evaluations_per_neuron) * m.n_neurons;
-      const uint32_t cap = cache_capacity_for_ratio(ec.cache_ratio, m.n_neurons);
-      const uint32_t n_pin = uint32_t(std::floor(opt.pin_share * cap + 1e-9));
-      const uint64_t w_greedy = path_weight(g, m, r.order);
-      // The guard's device objective runs the planner and cache on the first guard_tokens profile tokens (a
-      // contiguous prefix, so the cache sees real token-to-token persistence): bounded cost at paper scale.
-      EvalConfig eg = ec;
-      eg.token_end = std::min<uint64_t>(m.n_tokens, opt.guard_tokens);
-      const TokenMajorMask tm(m, eg.token_begin, eg.token_end);  // shared by every guard evaluation below
-      // The paper's pipeline on the profile trace: greedy + the evaluator's (linking-aligned) cache.
-      LayerEval e_paper = evaluate_layer(m, r.order, eg, layer_index, nullptr, nullptr, nullptr, &tm);
-      r.io_ms_greedy = e_paper.io_ms_per_token();
-      double best_io = e_paper.io_seconds;
-      Order best = r.order;
-      LayerCachePolicy best_policy;
-      bool kept_ours = false;
-      // Each candidate order is tried with the paper's cache (no recorded policy), with admission `opt.admission`
-      // and with each of the given cache policies (pinned sets); the best on the profile prefix is kept.
-      auto try_order = [&](const Order& o, const std::vector<LayerCachePolicy>& cands, double& io_ms_out) {
-        if (!(path_weight(g, m, o) >= w_greedy || !opt.guard_weight)) return;
-        std::vector<LayerCachePolicy> pols = {LayerCachePolicy{}, LayerCachePolicy{opt.admission, {}}};
-        for (const auto& c : cands)
-          if (!c.pinned.empty()) pols.push_back(c);
-        auto run = [&](const std::vector<LayerCachePolicy>& ps) {
-          std::vector<const LayerCachePolicy*> pp;
-          for (const auto& pol : ps) pp.push_back(&pol);
-          const std::vector<LayerEval> es = evaluate_layer_policies(m, o, eg, layer_index, pp, &tm);  // one pass
-          for (size_t k = 0; k < ps.size(); ++k) {
-            const LayerEval& e = es[k];
-            double ms = e.io_ms_per_token();
-            if (io_ms_out == 0 || ms < io_ms_out) io_ms_out = ms;
-            if (e.io_seconds < best_io) best_io = e.io_seconds, best = o, best_policy = ps[k], kept_ours = true;
+  } else if (meth == "greedy+ls") {
+    // The one objective (layout/cost_model.h): every search's estimate and the selection's exact measure.
+    const CostModel cost = cost_model(opt.eval, m.n_neurons);
+    const EvalConfig& ec = cost.exact;
+    // Pinned sets and the peel are measured on the first guard_tokens build tokens (a contiguous prefix, so the cache
+    // sees real token-to-token persistence); candidates are compared on as many validation tokens.
+    const TokenMajorMask tm_build(mb, 0, std::min<uint64_t>(mb.n_tokens, opt.guard_tokens));
+    FamilyInput in(mb, g, tm_build, opt, cost);
+    in.greedy = solve_greedy(g, &mb, &r.greedy, nullptr, &in.band);
+    r.seconds_greedy = lap();
+    std::unique_ptr<TokenMajorMask> tm_val_own;
+    if (split)
+      tm_val_own = std::make_unique<TokenMajorMask>(
+          m, r.split.build_end, std::min<uint64_t>(m.n_tokens, r.split.build_end + opt.guard_tokens));
+    const TokenMajorMask& tm_val = split ? *tm_val_own : tm_build;
+    Selection sel(split ? m : mb, tm_val, ec, layer_index, in.cap, opt, g, mb);
+    sel.ev.token_begin = tm_val.begin;
+    sel.ev.token_end = tm_val.end;
+    sel.w_greedy = opt.guard_weight ? path_weight(g, mb, in.greedy) : 0;
+    sel.seen = &r.candidates;
+    std::vector<Build> winners;  // per family, its best candidate alone (for the build-token figure)
+    for (const std::string& f : families()) {
+      std::vector<Build> bs = run_family(f, in, nullptr, r);
+      FamilyFigure fig;
+      sel.offer(f, bs, fig, f != "paper");
+      if (fig.candidates == 0) continue;
+      if (split && fig.validation_ms > 0) {  // the family's best on the build tokens, for the report
+        for (const Build& b : bs) {
+          for (size_t k = 0; k < b.policies.size(); ++k) {
+            const std::string l = b.label + ", " + b.policy_labels[k];
+            LayerCachePolicy p = b.policies[k];
+            bool match = fig.best == l;
+            if (!match && fig.best == b.label + ", " + sel.small_label(b.policy_labels[k]))
+              match = true, p.small_fraction = opt.small_fraction;
+            if (!match) continue;
+            EvalConfig eb = ec;
+            eb.token_begin = tm_build.begin;
+            eb.token_end = tm_build.end;
+            fig.build_ms =
+                evaluate_layer(mb, b.order, eb, layer_index, &p, nullptr, nullptr, &tm_build).io_ms_per_token();
           }
-          return es;
-        };
-        const std::vector<LayerEval> es = run(pols);
-        // The two best of these policies that leave part of the capacity to S3-FIFO, again with a larger small
-        // FIFO: with strong token-to-token persistence a neuron's second access comes one token after its first,
-        // and a 10 % small queue has evicted it (to the ghost list) by then, so the second access misses too.
-        // (Only two: each policy costs a planner and cache pass over the guard tokens.)
-        if (opt.small_fraction > 0) {
-          std::vector<size_t> idx;
-          for (size_t k = 0; k < pols.size(); ++k)
-            if (pols[k].pinned.size() < cap) idx.push_back(k);
-          std::stable_sort(idx.begin(), idx.end(),
-                           [&](size_t a, size_t b) { return es[a].io_seconds < es[b].io_seconds; });
-          std::vector<LayerCachePolicy> more;
-          for (size_t i = 0; i < idx.size() && i < 2; ++i) {
-            LayerCachePolicy q = pols[idx[i]];
-            q.small_fraction = opt.small_fraction;
-            more.push_back(std::move(q));
-          }
-          if (!more.empty()) run(more);
         }
-      };
-      // Variant 1: search from the greedy seed; also with the hottest neurons pinned where they are (the order
-      // and so the gap-0 path weight unchanged, only the cache policy differs).
-      const bool can_pin = n_pin > 0 && n_pin < m.n_neurons;
-      const std::vector<uint32_t> hot_pins = can_pin ? hottest(g.freq, n_pin) : std::vector<uint32_t>{};
-      std::vector<uint32_t> refined_pins;
-      {
-        lo.hot_count = uint32_t(std::floor(opt.hot_share * cap));
-        Order o = local_search(m, g, r.order, lo, &r.ls);
-        std::vector<LayerCachePolicy> cands = {LayerCachePolicy{opt.admission, hot_pins}};
-        // Smaller hot sets leave part of the capacity to S3-FIFO, admitting every miss or only the misses read
-        // alone ("isolated": a hit there saves a whole read, and persistent isolated neurons come back).
-        for (uint32_t q : {6u, 5u, 4u}) {
-          const uint32_t k = n_pin * q / 8;
-          if (!can_pin || k == 0 || k >= n_pin) continue;
-          std::vector<uint32_t> part(hot_pins.begin(), hot_pins.begin() + k);
-          cands.push_back(LayerCachePolicy{opt.admission, part});
-          if (opt.admission != CacheAdmission::kIsolated)
-            cands.push_back(LayerCachePolicy{CacheAdmission::kIsolated, std::move(part)});
-        }
-        // The same capacity pinned where the pins save the most reads and bytes under this order's read plans.
-        if (can_pin && opt.pin_rounds > 0) {
-          PinCost pc_cost{lo.read_us, lo.bundle_us, lo.merge_gap};
-          std::vector<uint32_t> refined =
-              refine_pins(tm, o, hot_pins, g.freq, pc_cost, opt.pin_rounds, opt.ls.sample_tokens, &r.pins);
-          if (r.pins.swaps > 0)
-            refined_pins = refined, cands.push_back(LayerCachePolicy{opt.admission, std::move(refined)});
-        }
-        try_order(o, cands, r.io_ms_ls);
+      } else {
+        fig.build_ms = fig.validation_ms;  // built and chosen on the same tokens
       }
-      // Variant 2: the hottest neurons pinned; the path is solved without them (greedy on the cold neurons' own
-      // co-activation, i.e. on the miss stream), and they sit in a block at the end ordered by greedy among
-      // themselves so that gap-0 reads without a cache stay low too.
-      if (can_pin) {
-        LayerCachePolicy pol{opt.admission, hot_pins};
-        std::vector<uint8_t> cold(m.n_neurons, 1);
-        for (uint32_t v : pol.pinned) cold[v] = 0;
-        Order cp = solve_greedy_subset(g, &m, &cold, nullptr, nullptr, &first_band);
-        for (auto& c : cold) c ^= 1;
-        Order hp = solve_greedy_subset(g, &m, &cold, nullptr, nullptr, &first_band);
-        uint64_t bw = 0;
-        int bo = 0;
-        for (int o = 0; o < 4; ++o) {  // orient the two paths for the most co-activated junction
-          uint32_t a = (o & 1) ? cp.front() : cp.back(), b = (o & 2) ? hp.back() : hp.front();
-          uint64_t c = pair_count(g, m, a, b);
-          if (c > bw) bw = c, bo = o;
-        }
-        if (bo & 1) std::reverse(cp.begin(), cp.end());
-        if (bo & 2) std::reverse(hp.begin(), hp.end());
-        Order seed = cp;
-        seed.insert(seed.end(), hp.begin(), hp.end());
-        LsOptions lp = lo;
-        lp.hot_count = n_pin;
-        LsStats st;
-        Order o = local_search(m, g, seed, lp, &st);
-        try_order(o, {pol}, r.io_ms_pinned);
-      }
-      // Variant 3: the miss stream (design section 5): simulate the layout's cache on the profile trace, then
-      // solve greedy + search on the co-activation of the misses only.
-      if (opt.miss_stream) {
-        LayerCachePolicy pol{opt.admission, {}};
-        LayerMask miss;
-        evaluate_layer(m, r.order, eg, layer_index, &pol, &miss, nullptr, &tm);
-        LayerGraph gm = coactivation_count(miss, co);
-        Order o = solve_greedy(gm, &miss);
-        r.weight_miss_greedy = path_weight(g, m, o);
-        LsOptions lm = lo;
-        lm.hot_count = 0;
-        LsStats st;
-        o = local_search(miss, gm, o, lm, &st);
-        r.weight_miss = path_weight(g, m, o);
-        try_order(o, {}, r.io_ms_miss);
-      }
-      // Variant 4: layers read in few long pieces (the merge gap is wider than the search's windows, so it cannot
-      // see what a move does to a read's span): the order built from both ends inwards (layout/span.h) with the
-      // pinned neurons in a block after it (never read while resident). Where both ends' unions already cover all
-      // but a share `eps` of the tokens, the order changes the span little, so the neurons left there, and the
-      // pinned block, are ordered by greedy among themselves for the path weight (gap-0 reads).
-      if (lo.merge_gap > lo.max_window && m.n_neurons >= 4) {
-        auto peel = [&](const std::vector<uint32_t>& pins) {
-          std::vector<uint8_t> inc(m.n_neurons, 1);
-          for (uint32_t v : pins) inc[v] = 0;
-          return solve_ends_in(tm, inc);
-        };
-        auto compose = [&](const EndsIn& e, const std::vector<uint32_t>& pins, double eps) {
-          const uint64_t n_tok = tm.end - tm.begin;
-          const uint64_t need = n_tok - uint64_t(eps * double(n_tok));
-          auto kept = [&](const std::vector<uint64_t>& cover) {  // end neurons up to the first covering `need`
-            size_t k = 0;
-            while (k < cover.size() && cover[k] < need) ++k;
-            return std::min(cover.size(), k + 1);
-          };
-          const size_t kl = kept(e.cover_left), kr = kept(e.cover_right);
-          auto greedy_of = [&](const std::vector<uint8_t>& inc, uint32_t after) {  // oriented to join `after`
-            Order p = solve_greedy_subset(g, &m, &inc, nullptr, nullptr, &first_band);
-            if (after < m.n_neurons && p.size() > 1 &&
-                pair_count(g, m, after, p.back()) > pair_count(g, m, after, p.front()))
-              std::reverse(p.begin(), p.end());
-            return p;
-          };
-          std::vector<uint8_t> mid(m.n_neurons, 0);
-          for (size_t i = kl; i < e.left.size(); ++i) mid[e.left[i]] = 1;
-          for (size_t i = kr; i < e.right.size(); ++i) mid[e.right[i]] = 1;
-          Order o(e.left.begin(), e.left.begin() + std::ptrdiff_t(kl));
-          const Order mp = greedy_of(mid, o.empty() ? m.n_neurons : o.back());
-          o.insert(o.end(), mp.begin(), mp.end());
-          for (size_t i = kr; i-- > 0;) o.push_back(e.right[i]);
-          if (!pins.empty()) {
-            std::vector<uint8_t> pin(m.n_neurons, 0);
-            for (uint32_t v : pins) pin[v] = 1;
-            const Order hp = greedy_of(pin, o.empty() ? m.n_neurons : o.back());
-            o.insert(o.end(), hp.begin(), hp.end());
-          }
-          return o;
-        };
-        // Without the weight guard the gap-0 reads are free to rise: the peel is then also polished by slot swaps
-        // on the exact one-read cost (block-aligned span), which lowers the path weight further.
-        SpanCost sc{lo.read_us, 1.0 / ec.device.cost.bandwidth_MBps, ec.bundle_bytes, ec.device.block_bytes};
-        auto polish = [&](const Order& o, const std::vector<uint32_t>& pins) {
-          return polish_span(tm, o, pins, sc, 4, opt.ls.sample_tokens, uint64_t(1) << 29);
-        };
-        const std::vector<double> shares = {0.0, 0.002, 0.02, 0.1, 0.3};
-        const EndsIn all = peel({});
-        for (double eps : shares) try_order(compose(all, {}, eps), {}, r.io_ms_span);
-        if (!opt.guard_weight) try_order(polish(compose(all, {}, 0.0), {}), {}, r.io_ms_span);
-        if (can_pin) {
-          const EndsIn cold = peel(hot_pins);
-          std::vector<uint32_t> refined;
-          if (opt.pin_rounds > 0) {
-            PinCost pc_cost{lo.read_us, lo.bundle_us, lo.merge_gap};
-            PinRefineStats ps;
-            refined = refine_pins(tm, compose(cold, hot_pins, 0.0), hot_pins, g.freq, pc_cost, opt.pin_rounds,
-                                  opt.ls.sample_tokens, &ps);
-            if (ps.swaps == 0) refined.clear();
-          }
-          for (double eps : shares) {
-            std::vector<LayerCachePolicy> cands = {LayerCachePolicy{opt.admission, hot_pins}};
-            if (!refined.empty()) cands.push_back(LayerCachePolicy{opt.admission, refined});
-            try_order(compose(cold, hot_pins, eps), cands, r.io_ms_span);
-          }
-          if (!opt.guard_weight) {
-            try_order(polish(compose(cold, hot_pins, 0.0), hot_pins), {LayerCachePolicy{opt.admission, hot_pins}},
-                      r.io_ms_span);
-          }
-          if (!refined.empty()) {
-            const EndsIn rest = peel(refined);
-            for (double eps : shares)
-              try_order(compose(rest, refined, eps), {LayerCachePolicy{opt.admission, refined}}, r.io_ms_span);
-            if (!opt.guard_weight)
-              try_order(polish(compose(rest, refined, 0.0), refined), {LayerCachePolicy{opt.admission, refined}},
-                        r.io_ms_span);
-          }
-        }
-      }
-      r.seconds_ls = lap();
-      r.guard_kept_seed = !kept_ours;
-      r.pins_refined = kept_ours && !refined_pins.empty() && best_policy.pinned == refined_pins;
-      r.order = std::move(best);
-      r.cache = std::move(best_policy);
+      r.families.push_back(std::move(fig));
+    }
+    r.chosen_family = sel.best_family;
+    r.chosen = sel.best_build + ", " + sel.best_policy_label;
+    r.chosen_validation_ms = 1e3 * sel.best_io / double(std::max<uint64_t>(1, tm_val.end - tm_val.begin));
+    r.order = sel.best;
+    r.cache = sel.best_policy;
+    r.seconds_ls = lap();
+    complete_graph();
+    r.seconds_count += lap();
+    if (split && opt.rebuild) {
+      const TokenMajorMask tm_all(m, 0, std::min<uint64_t>(m.n_tokens, opt.guard_tokens));
+      FamilyInput all(m, g, tm_all, opt, cost);
+      all.greedy = solve_greedy(g, &m, nullptr, nullptr, &all.band);
+      r.rebuilt = rebuild_recipe(all, sel, r);
+      r.seconds_ls += lap();
     }
   } else {
     throw UsageError("unknown method '" + meth + "' (identity, frequency, greedy, greedy+ls, rcm)");
   }
-  r.objective = path_weight(g, m, r.order);
+  r.upper_bound = path_upper_bound(g) + std::max(0.0, bound_validation);
+  r.objective = graph_covers(g, m) ? path_weight(g, m, r.order) : path_weight(m, r.order);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -296,13 +572,13 @@ nlohmann::json solve_parameters(const SolveOptions& opt) {
     p["pin_rounds"] = opt.pin_rounds;
     p["small_fraction"] = opt.small_fraction;
     p["guard_tokens"] = opt.guard_tokens;
-    if (opt.hot_share > 0) p["hot_share"] = opt.hot_share;
+    p["validation_share"] = opt.validation_share;
+    p["rebuild"] = opt.rebuild;
+    p["weight_guard"] = opt.guard_weight;
     p["max_evaluations"] = opt.ls.max_evaluations;
     p["evaluations_per_neuron"] = opt.evaluations_per_neuron;
     p["sample_tokens"] = opt.ls.sample_tokens;
     p["neighbours"] = opt.ls.neighbours;
-    p["kicks"] = opt.ls.kicks;
-    if (opt.ls.time_budget_s > 0) p["time_budget_s"] = opt.ls.time_budget_s;
   }
   return p;
 }
@@ -339,7 +615,7 @@ Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,
         std::lock_guard<std::mutex> lk(io_mu);  // HDF5 is serialised
         m = tr.read_layer(uint32_t(l));
       }
-      LayerSolve s = solve_layer(m, opt, uint32_t(l));
+      LayerSolve s = solve_layer(m, opt, uint32_t(l), &ti.sequences);
       out.layers[size_t(l)] = layout_layer_of(s);
       if (progress) {
         std::lock_guard<std::mutex> lk(cb_mu);

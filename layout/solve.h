@@ -1,10 +1,14 @@
 // Solving a whole trace: per layer, count co-activations (graph/), run the chosen method, and record the
-// objective and upper bound; layers in parallel (OpenMP). greedy+ls keeps the greedy seed when the search
-// result is not better on the profile trace (guard), so it is never worse than greedy there.
+// objective and upper bound; layers in parallel (OpenMP). greedy+ls builds candidates (order + cache policy) in
+// families on the first sequences of the profile trace, chooses the one the runtime pays least for on the last
+// sequences (validation tokens the candidates never saw), and optionally rebuilds the chosen recipe on all tokens. The
+// paper's pipeline (greedy + the evaluator's cache) is always a candidate, so on validation the choice never loses
+// to it. How it works and how to change the objective: docs/solvers.md.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "formats/layout.h"
 #include "layout/evaluate.h"
@@ -24,14 +28,12 @@ struct SolveOptions {
   // bytes per layer (n(n-1)/2 x 4: 512 MiB at 16,384 neurons); else over the top-k lists. On the dense presets
   // top-k truncation costs greedy a lot (Llama-2: 4.94 with k = 256 vs 6.65 with k = 4,096; docs/solvers.md).
   uint64_t full_matrix_bytes = uint64_t(1) << 30;
-  // The device objective greedy+ls optimises and its guard measures (same settings as nl-layout eval).
-  EvalConfig eval;         // gap, cache ratio, device, bundle bytes (0 = default for the layer width)
-  LsOptions ls;            // merge gap / costs are filled in from `eval` by solve_layer
-  double hot_share = 0.0;  // variant 1: hot block kept at the end for the S3-FIFO cache (rejected experiment)
+  // The device objective greedy+ls optimises and chooses by (same settings as nl-layout eval).
+  EvalConfig eval;  // gap, cache ratio, device, bundle bytes (0 = default for the layer width)
+  LsOptions ls;     // merge gap / costs are filled in from `eval` by solve_layer
   // greedy+ls co-designs the layout with the cache at the same capacity: admission "all" (plain S3-FIFO, which
-  // keeps the neurons of persistent runs; linking-aligned admission rejects them) and, when pin_share > 0, a
-  // variant that pins the hottest pin_share x capacity neurons (they leave the path). The variant that is best on
-  // the profile trace is kept, and the paper's pipeline (greedy + linking-aligned) when neither beats it.
+  // keeps the neurons of persistent runs; linking-aligned admission rejects them) and, when pin_share > 0,
+  // policies that pin the hottest pin_share x capacity neurons (or part of them).
   CacheAdmission admission = CacheAdmission::kAll;
   double pin_share = 1.0;
   // Rounds of swaps refining the pinned set for the searched order (layout/pins.h); 0 = the hottest set only.
@@ -39,29 +41,68 @@ struct SolveOptions {
   // Each cache candidate with an S3-FIFO part is also tried with this small-FIFO share (recorded per layer as
   // `small_fraction`); 0 = only S3-FIFO's 10 %.
   double small_fraction = 0.5;
-  bool miss_stream = false;       // also try greedy + search on the miss stream's co-activation
-  uint64_t guard_tokens = 16384;  // profile tokens (a prefix) the guard compares pipelines on
-  bool guard_weight = true;       // a variant must keep the greedy path weight (gap-0 reads without a cache)
+  // Share of the profile trace's sequences (the last ones) held out to choose between candidates; the rest builds
+  // them. 0 = build on every token and choose on the first guard_tokens of them (before validated selection).
+  double validation_share = 0.2;
+  // Rebuild the chosen recipe on all profile tokens (validation_share > 0). Off: it gained at most 0.06 % held out
+  // on the presets and nothing on tiny-relu for about 11 % more CPU (docs/benchmarks.md "Layout solver").
+  bool rebuild = false;
+  uint64_t guard_tokens = 16384;  // validation tokens (a prefix of the held-out part) the choice is made on
+  bool guard_weight = false;      // a candidate must keep greedy's path weight (gap-0 reads without a cache)
+  // The ends-in family's swap polish (layout/span.h): tokens visited per polish, a deterministic budget.
+  uint64_t polish_work = uint64_t(1) << 22;
   // Deterministic search budget when ls.max_evaluations is 0: this many move evaluations per neuron.
   uint32_t evaluations_per_neuron = 4;
 };
 
+// The profile tokens of one layer split by sequences: [0, build_end) builds the candidates, [build_end, n_tokens)
+// validates them. The last ceil(share x sequences) sequences validate; a trace of one sequence is split at a token.
+struct TokenSplit {
+  uint64_t build_end = 0, n_tokens = 0;
+  uint64_t validation_sequences = 0;  // 0: split inside the single sequence (or no split)
+  bool split() const { return build_end < n_tokens; }
+};
+TokenSplit validation_split(const std::vector<int64_t>& sequence_starts, uint64_t n_tokens, double share);
+
+// Tokens [begin, end) of m as a mask of end - begin tokens.
+LayerMask mask_tokens(const LayerMask& m, uint64_t begin, uint64_t end);
+
+// One candidate family's figures on the layer (I/O ms per token; 0 = not tried or refused by the weight guard):
+// the best of its candidates on the validation tokens, and that candidate on the build tokens.
+struct FamilyFigure {
+  std::string family;  // "paper", "search", "pinned", "ends-in"
+  double validation_ms = 0, build_ms = 0;
+  std::string best;  // label of its best candidate
+  uint32_t candidates = 0, refused = 0;
+};
+
+// One candidate (an order under one cache policy) as the selection saw it.
+struct CandidateFigure {
+  std::string family, label;  // label: "<build>, <cache policy>"
+  double validation_ms = 0;   // I/O ms per token on the validation tokens; < 0: refused by the weight guard
+  uint64_t order_hash = 0;    // order_hash of the candidate's order
+};
+
+// FNV-1a of an order's slots (tests and reports tell candidates apart by it).
+uint64_t order_hash(const Order& order);
+
 struct LayerSolve {
   Order order;
   LayerCachePolicy cache;  // the cache policy the order was designed for (greedy+ls); empty = evaluator's
-  uint64_t objective = 0;  // path weight
+  uint64_t objective = 0;  // path weight on every profile token
   double upper_bound = 0;
   GreedyStats greedy;
   LsStats ls;
-  PinRefineStats pins;        // greedy+ls: the pinned set refined for the searched order
-  bool pins_refined = false;  // the kept policy pins the refined set (not the hottest)
-  bool guard_kept_seed = false;
-  // greedy+ls: profile-trace I/O ms/token of the paper's pipeline and of each variant: the search, pinned-hot,
-  // miss-stream and ends-in (layout/span.h) ones (0 = not tried, or refused by the weight guard)
-  double io_ms_greedy = 0, io_ms_ls = 0, io_ms_pinned = 0, io_ms_miss = 0, io_ms_span = 0;
-  uint64_t weight_miss_greedy = 0, weight_miss = 0;  // miss-stream variant: full-trace path weights
-  double seconds_count = 0, seconds_greedy = 0,
-         seconds_ls = 0;  // time split  // greedy+ls: the search result was not better on the profile trace
+  PinRefineStats pins;  // greedy+ls: the pinned set refined for the searched order
+  // greedy+ls: the validated selection
+  TokenSplit split;
+  std::vector<FamilyFigure> families;       // in the order tried; families[0] is the paper's pipeline
+  std::vector<CandidateFigure> candidates;  // every candidate, in the order tried; [0] is the paper's pipeline
+  std::string chosen_family, chosen;        // the winner: its family and label ("paper" = the paper's pipeline)
+  double chosen_validation_ms = 0;
+  bool rebuilt = false;  // the chosen recipe was rebuilt on all profile tokens
+  bool kept_paper() const { return chosen_family == "paper" || chosen_family.empty(); }
+  double seconds_count = 0, seconds_greedy = 0, seconds_ls = 0;  // time split
   double seconds = 0;
 };
 
@@ -69,9 +110,10 @@ struct LayerSolve {
 // layout/solve_graph.h): given the counting options solve would use, the layer's graph (kept alive by the caller).
 using LayerCountsFn = std::function<const LayerGraph&(uint32_t layer, const CoactivationOptions& co)>;
 
-// `counts` (optional): the layer's counts instead of counting `m` (which is then the token sample, maybe empty).
+// sequence_starts (optional): the trace's /sequences; absent = one sequence. `counts` (optional): the layer's counts
+// instead of counting `m` (which is then the token sample, maybe empty; no validation split is made).
 LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t layer_index,
-                       const LayerCountsFn& counts = {});
+                       const std::vector<int64_t>* sequence_starts = nullptr, const LayerCountsFn& counts = {});
 
 // The layout's "parameters" object for these options, and one layer's entry from its result (one definition
 // for solve_trace and solve_graph).

@@ -145,7 +145,7 @@ Layout solve_graph(const std::vector<std::string>& graph_paths, const std::strin
         g = graph_counts_for_solve(std::move(file_g), co, graph_paths[where[layer].first], layer, &spare_upper);
         return g;
       };
-      LayerSolve s = solve_layer(m, opt, uint32_t(l), counts);
+      LayerSolve s = solve_layer(m, opt, uint32_t(l), nullptr, counts);
       // solve_layer measures the path weight on the sample where the graph's matrix does not cover it: record
       // the graph's own (exact with the full matrix, or when the sample is the counted trace itself).
       if (!(graph_covers(g, m) || (m.n_tokens == g.n_tokens && m.n_tokens > 0)))

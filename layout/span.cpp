@@ -92,7 +92,7 @@ struct TokenSpan {
 
 }  // namespace
 
-Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned, const SpanCost& c,
+Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned, const CostModel& c,
                   uint32_t passes, uint64_t max_tokens, uint64_t max_work, double* saved_us) {
   const uint32_t n = tm.n_neurons;
   if (order.size() != n) throw InternalError("polish_span: order length does not match the layer");
@@ -109,12 +109,7 @@ Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vecto
     tm.for_each_active(t, [&](uint32_t v) {
       if (!pin[v]) toks[v].push_back(uint32_t(t - tm.begin));
     });
-  auto cost = [&](uint32_t count, uint32_t lo, uint32_t hi) {
-    if (count == 0) return 0.0;
-    const uint64_t b = lo * c.bundle_bytes / c.block_bytes * c.block_bytes;
-    const uint64_t e = ((hi + 1) * c.bundle_bytes + c.block_bytes - 1) / c.block_bytes * c.block_bytes;
-    return c.read_us + double(e - b) * c.us_per_byte;
-  };
+  auto cost = [&](uint32_t count, uint32_t lo, uint32_t hi) { return count == 0 ? 0.0 : c.span_read_us(lo, hi); };
   std::vector<TokenSpan> sp(T);
   auto rebuild = [&](uint32_t t) {
     TokenSpan s;

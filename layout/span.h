@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "layout/cost_model.h"
 #include "layout/evaluate.h"
 #include "layout/solvers.h"
 
@@ -29,20 +30,12 @@ EndsIn solve_ends_in(const TokenMajorMask& tm, const std::vector<uint8_t>& inclu
 // active and not in `pinned`: the bundles one read per token transfers, before block alignment.
 uint64_t span_bundles(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned);
 
-// The estimated cost of one read per token from its first to its last needed slot: read_us + the aligned bytes
-// (whole blocks, slot 0 at a block start) * us_per_byte.
-struct SpanCost {
-  double read_us = default_device().cost.read_latency_us;
-  double us_per_byte = 1.0 / default_device().cost.bandwidth_MBps;  // 1 / (B in MB/s)
-  uint64_t bundle_bytes = 4096;
-  uint64_t block_bytes = 4096;
-};
-
-// Swaps of two unpinned neurons' slots, kept while they lower that cost summed over the first `max_tokens` of tm's
+// Swaps of two unpinned neurons' slots, kept while they lower the cost of one read per token from its first to its
+// last needed slot (CostModel::span_read_us) summed over the first `max_tokens` of tm's
 // tokens (0 = all), in at most `passes` passes over all pairs (first improvement, slots in ascending order),
 // stopping once the pairs tried have visited `max_work` tokens (0 = no limit; the budget keeps it deterministic).
 // Pinned neurons keep their slots. `saved_us` (optional) gets the cost saved on those tokens.
-Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned, const SpanCost& c,
+Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned, const CostModel& c,
                   uint32_t passes, uint64_t max_tokens = 0, uint64_t max_work = 0, double* saved_us = nullptr);
 
 }  // namespace nl

@@ -141,8 +141,8 @@ TEST_CASE("SIGKILL at any moment of nl-layout solve: the final name holds the ol
   const std::string before = read_file(out);
   int killed_running = 0;
   for (int delay_ms : {0, 5, 20, 50, 100, 200, 400, 800, 1600}) {
-    const pid_t pid = spawn("nl-layout", {"-q", "solve", "--trace", tmp("solve.h5"), "--method", "greedy+ls", "--kicks",
-                                          "50", "--out", out});
+    const pid_t pid =
+        spawn("nl-layout", {"-q", "solve", "--trace", tmp("solve.h5"), "--method", "greedy+ls", "--out", out});
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     ::kill(pid, SIGKILL);
     const int rc = reap(pid);

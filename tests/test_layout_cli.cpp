@@ -80,8 +80,8 @@ TEST_CASE("solve is byte-identical across runs; eval prints figures and enforces
   write_trace("cli_test.h5", 2);
   for (const char* m : {"identity", "frequency", "greedy", "rcm"})
     REQUIRE(run(std::string("-q solve --trace cli_prof.h5 --method ") + m + " --out cli_" + m + ".json") == 0);
-  REQUIRE(run("-q solve --trace cli_prof.h5 --out cli_ls1.json --seed 3 --kicks 5") == 0);
-  REQUIRE(run("-q --threads 1 solve --trace cli_prof.h5 --out cli_ls2.json --seed 3 --kicks 5") == 0);
+  REQUIRE(run("-q solve --trace cli_prof.h5 --out cli_ls1.json --seed 3") == 0);
+  REQUIRE(run("-q --threads 1 solve --trace cli_prof.h5 --out cli_ls2.json --seed 3") == 0);
   CHECK(read_file("cli_ls1.json") == read_file("cli_ls2.json"));
   auto lay = nlohmann::json::parse(read_file("cli_ls1.json"));
   CHECK(lay["method"] == "greedy+ls");

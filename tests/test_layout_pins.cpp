@@ -60,10 +60,11 @@ double planner_cost_us(const LayerMask& m, const Order& order, const std::vector
   return us;
 }
 
-PinCost cost_for(uint64_t bundle) {
-  PinCost c;
+CostModel cost_for(uint64_t bundle) {
+  CostModel c;
   c.read_us = 8.14;
-  c.bundle_us = double(bundle) / 4267.0;
+  c.bandwidth_MBps = 4267.0;
+  c.bundle_bytes = bundle;
   c.merge_gap = auto_gap_bundles(ufs40(), bundle);
   return c;
 }
@@ -95,7 +96,7 @@ TEST_CASE("pin deltas are exact single flips") {
   const Order order = shuffled(n, rng);
   std::vector<uint32_t> pinned = {3, 4, 5, 17, 40};
   const TokenMajorMask tm(m, 0, m.n_tokens);
-  const PinCost c = cost_for(16384);
+  const CostModel c = cost_for(16384);
   const double base = pinned_cost_us(tm, order, pinned, c);
   const std::vector<double> d = pin_deltas(tm, order, pinned, c);
   REQUIRE(d.size() == n);
@@ -125,7 +126,7 @@ TEST_CASE("refinement swaps a pin inside a run for the isolated neuron whose pin
   Order order(n);
   std::iota(order.begin(), order.end(), 0u);
   const TokenMajorMask tm(m, 0, m.n_tokens);
-  const PinCost c = cost_for(16384);
+  const CostModel c = cost_for(16384);
   const std::vector<uint64_t> f = freqs(m);
   const std::vector<uint32_t> seed = hottest(f, 1);
   REQUIRE(seed == std::vector<uint32_t>{0});
@@ -151,7 +152,7 @@ TEST_CASE("refinement never raises the estimated cost, keeps the size, orders ho
     const std::vector<uint64_t> f = freqs(m);
     const uint32_t k = 1 + uint32_t(rng() % (n / 4));
     const std::vector<uint32_t> seed = hottest(f, k);
-    const PinCost c = cost_for(rng() % 2 ? 16384 : 24576);
+    const CostModel c = cost_for(rng() % 2 ? 16384 : 24576);
     PinRefineStats st;
     const std::vector<uint32_t> got = refine_pins(tm, order, seed, f, c, 8, 0, &st);
     REQUIRE(got.size() == seed.size());

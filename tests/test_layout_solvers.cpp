@@ -173,7 +173,7 @@ TEST_CASE("greedy with short candidate lists still yields one path, deterministi
   CHECK(st.fragments >= 1);
 }
 
-TEST_CASE("greedy+ls never has a lower path weight than its greedy seed and is deterministic") {
+TEST_CASE("greedy+ls under the weight guard never has a lower path weight than its greedy seed and is deterministic") {
   for (uint64_t seed : {2u, 3u, 4u}) {
     LayerMask m = small_layer(500, 2000, seed);
     SolveOptions o;
@@ -184,15 +184,16 @@ TEST_CASE("greedy+ls never has a lower path weight than its greedy seed and is d
     o.method = "greedy";
     LayerSolve gr = solve_layer(m, o, 0);
     o.method = "greedy+ls";
-    o.ls.kicks = 20;
+    o.validation_share = 0;  // built and chosen on the same tokens, under the weight guard
+    o.guard_weight = true;
     LayerSolve ls = solve_layer(m, o, 0), ls2 = solve_layer(m, o, 0);
     CHECK(ls.objective >= gr.objective);
     CHECK(ls.order == ls2.order);
-    // Never worse than greedy on the profile trace's device objective (the guard).
+    // Never worse than greedy on the tokens it was chosen on (the whole profile trace here).
     // (greedy+ls with its own cache policy against greedy with the paper's linking-aligned cache.)
     LayerEval eg = evaluate_layer(m, gr.order, o.eval, 0), el = evaluate_layer(m, ls.order, o.eval, 0, &ls.cache);
     CHECK(el.io_seconds <= eg.io_seconds);
-    if (ls.guard_kept_seed) {  // kept greedy = kept the paper's pipeline: greedy's order, no recorded policy
+    if (ls.kept_paper()) {  // kept greedy = kept the paper's pipeline: greedy's order, no recorded policy
       CHECK(ls.order == gr.order);
       CHECK(ls.cache.admission == CacheAdmission::kUnset);
       CHECK(ls.cache.pinned.empty());
@@ -207,16 +208,17 @@ TEST_CASE("the search objective equals the planner's I/O time (fixed gap, block-
   std::reverse(o.begin() + 50, o.end());
   for (uint32_t g : {0u, 1u, 2u}) {
     LsOptions lo;
-    lo.merge_gap = g;
-    lo.read_us = 8.14;
-    lo.bundle_us = 4096.0 / 4267.0;
+    lo.cost.merge_gap = g;
+    lo.cost.read_us = 8.14;
+    lo.cost.bandwidth_MBps = 4267.0;
+    lo.cost.bundle_bytes = 4096;
     lo.sample_tokens = 640;  // every token
     EvalConfig ec;
     ec.device = default_device();
     ec.gap = GapPolicy::parse(g ? std::to_string(g) : "off");
     ec.bundle_bytes = 4096;
     LayerEval e = evaluate_layer(m, o, ec, 0);
-    double want_us = (lo.read_us + lo.bundle_us) * double(e.active) - ls_objective(m, o, lo);
+    double want_us = (lo.cost.read_us + lo.cost.bundle_us()) * double(e.active) - ls_objective(m, o, lo);
     CHECK(e.io_seconds * 1e6 == doctest::Approx(want_us).epsilon(1e-9));
   }
 }
@@ -312,7 +314,7 @@ TEST_CASE("the search's window-count kernels agree, and the full matrix gives th
     CHECK(path_weight(lists, m, seed) == path_weight(m, seed));  // no matrix: counted from the mask
     for (uint32_t g : {0u, 1u, 3u}) {
       LsOptions lo;
-      lo.merge_gap = g;
+      lo.cost.merge_gap = g;
       lo.sample_tokens = 4096;
       detail::ls_portable_kernel = true;
       const double portable = ls_objective(m, seed, lo);

@@ -80,7 +80,7 @@ uint64_t brute_span(const LayerMask& m, const Order& order, const std::vector<ui
 }
 
 // One read per token from its first to its last needed slot, block-aligned (slot 0 at a block start).
-double brute_cost(const LayerMask& m, const Order& order, const std::vector<uint32_t>& pinned, const SpanCost& c) {
+double brute_cost(const LayerMask& m, const Order& order, const std::vector<uint32_t>& pinned, const CostModel& c) {
   const std::set<uint32_t> pin(pinned.begin(), pinned.end());
   double us = 0;
   for (uint64_t t = 0; t < m.n_tokens; ++t) {
@@ -88,7 +88,7 @@ double brute_cost(const LayerMask& m, const Order& order, const std::vector<uint
     if (lo < 0) continue;
     const uint64_t b = uint64_t(lo) * c.bundle_bytes / c.block_bytes * c.block_bytes;
     const uint64_t e = (uint64_t(hi + 1) * c.bundle_bytes + c.block_bytes - 1) / c.block_bytes * c.block_bytes;
-    us += c.read_us + double(e - b) * c.us_per_byte;
+    us += c.read_us + double(e - b) * c.us_per_byte();
   }
   return us;
 }
@@ -154,7 +154,7 @@ TEST_CASE("span counts and the polish's cost are exact; the polish never raises 
       if (rng() % 6 == 0) pinned.push_back(v);
     CAPTURE(iter);
     CHECK(span_bundles(tm, order, pinned) == brute_span(m, order, pinned));
-    SpanCost c;
+    CostModel c;
     c.bundle_bytes = (iter % 3 == 0) ? 4096 : (iter % 3 == 1) ? 172 : 1000;  // whole, many and straddling blocks
     double saved = -1;
     const Order got = polish_span(tm, order, pinned, c, 4, 0, 0, &saved);
@@ -181,13 +181,14 @@ TEST_CASE("the polish moves a rare neuron out of the middle") {
   m.set(0, 0);
   for (uint64_t t = 0; t < 10; ++t) m.set(1, t), m.set(2, t);
   const TokenMajorMask tm(m, 0, m.n_tokens);
-  SpanCost c;  // 4096-byte bundles: one block each
+  CostModel c;
+  c.bundle_bytes = 4096;  // one block each
   double saved = 0;
   const Order got = polish_span(tm, Order{1, 0, 2}, {}, c, 4, 0, 0, &saved);
   // The first swap tried that helps: slots 0 and 1, giving 0, 1, 2; nine tokens then read two blocks.
   CHECK(got == Order{0, 1, 2});
-  CHECK(saved == doctest::Approx(9 * 4096 * c.us_per_byte));
-  CHECK(brute_cost(m, got, {}, c) == doctest::Approx(10 * c.read_us + (9 * 2 + 3) * 4096 * c.us_per_byte));
+  CHECK(saved == doctest::Approx(9 * 4096 * c.us_per_byte()));
+  CHECK(brute_cost(m, got, {}, c) == doctest::Approx(10 * c.read_us + (9 * 2 + 3) * 4096 * c.us_per_byte()));
 }
 
 TEST_CASE(
@@ -204,6 +205,8 @@ TEST_CASE(
     o.method = "greedy";
     const LayerSolve gr = solve_layer(m, o, 0);
     o.method = "greedy+ls";
+    o.validation_share = 0;  // built and chosen on the same tokens
+    o.guard_weight = true;
     const LayerSolve ls = solve_layer(m, o, 0);
     o.guard_weight = false;
     const LayerSolve unguarded = solve_layer(m, o, 0), unguarded2 = solve_layer(m, o, 0);
