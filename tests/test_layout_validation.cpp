@@ -163,7 +163,7 @@ TEST_CASE("the paper's pipeline is always a candidate, so on validation the choi
       } else if (s.kept_paper()) {  // the paper's recipe rebuilt on every token is plain greedy on the trace
         CHECK(s.order == solve_layer(m, g, 0).order);
         CHECK(s.cache.pinned.empty());
-        CHECK(s.cache.admission.empty());
+        CHECK(s.cache.admission == CacheAdmission::kUnset);
       }
     }
   }
