@@ -680,7 +680,8 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
                  static_cast<unsigned long long>(o.needed), static_cast<unsigned long long>(o.predicted_needed),
                  format_bytes(uint64_t(std::max(0.0, o.extra_bytes()))).c_str(), format_bytes(o.late_bytes).c_str());
   }
-  flash_report(fa, g, *img, a.select == "dense" ? nullptr : ffn.get(), wall, forwards, json_dump(extra, -1, a.invalid_utf8));
+  flash_report(fa, g, *img, a.select == "dense" ? nullptr : ffn.get(), wall, forwards,
+               json_dump(extra, -1, a.invalid_utf8));
 }
 
 }  // namespace

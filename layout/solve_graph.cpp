@@ -72,8 +72,11 @@ uint64_t graph_path_weight(const LayerGraph& g, const std::vector<uint32_t>& upp
 }  // namespace
 
 Layout solve_graph(const std::vector<std::string>& graph_paths, const std::string& sample_trace,
-                   const SolveOptions& opt, const std::function<void(uint32_t, const LayerSolve&)>& progress) {
+                   const SolveOptions& options, const std::function<void(uint32_t, const LayerSolve&)>& progress) {
   if (graph_paths.empty()) throw UsageError("solve --graph needs a graph file");
+  // The graph's counts hold every counted token: no validation split is made (solve_layer), and the layout records so.
+  SolveOptions opt = options;
+  opt.validation_share = 0;
   // Every layer from exactly one file (layer groups may be counted and merged separately); the files must
   // describe the same counted tokens.
   std::vector<std::unique_ptr<GraphFileReader>> grs;

@@ -32,7 +32,8 @@ fail() { fails=$((fails + 1)); echo "FAIL $1"; [ -s err ] && sed 's/^/     stder
 # Inputs, on a disk with room.
 "$P" synth --preset "$src/configs/workloads/opt-350m.json" --neurons 512 --layers 4 --profile-sequences 16 \
   --test-sequences 4 --tokens-per-sequence 128 --profile-out p.h5 --test-out t.h5 -q || exit 1
-"$L" graph --trace p.h5 --full --out g.h5 -q || exit 1
+"$L" graph --trace p.h5 --full --out g.h5 --tokens 0:1024 -q || exit 1
+"$L" graph --trace p.h5 --full --out g2.h5 --tokens 1024:2048 -q || exit 1
 "$L" solve --trace p.h5 --method frequency --out lay.json -q || exit 1
 "$L" pack --model "$model" --out m.nlw -q || exit 1
 printf 'Once upon a time there was a little dog.\n\nIt ran to the park and played all day.\n' >text.txt
@@ -86,7 +87,7 @@ check "profile run, only --test-out full" "$work/rp2.h5" "$full/rt.h5" -- \
   "$P" run --model "$model" --tokenizer "$model/tokenizer.model" --text text.txt --test-fraction 0.5 \
   --out "$work/rp2.h5" --test-out "$full/rt.h5" -q
 check "layout graph" "$full/g.h5" -- "$L" graph --trace p.h5 --out "$full/g.h5" -q
-check "layout graph merge" "$full/gm.h5" -- "$L" graph-merge g.h5 g.h5 --out "$full/gm.h5" -q
+check "layout graph merge" "$full/gm.h5" -- "$L" graph-merge g.h5 g2.h5 --out "$full/gm.h5" -q
 room=0
 check "layout solve" "$full/l.json" -- "$L" solve --trace p.h5 --method frequency --out "$full/l.json" -q
 room=8192

@@ -8,9 +8,10 @@
 # measured 0.992 (its 172-neuron layers fit in one read at the default bundle size) -> gate 1.0, i.e. never worse;
 # tiny-relu (2026-12-01) measured 0.970-0.980 at its default 512 B bundles and 0.953-0.955 at 16 KiB (the text is
 # the repository's docs, so the figures move a little as they are edited) -> gate 1.0.
-# Gap-0 reads: the solver's weight guard keeps greedy+ls's path weight >= greedy's on the PROFILE trace; held out,
-# a search move that kept the profile weight can cost a few hundredths of a read per token (synthetic, top-k 256:
-# 27.6694 vs 27.665, +0.016 %), so these gates allow 0.2 % and catch real regressions, not sampling noise.
+# Gap-0 reads are a diagnostic, not a goal (issue 20's decision: the objective is the I/O time the runtime pays,
+# chosen on held-out tokens; the weight guard is opt-in, --weight-guard). greedy+ls may trade gap-0 reads for I/O
+# time (measured +1.1 % synthetic at 16 KiB, +17-22 % on the real tiny models at their own bundle sizes,
+# docs/benchmarks.md), so the reads gates below are sanity bounds (1.35x) that catch a broken order, not a target.
 # Without stories260K its part is skipped, printed and written to BINARY_DIR/tests/skipped/gate_layout.txt.
 #   gate_layout.sh SOURCE_DIR BINARY_DIR MODELS_DIR
 set -eu
@@ -33,7 +34,7 @@ echo "== synthetic opt-6.7b (2,048 neurons): UFS 4.0, auto gap, 5 % cache"
   --bundle-bytes 16384 --require "greedy+ls.io_ms <= 0.85 * greedy.io_ms"
 echo "== synthetic: gap 0, no cache"
 "$L" eval --trace "$work/syn_t.h5" --layout "$work/syn_greedy.json" --layout "$work/syn_greedy+ls.json" \
-  --bundle-bytes 16384 --gap off --cache-ratio 0 --require "greedy+ls.reads <= 1.002 * greedy.reads"
+  --bundle-bytes 16384 --gap off --cache-ratio 0 --require "greedy+ls.reads <= 1.35 * greedy.reads"
 
 # 2. The bundled tiny ReLU model's held-out trace (in the repository: always runs).
 relu="$src/datasets/tiny-relu/model"
@@ -52,7 +53,7 @@ echo "== tiny-relu with 16 KiB bundles (paper-sized reads): UFS 4.0, auto gap, 5
   --bundle-bytes 16384 --require "greedy+ls.io_ms <= 1.0 * greedy.io_ms"
 echo "== tiny-relu: gap 0, no cache"
 "$L" eval --trace "$work/relu_t.h5" --layout "$work/relu_greedy.json" --layout "$work/relu_greedy+ls.json" \
-  --gap off --cache-ratio 0 --require "greedy+ls.reads <= 1.002 * greedy.reads"
+  --gap off --cache-ratio 0 --require "greedy+ls.reads <= 1.35 * greedy.reads"
 
 # 3. stories260K's held-out trace (a SiLU model, calibrated activations), when the shared models are installed.
 model="$models/llama2c-stories260K/stories260K.bin"
@@ -80,5 +81,5 @@ echo "== stories260K with 16 KiB bundles (paper-sized reads): UFS 4.0, auto gap,
   --bundle-bytes 16384 --require "greedy+ls.io_ms <= 1.0 * greedy.io_ms"
 echo "== stories260K: gap 0, no cache"
 "$L" eval --trace "$work/real_t.h5" --layout "$work/real_greedy.json" --layout "$work/real_greedy+ls.json" \
-  --gap off --cache-ratio 0 --require "greedy+ls.reads <= 1.002 * greedy.reads"
+  --gap off --cache-ratio 0 --require "greedy+ls.reads <= 1.35 * greedy.reads"
 rm -rf "$work"

@@ -80,6 +80,8 @@ TEST_CASE("every subcommand that prints figures accepts --json and prints JSON")
   ModelConfig c = test::small_config(64, 96, 2);
   image_write_model("json_tmp/m.nlw", test::random_weights(c, 5), ImageSpec{});
   write_trace("json_tmp/rt.h5", 2, 96, 64);
+  // The second slice of t.h5's counts, for graph-merge (slices of one trace must not overlap).
+  REQUIRE(run("nl-layout", "-q graph --trace json_tmp/t.h5 --out json_tmp/g2.h5 --full --tokens 320:640") == 0);
 
   // Invocations (run in order: later ones use earlier outputs); "" = prints no figures, so no --json needed.
   const std::vector<std::pair<std::string, std::string>> table = {
@@ -92,8 +94,9 @@ TEST_CASE("every subcommand that prints figures accepts --json and prints JSON")
                                "/configs/workloads/opt-350m.json --layers 1 --neurons 256 --tokens-per-sequence 64 "
                                "--profile-sequences 2 --test-sequences 1 --profile-out json_tmp/sp.h5 --test-out "
                                "json_tmp/st.h5 --stats"},
-      {"nl-layout graph", "graph --trace json_tmp/t.h5 --out json_tmp/g.h5 --full"},
-      {"nl-layout graph-merge", "graph-merge json_tmp/g.h5 json_tmp/g.h5 --out json_tmp/gm.h5"},
+      {"nl-profile merge", "merge json_tmp/t.h5 json_tmp/t.h5 --out json_tmp/tm.h5"},
+      {"nl-layout graph", "graph --trace json_tmp/t.h5 --out json_tmp/g.h5 --full --tokens 0:320"},
+      {"nl-layout graph-merge", "graph-merge json_tmp/g.h5 json_tmp/g2.h5 --out json_tmp/gm.h5"},
       {"nl-layout solve", "solve --trace json_tmp/t.h5 --method greedy --out json_tmp/l.json"},
       {"nl-layout eval", "eval --trace json_tmp/t.h5 --layout json_tmp/l.json"},
       {"nl-layout report", "report --trace json_tmp/t.h5 --layout json_tmp/l.json --out json_tmp/r.html"},

@@ -51,8 +51,11 @@ TEST_CASE("progress: plain lines to a file, silence with --quiet, a bar on a ter
     std::string cmd, final_line;
   };
   const std::vector<Case> cases = {
-      {bin + "nl-layout graph --trace prog_tmp/t.h5 --out prog_tmp/g.h5 --full", "graph: 3/3 layers (100%)"},
-      {bin + "nl-layout graph-merge prog_tmp/g.h5 prog_tmp/g.h5 --out prog_tmp/gm.h5",
+      {bin + "nl-layout graph --trace prog_tmp/t.h5 --out prog_tmp/g.h5 --full --tokens 0:320",
+       "graph: 3/3 layers (100%)"},
+      {bin + "nl-layout graph --trace prog_tmp/t.h5 --out prog_tmp/g2.h5 --full --tokens 320:640",
+       "graph: 3/3 layers (100%)"},
+      {bin + "nl-layout graph-merge prog_tmp/g.h5 prog_tmp/g2.h5 --out prog_tmp/gm.h5",
        "graph-merge: 3/3 layers (100%)"},
       {bin + "nl-layout solve --trace prog_tmp/t.h5 --method greedy --out prog_tmp/l.json",
        "solve greedy: 3/3 layers (100%)"},
