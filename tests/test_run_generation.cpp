@@ -18,6 +18,7 @@
 
 #include "formats/core/atomic_file.h"
 #include "formats/trace.h"
+#include "skip_util.h"
 
 using nlohmann::json;
 
@@ -165,11 +166,8 @@ TEST_CASE("text mode streams the ids, then the summary table; the closing line o
   CHECK(q.out.rfind(want + "\n", 0) == 0);
 }
 
-TEST_CASE("stories260K: streamed text, stop at the end of the story, byte tokens in JSON") {
-  if (!exists(kStories + "stories260K.bin") || !exists(kStories + "tok512.bin")) {
-    MESSAGE("skipped: " << kStories << " is absent");
-    return;
-  }
+TEST_CASE("stories260K: streamed text, stop at the end of the story, byte tokens in JSON" *
+          nl::test::needs_models({"llama2c-stories260K/stories260K.bin", "llama2c-stories260K/tok512.bin"})) {
   const std::string d = "gen_stories";
   ::mkdir(d.c_str(), 0755);
   Run r = run("nl-layout", "-q pack --model " + kStories + "stories260K.bin --tokenizer " + kStories +
