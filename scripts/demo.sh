@@ -61,7 +61,7 @@ stage "5. evaluate on held-out text at the model's own size: 768-byte bundles (n
   "A bundle is what one neuron needs from flash (its gate row, up row and down column, f16): 768 bytes here, so a" \
   "whole layer is 384 KiB. One read costs as much time as transferring 34 KB, so the read planner merges gaps of up" \
   "to ~45 neurons and a token's active neurons in a layer take only a few reads whatever the order: small bundles" \
-  "leave little to gain (tenths of a millisecond per token). Reads that merge gaps also fetch unneeded bytes, so" \
+  "leave little absolute time to gain (tenths of a millisecond per token). Reads that merge gaps also fetch unneeded bytes, so" \
   "fewer reads is not always faster: compare io_ms/tok, the estimated I/O time per token on the phone profile." \
   "Other columns: reads per token, KiB read, cache hit %, and ratios against identity (idn) and greedy (grd)."
 run "$BIN/nl-layout" eval --trace "$OUT/test.h5" --bundle-bytes 768 \
