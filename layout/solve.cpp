@@ -594,28 +594,15 @@ LayoutLayer layout_layer_of(const LayerSolve& s) {
   return L;
 }
 
-Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,
-                   const std::function<void(uint32_t, const LayerSolve&)>& progress) {
-  TraceReader tr(trace_path);
-  const TraceInfo& ti = tr.info();
-  Layout out;
-  out.method = opt.method;
-  out.trace_sha256 = sha256_file(trace_path);
-  out.trace_model = ti.model;
-  out.trace_tokens = ti.n_tokens;
-  out.parameters = solve_parameters(opt);
-  out.layers.resize(ti.n_layers);
-  std::mutex io_mu, cb_mu;
+void solve_layers(Layout& out, uint32_t n_layers, const std::function<void(uint32_t, const LayerSolve&)>& progress,
+                  const std::function<LayerSolve(uint32_t)>& solve_one) {
+  out.layers.resize(n_layers);
+  std::mutex cb_mu;
   std::exception_ptr err;
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t l = 0; l < int64_t(ti.n_layers); ++l) {
+  for (int64_t l = 0; l < int64_t(n_layers); ++l) {
     try {
-      LayerMask m;
-      {
-        std::lock_guard<std::mutex> lk(io_mu);  // HDF5 is serialised
-        m = tr.read_layer(uint32_t(l));
-      }
-      LayerSolve s = solve_layer(m, opt, uint32_t(l), &ti.sequences);
+      const LayerSolve s = solve_one(uint32_t(l));
       out.layers[size_t(l)] = layout_layer_of(s);
       if (progress) {
         std::lock_guard<std::mutex> lk(cb_mu);
@@ -627,6 +614,27 @@ Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,
     }
   }
   if (err) std::rethrow_exception(err);
+}
+
+Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,
+                   const std::function<void(uint32_t, const LayerSolve&)>& progress) {
+  TraceReader tr(trace_path);
+  const TraceInfo& ti = tr.info();
+  Layout out;
+  out.method = opt.method;
+  out.trace_sha256 = sha256_file(trace_path);
+  out.trace_model = ti.model;
+  out.trace_tokens = ti.n_tokens;
+  out.parameters = solve_parameters(opt);
+  std::mutex io_mu;
+  solve_layers(out, ti.n_layers, progress, [&](uint32_t l) {
+    LayerMask m;
+    {
+      std::lock_guard<std::mutex> lk(io_mu);  // HDF5 is serialised
+      m = tr.read_layer(l);
+    }
+    return solve_layer(m, opt, l, &ti.sequences);
+  });
   return out;
 }
 

@@ -120,6 +120,12 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
 nlohmann::json solve_parameters(const SolveOptions& opt);
 LayoutLayer layout_layer_of(const LayerSolve& s);
 
+// Solves layers 0..n_layers-1 on OpenMP threads with `solve_one` (which serialises its own reads), stores each
+// layer's entry in `out.layers`, calls `progress` serialised, and rethrows the first error once all are done (one
+// loop for solve_trace and solve_graph).
+void solve_layers(Layout& out, uint32_t n_layers, const std::function<void(uint32_t, const LayerSolve&)>& progress,
+                  const std::function<LayerSolve(uint32_t)>& solve_one);
+
 // Solves every layer of a trace file. `progress` (optional) is called after each layer (from any thread,
 // serialised).
 Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,

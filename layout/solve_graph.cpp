@@ -130,40 +130,27 @@ Layout solve_graph(const std::vector<std::string>& graph_paths, const std::strin
   out.trace_model = gi.trace.model;
   out.trace_tokens = gi.n_tokens;
   out.parameters = solve_parameters(opt);
-  out.layers.resize(n_layers);
-  std::mutex io_mu, cb_mu;
-  std::exception_ptr err;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t l = 0; l < int64_t(n_layers); ++l) {
-    try {
-      LayerGraph file_g, g;
-      std::vector<uint32_t> spare_upper;
-      LayerMask m(widths[size_t(l)], 0);  // no tokens unless a sample is given
-      {
-        std::lock_guard<std::mutex> lk(io_mu);  // HDF5 is serialised
-        file_g = grs[where[size_t(l)].first]->read_layer(where[size_t(l)].second);
-        if (tr) m = tr->read_layer(uint32_t(l));
-      }
-      auto counts = [&](uint32_t layer, const CoactivationOptions& co) -> const LayerGraph& {
-        g = graph_counts_for_solve(std::move(file_g), co, graph_paths[where[layer].first], layer, &spare_upper);
-        return g;
-      };
-      LayerSolve s = solve_layer(m, opt, uint32_t(l), nullptr, counts);
-      // solve_layer measures the path weight on the sample where the graph's matrix does not cover it: record
-      // the graph's own (exact with the full matrix, or when the sample is the counted trace itself).
-      if (!(graph_covers(g, m) || (m.n_tokens == g.n_tokens && m.n_tokens > 0)))
-        s.objective = graph_path_weight(g, g.upper.empty() ? spare_upper : g.upper, s.order);
-      out.layers[size_t(l)] = layout_layer_of(s);
-      if (progress) {
-        std::lock_guard<std::mutex> lk(cb_mu);
-        progress(uint32_t(l), s);
-      }
-    } catch (...) {
-      std::lock_guard<std::mutex> lk(cb_mu);
-      if (!err) err = std::current_exception();
+  std::mutex io_mu;
+  solve_layers(out, n_layers, progress, [&](uint32_t l) {
+    LayerGraph file_g, g;
+    std::vector<uint32_t> spare_upper;
+    LayerMask m(widths[l], 0);  // no tokens unless a sample is given
+    {
+      std::lock_guard<std::mutex> lk(io_mu);  // HDF5 is serialised
+      file_g = grs[where[l].first]->read_layer(where[l].second);
+      if (tr) m = tr->read_layer(l);
     }
-  }
-  if (err) std::rethrow_exception(err);
+    auto counts = [&](uint32_t layer, const CoactivationOptions& co) -> const LayerGraph& {
+      g = graph_counts_for_solve(std::move(file_g), co, graph_paths[where[layer].first], layer, &spare_upper);
+      return g;
+    };
+    LayerSolve s = solve_layer(m, opt, l, nullptr, counts);
+    // solve_layer measures the path weight on the sample where the graph's matrix does not cover it: record
+    // the graph's own (exact with the full matrix, or when the sample is the counted trace itself).
+    if (!(graph_covers(g, m) || (m.n_tokens == g.n_tokens && m.n_tokens > 0)))
+      s.objective = graph_path_weight(g, g.upper.empty() ? spare_upper : g.upper, s.order);
+    return s;
+  });
   return out;
 }
 
