@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -54,6 +55,22 @@ LayerMask mask_tokens(const LayerMask& m, uint64_t begin, uint64_t end) {
     if (tail && out.words) o[out.words - 1] &= (uint64_t(1) << tail) - 1;
   }
   return out;
+}
+
+LayerMask split_mask_tokens(LayerMask& m, uint64_t end) {
+  end = std::min(end, m.n_tokens);
+  LayerMask rest = mask_tokens(m, end, m.n_tokens);
+  // Rows move down in place (row v's new start is never after its old one): no second copy of the build part.
+  const uint64_t old_words = m.words, wb = words_for_tokens(end), tail = end & 63;
+  for (uint32_t v = 0; v < m.n_neurons; ++v) {
+    uint64_t* dst = m.bits.data() + size_t(v) * wb;
+    std::memmove(dst, m.bits.data() + size_t(v) * old_words, wb * sizeof(uint64_t));
+    if (tail && wb) dst[wb - 1] &= (uint64_t(1) << tail) - 1;  // bits past the prefix's last token
+  }
+  m.n_tokens = end;
+  m.words = wb;
+  m.bits.resize(size_t(m.n_neurons) * wb);
+  return rest;
 }
 
 uint64_t order_hash(const Order& order) {
@@ -420,8 +437,11 @@ bool rebuild_recipe(FamilyInput& in, const Selection& sel, LayerSolve& r) {
 
 }  // namespace
 
-LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t layer_index,
-                       const std::vector<int64_t>* sequence_starts, const LayerCountsFn& counts) {
+namespace {
+
+// `own` (optional) is m itself, given up by the caller: the build part is then split off in place.
+LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptions& opt, uint32_t layer_index,
+                            const std::vector<int64_t>* sequence_starts, const LayerCountsFn& counts) {
   auto t0 = std::chrono::steady_clock::now();
   LayerSolve r;
   CoactivationOptions co;
@@ -438,9 +458,18 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
   r.split = validation_split(meth == "greedy+ls" && sequence_starts ? *sequence_starts : std::vector<int64_t>{},
                              m.n_tokens, meth == "greedy+ls" && !counts ? opt.validation_share : 0.0);
   const bool split = r.split.split();
-  LayerMask m_build_own;
-  if (split) m_build_own = mask_tokens(m, 0, r.split.build_end);
-  const LayerMask& mb = split ? m_build_own : m;
+  // Without the rebuild no step needs the whole mask at once: the build part is m's own storage cut down in place
+  // (a copy of 80 % of a layer cost ~20 % of count + solve in page faults and zeroing), the validation part a copy.
+  const bool in_place = split && own && !opt.rebuild;
+  LayerMask m_build_own, m_val_own;
+  if (in_place)
+    m_val_own = split_mask_tokens(*own, r.split.build_end);
+  else if (split)
+    m_build_own = mask_tokens(m, 0, r.split.build_end);
+  const LayerMask& mb = split && !in_place ? m_build_own : m;
+  // The validation tokens as a mask of their own, starting at token 0 (in place) or m's tokens from build_end.
+  const LayerMask& m_val = in_place ? m_val_own : m;
+  const uint64_t val_begin = in_place ? 0 : r.split.build_end;
   LayerGraph counted;  // the build tokens' counts (completed in place below); unused when `counts` gives them
   if (!counts) counted = coactivation_count(mb, co);
   const LayerGraph& g = counts ? counts(layer_index, co) : counted;
@@ -456,7 +485,9 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
       CoactivationOptions cv = co;
       cv.full_matrix = false;
       cv.top_k = 2;
-      bound_validation = path_upper_bound(coactivation_count(mask_tokens(m, r.split.build_end, m.n_tokens), cv));
+      bound_validation =
+          path_upper_bound(in_place ? coactivation_count(m_val_own, cv)
+                                    : coactivation_count(mask_tokens(m, r.split.build_end, m.n_tokens), cv));
       return;
     }
     if (co.full_matrix) {
@@ -497,10 +528,10 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
     r.seconds_greedy = lap();
     std::unique_ptr<TokenMajorMask> tm_val_own;
     if (split)
-      tm_val_own = std::make_unique<TokenMajorMask>(
-          m, r.split.build_end, std::min<uint64_t>(m.n_tokens, r.split.build_end + opt.guard_tokens));
+      tm_val_own = std::make_unique<TokenMajorMask>(m_val, val_begin,
+                                                    std::min<uint64_t>(m_val.n_tokens, val_begin + opt.guard_tokens));
     const TokenMajorMask& tm_val = split ? *tm_val_own : tm_build;
-    Selection sel(split ? m : mb, tm_val, ec, layer_index, in.cap, opt, g, mb);
+    Selection sel(split ? m_val : mb, tm_val, ec, layer_index, in.cap, opt, g, mb);
     sel.ev.token_begin = tm_val.begin;
     sel.ev.token_end = tm_val.end;
     sel.w_greedy = opt.guard_weight ? path_weight(g, mb, in.greedy) : 0;
@@ -551,9 +582,23 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
     throw UsageError("unknown method '" + meth + "' (identity, frequency, greedy, greedy+ls, rcm)");
   }
   r.upper_bound = path_upper_bound(g) + std::max(0.0, bound_validation);
+  // Path weights add over token ranges: in place, m holds the build tokens and m_val_own the rest.
   r.objective = graph_covers(g, m) ? path_weight(g, m, r.order) : path_weight(m, r.order);
+  if (in_place) r.objective += path_weight(m_val_own, r.order);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
+}
+
+}  // namespace
+
+LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t layer_index,
+                       const std::vector<int64_t>* sequence_starts, const LayerCountsFn& counts) {
+  return solve_layer_impl(m, nullptr, opt, layer_index, sequence_starts, counts);
+}
+
+LayerSolve solve_layer(LayerMask&& m, const SolveOptions& opt, uint32_t layer_index,
+                       const std::vector<int64_t>* sequence_starts, const LayerCountsFn& counts) {
+  return solve_layer_impl(m, &m, opt, layer_index, sequence_starts, counts);
 }
 
 nlohmann::json solve_parameters(const SolveOptions& opt) {
@@ -633,7 +678,7 @@ Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,
       std::lock_guard<std::mutex> lk(io_mu);  // HDF5 is serialised
       m = tr.read_layer(l);
     }
-    return solve_layer(m, opt, l, &ti.sequences);
+    return solve_layer(std::move(m), opt, l, &ti.sequences);
   });
   return out;
 }

@@ -66,6 +66,8 @@ TokenSplit validation_split(const std::vector<int64_t>& sequence_starts, uint64_
 
 // Tokens [begin, end) of m as a mask of end - begin tokens.
 LayerMask mask_tokens(const LayerMask& m, uint64_t begin, uint64_t end);
+// Cuts m down to tokens [0, end) in its own storage and returns tokens [end, n_tokens) as a new mask.
+LayerMask split_mask_tokens(LayerMask& m, uint64_t end);
 
 // One candidate family's figures on the layer (I/O ms per token; 0 = not tried or refused by the weight guard):
 // the best of its candidates on the validation tokens, and that candidate on the build tokens.
@@ -113,6 +115,9 @@ using LayerCountsFn = std::function<const LayerGraph&(uint32_t layer, const Coac
 // sequence_starts (optional): the trace's /sequences; absent = one sequence. `counts` (optional): the layer's counts
 // instead of counting `m` (which is then the token sample, maybe empty; no validation split is made).
 LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t layer_index,
+                       const std::vector<int64_t>* sequence_starts = nullptr, const LayerCountsFn& counts = {});
+// The same result; m's storage is reused for the build tokens (m is left holding a part of the layer).
+LayerSolve solve_layer(LayerMask&& m, const SolveOptions& opt, uint32_t layer_index,
                        const std::vector<int64_t>* sequence_starts = nullptr, const LayerCountsFn& counts = {});
 
 // The layout's "parameters" object for these options, and one layer's entry from its result (one definition

@@ -75,6 +75,56 @@ TEST_CASE("the build and validation masks are disjoint token ranges whose union 
   }
 }
 
+TEST_CASE("split_mask_tokens cuts a mask in place into the same two parts as mask_tokens") {
+  std::mt19937_64 rng(9);
+  for (uint64_t b : {0ull, 1ull, 63ull, 64ull, 65ull, 130ull, 200ull, 201ull}) {
+    LayerMask m(29, 201);
+    for (uint32_t v = 0; v < m.n_neurons; ++v)
+      for (uint64_t t = 0; t < m.n_tokens; ++t)
+        if (rng() % 3 == 0) m.set(v, t);
+    const LayerMask a = mask_tokens(m, 0, b), c = mask_tokens(m, b, m.n_tokens);
+    LayerMask cut = m;
+    const uint64_t* storage = cut.bits.data();
+    const LayerMask rest = split_mask_tokens(cut, b);
+    CAPTURE(b);
+    CHECK(cut.bits.data() == storage);  // no second copy of the build part
+    CHECK(cut.n_tokens == a.n_tokens);
+    CHECK(cut.words == a.words);
+    CHECK(cut.bits == a.bits);  // equal words: no bit past the prefix's last token either
+    CHECK(rest.n_tokens == c.n_tokens);
+    CHECK(rest.bits == c.bits);
+  }
+}
+
+TEST_CASE("solve_layer on a mask it may cut in place gives the same layer as on a const mask") {
+  const uint64_t T = 3000;
+  const LayerMask m = clustered(400, T, 7);
+  for (uint64_t len :
+       {uint64_t(100), uint64_t(128), T}) {  // a split inside a word, on a word boundary, inside one sequence
+    const std::vector<int64_t> seq = sequences(T, len);
+    for (uint64_t bundle : {512ull, 16384ull}) {  // with and without the ends-in family
+      CAPTURE(len);
+      CAPTURE(bundle);
+      const SolveOptions o = ls_options(bundle);
+      const LayerSolve a = solve_layer(m, o, 0, &seq);
+      LayerMask given = m;
+      const LayerSolve b = solve_layer(std::move(given), o, 0, &seq);
+      REQUIRE(a.split.split());
+      CHECK(a.order == b.order);
+      CHECK(a.cache.pinned == b.cache.pinned);
+      CHECK(a.cache.admission == b.cache.admission);
+      CHECK(a.cache.small_fraction == b.cache.small_fraction);
+      CHECK(a.objective == b.objective);
+      CHECK(a.objective == path_weight(m, a.order));  // every profile token
+      CHECK(a.upper_bound == b.upper_bound);
+      CHECK(a.chosen == b.chosen);
+      REQUIRE(a.candidates.size() == b.candidates.size());
+      for (size_t k = 0; k < a.candidates.size(); ++k)
+        CHECK(a.candidates[k].validation_ms == b.candidates[k].validation_ms);
+    }
+  }
+}
+
 TEST_CASE("greedy+ls builds every candidate from the build tokens only: changing validation tokens changes none") {
   const uint64_t T = 3000, len = 100;
   const LayerMask m = clustered(400, T, 7);
