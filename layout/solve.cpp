@@ -459,7 +459,7 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
                              m.n_tokens, meth == "greedy+ls" && !counts ? opt.validation_share : 0.0);
   const bool split = r.split.split();
   // Without the rebuild no step needs the whole mask at once: the build part is m's own storage cut down in place
-  // (a copy of 80 % of a layer cost ~20 % of count + solve in page faults and zeroing), the validation part a copy.
+  // (no second 80 % of the layer in memory: 166 MB less peak per OPT-6.7B layer), the validation part a copy.
   const bool in_place = split && own && !opt.rebuild;
   LayerMask m_build_own, m_val_own;
   if (in_place)
