@@ -14,7 +14,9 @@
 #include "formats/sha256.h"
 #include "formats/trace.h"
 #include "layout/pins.h"
+#include "layout/replicate.h"
 #include "layout/span.h"
+#include "runtime/plan/replica_cover.h"
 
 namespace nl {
 
@@ -547,11 +549,21 @@ LayerSolve solve_layer(const LayerMask& m, const SolveOptions& opt, uint32_t lay
       r.rebuilt = rebuild_recipe(all, sel, r);
       r.seconds_ls += lap();
     }
+    if (opt.replicate_share > 0) {  // m's first tokens are the build tokens tm_build holds
+      const ReplicateResult rep =
+          replicate_layer(m, tm_build, sel.m, tm_val, r.order, r.cache, cost, layer_index, opt.replicate_share);
+      r.order = rep.order;
+      r.replicas = rep.replicas;
+      r.replicate_summary = rep.summary;
+      r.seconds_ls += lap();
+    }
   } else {
     throw UsageError("unknown method '" + meth + "' (identity, frequency, greedy, greedy+ls, rcm)");
   }
   r.upper_bound = path_upper_bound(g) + std::max(0.0, bound_validation);
-  r.objective = graph_covers(g, m) ? path_weight(g, m, r.order) : path_weight(m, r.order);
+  const Order primary = r.replicas ? primary_order(r.order, m.n_neurons) : Order();  // the path without copies
+  const Order& path = r.replicas ? primary : r.order;
+  r.objective = graph_covers(g, m) ? path_weight(g, m, path) : path_weight(m, path);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -579,6 +591,7 @@ nlohmann::json solve_parameters(const SolveOptions& opt) {
     p["evaluations_per_neuron"] = opt.evaluations_per_neuron;
     p["sample_tokens"] = opt.ls.sample_tokens;
     p["neighbours"] = opt.ls.neighbours;
+    if (opt.replicate_share > 0) p["replicate_share"] = opt.replicate_share;
   }
   return p;
 }
@@ -586,6 +599,7 @@ nlohmann::json solve_parameters(const SolveOptions& opt) {
 LayoutLayer layout_layer_of(const LayerSolve& s) {
   LayoutLayer L;
   L.order = s.order;
+  L.replicas = s.replicas;
   L.admission = s.cache.admission;
   L.pinned = s.cache.pinned;
   L.small_fraction = s.cache.small_fraction;
