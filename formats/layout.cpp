@@ -199,10 +199,9 @@ Layout layout_parse(const std::string& text, const std::string& path, const Trac
       replicas = L["replicas"].get<uint32_t>();
     }
     const size_t n = o.v.size() - replicas;
-    if (L.contains("n_neurons") &&
-        (!L["n_neurons"].is_number_integer() || L["n_neurons"].get<int64_t>() != int64_t(n)))
-      throw InputError(path, where + "n_neurons does not match the length of 'order'" +
-                                 (replicas ? " less its replicas" : ""));
+    if (L.contains("n_neurons") && (!L["n_neurons"].is_number_integer() || L["n_neurons"].get<int64_t>() != int64_t(n)))
+      throw InputError(
+          path, where + "n_neurons does not match the length of 'order'" + (replicas ? " less its replicas" : ""));
     if (trace && n != trace->n_neurons[li])
       throw InputError(path, where + "order has " + std::to_string(n) + " neurons but the trace layer has " +
                                  std::to_string(trace->n_neurons[li]));
@@ -220,9 +219,9 @@ Layout layout_parse(const std::string& text, const std::string& path, const Trac
                                    "] = " + (s == o.bad ? o.bad_text : std::to_string(v)) + " is out of range [0, " +
                                    std::to_string(n) + ")");
       if (seen[size_t(v)] > (replicas ? 1 : 0))
-        throw InputError(path, where + (replicas ? "order holds neuron " + std::to_string(v) + " more than twice"
-                                                 : "order is not a permutation: neuron " + std::to_string(v) +
-                                                       " appears twice"));
+        throw InputError(
+            path, where + (replicas ? "order holds neuron " + std::to_string(v) + " more than twice"
+                                    : "order is not a permutation: neuron " + std::to_string(v) + " appears twice"));
       ++seen[size_t(v)];
       out.order[s] = uint32_t(v);
     }

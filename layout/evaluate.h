@@ -79,9 +79,9 @@ struct TokenMajorMask {
 };
 
 // order: slot -> neuron; longer than the layer when it holds replicas (a neuron at most twice: each token reads one
-// copy, chosen by runtime/plan/replica_cover.h, and the cache is keyed by the first). policy (optional): the layout layer's cache policy, applied on top of cfg.cache.
-// tm (optional): m's tokens in token-major form, shared by several calls; built for this call when absent or not
-// covering the evaluated range.
+// copy, chosen by runtime/plan/replica_cover.h, and the cache is keyed by the first). policy (optional): the layout
+// layer's cache policy, applied on top of cfg.cache. tm (optional): m's tokens in token-major form, shared by several
+// calls; built for this call when absent or not covering the evaluated range.
 LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
                          uint32_t layer_index, const LayerCachePolicy* policy = nullptr, LayerMask* misses = nullptr,
                          std::vector<uint64_t>* read_lengths = nullptr, const TokenMajorMask* tm = nullptr);

@@ -103,8 +103,8 @@ struct LayerSolve {
   std::vector<CandidateFigure> candidates;  // every candidate, in the order tried; [0] is the paper's pipeline
   std::string chosen_family, chosen;        // the winner: its family and label ("paper" = the paper's pipeline)
   double chosen_validation_ms = 0;
-  bool rebuilt = false;  // the chosen recipe was rebuilt on all profile tokens
-  uint32_t replicas = 0;  // flash replication: copies kept (order has n + replicas slots)
+  bool rebuilt = false;           // the chosen recipe was rebuilt on all profile tokens
+  uint32_t replicas = 0;          // flash replication: copies kept (order has n + replicas slots)
   std::string replicate_summary;  // validation I/O ms/tok per replica count tried
   bool kept_paper() const { return chosen_family == "paper" || chosen_family.empty(); }
   double seconds_count = 0, seconds_greedy = 0, seconds_ls = 0;  // time split

@@ -51,7 +51,8 @@ class SlotCache {
 
   bool resident(uint32_t slot) const {
     const uint32_t k = key(slot);
-    return state_[k] != kNone || (cfg_.window_tokens && last_active_[k] && last_active_[k] + cfg_.window_tokens >= now_);
+    return state_[k] != kNone ||
+           (cfg_.window_tokens && last_active_[k] && last_active_[k] + cfg_.window_tokens >= now_);
   }
   // Records one token: hits raise S3-FIFO frequencies, misses fetched by `plan` are offered for admission,
   // the window advances. `active` is the same ascending slot list given to the planner.
