@@ -27,7 +27,7 @@ struct CacheConfig {
   uint64_t seed = 0;                  // admission draws
   // slot -> cache key (flash replication: a neuron's first copy, so both copies share one entry; pinned slots are
   // keys); empty = the slot itself (runtime/plan/replica_cover.h)
-  std::vector<uint32_t> alias;
+  std::vector<uint32_t> alias = {};
 };
 
 // Admission seed of layer `layer` in a run seeded with `seed`: nl-layout eval and nl-run draw the same numbers.
