@@ -25,15 +25,15 @@ make_traces() {  # name -> name_p.h5 name_t.h5
   [ -f "${name}_p.h5" ] && [ -f "${name}_t.h5" ] && return 0
   case $name in
     llama2) $NICE "$P" -q synth --preset "$SRC/configs/workloads/llama2-7b-prosparse.json" --layers 2 \
-              --profile-out llama2_p.h5 --test-out llama2_t.h5 ;;
+              --profile-out llama2_p.h5 --test-out llama2_t.h5 >&2 ;;
     opt67) $NICE "$P" -q synth --preset "$SRC/configs/workloads/opt-6.7b.json" --layers 2 \
-              --profile-out opt67_p.h5 --test-out opt67_t.h5 ;;
+              --profile-out opt67_p.h5 --test-out opt67_t.h5 >&2 ;;
     tinyrelu) $NICE "$P" -q run --model "$SRC/datasets/tiny-relu/model" \
               --tokenizer "$SRC/datasets/tiny-relu/model/tokenizer.model" --text "$FORT" --max-tokens 30000 \
-              --test-fraction 0.25 --out tinyrelu_p.h5 --test-out tinyrelu_t.h5 ;;
+              --test-fraction 0.25 --out tinyrelu_p.h5 --test-out tinyrelu_t.h5 >&2 ;;
     stories) $NICE "$P" -q run --model "$MODELS/llama2c-stories260K/stories260K.bin" \
               --tokenizer "$MODELS/llama2c-stories260K/tok512.bin" --text "$FORT" --max-tokens 30000 \
-              --test-fraction 0.25 --out stories_p.h5 --test-out stories_t.h5 ;;
+              --test-fraction 0.25 --out stories_p.h5 --test-out stories_t.h5 >&2 ;;
   esac
 }
 
@@ -68,12 +68,12 @@ for name in tinyrelu stories llama2 opt67; do
   for b in "${bundles[@]}"; do
     bargs=()
     [ "$b" = own ] || bargs=(--bundle-bytes "$b")
-    $NICE "$L" -q solve --trace "${name}_p.h5" --method greedy --out "${name}_${b}_g.json"
+    $NICE "$L" -q solve --trace "${name}_p.h5" --method greedy --out "${name}_${b}_g.json" >&2
     paper=$(io_ms "${name}_t.h5" auto-keep-runs "${name}_${b}_g.json" ${bargs[@]+"${bargs[@]}"})
     for pct in 0 5 10 20; do
       out="${name}_${b}_r${pct}.json"
       s0=$(date +%s.%N)
-      $NICE "$L" -q solve --trace "${name}_p.h5" --replicate-budget "${pct}%" ${bargs[@]+"${bargs[@]}"} --out "$out"
+      $NICE "$L" -q solve --trace "${name}_p.h5" --replicate-budget "${pct}%" ${bargs[@]+"${bargs[@]}"} --out "$out" >&2
       s1=$(date +%s.%N)
       ours=$(io_ms "${name}_t.h5" auto "$out" ${bargs[@]+"${bargs[@]}"})
       ratio=$(/usr/bin/python3 -c "print('%.3f' % ($paper / $ours))")
