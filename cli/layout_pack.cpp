@@ -479,6 +479,10 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
       throw InputError(a.layout, "has " + std::to_string(lay.layers.size()) + " layers, the model has " +
                                      std::to_string(w.config.n_layers));
     for (size_t l = 0; l < lay.layers.size(); ++l) {
+      if (lay.layers[l].replicas)  // flash replication: eval measures it; images do not hold copies yet
+        throw InputError(a.layout, "layer " + std::to_string(l) + " holds " + std::to_string(lay.layers[l].replicas) +
+                                       " replicas; pack cannot write replicated images yet (solve without "
+                                       "--replicate-budget)");
       if (lay.layers[l].order.size() != size_t(w.config.hidden_dim))
         throw InputError(a.layout, "layer " + std::to_string(l) + " orders " +
                                        std::to_string(lay.layers[l].order.size()) + " neurons, the model has " +

@@ -21,7 +21,7 @@ struct SolveArgs {
   std::string trace, out;
   std::vector<std::string> graph;
   SolveOptions o;
-  uint64_t full_matrix_mib = SolveOptions{}.full_matrix_bytes >> 20;
+  uint64_t full_matrix_mib = o.full_matrix_bytes >> 20;  // o is default-constructed above
   DeviceObjectiveArgs dev;
 };
 
@@ -85,7 +85,7 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
        "--admission", [&a](const std::string& s) { cache_admission_parse(s, &a.o.admission); },
        "Cache admission the layout is designed for (recorded in the layout; eval uses it)")
       ->check(CLI::IsMember(admissions))
-      ->default_str(cache_admission_name(SolveOptions{}.admission))
+      ->default_str(cache_admission_name(a.o.admission))  // still the default: options are parsed later
       ->group(grp);
   c.add_option("--validation-share", a.o.validation_share,
                "Share of the profile trace's sequences (the last ones) held out to choose between candidates; the "
@@ -95,6 +95,24 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
   c.add_flag("--rebuild", a.o.rebuild,
              "Rebuild the chosen candidate's recipe on every profile token (default: keep it as built on the build "
              "tokens)")
+      ->group(grp);
+  c.add_option_function<std::string>(
+       "--replicate-budget",
+       [&a](const std::string& s) {  // "10%" or "10": percent of the layer's FFN bytes
+         const std::string num = !s.empty() && s.back() == '%' ? s.substr(0, s.size() - 1) : s;
+         size_t used = 0;
+         double p = -1;
+         try {
+           p = std::stod(num, &used);
+         } catch (...) {
+         }
+         if (num.empty() || used != num.size() || !(p >= 0 && p <= 100))
+           throw UsageError("--replicate-budget must be a percentage in [0, 100], got '" + s + "'");
+         a.o.replicate_share = p / 100;
+       },
+       "Flash replication: up to this share of the FFN bytes (e.g. 10%) holds second copies of neurons beside groups "
+       "they fire with; the amount is chosen on validation tokens (default 0 = off; pack cannot write them yet)")
+      ->default_str("0%")
       ->group(grp);
   c.add_flag("--weight-guard", a.o.guard_weight,
              "Refuse candidates whose gap-0 path weight is below greedy's (the paper's proxy; gap-0 reads never rise, "
@@ -157,6 +175,7 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
       }
       line += " kept " + s.chosen_family + " (" + s.chosen + ")" + (s.rebuilt ? ", rebuilt on all tokens" : "");
       if (!s.cache.pinned.empty()) line += ", " + std::to_string(s.cache.pinned.size()) + " pinned";
+      if (!s.replicate_summary.empty()) line += "; replicas, validation io ms/tok: " + s.replicate_summary;
     }
     prog.note(line);
     prog.add(1);

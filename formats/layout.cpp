@@ -33,7 +33,8 @@ std::string layout_to_json(const Layout& l) {
   for (size_t i = 0; i < l.layers.size(); ++i) {
     const LayoutLayer& L = l.layers[i];
     s +=
-        "    {\"layer\": " + std::to_string(i) + ", \"n_neurons\": " + std::to_string(L.order.size()) +
+        "    {\"layer\": " + std::to_string(i) + ", \"n_neurons\": " + std::to_string(L.order.size() - L.replicas) +
+        (L.replicas ? ", \"replicas\": " + std::to_string(L.replicas) : std::string()) +
         ", \"objective\": " + json(L.objective).dump() + ", \"upper_bound\": " + json(L.upper_bound).dump() +
         ", \"gap\": " + json(L.gap()).dump() + ", \"order\": " + json(L.order).dump() +
         (L.admission == CacheAdmission::kUnset ? std::string()
@@ -189,17 +190,26 @@ Layout layout_parse(const std::string& text, const std::string& path, const Trac
     if (li >= orders.size())
       throw InternalError("layout_parse: order of layer " + std::to_string(li) + " not captured");
     const OrderCapture& o = orders[li];
-    if (L.contains("n_neurons") &&
-        (!L["n_neurons"].is_number_integer() || L["n_neurons"].get<int64_t>() != int64_t(o.v.size())))
-      throw InputError(path, where + "n_neurons does not match the length of 'order'");
-    const size_t n = o.v.size();
+    // Flash replication: `replicas` neurons appear twice, so the order has n_neurons + replicas slots.
+    uint32_t replicas = 0;
+    if (L.contains("replicas")) {
+      if (!L["replicas"].is_number_integer() || L["replicas"].get<int64_t>() < 0 ||
+          L["replicas"].get<int64_t>() > int64_t(o.v.size() / 2))
+        throw InputError(path, where + "'replicas' must be an integer in [0, half the length of 'order']");
+      replicas = L["replicas"].get<uint32_t>();
+    }
+    const size_t n = o.v.size() - replicas;
+    if (L.contains("n_neurons") && (!L["n_neurons"].is_number_integer() || L["n_neurons"].get<int64_t>() != int64_t(n)))
+      throw InputError(
+          path, where + "n_neurons does not match the length of 'order'" + (replicas ? " less its replicas" : ""));
     if (trace && n != trace->n_neurons[li])
       throw InputError(path, where + "order has " + std::to_string(n) + " neurons but the trace layer has " +
                                  std::to_string(trace->n_neurons[li]));
     LayoutLayer out;
-    out.order.resize(n);
+    out.replicas = replicas;
+    out.order.resize(o.v.size());
     std::vector<uint8_t> seen(n, 0);
-    for (size_t s = 0; s < n; ++s) {
+    for (size_t s = 0; s < o.v.size(); ++s) {
       if (s == o.bad && o.bad_text.empty())
         throw InputError(path, where + "order[" + std::to_string(s) + "] is not an integer");
       // The number as written (2^64-1 is not -1), whatever its size.
@@ -208,11 +218,16 @@ Layout layout_parse(const std::string& text, const std::string& path, const Trac
         throw InputError(path, where + "order[" + std::to_string(s) +
                                    "] = " + (s == o.bad ? o.bad_text : std::to_string(v)) + " is out of range [0, " +
                                    std::to_string(n) + ")");
-      if (seen[size_t(v)])
-        throw InputError(path, where + "order is not a permutation: neuron " + std::to_string(v) + " appears twice");
-      seen[size_t(v)] = 1;
+      if (seen[size_t(v)] > (replicas ? 1 : 0))
+        throw InputError(
+            path, where + (replicas ? "order holds neuron " + std::to_string(v) + " more than twice"
+                                    : "order is not a permutation: neuron " + std::to_string(v) + " appears twice"));
+      ++seen[size_t(v)];
       out.order[s] = uint32_t(v);
     }
+    if (replicas)  // n + replicas slots, each neuron at most twice: every neuron is there exactly when none is missing
+      for (size_t v = 0; v < n; ++v)
+        if (!seen[v]) throw InputError(path, where + "order lacks neuron " + std::to_string(v));
     if (L.contains("admission")) {
       if (!L["admission"].is_string() || !cache_admission_parse(L["admission"].get<std::string>(), &out.admission))
         throw InputError(path, where + "'admission' must be " + kCacheAdmissions);
@@ -259,8 +274,9 @@ std::vector<ImageCachePolicy> layout_cache_policy_slots(const Layout& l) {
   std::vector<ImageCachePolicy> out(l.layers.size());
   for (size_t i = 0; i < l.layers.size(); ++i) {
     const LayoutLayer& L = l.layers[i];
-    std::vector<uint32_t> slot_of(L.order.size());
-    for (uint32_t s = 0; s < L.order.size(); ++s) slot_of[L.order[s]] = s;
+    std::vector<uint32_t> slot_of(L.order.size() - L.replicas, UINT32_MAX);  // a neuron's first copy
+    for (uint32_t s = 0; s < L.order.size(); ++s)
+      if (slot_of[L.order[s]] == UINT32_MAX) slot_of[L.order[s]] = s;
     out[i].admission = L.admission;
     out[i].small_fraction = L.small_fraction;
     for (uint32_t v : L.pinned) out[i].pinned.push_back(slot_of.at(v));

@@ -17,7 +17,10 @@ inline constexpr const char* kLayoutFormat = "neuralink-layout";
 inline constexpr int64_t kLayoutVersion = 1;
 
 struct LayoutLayer {
-  std::vector<uint32_t> order;  // slot -> original neuron index (a permutation of 0..n-1)
+  // slot -> original neuron index: a permutation of 0..n-1, or with flash replication n + replicas slots where
+  // `replicas` neurons appear twice (the runtime reads one copy per token: runtime/plan/replica_cover.h)
+  std::vector<uint32_t> order;
+  uint32_t replicas = 0;
   // The cache policy the layout was designed for (eval and the runtime use it at the same capacity):
   CacheAdmission admission = CacheAdmission::kUnset;  // kUnset = not specified (the evaluator's setting)
   std::vector<uint32_t> pinned;  // neurons pinned in DRAM (hottest first), part of the capacity; empty = none

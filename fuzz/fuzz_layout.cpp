@@ -8,12 +8,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   nl::fuzz::write_bytes(path, data, size);
   nl::fuzz::expect_clean(path, [&] {
     nl::Layout l = nl::layout_load(path);
-    for (const auto& L : l.layers) {  // a layout that passes is a permutation per layer
-      std::vector<char> seen(L.order.size(), 0);
+    for (const auto& L : l.layers) {  // a layout that passes holds every neuron once, `replicas` of them twice
+      const size_t n = L.order.size() - L.replicas;
+      std::vector<char> seen(n, 0);
       for (uint32_t v : L.order) {
-        if (v >= L.order.size() || seen[v]) std::abort();
-        seen[v] = 1;
+        if (v >= n || seen[v] > (L.replicas ? 1 : 0)) std::abort();
+        ++seen[v];
       }
+      for (char c : seen)
+        if (!c) std::abort();
     }
   });
   nl::TraceInfo ti;  // the shape of the seed corpus' trace: 2 layers of 3 and 2 neurons

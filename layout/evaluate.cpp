@@ -11,6 +11,7 @@
 #include "formats/layout.h"
 #include "formats/trace.h"
 #include "layout/cost_model.h"
+#include "runtime/plan/replica_cover.h"
 
 namespace nl {
 
@@ -77,12 +78,18 @@ namespace {
 std::vector<LayerEval> evaluate_policies(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
                                          uint32_t layer_index, const std::vector<const LayerCachePolicy*>& policies,
                                          LayerMask* misses, std::vector<uint64_t>* read_lengths,
-                                         const TokenMajorMask* tm) {
+                                         const TokenMajorMask* tm, const TokenPlanFn* on_plan = nullptr) {
   const uint32_t n = m.n_neurons;
-  if (order.size() != n) throw InternalError("evaluate: order length does not match the layer");
-  ReadPlanner planner(planner_config(cfg, n));
-  std::vector<uint32_t> slot_of(n);
-  for (uint32_t s = 0; s < n; ++s) slot_of[order[s]] = s;
+  // An order longer than the layer holds replicas (a neuron twice): the cover picks a copy per token.
+  const bool replicated = order.size() != n;
+  if (order.size() < n) throw InternalError("evaluate: order length does not match the layer");
+  const ReplicaMap rmap = ReplicaMap::from_order(order, n);
+  PlannerConfig pc = planner_config(cfg, n);
+  pc.n_slots = rmap.n_slots();
+  ReadPlanner planner(pc);
+  std::unique_ptr<ReplicaCover> cover;
+  if (replicated) cover = std::make_unique<ReplicaCover>(rmap, pc);
+  const std::vector<uint32_t>& slot_of = rmap.first;
   const size_t np = policies.size();
   std::vector<SlotCache> caches;
   std::vector<uint8_t> use_cache(np);
@@ -101,7 +108,8 @@ std::vector<LayerEval> evaluate_policies(const LayerMask& m, const std::vector<u
       cache_apply_policy(cc, policy->admission, pinned_slots, policy->small_fraction);
     }
     use_cache[k] = cc.capacity > 0 || cc.window_tokens > 0;
-    caches.emplace_back(n, cc);
+    cc.alias = rmap.cache_alias();
+    caches.emplace_back(rmap.n_slots(), cc);
   }
   std::vector<LayerEval> evs(np);
   uint64_t t0 = std::min(cfg.token_begin, m.n_tokens), t1 = std::min(cfg.token_end, m.n_tokens);
@@ -114,18 +122,24 @@ std::vector<LayerEval> evaluate_policies(const LayerMask& m, const std::vector<u
     tm = own.get();
   }
   std::vector<uint64_t> slot_bits(words_for_tokens(n));
-  std::vector<uint32_t> a;
+  std::vector<uint32_t> a, active_neurons;
   TokenPlan plan;
   for (uint64_t t = t0; t < t1; ++t) {
     a.clear();
-    tm->append_slots(t, slot_of, slot_bits, a);
+    active_neurons.clear();
+    if (replicated)
+      tm->for_each_active(t, [&](uint32_t v) { active_neurons.push_back(v); });
+    else
+      tm->append_slots(t, slot_of, slot_bits, a);
     for (size_t k = 0; k < np; ++k) {
       SlotCache& cache = caches[k];
       LayerEval& ev = evs[k];
+      if (replicated) cover->choose(active_neurons.data(), active_neurons.size(), use_cache[k] ? &cache : nullptr, a);
       if (k == 0 && misses)
         for (uint32_t sl : a)
           if (!(use_cache[k] && cache.resident(sl))) misses->set(order[sl], t - t0);
       planner.plan(a, use_cache[k] ? &cache : nullptr, plan);
+      if (k == 0 && on_plan) (*on_plan)(t, a, plan);
       ++ev.tokens;
       ev.active += plan.active;
       ev.reads += plan.reads.size();
@@ -159,6 +173,12 @@ std::vector<LayerEval> evaluate_layer_policies(const LayerMask& m, const std::ve
                                                const std::vector<const LayerCachePolicy*>& policies,
                                                const TokenMajorMask* tm) {
   return evaluate_policies(m, order, cfg, layer_index, policies, nullptr, nullptr, tm);
+}
+
+LayerEval evaluate_layer_plans(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
+                               uint32_t layer_index, const LayerCachePolicy* policy, const TokenMajorMask* tm,
+                               const TokenPlanFn& on_plan) {
+  return evaluate_policies(m, order, cfg, layer_index, {policy}, nullptr, nullptr, tm, &on_plan)[0];
 }
 
 double io_lower_bound_seconds(const TokenMajorMask& tm, const EvalConfig& cfg) {

@@ -2,6 +2,7 @@
 // the figures nl-layout eval prints and the local search's guard compares. Same code as nl-run's reads.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -77,9 +78,10 @@ struct TokenMajorMask {
                     std::vector<uint32_t>& out) const;
 };
 
-// order: slot -> neuron. policy (optional): the layout layer's cache policy, applied on top of cfg.cache.
-// tm (optional): m's tokens in token-major form, shared by several calls; built for this call when absent or not
-// covering the evaluated range.
+// order: slot -> neuron; longer than the layer when it holds replicas (a neuron at most twice: each token reads one
+// copy, chosen by runtime/plan/replica_cover.h, and the cache is keyed by the first). policy (optional): the layout
+// layer's cache policy, applied on top of cfg.cache. tm (optional): m's tokens in token-major form, shared by several
+// calls; built for this call when absent or not covering the evaluated range.
 LayerEval evaluate_layer(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
                          uint32_t layer_index, const LayerCachePolicy* policy = nullptr, LayerMask* misses = nullptr,
                          std::vector<uint64_t>* read_lengths = nullptr, const TokenMajorMask* tm = nullptr);
@@ -93,6 +95,14 @@ std::vector<LayerEval> evaluate_layer_policies(const LayerMask& m, const std::ve
                                                const EvalConfig& cfg, uint32_t layer_index,
                                                const std::vector<const LayerCachePolicy*>& policies,
                                                const TokenMajorMask* tm = nullptr);
+
+// The same for one policy, calling on_plan(t, slots, plan) after each token's plan: the slots the planner was given
+// (ascending; with replicas, the copies the cover chose) and its plan (the cache already updated). For searches that
+// look at the reads (layout/replicate.h).
+using TokenPlanFn = std::function<void(uint64_t t, const std::vector<uint32_t>& slots, const TokenPlan& plan)>;
+LayerEval evaluate_layer_plans(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
+                               uint32_t layer_index, const LayerCachePolicy* policy, const TokenMajorMask* tm,
+                               const TokenPlanFn& on_plan);
 
 // A lower bound on the estimated I/O seconds of ANY order, cache policy and read planner with cfg's cache capacity
 // K on tm's tokens: a token with |A_t| active neurons has at least |A_t| - K of

@@ -9,6 +9,7 @@
 #include "formats/core/progress.h"
 #include "formats/layout.h"
 #include "formats/trace.h"
+#include "runtime/plan/replica_cover.h"
 
 // stb's PNG writer, compiled into this file only (header-only use: no run-time dependency on libstb).
 #define STB_IMAGE_WRITE_IMPLEMENTATION
@@ -287,7 +288,7 @@ std::string report_html(const ReportOptions& o, Progress* progress) {
         captions[0] += " = " + names[k];
         continue;
       }
-      orders.push_back(lays[k].layers[l].order);
+      orders.push_back(primary_order(lays[k].layers[l].order, m.n_neurons));  // a replica's first copy
       captions.push_back(names[k] + " order");
     }
     std::vector<std::string> pngs(orders.size());

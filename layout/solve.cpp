@@ -15,7 +15,9 @@
 #include "formats/sha256.h"
 #include "formats/trace.h"
 #include "layout/pins.h"
+#include "layout/replicate.h"
 #include "layout/span.h"
+#include "runtime/plan/replica_cover.h"
 
 namespace nl {
 
@@ -578,13 +580,24 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
       r.rebuilt = rebuild_recipe(all, sel, r);
       r.seconds_ls += lap();
     }
+    if (opt.replicate_share > 0) {  // candidates from the build tokens (mb, tm_build), the level chosen on tm_val
+      const ReplicateResult rep =
+          replicate_layer(mb, tm_build, sel.m, tm_val, r.order, r.cache, cost, layer_index, opt.replicate_share);
+      r.order = rep.order;
+      r.replicas = rep.replicas;
+      r.replicate_summary = rep.summary;
+      r.seconds_ls += lap();
+    }
   } else {
     throw UsageError("unknown method '" + meth + "' (identity, frequency, greedy, greedy+ls, rcm)");
   }
   r.upper_bound = path_upper_bound(g) + std::max(0.0, bound_validation);
-  // Path weights add over token ranges: in place, m holds the build tokens and m_val_own the rest.
-  r.objective = graph_covers(g, m) ? path_weight(g, m, r.order) : path_weight(m, r.order);
-  if (in_place) r.objective += path_weight(m_val_own, r.order);
+  // Path weights add over token ranges: in place, m holds the build tokens and m_val_own the rest. With replicas the
+  // path is the order without its copies.
+  const Order primary = r.replicas ? primary_order(r.order, m.n_neurons) : Order();
+  const Order& path = r.replicas ? primary : r.order;
+  r.objective = graph_covers(g, m) ? path_weight(g, m, path) : path_weight(m, path);
+  if (in_place) r.objective += path_weight(m_val_own, path);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -624,6 +637,7 @@ nlohmann::json solve_parameters(const SolveOptions& opt) {
     p["evaluations_per_neuron"] = opt.evaluations_per_neuron;
     p["sample_tokens"] = opt.ls.sample_tokens;
     p["neighbours"] = opt.ls.neighbours;
+    if (opt.replicate_share > 0) p["replicate_share"] = opt.replicate_share;
   }
   return p;
 }
@@ -631,6 +645,7 @@ nlohmann::json solve_parameters(const SolveOptions& opt) {
 LayoutLayer layout_layer_of(const LayerSolve& s) {
   LayoutLayer L;
   L.order = s.order;
+  L.replicas = s.replicas;
   L.admission = s.cache.admission;
   L.pinned = s.cache.pinned;
   L.small_fraction = s.cache.small_fraction;

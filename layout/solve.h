@@ -44,6 +44,9 @@ struct SolveOptions {
   // Share of the profile trace's sequences (the last ones) held out to choose between candidates; the rest builds
   // them. 0 = build on every token and choose on the first guard_tokens of them (before validated selection).
   double validation_share = 0.2;
+  // Flash replication (greedy+ls): at most this share of the layer's neurons get a second copy beside a group they
+  // fire with (layout/replicate.h); the level is chosen on validation tokens. 0 = off.
+  double replicate_share = 0;
   // Rebuild the chosen recipe on all profile tokens (validation_share > 0). Off: it gained at most 0.06 % held out
   // on the presets and nothing on tiny-relu for about 11 % more CPU (docs/benchmarks.md "Layout solver").
   bool rebuild = false;
@@ -102,7 +105,9 @@ struct LayerSolve {
   std::vector<CandidateFigure> candidates;  // every candidate, in the order tried; [0] is the paper's pipeline
   std::string chosen_family, chosen;        // the winner: its family and label ("paper" = the paper's pipeline)
   double chosen_validation_ms = 0;
-  bool rebuilt = false;  // the chosen recipe was rebuilt on all profile tokens
+  bool rebuilt = false;           // the chosen recipe was rebuilt on all profile tokens
+  uint32_t replicas = 0;          // flash replication: copies kept (order has n + replicas slots)
+  std::string replicate_summary;  // validation I/O ms/tok per replica count tried
   bool kept_paper() const { return chosen_family == "paper" || chosen_family.empty(); }
   double seconds_count = 0, seconds_greedy = 0, seconds_ls = 0;  // time split
   double seconds = 0;

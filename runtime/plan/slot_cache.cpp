@@ -50,8 +50,12 @@ SlotCache::SlotCache(uint32_t n_slots, const CacheConfig& cfg)
   if (!(cfg_.run_admit_prob >= 0 && cfg_.run_admit_prob <= 1))
     throw UsageError("cache: run_admit_prob must be in [0, 1]");
   cfg_.capacity = std::min(cfg_.capacity, n_slots);
+  if (!cfg_.alias.empty() && cfg_.alias.size() != n_slots) throw UsageError("cache: alias size differs from the slots");
+  for (uint32_t s : cfg_.alias)
+    if (s >= n_slots) throw UsageError("cache: alias slot out of range");
   for (uint32_t s : cfg_.pinned) {
     if (s >= n_slots) throw UsageError("cache: pinned slot out of range");
+    s = key(s);
     if (state_[s] == kPinned) continue;
     if (pinned_ >= cfg_.capacity) break;  // pinned beyond capacity are not held: capacity is a hard bound
     state_[s] = kPinned;
@@ -150,15 +154,15 @@ void SlotCache::update(const uint32_t* active, size_t n, const TokenPlan& plan) 
   // Admission first looks at which read fetched each miss (the read's length decides the probability).
   size_t r = 0;
   for (size_t k = 0; k < n; ++k) {
-    uint32_t s = active[k];
+    const uint32_t slot = active[k], s = key(slot);  // the read holds the slot; the cache entry is the key's
     uint8_t st = state_[s];
     if (st == kSmall || st == kMain) {
       if (freq_[s] < 3) ++freq_[s];
       continue;
     }
     if (st == kPinned) continue;
-    while (r < plan.reads.size() && plan.reads[r].slot_end <= s) ++r;
-    bool fetched = r < plan.reads.size() && plan.reads[r].slot_begin <= s;
+    while (r < plan.reads.size() && plan.reads[r].slot_end <= slot) ++r;
+    bool fetched = r < plan.reads.size() && plan.reads[r].slot_begin <= slot;
     if (!fetched) continue;  // served by the window: nothing to admit
     double p = 1.0;
     if (cfg_.linking_aligned && plan.reads[r].bundles() > cfg_.isolated_max_bundles) p = cfg_.run_admit_prob;
@@ -170,7 +174,7 @@ void SlotCache::update(const uint32_t* active, size_t n, const TokenPlan& plan) 
     }
   }
   if (cfg_.window_tokens)
-    for (size_t k = 0; k < n; ++k) last_active_[active[k]] = now_;
+    for (size_t k = 0; k < n; ++k) last_active_[key(active[k])] = now_;
   ++now_;
 }
 

@@ -25,6 +25,9 @@ struct CacheConfig {
   uint32_t window_tokens = 0;         // > 0: slots active in the last k tokens are resident (LLM in a flash)
   std::vector<uint32_t> pinned;       // always-resident slots (count against capacity)
   uint64_t seed = 0;                  // admission draws
+  // slot -> cache key (flash replication: a neuron's first copy, so both copies share one entry; pinned slots are
+  // keys); empty = the slot itself (runtime/plan/replica_cover.h)
+  std::vector<uint32_t> alias = {};
 };
 
 // Admission seed of layer `layer` in a run seeded with `seed`: nl-layout eval and nl-run draw the same numbers.
@@ -47,8 +50,9 @@ class SlotCache {
   SlotCache(uint32_t n_slots, const CacheConfig& cfg);
 
   bool resident(uint32_t slot) const {
-    return state_[slot] != kNone ||
-           (cfg_.window_tokens && last_active_[slot] && last_active_[slot] + cfg_.window_tokens >= now_);
+    const uint32_t k = key(slot);
+    return state_[k] != kNone ||
+           (cfg_.window_tokens && last_active_[k] && last_active_[k] + cfg_.window_tokens >= now_);
   }
   // Records one token: hits raise S3-FIFO frequencies, misses fetched by `plan` are offered for admission,
   // the window advances. `active` is the same ascending slot list given to the planner.
@@ -76,6 +80,7 @@ class SlotCache {
   uint64_t rng_;
   uint64_t admissions_ = 0, rejections_ = 0;
 
+  uint32_t key(uint32_t slot) const { return cfg_.alias.empty() ? slot : cfg_.alias[slot]; }
   double next_uniform();
   void admit(uint32_t slot);
   void evict_one();
