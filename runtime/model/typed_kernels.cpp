@@ -91,6 +91,10 @@ struct Table {
   void (*down_bf16)(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na);
   void (*down_q8)(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na);
   void (*down_q4)(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na);
+  // kRowBlock consecutive q8_0 / q4_0 rows against one prepared q8_0 activation row (PreparedX::row, `n` = cols):
+  // y[r] = dot_q8 / dot_q4 of row r, bit for bit. Null where a path has none (matmul then dots row by row).
+  void (*rows_q8)(const uint8_t* w, size_t stride, const void* x, int n, float* y) = nullptr;
+  void (*rows_q4)(const uint8_t* w, size_t stride, const void* x, int n, float* y) = nullptr;
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -465,6 +469,42 @@ NL_512 float dot_blocks_512(const B* w, const BlockQ8_0* x, int nb) {
   return reduce8(a) + tail;
 }
 
+// R rows at once: each 8-block group's activation quants, their sums' correction and scales are loaded once for all
+// rows (short rows of small models spend as much on that and on the call as on the dots). Per row, the operations
+// and their order are dot_blocks_512's.
+template <class B, int32_t (*Isum)(const B&, const BlockQ8_0&), int R>
+NL_512 void rows_blocks_512(const uint8_t* w, size_t stride, const void* xv, int n, float* y) {
+  const BlockQ8_0* x = static_cast<const BlockQ8_0*>(xv);
+  const int nb = n / kQuantBlock;
+  const int32_t* xs = xq_sums(x, nb);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  int b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    __m256i xq[8];
+    for (int k = 0; k < 8; ++k) xq[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b + k].qs));
+    const __m256i corr =
+        _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + b)), kWOffsetShift<B>);
+    const __m256 dx = scales8(x + b);
+    for (int r = 0; r < R; ++r) {
+      const B* wr = reinterpret_cast<const B*>(w + size_t(r) * stride);
+      __m256i s[8];
+      for (int k = 0; k < 8; ++k) s[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu32(wr[b + k]), xq[k]);
+      const __m256i isum = _mm256_sub_epi32(hsum8x8(s), corr);
+      const __m256 d = _mm256_mul_ps(scales8(wr + b), dx);
+      acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const B* wr = reinterpret_cast<const B*>(w + size_t(r) * stride);
+    alignas(32) float a[8];
+    _mm256_store_ps(a, acc[r]);
+    float tail = 0.0f;
+    for (int c = b; c < nb; ++c) tail += float(Isum(wr[c], x[c])) * (f16_to_f32(wr[c].d) * f16_to_f32(x[c].d));
+    y[r] = reduce8(a) + tail;
+  }
+}
+
 // Down accumulation: per pass, 8 neurons' columns against 32 outputs held in registers; out[o] still gets
 // h_0 w_0[o], h_1 w_1[o], ... added one at a time in list order.
 constexpr int kDownGroup = 8;
@@ -542,7 +582,9 @@ const Table kAvx512 = {dot_h16_512<false>,
                        down_h16_512<false>,
                        down_h16_512<true>,
                        down_blocks_512<BlockQ8_0>,
-                       down_blocks_512<BlockQ4_0>};
+                       down_blocks_512<BlockQ4_0>,
+                       rows_blocks_512<BlockQ8_0, isum_q8, kRowBlock>,
+                       rows_blocks_512<BlockQ4_0, isum_q4, kRowBlock>};
 #pragma GCC diagnostic pop
 #endif
 
@@ -827,17 +869,23 @@ void matmul(float* y, const PreparedX& x, const WeightView& w, int n) {
   auto rows_fn = w.dtype == ImageDtype::kF16    ? g_table->rows_f16
                  : w.dtype == ImageDtype::kBF16 ? g_table->rows_bf16
                                                 : nullptr;
-  if (rows_fn) {
+  auto rows_q = w.dtype == ImageDtype::kQ8_0   ? g_table->rows_q8
+                : w.dtype == ImageDtype::kQ4_0 ? g_table->rows_q4
+                                               : nullptr;
+  if (rows_fn || rows_q) {
     const int groups = (rows + kRowBlock - 1) / kRowBlock;
 #pragma omp parallel for schedule(static) if (work > kParallelWork)
     for (int gi = 0; gi < groups; ++gi) {
       const int o0 = gi * kRowBlock;
       for (int r = o0 + kRowBlock; r < std::min(rows, o0 + 2 * kRowBlock); ++r) prefetch_bytes(w.row(r), rb);
       for (int t = 0; t < n; ++t) {
-        const float* xt = static_cast<const float*>(x.row(t));
+        const void* xt = x.row(t);
         if (o0 + kRowBlock <= rows) {
           float yr[kRowBlock];
-          rows_fn(w.row(o0), w.row_stride, xt, cols, yr);
+          if (rows_fn)
+            rows_fn(w.row(o0), w.row_stride, static_cast<const float*>(xt), cols, yr);
+          else
+            rows_q(w.row(o0), w.row_stride, xt, cols, yr);
           for (int r = 0; r < kRowBlock; ++r) y[size_t(t) * rows + o0 + r] = yr[r];
         } else {
           for (int o = o0; o < rows; ++o) y[size_t(t) * rows + o] = row_dot(w.dtype, w.row(o), xt, cols);
