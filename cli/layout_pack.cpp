@@ -31,7 +31,7 @@ namespace {
 
 struct PackArgs {
   std::string model, layout, out, dtype, tokenizer, export_permuted, synthetic_shape, device;
-  std::string synthetic_act;  // whole synthetic models: "relu" (their own) or "silu"
+  std::string synthetic_act;       // whole synthetic models: "relu" (their own) or "silu"
   std::string act_threshold_from;  // trace whose per-layer thresholds go to the manifest's act_threshold
   int synthetic_layers = 4;
   CLI::Option* layers_opt = nullptr;  // whole synthetic models keep their layer count unless --layers is given
@@ -438,7 +438,8 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
   if (a.model.empty() == a.synthetic_shape.empty()) throw UsageError("pack needs --model or --synthetic-shape");
   if (!a.device.empty() && a.layout.empty()) throw UsageError("--device names the layout's device: it needs --layout");
-  if (!a.synthetic_act.empty() && a.synthetic_shape.empty()) throw UsageError("--synthetic-act needs --synthetic-shape");
+  if (!a.synthetic_act.empty() && a.synthetic_shape.empty())
+    throw UsageError("--synthetic-act needs --synthetic-shape");
   const bool synthetic = !a.synthetic_shape.empty();
   const std::string dtype = !a.dtype.empty() ? a.dtype : synthetic ? "f16" : "f32";
   pack_check_paths(a);
