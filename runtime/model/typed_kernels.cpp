@@ -751,6 +751,50 @@ NL_DOT_BLOCKS_NEON(dot_blocks_neon, , idot32_neon)
 NL_DOT_BLOCKS_NEON(dot_blocks_dotprod, NL_DOTPROD, idot32_dotprod)
 #undef NL_DOT_BLOCKS_NEON
 
+// Interleaved q8_0 (q8_interleave) with the dot-product instructions: a 32-byte step holds 4 quants of blocks 0-3
+// then of blocks 4-7, so two sdot chains hold the 8 blocks' exact integer sums lane by lane (signed x signed: no
+// offset correction). The float operations and their order are dot_blocks_dotprod's.
+template <int R>
+NL_DOTPROD void rows_q8x8_dotprod(const uint8_t* w, size_t stride, const void* xv, int n, float* y) {
+  const uint8_t* x = static_cast<const uint8_t*>(xv);
+  const int ng = n / kQuantBlock / 8;
+  float32x4_t acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = vdupq_n_f32(0.0f);
+  for (int g = 0; g < ng; ++g) {
+    const uint8_t* xg = x + size_t(g) * kX8Group;
+    const uint16x8_t xd = vld1q_u16(reinterpret_cast<const uint16_t*>(xg));
+    const float32x4_t dx0 = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(xd)));
+    const float32x4_t dx1 = vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(xd)));
+    int8x16_t xq[16];
+    for (int k = 0; k < 16; ++k) xq[k] = vld1q_s8(reinterpret_cast<const int8_t*>(xg + kX8Quants + 16 * k));
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* wg = w + size_t(r) * stride + size_t(g) * kX8Group;
+      int32x4_t s0 = vdupq_n_s32(0), s1 = vdupq_n_s32(0);
+      for (int k = 0; k < 8; ++k) {
+        s0 = vdotq_s32(s0, vld1q_s8(reinterpret_cast<const int8_t*>(wg + kX8Quants + 32 * k)), xq[2 * k]);
+        s1 = vdotq_s32(s1, vld1q_s8(reinterpret_cast<const int8_t*>(wg + kX8Quants + 32 * k + 16)), xq[2 * k + 1]);
+      }
+      const uint16x8_t wd = vld1q_u16(reinterpret_cast<const uint16_t*>(wg));
+      const float32x4_t d0 = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(wd))), dx0);
+      const float32x4_t d1 = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(wd))), dx1);
+      acc[r][0] = vaddq_f32(acc[r][0], vmulq_f32(vcvtq_f32_s32(s0), d0));
+      acc[r][1] = vaddq_f32(acc[r][1], vmulq_f32(vcvtq_f32_s32(s1), d1));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float a[8];
+    vst1q_f32(a, acc[r][0]);
+    vst1q_f32(a + 4, acc[r][1]);
+    const float tail = 0.0f;
+    y[r] = reduce8(a) + tail;
+  }
+}
+NL_DOTPROD float dot_q8x8_dotprod(const uint8_t* w, const void* x, int n) {
+  float y;
+  rows_q8x8_dotprod<1>(w, 0, x, n, &y);
+  return y;
+}
+
 template <bool Bf16>
 void down_h16_neon(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
   int o = o0;
@@ -813,7 +857,11 @@ const Table kNeonDot = {dot_h16_neon<false>,
                         down_h16_neon<false>,
                         down_h16_neon<true>,
                         down_blocks_neon<BlockQ8_0>,
-                        down_blocks_neon<BlockQ4_0>};
+                        down_blocks_neon<BlockQ4_0>,
+                        nullptr,
+                        nullptr,
+                        rows_q8x8_dotprod<kRowBlock>,
+                        dot_q8x8_dotprod};
 #endif
 
 bool isa_supported(Isa isa) {
