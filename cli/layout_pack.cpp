@@ -31,6 +31,7 @@ namespace {
 
 struct PackArgs {
   std::string model, layout, out, dtype, tokenizer, export_permuted, synthetic_shape, device;
+  std::string synthetic_act;       // whole synthetic models: "relu" (their own) or "silu"
   std::string act_threshold_from;  // trace whose per-layer thresholds go to the manifest's act_threshold
   int synthetic_layers = 4;
   CLI::Option* layers_opt = nullptr;  // whole synthetic models keep their layer count unless --layers is given
@@ -147,6 +148,12 @@ void add_pack_input_options(CLI::App* c, PackArgs& a) {
                                "Synthetic: layers (FFN-only shapes: default 4; whole models: default the model's)")
                      ->check(CLI::Range(1, 4096))
                      ->group("Synthetic");
+  c->add_option("--synthetic-act", a.synthetic_act,
+                "Whole synthetic models: FFN activation, relu (default: ProSparse / TurboSparse-like, exact zeros) or "
+                "silu (the same weights as a dense SiLU Llama, e.g. to time against llama.cpp, whose LLaMA arch "
+                "computes SiLU only)")
+      ->check(CLI::IsMember({"relu", "silu"}))
+      ->group("Synthetic");
   c->add_option("--seed", a.seed, "Synthetic: weight seed (same shape, seed and layout give identical bytes)")
       ->group("Synthetic");
   c->add_option("--layout", a.layout, "Layout JSON from nl-layout solve (default: identity order)")
@@ -431,6 +438,8 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
   if (a.model.empty() == a.synthetic_shape.empty()) throw UsageError("pack needs --model or --synthetic-shape");
   if (!a.device.empty() && a.layout.empty()) throw UsageError("--device names the layout's device: it needs --layout");
+  if (!a.synthetic_act.empty() && a.synthetic_shape.empty())
+    throw UsageError("--synthetic-act needs --synthetic-shape");
   const bool synthetic = !a.synthetic_shape.empty();
   const std::string dtype = !a.dtype.empty() ? a.dtype : synthetic ? "f16" : "f32";
   pack_check_paths(a);
@@ -449,7 +458,11 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
       whole = &it->second;
       w.config = whole->config;
       if (a.layers_opt && a.layers_opt->count() > 0) w.config.n_layers = a.synthetic_layers;
+      if (!a.synthetic_act.empty()) w.config.act = a.synthetic_act == "silu" ? FfnAct::kSilu : FfnAct::kRelu;
     } else {
+      if (!a.synthetic_act.empty())
+        throw UsageError("--synthetic-act applies to whole synthetic models (" + a.synthetic_shape +
+                         " is an FFN-only shape)");
       shape = synthetic_shape_parse(a.synthetic_shape);
       w.config = synthetic_config(shape, a.synthetic_layers);
     }

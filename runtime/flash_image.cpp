@@ -9,6 +9,7 @@
 #include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
 #include "formats/core/quant.h"
+#include "runtime/model/typed_kernels.h"
 
 namespace nl {
 
@@ -137,7 +138,12 @@ std::unique_ptr<DenseStore> FlashImage::load_dense_store() {
   auto matrix = [&](const std::string& name, int rows, int cols) {
     const DenseTensor& t = find(name, uint64_t(rows), uint64_t(cols));
     const ImageDtype dt = t.dtype;
-    return WeightView{dt, st->bytes.data() + t.offset, rows, cols, image_row_bytes(dt, size_t(cols))};
+    WeightView v{dt, st->bytes.data() + t.offset, rows, cols, image_row_bytes(dt, size_t(cols))};
+    // Matrices only matmul reads (not the embedding table) in the active kernel path's fastest q8_0 layout: the
+    // store owns these bytes, already verified against the manifest's checksum.
+    if (name != "tok_embeddings" && kernels::q8_interleave_pays() && kernels::q8_interleavable(v))
+      kernels::q8_interleave(&v);
+    return v;
   };
   auto norm = [&](const std::string& name) -> const float* {
     const DenseTensor& t = find(name, 1, uint64_t(c.dim));

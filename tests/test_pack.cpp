@@ -151,7 +151,6 @@ TEST_CASE(
     "pack streams from safetensors: same image as from llama2.c; permuted safetensors export preserves the function" *
     test::needs_models({"llama2c-stories260K/stories260K.bin"})) {
   const std::string model = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/stories260K.bin";
-  struct stat st {};
   ::mkdir("pack_st", 0755);
   ModelWeights w = read_llama2c(model);
   write_safetensors_model("pack_st/hf", w);
@@ -400,6 +399,23 @@ TEST_CASE("whole synthetic models: every tensor random and seeded per tensor, ge
   }
   CHECK(seen.size() > 1);
   CHECK(q.manifest().dtype == ImageDtype::kQ8_0);
+  // --synthetic-act silu: the same weights, a SiLU FFN (what llama.cpp's LLaMA arch computes); refused for FFN-only
+  // shapes and without --synthetic-shape (exit 2, nothing written).
+  REQUIRE_MESSAGE(
+      sh(bin + "nl-layout -q pack --synthetic-shape tiny-test --synthetic-act silu --out pack_whole/s.nlw", &out) == 0,
+      out);
+  FlashImage si("pack_whole/s.nlw", IoOptions{});
+  CHECK(si.manifest().config.act == FfnAct::kSilu);
+  ModelWeights ws = si.load_dense();
+  si.load_ffn_layer(0, &ws.layers[0]);
+  CHECK(ws.tok_embeddings == w.tok_embeddings);
+  CHECK(ws.layers[0].w_gate == w.layers[0].w_gate);
+  CHECK(ws.layers[0].w_down == w.layers[0].w_down);
+  CHECK(sh(bin + "nl-layout -q pack --synthetic-shape opt-350m --synthetic-act silu --out pack_whole/x.nlw", &out) ==
+        2);
+  CHECK(sh(bin + "nl-layout -q pack --model pack_whole/a.nlw --synthetic-act silu --out pack_whole/x.nlw", &out) == 2);
+  struct stat st {};
+  CHECK(::stat("pack_whole/x.nlw", &st) != 0);
 }
 
 // Issue 18 item 8: pack records the planner settings the layout was solved for (or nl-layout eval's defaults) and

@@ -72,6 +72,47 @@ const ImageDtype kDtypes[] = {ImageDtype::kF32, ImageDtype::kF16, ImageDtype::kB
 
 }  // namespace
 
+// The interleaved q8_0 layout (dense weights in DRAM on paths with a kernel for it) changes where the bytes lie,
+// never a number: every path's matmul over the interleaved copy equals the plain portable matmul bit for bit (rows
+// not a multiple of the 4-row block, 1 and several tokens, several 8-block groups).
+TEST_CASE("interleaved q8_0 rows give the plain layout's numbers on every path") {
+  IsaGuard guard;
+  for (int cols : {256, 768, 2048}) {
+    for (int n : {1, 3}) {
+      CAPTURE(cols);
+      CAPTURE(n);
+      const int rows = 13;
+      TypedMatrix m = make_matrix(ImageDtype::kQ8_0, rows, cols, 7 + uint64_t(cols));
+      const std::vector<float> x = random_x(n * cols, 3 + uint64_t(cols));
+      kernels::set_isa(kernels::Isa::kPortable);
+      std::vector<float> ref(size_t(n) * rows);
+      kernels::matmul(ref.data(), x.data(), m.view(), n);
+      std::vector<uint8_t> copy = m.bytes;
+      WeightView v{ImageDtype::kQ8_0, copy.data(), rows, cols, m.stride};
+      REQUIRE(kernels::q8_interleavable(v));
+      kernels::q8_interleave(&v);
+      CHECK(v.q8_x8);
+      CHECK(copy != m.bytes);
+      CHECK(!kernels::q8_interleavable(v));
+      for (kernels::Isa isa : kernels::available_isas()) {
+        CAPTURE(kernels::isa_name(isa));
+        kernels::set_isa(isa);
+        std::vector<float> y(size_t(n) * rows, -1.0f);
+        kernels::matmul(y.data(), x.data(), v, n);
+        CHECK(std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+  // Not interleavable: other dtypes, a block count that is not a multiple of 8, a row stride with padding.
+  TypedMatrix f = make_matrix(ImageDtype::kF16, 4, 256, 1), q = make_matrix(ImageDtype::kQ8_0, 4, 224, 1);
+  CHECK(!kernels::q8_interleavable(f.view()));
+  CHECK(!kernels::q8_interleavable(q.view()));
+  TypedMatrix p = make_matrix(ImageDtype::kQ8_0, 4, 256, 1);
+  WeightView padded = p.view();
+  padded.row_stride += 64;
+  CHECK(!kernels::q8_interleavable(padded));
+}
+
 TEST_CASE("every kernel path equals the portable reference bit for bit (row dots, matmul, down accumulation)") {
   IsaGuard guard;
   const auto isas = kernels::available_isas();

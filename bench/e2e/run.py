@@ -139,6 +139,7 @@ class Bench:
         self.has_threads = "--threads" in help_gen or "--threads" in help_run
         self.has_trace_select = "trace:" in help_gen
         self.pack_dtypes = [d for d in ("f32", "f16", "bf16", "q8_0", "q4_0") if d in help_pack]
+        self.has_synthetic_act = "--synthetic-act" in help_pack
         self.device = json.load(open(a.device))
         self.results = {"shapes": [], "settings": vars(a).copy(), "llamacpp_dir": self.ldir,
                         "loadavg_start": os.getloadavg(),
@@ -212,10 +213,22 @@ class Bench:
                 # continuations that decode to invalid UTF-8).
                 run(self.nice() + argv)
             images[m] = img
+        if synthetic and model is None and self.has_synthetic_act:
+            # The whole synthetic shapes are gated ReLU, which llama.cpp's LLaMA arch cannot compute (SiLU only):
+            # llama.cpp and the kernel row run the same weights as a SiLU model (identity order), timing-equivalent
+            # for a dense forward; its tokens are compared with nl-run on this image, not on the ReLU ones.
+            img = os.path.join(d, "silu.%s.nlw" % dtype)
+            if not os.path.exists(img + ".json"):
+                run(self.nice() + [self.tool("nl-layout"), "pack", "--synthetic-shape", SYNTH[shape]["pack_shape"],
+                                   "--synthetic-act", "silu", "--dtype", dtype, "--out", img, "-q"])
+            images["silu"] = img
+            notes.append("llama.cpp and the kernel row run the SiLU variant of the same random weights "
+                         "(nl-layout pack --synthetic-act silu; llama.cpp has no gated-ReLU LLaMA): timing-equivalent "
+                         "dense forward, different tokens from the ReLU images")
         gg = os.path.join(d, "model.%s.gguf" % dtype)
         if self.llama_ok and not os.path.exists(gg):
             argv = ["/usr/bin/python3", os.path.join(SRC, "scripts", "gguf_from_image.py"), "--image",
-                    images["identity"], "--out", gg, "--gguf-py", self.gguf_py]
+                    images.get("silu", images["identity"]), "--out", gg, "--gguf-py", self.gguf_py]
             if tok:
                 argv += ["--tokenizer", tok]
             run(self.nice() + argv)
@@ -293,7 +306,8 @@ class Bench:
                     cell["llama"]["pp" if e.get("n_prompt", 0) > 0 else "tg"].append(e["avg_ts"])
                 for name, cli in engines:
                     argv = self.nice() + [os.path.join(cli, "nl-run"), "--threads", str(t), "generate", "--image",
-                                          p["images"]["identity"], "--select", "dense", "--prompt-tokens",
+                                          p["images"].get("silu", p["images"]["identity"]), "--select", "dense",
+                                          "--prompt-tokens",
                                           ",".join(map(str, prompt_ids)), "--steps", str(self.a.steps), "--json", "-q"]
                     r = run(argv, check=False)
                     if r["rc"] != 0:
@@ -360,6 +374,12 @@ class Bench:
         if dense is None:
             raise SystemExit("e2e: nl-run dense failed: %s" % r["err"].strip()[-1000:])
         agree = {"nl_dense": dense["tokens"]}
+        vs_llama = dense
+        if "silu" in p["images"]:  # llama.cpp runs the SiLU variant: compare it with nl-run on that image
+            vs_llama, r = self.nl_generate(p["images"]["silu"], "dense", prompt, steps)
+            if vs_llama is None:
+                raise SystemExit("e2e: nl-run dense (SiLU variant) failed: %s" % r["err"].strip()[-1000:])
+            agree["nl_dense_silu"] = vs_llama["tokens"]
         gate, _ = self.nl_generate(p["images"]["identity"], "gate", prompt, steps)
         if gate:
             agree["nl_gate"] = gate["tokens"]
@@ -368,9 +388,9 @@ class Bench:
             if ll is None:
                 raise SystemExit("e2e: llama-ids failed: %s" % r["err"].strip()[-1000:])
             agree["llama"] = ll["tokens"]
-            same = sum(1 for x, y in zip(ll["tokens"], dense["tokens"]) if x == y)
+            same = sum(1 for x, y in zip(ll["tokens"], vs_llama["tokens"]) if x == y)
             prefix = 0
-            while prefix < len(ll["tokens"]) and ll["tokens"][prefix] == dense["tokens"][prefix]:
+            while prefix < len(ll["tokens"]) and ll["tokens"][prefix] == vs_llama["tokens"][prefix]:
                 prefix += 1
             agree.update({"agree": same, "of": len(ll["tokens"]), "prefix": prefix})
             log("  agreement nl-run dense vs llama.cpp: %d/%d tokens, first %d identical" % (same, len(ll["tokens"]),

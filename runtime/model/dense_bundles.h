@@ -21,8 +21,8 @@ class DenseBundles {
   DenseBundles(ImageDtype dt, int dim, int hidden, const uint8_t* bundles, size_t bundle_bytes);
 
   // The gate rows as a matrix ([hidden][dim]).
-  WeightView gate() const { return {dt_, data_.data(), hidden_, dim_, rb_}; }
-  WeightView up() const { return {dt_, data_.data() + size_t(hidden_) * rb_, hidden_, dim_, rb_}; }
+  WeightView gate() const { return {dt_, data_.data(), hidden_, dim_, rb_, x8_}; }
+  WeightView up() const { return {dt_, data_.data() + size_t(hidden_) * rb_, hidden_, dim_, rb_, x8_}; }
 
   // out [n][dim] = the gated FFN of x [n][dim] (f32, normalised), act = SiLU (v / (1 + exp(-v))) or ReLU, for n
   // tokens at once (each token's numbers are those of the same token alone).
@@ -34,6 +34,7 @@ class DenseBundles {
   ImageDtype dt_;
   int dim_, hidden_;
   size_t rb_;                      // bytes of one gate / up row (= one whole down column)
+  bool x8_ = false;                // gate and up rows interleaved (q8_interleave)
   std::vector<uint8_t> data_;      // gate rows, up rows, then the down chunks
   std::vector<size_t> chunk_off_;  // per down chunk: its offset in data_ ([hidden][its outputs' bytes])
   std::vector<size_t> chunk_cb_;   // per down chunk: bytes of one neuron's slice

@@ -91,7 +91,31 @@ struct Table {
   void (*down_bf16)(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na);
   void (*down_q8)(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na);
   void (*down_q4)(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na);
+  // kRowBlock consecutive q8_0 / q4_0 rows against one prepared q8_0 activation row (PreparedX::row, `n` = cols):
+  // y[r] = dot_q8 / dot_q4 of row r, bit for bit. Null where a path has none (matmul then dots row by row).
+  void (*rows_q8)(const uint8_t* w, size_t stride, const void* x, int n, float* y) = nullptr;
+  void (*rows_q4)(const uint8_t* w, size_t stride, const void* x, int n, float* y) = nullptr;
+  // The same for interleaved q8_0 rows (q8_interleave) against PreparedX::row_x8. Null: the portable one runs.
+  void (*rows_q8x8)(const uint8_t* w, size_t stride, const void* x, int n, float* y) = nullptr;
+  float (*dot_q8x8)(const uint8_t* w, const void* x, int n) = nullptr;
 };
+
+// Interleaved q8_0 (q8_interleave): a group of 8 blocks is 272 bytes, its 8 scales first, then 8 steps of 32 bytes.
+constexpr int kX8Group = 8 * int(sizeof(BlockQ8_0));
+constexpr int kX8Quants = 16;  // offset of the quants in a group
+// Offset in a group of quant i of block j.
+constexpr int x8_offset(int j, int i) { return kX8Quants + 32 * (i >> 2) + 4 * j + (i & 3); }
+// nb plain blocks at `src` (nb a multiple of 8) written interleaved to `dst` (not overlapping).
+void x8_interleave_row(uint8_t* dst, const uint8_t* src, int nb) {
+  for (int g = 0; g < nb / 8; ++g) {
+    const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(src) + size_t(g) * 8;
+    uint8_t* o = dst + size_t(g) * kX8Group;
+    for (int j = 0; j < 8; ++j) {
+      std::memcpy(o + 2 * j, &b[j].d, 2);
+      for (int i = 0; i < kQuantBlock; ++i) o[x8_offset(j, i)] = uint8_t(b[j].qs[i]);
+    }
+  }
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Portable reference.
@@ -144,6 +168,25 @@ float dot_blocks_port(const B* w, const BlockQ8_0* x, int nb) {
   }
   float tail = 0.0f;
   for (; b < nb; ++b) tail += float(Isum(w[b], x[b])) * (f16_to_f32(w[b].d) * f16_to_f32(x[b].d));
+  return reduce8(acc) + tail;
+}
+
+// dot_blocks_port's numbers from interleaved bytes: block 8g + j into lane j, reduce8, then the (empty) tail.
+float dot_q8x8_port(const uint8_t* w, const void* xv, int n) {
+  const uint8_t* x = static_cast<const uint8_t*>(xv);
+  const int ng = n / kQuantBlock / 8;
+  float acc[8] = {};
+  for (int g = 0; g < ng; ++g) {
+    const uint8_t* wg = w + size_t(g) * kX8Group;
+    const uint8_t* xg = x + size_t(g) * kX8Group;
+    for (int j = 0; j < 8; ++j) {
+      int32_t isum = 0;
+      for (int i = 0; i < kQuantBlock; ++i)
+        isum += int32_t(int8_t(wg[x8_offset(j, i)])) * int32_t(int8_t(xg[x8_offset(j, i)]));
+      acc[j] += float(isum) * (f16_to_f32(ld16(wg, size_t(j))) * f16_to_f32(ld16(xg, size_t(j))));
+    }
+  }
+  const float tail = 0.0f;
   return reduce8(acc) + tail;
 }
 
@@ -465,6 +508,89 @@ NL_512 float dot_blocks_512(const B* w, const BlockQ8_0* x, int nb) {
   return reduce8(a) + tail;
 }
 
+// R rows at once: each 8-block group's activation quants, their sums' correction and scales are loaded once for all
+// rows (short rows of small models spend as much on that and on the call as on the dots). Per row, the operations
+// and their order are dot_blocks_512's.
+template <class B, int32_t (*Isum)(const B&, const BlockQ8_0&), int R>
+NL_512 void rows_blocks_512(const uint8_t* w, size_t stride, const void* xv, int n, float* y) {
+  const BlockQ8_0* x = static_cast<const BlockQ8_0*>(xv);
+  const int nb = n / kQuantBlock;
+  const int32_t* xs = xq_sums(x, nb);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  int b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    __m256i xq[8];
+    for (int k = 0; k < 8; ++k) xq[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b + k].qs));
+    const __m256i corr =
+        _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + b)), kWOffsetShift<B>);
+    const __m256 dx = scales8(x + b);
+    for (int r = 0; r < R; ++r) {
+      const B* wr = reinterpret_cast<const B*>(w + size_t(r) * stride);
+      __m256i s[8];
+      for (int k = 0; k < 8; ++k) s[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu32(wr[b + k]), xq[k]);
+      const __m256i isum = _mm256_sub_epi32(hsum8x8(s), corr);
+      const __m256 d = _mm256_mul_ps(scales8(wr + b), dx);
+      acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const B* wr = reinterpret_cast<const B*>(w + size_t(r) * stride);
+    alignas(32) float a[8];
+    _mm256_store_ps(a, acc[r]);
+    float tail = 0.0f;
+    for (int c = b; c < nb; ++c) tail += float(Isum(wr[c], x[c])) * (f16_to_f32(wr[c].d) * f16_to_f32(x[c].d));
+    y[r] = reduce8(a) + tail;
+  }
+}
+
+// Interleaved q8_0: step s of a group puts quants 4s..4s+3 of block j in lane j, so dpbusd accumulates every
+// block's exact integer sum in its own lane (two chains, even and odd steps, for latency); scales are one 16-byte
+// load. The float operations and their order are dot_blocks_512's.
+template <int R>
+NL_512 void rows_q8x8_512(const uint8_t* w, size_t stride, const void* xv, int n, float* y) {
+  const uint8_t* x = static_cast<const uint8_t*>(xv);
+  const int nb = n / kQuantBlock, ng = nb / 8;
+  const int32_t* xs = xq_sums(reinterpret_cast<const BlockQ8_0*>(x), nb);
+  const __m256i flip = _mm256_set1_epi8(char(0x80));
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int g = 0; g < ng; ++g) {
+    const uint8_t* xg = x + size_t(g) * kX8Group;
+    const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xg)));
+    const __m256i corr = _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + 8 * g)), 7);
+    __m256i xq[8];
+    for (int k = 0; k < 8; ++k) xq[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + kX8Quants + 32 * k));
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* wg = w + size_t(r) * stride + size_t(g) * kX8Group;
+      __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+      for (int k = 0; k < 8; k += 2) {
+        a0 = _mm256_dpbusd_epi32(
+            a0, _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + kX8Quants + 32 * k)), flip),
+            xq[k]);
+        a1 = _mm256_dpbusd_epi32(
+            a1,
+            _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + kX8Quants + 32 * (k + 1))), flip),
+            xq[k + 1]);
+      }
+      const __m256i isum = _mm256_sub_epi32(_mm256_add_epi32(a0, a1), corr);
+      const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg))), dx);
+      acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float a[8];
+    _mm256_store_ps(a, acc[r]);
+    const float tail = 0.0f;
+    y[r] = reduce8(a) + tail;
+  }
+}
+NL_512 float dot_q8x8_512(const uint8_t* w, const void* x, int n) {
+  float y;
+  rows_q8x8_512<1>(w, 0, x, n, &y);
+  return y;
+}
+
 // Down accumulation: per pass, 8 neurons' columns against 32 outputs held in registers; out[o] still gets
 // h_0 w_0[o], h_1 w_1[o], ... added one at a time in list order.
 constexpr int kDownGroup = 8;
@@ -542,7 +668,11 @@ const Table kAvx512 = {dot_h16_512<false>,
                        down_h16_512<false>,
                        down_h16_512<true>,
                        down_blocks_512<BlockQ8_0>,
-                       down_blocks_512<BlockQ4_0>};
+                       down_blocks_512<BlockQ4_0>,
+                       rows_blocks_512<BlockQ8_0, isum_q8, kRowBlock>,
+                       rows_blocks_512<BlockQ4_0, isum_q4, kRowBlock>,
+                       rows_q8x8_512<kRowBlock>,
+                       dot_q8x8_512};
 #pragma GCC diagnostic pop
 #endif
 
@@ -621,6 +751,50 @@ NL_DOT_BLOCKS_NEON(dot_blocks_neon, , idot32_neon)
 NL_DOT_BLOCKS_NEON(dot_blocks_dotprod, NL_DOTPROD, idot32_dotprod)
 #undef NL_DOT_BLOCKS_NEON
 
+// Interleaved q8_0 (q8_interleave) with the dot-product instructions: a 32-byte step holds 4 quants of blocks 0-3
+// then of blocks 4-7, so two sdot chains hold the 8 blocks' exact integer sums lane by lane (signed x signed: no
+// offset correction). The float operations and their order are dot_blocks_dotprod's.
+template <int R>
+NL_DOTPROD void rows_q8x8_dotprod(const uint8_t* w, size_t stride, const void* xv, int n, float* y) {
+  const uint8_t* x = static_cast<const uint8_t*>(xv);
+  const int ng = n / kQuantBlock / 8;
+  float32x4_t acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = vdupq_n_f32(0.0f);
+  for (int g = 0; g < ng; ++g) {
+    const uint8_t* xg = x + size_t(g) * kX8Group;
+    const uint16x8_t xd = vld1q_u16(reinterpret_cast<const uint16_t*>(xg));
+    const float32x4_t dx0 = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(xd)));
+    const float32x4_t dx1 = vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(xd)));
+    int8x16_t xq[16];
+    for (int k = 0; k < 16; ++k) xq[k] = vld1q_s8(reinterpret_cast<const int8_t*>(xg + kX8Quants + 16 * k));
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* wg = w + size_t(r) * stride + size_t(g) * kX8Group;
+      int32x4_t s0 = vdupq_n_s32(0), s1 = vdupq_n_s32(0);
+      for (int k = 0; k < 8; ++k) {
+        s0 = vdotq_s32(s0, vld1q_s8(reinterpret_cast<const int8_t*>(wg + kX8Quants + 32 * k)), xq[2 * k]);
+        s1 = vdotq_s32(s1, vld1q_s8(reinterpret_cast<const int8_t*>(wg + kX8Quants + 32 * k + 16)), xq[2 * k + 1]);
+      }
+      const uint16x8_t wd = vld1q_u16(reinterpret_cast<const uint16_t*>(wg));
+      const float32x4_t d0 = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(wd))), dx0);
+      const float32x4_t d1 = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(wd))), dx1);
+      acc[r][0] = vaddq_f32(acc[r][0], vmulq_f32(vcvtq_f32_s32(s0), d0));
+      acc[r][1] = vaddq_f32(acc[r][1], vmulq_f32(vcvtq_f32_s32(s1), d1));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float a[8];
+    vst1q_f32(a, acc[r][0]);
+    vst1q_f32(a + 4, acc[r][1]);
+    const float tail = 0.0f;
+    y[r] = reduce8(a) + tail;
+  }
+}
+NL_DOTPROD float dot_q8x8_dotprod(const uint8_t* w, const void* x, int n) {
+  float y;
+  rows_q8x8_dotprod<1>(w, 0, x, n, &y);
+  return y;
+}
+
 template <bool Bf16>
 void down_h16_neon(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
   int o = o0;
@@ -683,7 +857,11 @@ const Table kNeonDot = {dot_h16_neon<false>,
                         down_h16_neon<false>,
                         down_h16_neon<true>,
                         down_blocks_neon<BlockQ8_0>,
-                        down_blocks_neon<BlockQ4_0>};
+                        down_blocks_neon<BlockQ4_0>,
+                        nullptr,
+                        nullptr,
+                        rows_q8x8_dotprod<kRowBlock>,
+                        dot_q8x8_dotprod};
 #endif
 
 bool isa_supported(Isa isa) {
@@ -795,6 +973,37 @@ void PreparedX::prepare(ImageDtype w_dtype, const float* x, int n, int cols) {
       sums[b] = s;
     }
   }
+  if (w_dtype == ImageDtype::kQ8_0 && nb % 8 == 0) {  // the interleaved copy (row_x8): same bytes, moved
+    q8_ = q_;
+    for (int t = 0; t < n; ++t)
+      x8_interleave_row(reinterpret_cast<uint8_t*>(q8_.data()) + size_t(t) * rec_,
+                        reinterpret_cast<const uint8_t*>(q_.data()) + size_t(t) * rec_, nb);
+  }
+}
+
+const void* PreparedX::row_x8(int t) const {
+  if (dtype_ != ImageDtype::kQ8_0 || cols_ % (8 * kQuantBlock) != 0)
+    throw InternalError("PreparedX::row_x8: not a q8_0 record of whole 8-block groups");
+  return reinterpret_cast<const uint8_t*>(q8_.data()) + size_t(t) * rec_;
+}
+
+bool q8_interleave_pays() { return g_table->rows_q8x8 != nullptr; }
+
+bool q8_interleavable(const WeightView& w) {
+  return w.dtype == ImageDtype::kQ8_0 && !w.q8_x8 && w.cols % (8 * kQuantBlock) == 0 &&
+         w.row_stride == image_row_bytes(ImageDtype::kQ8_0, size_t(w.cols));
+}
+
+void q8_interleave(WeightView* w) {
+  if (!q8_interleavable(*w)) throw InternalError("q8_interleave: not an interleavable q8_0 matrix");
+  uint8_t* data = const_cast<uint8_t*>(w->data);  // the caller owns these bytes (see the header)
+  std::vector<uint8_t> tmp(w->row_stride);
+  for (int r = 0; r < w->rows; ++r) {
+    uint8_t* row = data + size_t(r) * w->row_stride;
+    std::memcpy(tmp.data(), row, w->row_stride);
+    x8_interleave_row(row, tmp.data(), w->cols / kQuantBlock);
+  }
+  w->q8_x8 = true;
 }
 
 const void* PreparedX::row(int t) const {
@@ -827,17 +1036,46 @@ void matmul(float* y, const PreparedX& x, const WeightView& w, int n) {
   auto rows_fn = w.dtype == ImageDtype::kF16    ? g_table->rows_f16
                  : w.dtype == ImageDtype::kBF16 ? g_table->rows_bf16
                                                 : nullptr;
-  if (rows_fn) {
+  auto rows_q = w.dtype == ImageDtype::kQ8_0   ? g_table->rows_q8
+                : w.dtype == ImageDtype::kQ4_0 ? g_table->rows_q4
+                                               : nullptr;
+  if (w.q8_x8) {
+    if (x.dtype() != ImageDtype::kQ8_0) throw InternalError("matmul: interleaved q8_0 weights, other activations");
+    auto rows_x8 = g_table->rows_q8x8;
+    auto dot_x8 = g_table->dot_q8x8 ? g_table->dot_q8x8 : dot_q8x8_port;
     const int groups = (rows + kRowBlock - 1) / kRowBlock;
 #pragma omp parallel for schedule(static) if (work > kParallelWork)
     for (int gi = 0; gi < groups; ++gi) {
       const int o0 = gi * kRowBlock;
       for (int r = o0 + kRowBlock; r < std::min(rows, o0 + 2 * kRowBlock); ++r) prefetch_bytes(w.row(r), rb);
       for (int t = 0; t < n; ++t) {
-        const float* xt = static_cast<const float*>(x.row(t));
+        const void* xt = x.row_x8(t);
+        if (rows_x8 && o0 + kRowBlock <= rows) {
+          float yr[kRowBlock];
+          rows_x8(w.row(o0), w.row_stride, xt, cols, yr);
+          for (int r = 0; r < kRowBlock; ++r) y[size_t(t) * rows + o0 + r] = yr[r];
+        } else {
+          for (int o = o0; o < std::min(rows, o0 + kRowBlock); ++o)
+            y[size_t(t) * rows + o] = dot_x8(w.row(o), xt, cols);
+        }
+      }
+    }
+    return;
+  }
+  if (rows_fn || rows_q) {
+    const int groups = (rows + kRowBlock - 1) / kRowBlock;
+#pragma omp parallel for schedule(static) if (work > kParallelWork)
+    for (int gi = 0; gi < groups; ++gi) {
+      const int o0 = gi * kRowBlock;
+      for (int r = o0 + kRowBlock; r < std::min(rows, o0 + 2 * kRowBlock); ++r) prefetch_bytes(w.row(r), rb);
+      for (int t = 0; t < n; ++t) {
+        const void* xt = x.row(t);
         if (o0 + kRowBlock <= rows) {
           float yr[kRowBlock];
-          rows_fn(w.row(o0), w.row_stride, xt, cols, yr);
+          if (rows_fn)
+            rows_fn(w.row(o0), w.row_stride, static_cast<const float*>(xt), cols, yr);
+          else
+            rows_q(w.row(o0), w.row_stride, xt, cols, yr);
           for (int r = 0; r < kRowBlock; ++r) y[size_t(t) * rows + o0 + r] = yr[r];
         } else {
           for (int o = o0; o < rows; ++o) y[size_t(t) * rows + o] = row_dot(w.dtype, w.row(o), xt, cols);
@@ -867,6 +1105,7 @@ void matmul(float* y, const float* x, const WeightView& w, int n) {
 }
 
 void dequantize_row(const WeightView& w, int r, float* out) {
+  if (w.q8_x8) throw InternalError("dequantize_row: interleaved q8_0 rows (embedding tables are never interleaved)");
   const uint8_t* p = w.row(r);
   switch (w.dtype) {
     case ImageDtype::kQ8_0:

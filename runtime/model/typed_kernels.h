@@ -41,15 +41,30 @@ class PreparedX {
   void prepare(ImageDtype w_dtype, const float* x, int n, int cols);
   // Token t's row in the form row_dot wants.
   const void* row(int t) const;
+  // Token t's q8_0 record interleaved by 8 blocks (q8_interleave's layout, then the per-block sums), for rows stored
+  // that way; only for q8_0 weights with cols a multiple of 256.
+  const void* row_x8(int t) const;
   ImageDtype dtype() const { return dtype_; }
 
  private:
   ImageDtype dtype_ = ImageDtype::kF32;
   const float* x_ = nullptr;
   int cols_ = 0;
-  size_t rec_ = 0;           // bytes per token's quantized record (blocks, then per-block sums)
-  std::vector<uint32_t> q_;  // the records (uint32_t: 4-byte aligned sums)
+  size_t rec_ = 0;            // bytes per token's quantized record (blocks, then per-block sums)
+  std::vector<uint32_t> q_;   // the records (uint32_t: 4-byte aligned sums)
+  std::vector<uint32_t> q8_;  // the interleaved records (row_x8), same size
 };
+
+// Interleaved q8_0 ("x8"): each group of 8 blocks of a row (272 bytes) becomes its 8 f16 scales (16 bytes), then 8
+// steps of 32 bytes, step s holding quants 4s..4s+3 of blocks 0..7 in turn. The same bytes, so the same size; a
+// SIMD dot then accumulates each block's exact integer sum in its own lane (no per-block horizontal sum). Only
+// rows whose block count is a multiple of 8; the embedding table (dequantize_row) is never interleaved.
+// Whether the active path has an interleaved kernel (the loader interleaves only then; any path computes it).
+bool q8_interleave_pays();
+// Whether `w` can be interleaved: q8_0, cols a multiple of 256, rows packed at their own size, not yet interleaved.
+bool q8_interleavable(const WeightView& w);
+// Interleaves w's rows in place (w.data must be writable: the caller owns the bytes) and sets w->q8_x8.
+void q8_interleave(WeightView* w);
 
 // One weight row (`n` = cols, a multiple of 32 for q8_0 / q4_0) against one prepared activation row (x =
 // PreparedX::row(t), nothing else).

@@ -19,11 +19,14 @@ struct WeightView {
   const uint8_t* data = nullptr;
   int rows = 0, cols = 0;
   size_t row_stride = 0;  // bytes
+  // q8_0 rows stored interleaved by 8 blocks (kernels::q8_interleave: dense weights in DRAM, where the active kernel
+  // path has a kernel for it); the numbers any kernel computes from it are the plain layout's, bit for bit.
+  bool q8_x8 = false;
 
   const uint8_t* row(int r) const { return data + size_t(r) * row_stride; }
   bool empty() const { return data == nullptr; }
   static WeightView f32(const float* p, int rows, int cols) {
-    return {ImageDtype::kF32, reinterpret_cast<const uint8_t*>(p), rows, cols, size_t(cols) * sizeof(float)};
+    return {ImageDtype::kF32, reinterpret_cast<const uint8_t*>(p), rows, cols, size_t(cols) * sizeof(float), false};
   }
 };
 
