@@ -430,7 +430,8 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   const FfnResidency residency = a.select == "dense"   ? FfnResidency::kAll
                                  : !trace_path.empty() ? FfnResidency::kNone
                                                        : FfnResidency::kGateRows;
-  MemoryPlan plan = memory_plan(man, context, residency, omp_get_max_threads(), current_rss_bytes());
+  MemoryPlan plan = memory_plan(man, context, residency, omp_get_max_threads(), current_rss_bytes(),
+                                a.overlap == "cross" || a.overlap == "both");
   if (rank > 0) plan.ffn_resident += uint64_t(c.n_layers) * uint64_t(c.hidden_dim + c.dim) * uint64_t(rank) * 4;
   const bool ratio_given = a.cache_ratio_opt && a.cache_ratio_opt->count() > 0;
   // The ratio that runs: --cache-ratio, else the manifest's planner setting (effective_cache_ratio); the budget may
