@@ -288,7 +288,7 @@ void FlashFfn::load_pinned(int layer, const std::vector<uint32_t>& pinned) {
   std::sort(active_.begin(), active_.end());
   active_.erase(std::unique(active_.begin(), active_.end()), active_.end());
   planners_[size_t(layer)].plan(active_.data(), active_.size(), nullptr, plan_);  // no cache: not a token
-  const uint64_t cap = ffn_batch_staging_bytes(m_.bundle_bytes);
+  const uint64_t cap = ffn_batch_staging_bytes(m_.bundle_bytes, opt_.read_batch_bytes);
   make_pieces(layer, plan_.reads, cap, &pieces_, &batch_end_);
   staging_.resize(cap);
   size_t p0 = 0, k = 0;
@@ -420,7 +420,7 @@ void FlashFfn::load_compute(int layer, float* out, GateFrom from) {
   // Bytes of slots the cache no longer holds go (not before this token's plan: the previous token's FFN used them),
   // except this token's hits, served from the slab below.
   if (cache) slab_drop(layer, cache, plan_.hits);
-  const uint64_t cap = ffn_batch_staging_bytes(m_.bundle_bytes);
+  const uint64_t cap = ffn_batch_staging_bytes(m_.bundle_bytes, opt_.read_batch_bytes);
   make_pieces(layer, plan_.reads, cap, &pieces_, &batch_end_);
   staging_.resize(cap);
   const size_t n = active_.size();
@@ -635,18 +635,18 @@ void FlashFfn::layer_start(int layer, int pos0, int n_tokens, const float* x) {
   pf_plan_.clear();
   if (pf_pred_.empty()) return;
   planners_[size_t(layer)].plan(pf_pred_.data(), pf_pred_.size(), nullptr, pf_plan_);  // no cache: not a token
-  // The first kFfnReadAheadBytes of the predicted reads, in slot order, into one buffer of that bound.
-  make_pieces(layer, pf_plan_.reads, std::min(kFfnReadAheadBytes, ffn_batch_staging_bytes(m_.bundle_bytes)),
-              &pf_pieces_, nullptr);
+  // The first read_ahead_bytes of the predicted reads, in slot order (split as the exact reads are).
+  make_pieces(layer, pf_plan_.reads, ffn_batch_staging_bytes(m_.bundle_bytes, opt_.read_batch_bytes), &pf_pieces_,
+              nullptr);
   uint64_t total = 0;
   size_t k = 0;
-  for (; k < pf_pieces_.size() && total + pf_pieces_[k].length <= kFfnReadAheadBytes; ++k) {
+  for (; k < pf_pieces_.size() && total + pf_pieces_[k].length <= opt_.read_ahead_bytes; ++k) {
     pf_pieces_[k].pos = total;
     total += pf_pieces_[k].length;
   }
   pf_pieces_.resize(k);
   if (pf_pieces_.empty()) return;
-  pf_staging_.resize(kFfnReadAheadBytes);
+  pf_staging_.resize(total);  // grows to at most read_ahead_bytes
   std::vector<ReadSpan> spans(pf_pieces_.size());
   for (size_t i = 0; i < spans.size(); ++i)
     spans[i] = {pf_pieces_[i].offset, pf_pieces_[i].length, pf_staging_.data() + pf_pieces_[i].pos};
@@ -682,7 +682,7 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
   planners_[size_t(layer)].plan(active_.data(), active_.size(), cache, plan_);
   // As load_compute(): bytes of slots the cache no longer holds go, except this token's hits.
   if (cache) slab_drop(layer, cache, plan_.hits);
-  const uint64_t cap = ffn_batch_staging_bytes(m_.bundle_bytes);
+  const uint64_t cap = ffn_batch_staging_bytes(m_.bundle_bytes, opt_.read_batch_bytes);
   make_pieces(layer, plan_.reads, cap, &pieces_, &batch_end_);
   staging_.resize(cap);
   const size_t P = pieces_.size();
@@ -695,6 +695,7 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
   outstanding_.assign(P, 0);
   uint64_t late_bytes = 0;
   size_t pj = 0, b = 0;
+  uint64_t used_hi = 0;
   const auto& pr = pf_pieces_;
   for (size_t ri = 0; ri < P; ++ri) {
     if (ri == batch_end_[b]) batch_span_.push_back(spans_.size()), ++b;
@@ -716,7 +717,8 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
         if (lo > cur) late(cur, lo);
         copies_.push_back({uint32_t(k), uint32_t(ri), pr[k].pos + (lo - pr[k].offset), pos + (lo - a), hi - lo});
         ++outstanding_[ri];
-        ov_.prefetch_used_bytes += hi - lo;
+        // Pieces of a split read share at most a block: each byte counts once.
+        if (hi > used_hi) ov_.prefetch_used_bytes += hi - std::max(lo, used_hi), used_hi = hi;
         cur = hi;
       }
     }

@@ -25,6 +25,7 @@
 
 #include "runtime/flash_image.h"
 #include "runtime/lowrank.h"
+#include "runtime/memory.h"
 #include "runtime/model/dense_bundles.h"
 #include "runtime/model/model.h"
 #include "runtime/model/typed_kernels.h"
@@ -90,6 +91,8 @@ struct FlashFfnOptions {
   int lowrank_rank = 0;              // lowrank: R
   std::vector<float> act_threshold;  // threshold: t per layer (|act(gate x)| > t fires; ReLU models: act > t)
   OverlapMode overlap = OverlapMode::kNone;
+  uint64_t read_batch_bytes = kFfnReadBatchBytes;  // the FFN read staging (memory.h)
+  uint64_t read_ahead_bytes = kFfnReadAheadBytes;  // cross: the read-ahead bound (memory.h)
 };
 
 // Threshold selection: the |act(gate x)| mass and the neuron count the threshold keeps against all neurons (gate
