@@ -162,6 +162,8 @@ void FlashFfn::make_caches() {
   caches_.clear();
   slab_.clear();
   slab_.resize(size_t(c.n_layers));
+  pool_ = Slab{};
+  pool_.bundle_bytes = m_.bundle_bytes;
   pinned_bundles_ = pinned_reads_ = pinned_bytes_read_ = 0;
   for (int l = 0; l < c.n_layers; ++l) {
     CacheConfig cc = opt_.cache;
@@ -181,56 +183,94 @@ void FlashFfn::make_caches() {
         break;
     }
     caches_.push_back(cc.capacity > 0 || cc.window_tokens > 0 ? std::make_unique<SlotCache>(hidden, cc) : nullptr);
-    if (caches_.back()) slab_[size_t(l)].init(hidden, cc.capacity, m_.bundle_bytes);
+    if (caches_.back()) {
+      Slab& sl = slab_[size_t(l)];
+      sl.bundle_bytes = m_.bundle_bytes;
+      sl.of_slot.assign(hidden, Slab::kNone);
+      if (cc.capacity > 0) sl.grow(cc.capacity);
+    }
     load_pinned(l, cc.pinned);
   }
 }
 
-void FlashFfn::Slab::init(uint32_t n_slots, uint32_t capacity, uint64_t bb) {
-  bundle_bytes = bb;
-  of_slot.assign(n_slots, kNone);
-  if (capacity == 0) return;
-  // One allocation for the whole capacity; its pages become resident only as bundles are kept.
-  chunks.emplace_back(new uint8_t[size_t(capacity) * bb]);
-  for (uint32_t e = 0; e < capacity; ++e) {
-    entry.push_back(chunks.back().get() + size_t(e) * bb);
+void FlashFfn::Slab::grow(uint32_t n) {
+  // One allocation per call; its pages become resident only as bundles are kept.
+  chunks.emplace_back(new uint8_t[size_t(n) * bundle_bytes]);
+  for (uint32_t e = 0; e < n; ++e) {
+    entry.push_back(chunks.back().get() + size_t(e) * bundle_bytes);
     held.push_back(kNone);
-    free.push_back(capacity - 1 - e);  // entries taken from the front of the slab first
   }
+  for (uint32_t e = n; e-- > 0;) free.push_back(uint32_t(entry.size()) - n + e);  // the front taken first
 }
 
-void FlashFfn::Slab::put(uint32_t slot, const uint8_t* bytes) {
-  if (of_slot[slot] != kNone) return;
-  if (free.empty()) {
-    // The window, or evicted hits still held this token, exceed the capacity: a further chunk (never moves entries).
-    const uint32_t n = std::max<uint32_t>(64, uint32_t(entry.size() / 16));
-    chunks.emplace_back(new uint8_t[size_t(n) * bundle_bytes]);
-    for (uint32_t e = 0; e < n; ++e) {
-      entry.push_back(chunks.back().get() + size_t(e) * bundle_bytes);
-      held.push_back(kNone);
-      free.push_back(uint32_t(entry.size()) - 1);
-    }
-  }
+uint32_t FlashFfn::Slab::take(uint32_t slot) {
+  if (free.empty()) grow(std::max<uint32_t>(64, uint32_t(entry.size() / 16)));
   const uint32_t e = free.back();
   free.pop_back();
-  std::memcpy(entry[e], bytes, bundle_bytes);
   held[e] = slot;
-  of_slot[slot] = e;
+  return e;
 }
 
-void FlashFfn::Slab::drop(uint32_t slot) {
-  const uint32_t e = of_slot[slot];
-  if (e == kNone) return;
-  held[e] = kNone;
-  of_slot[slot] = kNone;
-  free.push_back(e);
+const uint8_t* FlashFfn::slab_find(int layer, uint32_t slot) const {
+  const uint32_t e = slab_[size_t(layer)].of_slot[slot];
+  if (e == Slab::kNone) return nullptr;
+  return e & kPool ? pool_.entry[e & ~kPool] : slab_[size_t(layer)].entry[e];
 }
 
-void FlashFfn::slab_drop(int layer, const SlotCache* cache, const std::vector<uint32_t>& keep) {
+void FlashFfn::slab_put(int layer, uint32_t slot, const uint8_t* bytes) {
+  Slab& sl = slab_[size_t(layer)];
+  if (sl.of_slot[slot] != Slab::kNone) return;
+  uint32_t code;
+  uint8_t* dst;
+  if (!sl.free.empty()) {
+    code = sl.take(slot);
+    dst = sl.entry[code];
+  } else {
+    const uint32_t e = pool_.take(slot);
+    code = e | kPool;
+    dst = pool_.entry[e];
+  }
+  std::memcpy(dst, bytes, m_.bundle_bytes);
+  sl.of_slot[slot] = code;
+}
+
+void FlashFfn::slab_drop(int layer, uint32_t slot) {
+  Slab& sl = slab_[size_t(layer)];
+  const uint32_t e = sl.of_slot[slot];
+  if (e == Slab::kNone) return;
+  Slab& from = e & kPool ? pool_ : sl;
+  from.held[e & ~kPool] = Slab::kNone;
+  from.free.push_back(e & ~kPool);
+  sl.of_slot[slot] = Slab::kNone;
+}
+
+void FlashFfn::slab_drop_evicted(int layer, const SlotCache* cache, const std::vector<uint32_t>& keep) {
   Slab& sl = slab_[size_t(layer)];
   for (uint32_t s : sl.held)
     if (s != Slab::kNone && !(cache && cache->resident(s)) && !std::binary_search(keep.begin(), keep.end(), s))
-      sl.drop(s);
+      slab_drop(layer, s);
+}
+
+void FlashFfn::slab_settle(int layer) {
+  const SlotCache* cache = caches_[size_t(layer)].get();
+  if (!cache) return;
+  Slab& sl = slab_[size_t(layer)];
+  for (uint32_t s : sl.held)
+    if (s != Slab::kNone && !cache->resident(s)) slab_drop(layer, s);
+  // The pool holds only this layer's bundles now (every layer-token settles).
+  for (uint32_t e = 0; e < pool_.held.size(); ++e) {
+    const uint32_t s = pool_.held[e];
+    if (s == Slab::kNone) continue;
+    if (cache->resident(s)) {
+      const uint32_t e2 = sl.take(s);
+      std::memcpy(sl.entry[e2], pool_.entry[e], m_.bundle_bytes);
+      sl.of_slot[s] = e2;
+    } else {
+      sl.of_slot[s] = Slab::kNone;
+    }
+    pool_.held[e] = Slab::kNone;
+    pool_.free.push_back(e);
+  }
 }
 
 void FlashFfn::slab_keep(int layer, size_t p0, size_t p1) {
@@ -238,10 +278,9 @@ void FlashFfn::slab_keep(int layer, size_t p0, size_t p1) {
   if (!cache) return;
   // plan() has already recorded this token in the cache (hits, admissions, window): any slot the reads covered may
   // have been admitted, gap slots included.
-  Slab& sl = slab_[size_t(layer)];
   for (size_t p = p0; p < p1; ++p)
     for (uint32_t s = pieces_[p].slot_begin; s < pieces_[p].slot_end; ++s)
-      if (cache->resident(s) && !sl.find(s)) sl.put(s, bundle(layer, s));
+      if (cache->resident(s) && !slab_find(layer, s)) slab_put(layer, s, bundle(layer, s));
 }
 
 void FlashFfn::make_pieces(int layer, const std::vector<ReadOp>& reads, uint64_t cap, std::vector<Piece>* pieces,
@@ -280,10 +319,9 @@ void FlashFfn::load_pinned(int layer, const std::vector<uint32_t>& pinned) {
   SlotCache* cache = caches_[size_t(layer)].get();
   if (!cache || pinned.empty()) return;
   // The cache holds the listed slots that fit its capacity (hottest first); nothing else is resident yet.
-  Slab& sl = slab_[size_t(layer)];
   active_.clear();
   for (uint32_t s : pinned)
-    if (cache->resident(s) && !sl.find(s)) active_.push_back(s);
+    if (cache->resident(s) && !slab_find(layer, s)) active_.push_back(s);
   if (active_.empty()) return;
   std::sort(active_.begin(), active_.end());
   active_.erase(std::unique(active_.begin(), active_.end()), active_.end());
@@ -300,7 +338,7 @@ void FlashFfn::load_pinned(int layer, const std::vector<uint32_t>& pinned) {
     img_.io().read(spans_.data(), spans_.size());
     cur_batch_ = int(b), cur_p0_ = p0, cur_p1_ = p1;
     for (; k < active_.size() && active_[k] < pieces_[p1 - 1].slot_end; ++k)
-      sl.put(active_[k], bundle(layer, active_[k]));
+      slab_put(layer, active_[k], bundle(layer, active_[k]));
     pinned_bytes_read_ += [&] {
       uint64_t t = 0;
       for (size_t p = p0; p < p1; ++p) t += pieces_[p].length;
@@ -309,6 +347,7 @@ void FlashFfn::load_pinned(int layer, const std::vector<uint32_t>& pinned) {
     p0 = p1;
   }
   cur_batch_ = -1;
+  slab_settle(layer);
   pinned_bundles_ += active_.size();
   pinned_reads_ += pieces_.size();
   plan_.clear();
@@ -372,7 +411,7 @@ const uint8_t* FlashFfn::bundle(int layer, uint32_t slot) const {
         return staging_.data() + p.pos + (m_.ffn(layer).offset + uint64_t(slot) * m_.bundle_bytes - p.offset);
     }
   }
-  if (const uint8_t* b = slab_[size_t(layer)].find(slot)) return b;
+  if (const uint8_t* b = slab_find(layer, slot)) return b;
   throw InternalError("slot " + std::to_string(slot) + " of layer " + std::to_string(layer) +
                       " neither read nor cached");
 }
@@ -419,7 +458,7 @@ void FlashFfn::load_compute(int layer, float* out, GateFrom from) {
   planners_[size_t(layer)].plan(active_.data(), active_.size(), cache, plan_);
   // Bytes of slots the cache no longer holds go (not before this token's plan: the previous token's FFN used them),
   // except this token's hits, served from the slab below.
-  if (cache) slab_drop(layer, cache, plan_.hits);
+  if (cache) slab_drop_evicted(layer, cache, plan_.hits);
   const uint64_t cap = ffn_batch_staging_bytes(m_.bundle_bytes, opt_.read_batch_bytes);
   make_pieces(layer, plan_.reads, cap, &pieces_, &batch_end_);
   staging_.resize(cap);
@@ -455,6 +494,7 @@ void FlashFfn::load_compute(int layer, float* out, GateFrom from) {
   }
   cur_batch_ = -1;
   if (out && (k0 < n || first)) compute_range(layer, k0, n, from, out, !first);  // the hits after the last read
+  slab_settle(layer);
   token_.io_seconds += io;
   token_.io_busy_seconds += io;
   if (out) token_.compute_seconds += since(t0) - io;  // planning included, as the overlapped path counts it
@@ -681,7 +721,7 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
   }
   planners_[size_t(layer)].plan(active_.data(), active_.size(), cache, plan_);
   // As load_compute(): bytes of slots the cache no longer holds go, except this token's hits.
-  if (cache) slab_drop(layer, cache, plan_.hits);
+  if (cache) slab_drop_evicted(layer, cache, plan_.hits);
   const uint64_t cap = ffn_batch_staging_bytes(m_.bundle_bytes, opt_.read_batch_bytes);
   make_pieces(layer, plan_.reads, cap, &pieces_, &batch_end_);
   staging_.resize(cap);
@@ -907,6 +947,7 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
     if (per_read) ov_.bundles_computed += n - k0;
     compute_range(layer, k0, n, from, out, !first);
   }
+  slab_settle(layer);
   // Read-ahead that no exact read used is collected before the next layer's.
   {
     std::vector<uint64_t> done;

@@ -168,8 +168,10 @@ class FlashFfn : public FfnProvider {
   kernels::PreparedX xq_;                         // the token's normalised input, as the kernels want it
   std::vector<float> h_;                          // per active neuron: act(gate)
   std::vector<const uint8_t*> bundles_;           // per active neuron: its bundle's bytes
-  // Cached bundles' bytes, per layer: one allocation sized by the cache capacity, entries reused through a free list;
-  // grown by extra chunks only when the window or this token's evicted hits hold more (memory.h's accounting).
+  // Cached bundles' bytes, per layer: one allocation sized by the cache capacity, entries reused through a free list
+  // (grown by further chunks only when the window keeps more). A token's admissions can evict slots that are hits of
+  // the same token, still to be computed: until the layer-token ends, admitted bundles that find no free entry go to
+  // one pool shared by all layers (at most one layer's capacity), and move into the layer's slab when it ends.
   struct Slab {
     static constexpr uint32_t kNone = ~0u;
     uint64_t bundle_bytes = 0;
@@ -177,17 +179,22 @@ class FlashFfn : public FfnProvider {
     std::vector<uint8_t*> entry;    // entry -> its bytes
     std::vector<uint32_t> held;     // entry -> slot, kNone when free
     std::vector<uint32_t> free;     // free entries
-    std::vector<uint32_t> of_slot;  // slot -> entry, kNone when not held
-    void init(uint32_t n_slots, uint32_t capacity, uint64_t bundle_bytes);
-    const uint8_t* find(uint32_t slot) const { return of_slot[slot] == kNone ? nullptr : entry[of_slot[slot]]; }
-    void put(uint32_t slot, const uint8_t* bytes);
-    void drop(uint32_t slot);
+    std::vector<uint32_t> of_slot;  // slot -> entry (kPool set: an entry of pool_), kNone when not held
+    void grow(uint32_t n);
+    uint32_t take(uint32_t slot);  // a free entry (grown when none), now holding `slot`
   };
+  static constexpr uint32_t kPool = 1u << 31;
   std::vector<Slab> slab_;
+  Slab pool_;
+  const uint8_t* slab_find(int layer, uint32_t slot) const;
+  void slab_put(int layer, uint32_t slot, const uint8_t* bytes);
+  void slab_drop(int layer, uint32_t slot);
   // Drops the layer's held bundles the cache no longer has, except `keep` (this token's hits, ascending).
-  void slab_drop(int layer, const SlotCache* cache, const std::vector<uint32_t>& keep);
+  void slab_drop_evicted(int layer, const SlotCache* cache, const std::vector<uint32_t>& keep);
   // Keeps the bytes of newly resident slots covered by pieces [p0, p1) (in the staging now).
   void slab_keep(int layer, size_t p0, size_t p1);
+  // The layer-token is computed: evicted hits go, pooled bundles move into the layer's slab.
+  void slab_settle(int layer);
   TokenPlan plan_;
   // A layer-token's reads, split to fit the staging (memory.h kFfnReadBatchBytes) and grouped into batches that are
   // read, computed and released in slot order; `pos` is the piece's place in the staging buffer during its batch.

@@ -157,7 +157,9 @@ MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, in
 
 uint32_t cache_bundles_for_budget(const MemoryPlan& plan, const ImageManifest& m, uint64_t budget) {
   if (budget <= plan.fixed()) return 0;
-  const uint64_t per_layer = (budget - plan.fixed()) / uint64_t(std::max(1, m.config.n_layers));
+  // One more layer's worth: the pool that holds a token's admissions while evicted hits of the same token wait to be
+  // computed (FlashFfn::pool_, at most one layer's capacity).
+  const uint64_t per_layer = (budget - plan.fixed()) / uint64_t(std::max(1, m.config.n_layers) + 1);
   return uint32_t(std::min<uint64_t>(per_layer / plan.cache_bundle_cost, uint64_t(m.config.hidden_dim)));
 }
 
