@@ -120,8 +120,9 @@ TEST_CASE("bounded read staging: the smallest --read-batch and --read-ahead give
   c.vocab_size = 96;
   c.seq_len = 48;
   int checked = 0;
-  for (FfnAct act : {FfnAct::kRelu, FfnAct::kSilu})
-    for (ImageDtype dt : {ImageDtype::kF32, ImageDtype::kQ8_0}) {
+  // Two images keep the run short: ReLU at q8_0 (sparse layers, cache hits) and SiLU at f32 (whole layers read).
+  for (auto [act, dt] : {std::pair{FfnAct::kRelu, ImageDtype::kQ8_0}, std::pair{FfnAct::kSilu, ImageDtype::kF32}}) {
+    {
       c.act = act;
       const ModelWeights w = test::random_weights(c, 43);
       ImageSpec spec;
@@ -151,7 +152,8 @@ TEST_CASE("bounded read staging: the smallest --read-batch and --read-ahead give
             ++checked;
           }
     }
-  CHECK(checked == 64);
+  }
+  CHECK(checked == 32);
 }
 
 TEST_CASE("--overlap on the bundled tiny ReLU model: gate, lowrank and trace selection, f32 and q8_0") {
