@@ -48,6 +48,7 @@ struct GenerateArgs {
   bool ignore_eos = false;
   int context = 0;  // 0 = prompt + steps (at most the model's seq_len)
   std::string memory_budget;
+  std::string read_batch, read_ahead;  // --read-batch / --read-ahead; empty = memory.h's defaults
   InvalidUtf8 invalid_utf8 = InvalidUtf8::kReplace;
   std::string overlap = "layer";           // none | layer | cross | both; default measured in docs/runtime.md
   CLI::Option* cache_ratio_opt = nullptr;  // to tell an explicit --cache-ratio from its default
@@ -144,6 +145,14 @@ void add_generate_memory_options(CLI::App* c, GenerateArgs& a) {
                 "DRAM for the whole process (6GiB, 512MiB, 2GB, 80% of MemAvailable): the neuron cache gets what the "
                 "dense weights, gate rows, KV cache and buffers leave (an explicit --cache-ratio wins and is "
                 "checked against it); refused with exit 3 when the fixed part does not fit")
+      ->group("Memory");
+  c->add_option("--read-batch", a.read_batch,
+                "FFN read staging: a layer's reads are staged and computed this many bytes at a time (default 4MiB; "
+                "a read longer than this is split at bundle boundaries); the tokens are the same for every size")
+      ->group("Memory");
+  c->add_option("--read-ahead", a.read_ahead,
+                "--overlap cross|both: at most this many bytes of a layer's predicted bundles are read ahead "
+                "(default 32MiB; the rest is read after the exact selection)")
       ->group("Memory");
 }
 
@@ -430,7 +439,13 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   const FfnResidency residency = a.select == "dense"   ? FfnResidency::kAll
                                  : !trace_path.empty() ? FfnResidency::kNone
                                                        : FfnResidency::kGateRows;
-  MemoryPlan plan = memory_plan(man, context, residency, omp_get_max_threads(), current_rss_bytes());
+  const uint64_t read_batch =
+      a.read_batch.empty() ? kFfnReadBatchBytes : parse_memory_size(a.read_batch, "--read-batch");
+  const uint64_t read_ahead = a.overlap != "cross" && a.overlap != "both" ? 0
+                              : a.read_ahead.empty()                      ? kFfnReadAheadBytes
+                                                     : parse_memory_size(a.read_ahead, "--read-ahead");
+  MemoryPlan plan =
+      memory_plan(man, context, residency, omp_get_max_threads(), current_rss_bytes(), read_batch, read_ahead);
   if (rank > 0) plan.ffn_resident += uint64_t(c.n_layers) * uint64_t(c.hidden_dim + c.dim) * uint64_t(rank) * 4;
   const bool ratio_given = a.cache_ratio_opt && a.cache_ratio_opt->count() > 0;
   // The ratio that runs: --cache-ratio, else the manifest's planner setting (effective_cache_ratio); the budget may
@@ -489,6 +504,8 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
     FlashFfnOptions fo = flash_ffn_options(fa, mode);
     fo.lowrank_rank = rank;
     if (!overlap_mode_parse(a.overlap, &fo.overlap)) throw UsageError("unknown --overlap " + a.overlap);
+    fo.read_batch_bytes = read_batch;
+    fo.read_ahead_bytes = read_ahead;
     if (threshold) fo.act_threshold.assign(size_t(c.n_layers), -std::numeric_limits<float>::infinity());
     ffn = std::make_unique<FlashFfn>(*img, fo);
   }

@@ -13,6 +13,7 @@
 
 #include "formats/core/error.h"
 #include "formats/core/quant.h"
+#include "runtime/memory.h"
 
 namespace nl {
 
@@ -159,7 +160,10 @@ void FlashFfn::make_caches() {
   const ModelConfig& c = m_.config;
   const uint32_t hidden = uint32_t(c.hidden_dim);
   caches_.clear();
-  store_.assign(size_t(c.n_layers), {});
+  slab_.clear();
+  slab_.resize(size_t(c.n_layers));
+  pool_ = Slab{};
+  pool_.bundle_bytes = m_.bundle_bytes;
   pinned_bundles_ = pinned_reads_ = pinned_bytes_read_ = 0;
   for (int l = 0; l < c.n_layers; ++l) {
     CacheConfig cc = opt_.cache;
@@ -179,8 +183,136 @@ void FlashFfn::make_caches() {
         break;
     }
     caches_.push_back(cc.capacity > 0 || cc.window_tokens > 0 ? std::make_unique<SlotCache>(hidden, cc) : nullptr);
+    if (caches_.back()) {
+      Slab& sl = slab_[size_t(l)];
+      sl.bundle_bytes = m_.bundle_bytes;
+      sl.of_slot.assign(hidden, Slab::kNone);
+      if (cc.capacity > 0) sl.grow(cc.capacity);
+    }
     load_pinned(l, cc.pinned);
   }
+}
+
+void FlashFfn::Slab::grow(uint32_t n) {
+  // One allocation per call; its pages become resident only as bundles are kept.
+  chunks.emplace_back(new uint8_t[size_t(n) * bundle_bytes]);
+  for (uint32_t e = 0; e < n; ++e) {
+    entry.push_back(chunks.back().get() + size_t(e) * bundle_bytes);
+    held.push_back(kNone);
+  }
+  for (uint32_t e = n; e-- > 0;) free.push_back(uint32_t(entry.size()) - n + e);  // the front taken first
+}
+
+uint32_t FlashFfn::Slab::take(uint32_t slot) {
+  if (free.empty()) grow(std::max<uint32_t>(64, uint32_t(entry.size() / 16)));
+  const uint32_t e = free.back();
+  free.pop_back();
+  held[e] = slot;
+  return e;
+}
+
+const uint8_t* FlashFfn::slab_find(int layer, uint32_t slot) const {
+  const uint32_t e = slab_[size_t(layer)].of_slot[slot];
+  if (e == Slab::kNone) return nullptr;
+  return e & kPool ? pool_.entry[e & ~kPool] : slab_[size_t(layer)].entry[e];
+}
+
+void FlashFfn::slab_put(int layer, uint32_t slot, const uint8_t* bytes) {
+  Slab& sl = slab_[size_t(layer)];
+  if (sl.of_slot[slot] != Slab::kNone) return;
+  uint32_t code;
+  uint8_t* dst;
+  if (!sl.free.empty()) {
+    code = sl.take(slot);
+    dst = sl.entry[code];
+  } else {
+    const uint32_t e = pool_.take(slot);
+    code = e | kPool;
+    dst = pool_.entry[e];
+  }
+  std::memcpy(dst, bytes, m_.bundle_bytes);
+  sl.of_slot[slot] = code;
+}
+
+void FlashFfn::slab_drop(int layer, uint32_t slot) {
+  Slab& sl = slab_[size_t(layer)];
+  const uint32_t e = sl.of_slot[slot];
+  if (e == Slab::kNone) return;
+  Slab& from = e & kPool ? pool_ : sl;
+  from.held[e & ~kPool] = Slab::kNone;
+  from.free.push_back(e & ~kPool);
+  sl.of_slot[slot] = Slab::kNone;
+}
+
+void FlashFfn::slab_drop_evicted(int layer, const SlotCache* cache, const std::vector<uint32_t>& keep) {
+  Slab& sl = slab_[size_t(layer)];
+  for (uint32_t s : sl.held)
+    if (s != Slab::kNone && !(cache && cache->resident(s)) && !std::binary_search(keep.begin(), keep.end(), s))
+      slab_drop(layer, s);
+}
+
+void FlashFfn::slab_settle(int layer) {
+  const SlotCache* cache = caches_[size_t(layer)].get();
+  if (!cache) return;
+  Slab& sl = slab_[size_t(layer)];
+  for (uint32_t s : sl.held)
+    if (s != Slab::kNone && !cache->resident(s)) slab_drop(layer, s);
+  // The pool holds only this layer's bundles now (every layer-token settles).
+  for (uint32_t e = 0; e < pool_.held.size(); ++e) {
+    const uint32_t s = pool_.held[e];
+    if (s == Slab::kNone) continue;
+    if (cache->resident(s)) {
+      const uint32_t e2 = sl.take(s);
+      std::memcpy(sl.entry[e2], pool_.entry[e], m_.bundle_bytes);
+      sl.of_slot[s] = e2;
+    } else {
+      sl.of_slot[s] = Slab::kNone;
+    }
+    pool_.held[e] = Slab::kNone;
+    pool_.free.push_back(e);
+  }
+}
+
+void FlashFfn::slab_keep(int layer, size_t p0, size_t p1) {
+  const SlotCache* cache = caches_[size_t(layer)].get();
+  if (!cache) return;
+  // plan() has already recorded this token in the cache (hits, admissions, window): any slot the reads covered may
+  // have been admitted, gap slots included.
+  for (size_t p = p0; p < p1; ++p)
+    for (uint32_t s = pieces_[p].slot_begin; s < pieces_[p].slot_end; ++s)
+      if (cache->resident(s) && !slab_find(layer, s)) slab_put(layer, s, bundle(layer, s));
+}
+
+void FlashFfn::make_pieces(int layer, const std::vector<ReadOp>& reads, uint64_t cap, std::vector<Piece>* pieces,
+                           std::vector<size_t>* batch_end) const {
+  const uint64_t region = m_.ffn(layer).offset, bb = m_.bundle_bytes;
+  // Bundles per piece of a split read: n bundles span at most n * bb plus a partial block at each end.
+  const uint64_t per = std::max<uint64_t>(1, (cap - 2 * kIoBlock) / bb);
+  pieces->clear();
+  for (const ReadOp& r : reads) {
+    if (r.length <= cap) {
+      pieces->push_back({r.slot_begin, r.slot_end, r.offset, r.length, 0});
+      continue;
+    }
+    for (uint64_t s0 = r.slot_begin; s0 < r.slot_end; s0 += per) {
+      const uint64_t s1 = std::min<uint64_t>(r.slot_end, s0 + per);
+      const uint64_t lo = std::max(r.offset, io_align_down(region + s0 * bb));
+      const uint64_t hi = std::min(r.offset + r.length, io_align_up(region + s1 * bb));
+      pieces->push_back({uint32_t(s0), uint32_t(s1), lo, hi - lo, 0});
+    }
+  }
+  if (batch_end) batch_end->clear();
+  uint64_t pos = 0;
+  for (size_t p = 0; p < pieces->size(); ++p) {
+    Piece& pc = (*pieces)[p];
+    if (pos + pc.length > cap) {
+      if (batch_end) batch_end->push_back(p);
+      pos = 0;
+    }
+    pc.pos = pos;
+    pos += pc.length;
+  }
+  if (batch_end && !pieces->empty()) batch_end->push_back(pieces->size());
 }
 
 void FlashFfn::load_pinned(int layer, const std::vector<uint32_t>& pinned) {
@@ -189,33 +321,37 @@ void FlashFfn::load_pinned(int layer, const std::vector<uint32_t>& pinned) {
   // The cache holds the listed slots that fit its capacity (hottest first); nothing else is resident yet.
   active_.clear();
   for (uint32_t s : pinned)
-    if (cache->resident(s) && !store_[size_t(layer)].count(s)) active_.push_back(s);
+    if (cache->resident(s) && !slab_find(layer, s)) active_.push_back(s);
   if (active_.empty()) return;
   std::sort(active_.begin(), active_.end());
   active_.erase(std::unique(active_.begin(), active_.end()), active_.end());
   planners_[size_t(layer)].plan(active_.data(), active_.size(), nullptr, plan_);  // no cache: not a token
-  uint64_t total = 0;
-  read_pos_.resize(plan_.reads.size());
-  spans_.clear();
-  for (size_t i = 0; i < plan_.reads.size(); ++i) {
-    read_pos_[i] = total;
-    total += plan_.reads[i].length;
+  const uint64_t cap = ffn_batch_staging_bytes(m_.bundle_bytes, opt_.read_batch_bytes);
+  make_pieces(layer, plan_.reads, cap, &pieces_, &batch_end_);
+  staging_.resize(cap);
+  size_t p0 = 0, k = 0;
+  for (size_t b = 0; b < batch_end_.size(); ++b) {
+    const size_t p1 = batch_end_[b];
+    spans_.clear();
+    for (size_t p = p0; p < p1; ++p)
+      spans_.push_back({pieces_[p].offset, pieces_[p].length, staging_.data() + pieces_[p].pos});
+    img_.io().read(spans_.data(), spans_.size());
+    cur_batch_ = int(b), cur_p0_ = p0, cur_p1_ = p1;
+    for (; k < active_.size() && active_[k] < pieces_[p1 - 1].slot_end; ++k)
+      slab_put(layer, active_[k], bundle(layer, active_[k]));
+    pinned_bytes_read_ += [&] {
+      uint64_t t = 0;
+      for (size_t p = p0; p < p1; ++p) t += pieces_[p].length;
+      return t;
+    }();
+    p0 = p1;
   }
-  staging_.resize(std::max<uint64_t>(total, 1));
-  for (size_t i = 0; i < plan_.reads.size(); ++i)
-    spans_.push_back({plan_.reads[i].offset, plan_.reads[i].length, staging_.data() + read_pos_[i]});
-  img_.io().read(spans_.data(), spans_.size());
-  auto& st = store_[size_t(layer)];
-  for (uint32_t s : active_) {
-    const uint8_t* b = bundle(layer, s);
-    st.emplace(s, std::vector<uint8_t>(b, b + m_.bundle_bytes));
-  }
+  cur_batch_ = -1;
+  slab_settle(layer);
   pinned_bundles_ += active_.size();
-  pinned_reads_ += plan_.reads.size();
-  pinned_bytes_read_ += plan_.bytes_read;
+  pinned_reads_ += pieces_.size();
   plan_.clear();
 }
-
 void FlashFfn::set_phase(LowRankPhase p, double target_recall) {
   if (opt_.select != SelectMode::kLowRank) throw InternalError("set_phase outside --select lowrank");
   if (phase_ == LowRankPhase::kCalibrate) {
@@ -265,63 +401,109 @@ void FlashFfn::set_thresholds(const std::vector<float>& t) {
 }
 
 const uint8_t* FlashFfn::bundle(int layer, uint32_t slot) const {
-  // In one of this token's reads?
-  auto it = std::upper_bound(plan_.reads.begin(), plan_.reads.end(), slot,
-                             [](uint32_t s, const ReadOp& r) { return s < r.slot_begin; });
-  if (it != plan_.reads.begin()) {
-    const size_t ri = size_t(it - plan_.reads.begin()) - 1;
-    const ReadOp& r = plan_.reads[ri];
-    if (slot < r.slot_end)
-      return staging_.data() + read_pos_[ri] + (m_.ffn(layer).offset + uint64_t(slot) * m_.bundle_bytes - r.offset);
+  // In the batch now in the staging?
+  if (cur_batch_ >= 0) {
+    auto it = std::upper_bound(pieces_.begin() + std::ptrdiff_t(cur_p0_), pieces_.begin() + std::ptrdiff_t(cur_p1_),
+                               slot, [](uint32_t s, const Piece& p) { return s < p.slot_begin; });
+    if (it != pieces_.begin() + std::ptrdiff_t(cur_p0_)) {
+      const Piece& p = *(it - 1);
+      if (slot < p.slot_end)
+        return staging_.data() + p.pos + (m_.ffn(layer).offset + uint64_t(slot) * m_.bundle_bytes - p.offset);
+    }
   }
-  auto s = store_[size_t(layer)].find(slot);
-  if (s == store_[size_t(layer)].end())
-    throw InternalError("slot " + std::to_string(slot) + " of layer " + std::to_string(layer) +
-                        " neither read nor cached");
-  return s->second.data();
+  if (const uint8_t* b = slab_find(layer, slot)) return b;
+  throw InternalError("slot " + std::to_string(slot) + " of layer " + std::to_string(layer) +
+                      " neither read nor cached");
 }
 
-void FlashFfn::load(int layer) {
+float FlashFfn::coefficient(size_t i, GateFrom from) const {
+  // kernels::ffn_bundles's first phase, number for number: h_i = g_i * (up_i . x), zero when g_i is zero.
+  const int dim = m_.config.dim;
+  const ImageDtype dt = m_.dtype;
+  const void* xr = xq_.row(0);
+  const uint8_t* b = bundles_[i];
+  float gi;
+  if (from == GateFrom::kGiven) {
+    gi = g_[active_[i]];
+  } else {
+    gi = kernels::row_dot(dt, b, xr, dim);
+    if (from == GateFrom::kBundleRelu) {
+      if (!(gi > 0.0f)) gi = 0.0f;
+    } else {
+      gi = gi / (1.0f + std::exp(-gi));
+    }
+  }
+  return gi == 0.0f ? 0.0f : gi * kernels::row_dot(dt, b + row_bytes_, xr, dim);
+}
+
+void FlashFfn::compute_range(int layer, size_t k0, size_t k1, GateFrom from, float* out, bool accumulate) {
+  const long n = long(k1 - k0);
+  for (size_t k = k0; k < k1; ++k) bundles_[k] = bundle(layer, active_[k]);
+#pragma omp parallel for schedule(static) if (n * m_.config.dim > kOverlapParallelWork)
+  for (long k = long(k0); k < long(k1); ++k) h_[size_t(k)] = coefficient(size_t(k), from);
+  // The neurons ffn_bundles keeps (with the gate from the bundle, those whose h is not zero), in slot order.
+  hd_.clear();
+  downs_.clear();
+  for (size_t k = k0; k < k1; ++k)
+    if (from != GateFrom::kBundleRelu || h_[k] != 0.0f) {
+      hd_.push_back(h_[k]);
+      downs_.push_back(bundles_[k] + 2 * row_bytes_);
+    }
+  kernels::down_project(m_.dtype, out, m_.config.dim, hd_.data(), downs_.data(), int(hd_.size()), accumulate);
+}
+
+void FlashFfn::load_compute(int layer, float* out, GateFrom from) {
   SlotCache* cache = caches_[size_t(layer)].get();
-  if (cache) {
-    // Drop bytes of slots evicted by the previous token's update (not earlier: that token's FFN still used them).
-    auto& st = store_[size_t(layer)];
-    for (auto it = st.begin(); it != st.end();) it = cache->resident(it->first) ? std::next(it) : st.erase(it);
-  }
-  planners_[size_t(layer)].plan(active_.data(), active_.size(), cache, plan_);
-  uint64_t total = 0;
-  read_pos_.resize(plan_.reads.size());
-  for (size_t i = 0; i < plan_.reads.size(); ++i) {
-    read_pos_[i] = total;
-    total += plan_.reads[i].length;
-  }
-  staging_.resize(std::max<uint64_t>(total, 1));
-  spans_.clear();
-  for (size_t i = 0; i < plan_.reads.size(); ++i)
-    spans_.push_back({plan_.reads[i].offset, plan_.reads[i].length, staging_.data() + read_pos_[i]});
   auto t0 = Clock::now();
-  if (!spans_.empty()) img_.io().read(spans_.data(), spans_.size());
-  const double io = since(t0);
+  planners_[size_t(layer)].plan(active_.data(), active_.size(), cache, plan_);
+  // Bytes of slots the cache no longer holds go (not before this token's plan: the previous token's FFN used them),
+  // except this token's hits, served from the slab below.
+  if (cache) slab_drop_evicted(layer, cache, plan_.hits);
+  const uint64_t cap = ffn_batch_staging_bytes(m_.bundle_bytes, opt_.read_batch_bytes);
+  make_pieces(layer, plan_.reads, cap, &pieces_, &batch_end_);
+  staging_.resize(cap);
+  const size_t n = active_.size();
+  bundles_.resize(n);
+  h_.resize(n);
+  double io = 0;
+  uint64_t bytes = 0;
+  size_t p0 = 0, k0 = 0;
+  bool first = true;
+  for (size_t b = 0; b < batch_end_.size(); ++b) {
+    const size_t p1 = batch_end_[b];
+    spans_.clear();
+    for (size_t p = p0; p < p1; ++p) {
+      spans_.push_back({pieces_[p].offset, pieces_[p].length, staging_.data() + pieces_[p].pos});
+      bytes += pieces_[p].length;
+    }
+    auto ti = Clock::now();
+    img_.io().read(spans_.data(), spans_.size());
+    io += since(ti);
+    cur_batch_ = int(b), cur_p0_ = p0, cur_p1_ = p1;
+    slab_keep(layer, p0, p1);
+    if (out) {
+      // This batch's neurons and the hits before its last piece, then the next batch into the same buffer.
+      const size_t k1 =
+          size_t(std::lower_bound(active_.begin() + std::ptrdiff_t(k0), active_.end(), pieces_[p1 - 1].slot_end) -
+                 active_.begin());
+      compute_range(layer, k0, k1, from, out, !first);
+      first = false;
+      k0 = k1;
+    }
+    p0 = p1;
+  }
+  cur_batch_ = -1;
+  if (out && (k0 < n || first)) compute_range(layer, k0, n, from, out, !first);  // the hits after the last read
+  slab_settle(layer);
   token_.io_seconds += io;
   token_.io_busy_seconds += io;
+  if (out) token_.compute_seconds += since(t0) - io;  // planning included, as the overlapped path counts it
   token_.active += plan_.active;
-  token_.reads += plan_.reads.size();
-  token_.bytes_read += plan_.bytes_read;
+  token_.reads += pieces_.size();
+  token_.bytes_read += bytes;
   token_.bytes_needed += uint64_t(plan_.needed) * m_.bundle_bytes;
   token_.cache_hits += plan_.hits.size();
-  if (cache) {
-    // plan() has already recorded this token in the cache (hits, admissions, window). Keep the bytes of newly resident
-    // slots (any slot this token's reads covered may be admitted, gap slots included).
-    auto& st = store_[size_t(layer)];
-    for (const ReadOp& r : plan_.reads)
-      for (uint32_t s = r.slot_begin; s < r.slot_end; ++s)
-        if (cache->resident(s) && !st.count(s)) {
-          const uint8_t* b = bundle(layer, s);
-          st.emplace(s, std::vector<uint8_t>(b, b + m_.bundle_bytes));
-        }
-  }
 }
-
 void FlashFfn::replay_layer(int layer, const std::vector<uint32_t>& neurons) {
   active_.clear();
   for (uint32_t n : neurons) {
@@ -329,7 +511,7 @@ void FlashFfn::replay_layer(int layer, const std::vector<uint32_t>& neurons) {
     active_.push_back(slot_of_[size_t(layer)][n]);
   }
   std::sort(active_.begin(), active_.end());
-  load(layer);
+  load_compute(layer, nullptr, GateFrom::kGiven);
 }
 
 void FlashFfn::end_token() {
@@ -342,18 +524,6 @@ void FlashFfn::end_token() {
   }
   batch_.clear();
   token_ = FlashCounters{};
-}
-
-void FlashFfn::compute(int layer, float* out, bool gate_in_bundle) {
-  const size_t n = active_.size();
-  bundles_.resize(n);
-  h_.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    bundles_[i] = bundle(layer, active_[i]);
-    h_[i] = g_[active_[i]];  // the gate values of the listed neurons, in list order
-  }
-  kernels::ffn_bundles(m_.dtype, m_.config.dim, xq_, gate_in_bundle ? nullptr : h_.data(), bundles_.data(), int(n),
-                       out);
 }
 
 void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out, FfnObserver* observer) {
@@ -412,10 +582,7 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
         load_compute_overlapped(layer, ot, GateFrom::kBundleRelu);
         continue;
       }
-      load(layer);
-      t0 = Clock::now();
-      compute(layer, ot, true);
-      token_.compute_seconds += since(t0);
+      load_compute(layer, ot, GateFrom::kBundleRelu);
       continue;
     }
     if (opt_.select == SelectMode::kTrace) {
@@ -427,18 +594,7 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
         load_compute_overlapped(layer, ot, c.act == FfnAct::kRelu ? GateFrom::kBundleRelu : GateFrom::kBundleSilu);
         continue;
       }
-      load(layer);
-      auto t0 = Clock::now();
-      if (c.act == FfnAct::kRelu) {
-        compute(layer, ot, true);
-      } else {
-        for (uint32_t s : active_) {
-          const float gv = kernels::row_dot(m_.dtype, bundle(layer, s), xq_.row(0), dim);
-          g_[s] = gv / (1.0f + std::exp(-gv));
-        }
-        compute(layer, ot, false);
-      }
-      token_.compute_seconds += since(t0);
+      load_compute(layer, ot, c.act == FfnAct::kRelu ? GateFrom::kBundleRelu : GateFrom::kBundleSilu);
       continue;
     }
     auto t0 = Clock::now();
@@ -478,17 +634,11 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
       for (uint32_t s : active_) calib_[size_t(layer)].push_back(score_[s]);
       calib_samples_ += active_.size();
     }
-    if (opt_.select != SelectMode::kDense) {
-      prev_needed_[size_t(layer)] = active_;
-      if (overlapped) {
-        load_compute_overlapped(layer, ot, GateFrom::kGiven);
-        continue;
-      }
-      load(layer);
-    }
-    t0 = Clock::now();
-    compute(layer, ot, false);
-    token_.compute_seconds += since(t0);
+    prev_needed_[size_t(layer)] = active_;
+    if (overlapped)
+      load_compute_overlapped(layer, ot, GateFrom::kGiven);
+    else
+      load_compute(layer, ot, GateFrom::kGiven);
   }
 }
 
@@ -525,47 +675,32 @@ void FlashFfn::layer_start(int layer, int pos0, int n_tokens, const float* x) {
   pf_plan_.clear();
   if (pf_pred_.empty()) return;
   planners_[size_t(layer)].plan(pf_pred_.data(), pf_pred_.size(), nullptr, pf_plan_);  // no cache: not a token
+  // The first read_ahead_bytes of the predicted reads, in slot order (split as the exact reads are).
+  make_pieces(layer, pf_plan_.reads, ffn_batch_staging_bytes(m_.bundle_bytes, opt_.read_batch_bytes), &pf_pieces_,
+              nullptr);
   uint64_t total = 0;
-  pf_pos_.resize(pf_plan_.reads.size());
-  for (size_t i = 0; i < pf_plan_.reads.size(); ++i) {
-    pf_pos_[i] = total;
-    total += pf_plan_.reads[i].length;
+  size_t k = 0;
+  for (; k < pf_pieces_.size() && total + pf_pieces_[k].length <= opt_.read_ahead_bytes; ++k) {
+    pf_pieces_[k].pos = total;
+    total += pf_pieces_[k].length;
   }
-  pf_staging_.resize(std::max<uint64_t>(total, 1));
-  std::vector<ReadSpan> spans(pf_plan_.reads.size());
+  pf_pieces_.resize(k);
+  if (pf_pieces_.empty()) return;
+  pf_staging_.resize(total);  // grows to at most read_ahead_bytes
+  std::vector<ReadSpan> spans(pf_pieces_.size());
   for (size_t i = 0; i < spans.size(); ++i)
-    spans[i] = {pf_plan_.reads[i].offset, pf_plan_.reads[i].length, pf_staging_.data() + pf_pos_[i]};
+    spans[i] = {pf_pieces_[i].offset, pf_pieces_[i].length, pf_staging_.data() + pf_pieces_[i].pos};
   pf_done_.assign(spans.size(), 0);
   pf_t0_ = Clock::now();
   pf_first_id_ = img_.io().submit(spans.data(), spans.size());
   pf_layer_ = layer;
-  ov_.prefetch_bytes += pf_plan_.bytes_read;
-  token_.reads += pf_plan_.reads.size();
-  token_.bytes_read += pf_plan_.bytes_read;
+  ov_.prefetch_bytes += total;
+  token_.reads += spans.size();
+  token_.bytes_read += total;
 }
 
 void FlashFfn::bundle_coefficients(size_t k0, size_t k1, GateFrom from) {
-  const int dim = m_.config.dim;
-  const ImageDtype dt = m_.dtype;
-  const void* xr = xq_.row(0);
-  const size_t rb = row_bytes_;
-  // kernels::ffn_bundles's first phase, number for number: h_i = g_i * (up_i . x), zero when g_i is zero.
-  for (size_t k = k0; k < k1; ++k) {
-    const size_t i = idx_[k];
-    const uint8_t* b = bundles_[i];
-    float gi;
-    if (from == GateFrom::kGiven) {
-      gi = g_[active_[i]];
-    } else {
-      gi = kernels::row_dot(dt, b, xr, dim);
-      if (from == GateFrom::kBundleRelu) {
-        if (!(gi > 0.0f)) gi = 0.0f;
-      } else {
-        gi = gi / (1.0f + std::exp(-gi));
-      }
-    }
-    h_[i] = gi == 0.0f ? 0.0f : gi * kernels::row_dot(dt, b + rb, xr, dim);
-  }
+  for (size_t k = k0; k < k1; ++k) h_[idx_[k]] = coefficient(idx_[k], from);
 }
 
 void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
@@ -576,7 +711,7 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
   const bool pf = pf_layer_ == layer;
   if (pf_layer_ >= 0 && !pf) throw InternalError("read-ahead of another layer still pending");
   auto tc = Clock::now();
-  double comp_s = 0, wait = 0;
+  double wait = 0;
   if (pf) {
     for (uint32_t s : active_)
       if (!(cache && cache->resident(s))) {
@@ -584,121 +719,78 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
         ov_.predicted_needed += std::binary_search(pf_pred_.begin(), pf_pred_.end(), s);
       }
   }
-  if (cache) {
-    // As load(): drop bytes of slots evicted by the previous token's update.
-    auto& st = store_[size_t(layer)];
-    for (auto it = st.begin(); it != st.end();) it = cache->resident(it->first) ? std::next(it) : st.erase(it);
-  }
   planners_[size_t(layer)].plan(active_.data(), active_.size(), cache, plan_);
-  const size_t R = plan_.reads.size();
-  uint64_t total = 0;
-  read_pos_.resize(R);
-  for (size_t i = 0; i < R; ++i) {
-    read_pos_[i] = total;
-    total += plan_.reads[i].length;
-  }
-  staging_.resize(std::max<uint64_t>(total, 1));
-  // Each exact read: pieces already read ahead (copied when their read-ahead span lands) and late pieces (read now).
+  // As load_compute(): bytes of slots the cache no longer holds go, except this token's hits.
+  if (cache) slab_drop_evicted(layer, cache, plan_.hits);
+  const uint64_t cap = ffn_batch_staging_bytes(m_.bundle_bytes, opt_.read_batch_bytes);
+  make_pieces(layer, plan_.reads, cap, &pieces_, &batch_end_);
+  staging_.resize(cap);
+  const size_t P = pieces_.size();
+  // Each piece: parts already read ahead (copied when their read-ahead piece lands) and late parts (read in its
+  // batch). Late spans are listed in piece order, so each batch's are contiguous.
   spans_.clear();
   span_read_.clear();
   copies_.clear();
-  outstanding_.assign(R, 0);
+  batch_span_.assign(1, 0);
+  outstanding_.assign(P, 0);
   uint64_t late_bytes = 0;
-  size_t pj = 0;
-  const auto& pr = pf_plan_.reads;
-  for (size_t ri = 0; ri < R; ++ri) {
-    const uint64_t a = plan_.reads[ri].offset, b = a + plan_.reads[ri].length;
+  size_t pj = 0, b = 0;
+  uint64_t used_hi = 0;
+  const auto& pr = pf_pieces_;
+  for (size_t ri = 0; ri < P; ++ri) {
+    if (ri == batch_end_[b]) batch_span_.push_back(spans_.size()), ++b;
+    const uint64_t a = pieces_[ri].offset, e = a + pieces_[ri].length, pos = pieces_[ri].pos;
     uint64_t cur = a;
     auto late = [&](uint64_t lo, uint64_t hi) {
-      spans_.push_back({lo, hi - lo, staging_.data() + read_pos_[ri] + (lo - a)});
+      spans_.push_back({lo, hi - lo, staging_.data() + pos + (lo - a)});
       span_read_.push_back(uint32_t(ri));
       ++outstanding_[ri];
       late_bytes += hi - lo;
     };
     if (pf) {
+      // Pieces of one read may share a block with the next: the read-ahead scan restarts where this piece starts.
+      while (pj > 0 && pr[pj - 1].offset + pr[pj - 1].length > a) --pj;
       while (pj < pr.size() && pr[pj].offset + pr[pj].length <= a) ++pj;
-      for (size_t k = pj; k < pr.size() && pr[k].offset < b; ++k) {
-        const uint64_t lo = std::max(cur, pr[k].offset), hi = std::min(b, pr[k].offset + pr[k].length);
+      for (size_t k = pj; k < pr.size() && pr[k].offset < e; ++k) {
+        const uint64_t lo = std::max(cur, pr[k].offset), hi = std::min(e, pr[k].offset + pr[k].length);
         if (hi <= lo) continue;
         if (lo > cur) late(cur, lo);
-        copies_.push_back(
-            {uint32_t(k), uint32_t(ri), pf_pos_[k] + (lo - pr[k].offset), read_pos_[ri] + (lo - a), hi - lo});
+        copies_.push_back({uint32_t(k), uint32_t(ri), pr[k].pos + (lo - pr[k].offset), pos + (lo - a), hi - lo});
         ++outstanding_[ri];
-        ov_.prefetch_used_bytes += hi - lo;
+        // Pieces of a split read share at most a block: each byte counts once.
+        if (hi > used_hi) ov_.prefetch_used_bytes += hi - std::max(lo, used_hi), used_hi = hi;
         cur = hi;
       }
     }
-    if (cur < b) late(cur, b);
+    if (cur < e) late(cur, e);
   }
+  while (batch_span_.size() <= batch_end_.size()) batch_span_.push_back(spans_.size());
+  // Copies grouped by read-ahead piece.
+  std::stable_sort(copies_.begin(), copies_.end(), [](const Copy& x, const Copy& y) { return x.pf_read < y.pf_read; });
   if (pf) ov_.late_bytes += late_bytes;
   token_.active += plan_.active;
   token_.bytes_needed += uint64_t(plan_.needed) * m_.bundle_bytes;
   token_.cache_hits += plan_.hits.size();
   token_.reads += spans_.size();
   token_.bytes_read += late_bytes;
-  const auto t_io0 = pf ? pf_t0_ : Clock::now();
-  late_first_id_ = spans_.empty() ? 0 : io.submit(spans_.data(), spans_.size());
+  Clock::time_point t_io0 = pf ? pf_t0_ : Clock::now();
+  bool io_started = pf;
 
-  // Active indices per exact read (both ascending); the others are cache hits, in DRAM now.
+  // Active indices per piece (both ascending); the others are cache hits, in DRAM now.
   const size_t n = active_.size();
   h_.resize(n);
   bundles_.resize(n);
-  read_active_.resize(R);
-  hits_.clear();
+  idx_.resize(n);
+  read_active_.resize(P);
   {
     size_t i = 0;
-    for (size_t ri = 0; ri < R; ++ri) {
-      const size_t gap0 = i;
-      while (i < n && active_[i] < plan_.reads[ri].slot_begin) ++i;
-      if (i > gap0) hits_.push_back({gap0, i});
+    for (size_t ri = 0; ri < P; ++ri) {
+      while (i < n && active_[i] < pieces_[ri].slot_begin) ++i;
       const size_t lo = i;
-      while (i < n && active_[i] < plan_.reads[ri].slot_end) ++i;
+      while (i < n && active_[i] < pieces_[ri].slot_end) ++i;
       read_active_[ri] = {lo, i};
     }
-    if (i < n) hits_.push_back({i, n});
   }
-  // Bundles ready to compute (cache hits, then each read's as it completes), published in idx_ and claimed in
-  // chunks by whichever thread is free: with threads, one OpenMP region per layer, the first thread waiting on the
-  // I/O and publishing, the others computing; with one thread, the published bundles after each wait.
-  std::atomic<size_t> pub{0}, claim{0};
-  std::atomic<bool> stop{false};
-  auto publish = [&](size_t lo, size_t hi) {
-    size_t p = pub.load(std::memory_order_relaxed);
-    for (size_t i = lo; i < hi; ++i) {
-      bundles_[i] = bundle(layer, active_[i]);
-      idx_[p++] = uint32_t(i);
-    }
-    pub.store(p, std::memory_order_release);
-    if (io.in_flight() > 0) ov_.bundles_in_flight += hi - lo;
-    ov_.bundles_computed += hi - lo;
-  };
-  // Computes published bundles; all = keep going until every bundle of the layer is claimed.
-  // `idle` (per thread) gets the time spent with nothing published to compute: waiting on the I/O.
-  auto work = [&](bool all, double* idle) {
-    bool idling = false;
-    Clock::time_point t_idle;
-    for (;;) {
-      size_t c = claim.load(std::memory_order_relaxed);
-      const size_t p = pub.load(std::memory_order_acquire);
-      if (c >= p) {
-        if (!all || c >= n || stop.load(std::memory_order_relaxed)) {
-          if (idling) *idle += since(t_idle);
-          return;
-        }
-        if (!idling) idling = true, t_idle = Clock::now();
-        std::this_thread::yield();
-        continue;
-      }
-      if (idling) *idle += since(t_idle), idling = false;
-      const size_t e = std::min(p, c + kClaimChunk);
-      if (claim.compare_exchange_weak(c, e, std::memory_order_relaxed)) bundle_coefficients(c, e, from);
-    }
-  };
-  idx_.resize(n);
-  if (per_read) {
-    for (auto [lo, hi] : hits_) publish(lo, hi);
-  }
-  // Copies grouped by read-ahead span (copies_ is in offset order, so by span too).
   auto copies_of = [&](size_t k) {
     auto lo =
         std::lower_bound(copies_.begin(), copies_.end(), k, [](const Copy& c, size_t kk) { return c.pf_read < kk; });
@@ -706,101 +798,175 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
     while (hi != copies_.end() && hi->pf_read == k) ++hi;
     return std::make_pair(lo, hi);
   };
-  auto ready = [&](size_t ri) {
-    if (per_read) publish(read_active_[ri].first, read_active_[ri].second);
-  };
-  const int threads = per_read && long(n) * dim > kOverlapParallelWork ? omp_get_max_threads() : 1;
-  // Waits on the engine until every read (and read-ahead) of the layer is in. With one thread `wait` is the time
-  // blocked in it; with several, the time the computing threads had nothing to compute (the exposed I/O).
-  std::vector<double> idle(size_t(threads), 0.0);
-  auto io_loop = [&] {
+  // Batch by batch: its late reads submitted, its bundles computed as their pieces complete (cache hits at once),
+  // then its down projection added in slot order; the staging is then free for the next batch.
+  size_t k0 = 0, p0 = 0;
+  bool first = true;
+  for (size_t bi = 0; bi < batch_end_.size(); ++bi) {
+    const size_t p1 = batch_end_[bi];
+    const size_t k1 =
+        size_t(std::lower_bound(active_.begin() + std::ptrdiff_t(k0), active_.end(), pieces_[p1 - 1].slot_end) -
+               active_.begin());
+    cur_batch_ = int(bi), cur_p0_ = p0, cur_p1_ = p1;
+    std::atomic<size_t> pub{k0}, claim{k0};
+    std::atomic<bool> stop{false};
+    size_t left = 0;  // pieces of the batch not yet in place
+    auto publish = [&](size_t lo, size_t hi) {
+      size_t q = pub.load(std::memory_order_relaxed);
+      for (size_t i = lo; i < hi; ++i) {
+        bundles_[i] = bundle(layer, active_[i]);
+        idx_[q++] = uint32_t(i);
+      }
+      pub.store(q, std::memory_order_release);
+      if (io.in_flight() > 0) ov_.bundles_in_flight += hi - lo;
+      ov_.bundles_computed += hi - lo;
+    };
+    auto ready = [&](size_t ri) {
+      --left;
+      if (per_read) publish(read_active_[ri].first, read_active_[ri].second);
+    };
+    // Parts already read ahead are copied now; the late spans go out.
+    for (const Copy& c : copies_)
+      if (c.read >= p0 && c.read < p1 && pf_done_[c.pf_read]) {
+        std::memcpy(staging_.data() + c.dst, pf_staging_.data() + c.src, c.bytes);
+        --outstanding_[c.read];
+      }
+    const size_t s0 = batch_span_[bi], s1 = batch_span_[bi + 1];
+    if (s1 > s0) {
+      if (!io_started) t_io0 = Clock::now(), io_started = true;
+      late_first_id_ = io.submit(spans_.data() + s0, s1 - s0);
+    }
+    if (per_read) {
+      // The batch's cache hits, then its pieces already in place.
+      size_t i = k0;
+      for (size_t ri = p0; ri < p1; ++ri) {
+        if (read_active_[ri].first > i) publish(i, read_active_[ri].first);
+        i = read_active_[ri].second;
+      }
+      if (k1 > i) publish(i, k1);
+    }
+    for (size_t ri = p0; ri < p1; ++ri)
+      if (outstanding_[ri] > 0)
+        ++left;
+      else if (per_read)
+        publish(read_active_[ri].first, read_active_[ri].second);
+    auto work = [&](bool all, double* idle) {
+      bool idling = false;
+      Clock::time_point t_idle;
+      for (;;) {
+        size_t c = claim.load(std::memory_order_relaxed);
+        const size_t q = pub.load(std::memory_order_acquire);
+        if (c >= q) {
+          if (!all || c >= k1 || stop.load(std::memory_order_relaxed)) {
+            if (idling) *idle += since(t_idle);
+            return;
+          }
+          if (!idling) idling = true, t_idle = Clock::now();
+          std::this_thread::yield();
+          continue;
+        }
+        if (idling) *idle += since(t_idle), idling = false;
+        const size_t e = std::min(q, c + kClaimChunk);
+        if (claim.compare_exchange_weak(c, e, std::memory_order_relaxed)) bundle_coefficients(c, e, from);
+      }
+    };
+    const int threads = per_read && long(k1 - k0) * dim > kOverlapParallelWork ? omp_get_max_threads() : 1;
+    std::vector<double> idle(size_t(threads), 0.0);
+    double bwait = 0;
+    auto io_loop = [&] {
+      std::vector<uint64_t> done;
+      while (left > 0) {
+        done.clear();
+        auto tw = Clock::now();
+        io.wait_some(&done);
+        if (threads == 1) bwait += since(tw);
+        for (uint64_t id : done) {
+          if (pf && id >= pf_first_id_ && id < pf_first_id_ + pr.size()) {
+            const size_t k = size_t(id - pf_first_id_);
+            pf_done_[k] = 1;
+            auto [c0, c1] = copies_of(k);
+            for (auto c = c0; c != c1; ++c) {
+              if (c->read < p0 || c->read >= p1) continue;  // a later batch copies it when its turn comes
+              std::memcpy(staging_.data() + c->dst, pf_staging_.data() + c->src, c->bytes);
+              if (--outstanding_[c->read] == 0) ready(c->read);
+            }
+          } else if (s1 > s0 && id >= late_first_id_ && id < late_first_id_ + (s1 - s0)) {
+            const uint32_t ri = span_read_[s0 + size_t(id - late_first_id_)];
+            if (--outstanding_[ri] == 0) ready(ri);
+          } else {
+            throw InternalError("overlap: completion of a read this layer did not issue");
+          }
+        }
+        if (threads == 1) work(false, &idle[0]);
+      }
+    };
+    if (threads > 1) {
+      std::exception_ptr err;
+#pragma omp parallel num_threads(threads)
+      {
+        if (omp_get_thread_num() == 0) {
+          try {
+            io_loop();
+          } catch (...) {
+            err = std::current_exception();
+            stop.store(true);
+          }
+        }
+        work(true, &idle[size_t(omp_get_thread_num())]);
+      }
+      if (err) std::rethrow_exception(err);
+      bwait = *std::min_element(idle.begin() + 1, idle.end());
+    } else {
+      io_loop();
+      if (per_read) work(true, &idle[0]);
+    }
+    wait += bwait;
+    for (size_t ri = p0; ri < p1; ++ri)
+      if (outstanding_[ri] != 0) throw InternalError("overlap: a read never completed");
+    if (per_read) {
+      // The batch's down projection, in slot order, over the neurons ffn_bundles would keep: continuing the sums.
+      hd_.clear();
+      downs_.clear();
+      for (size_t i = k0; i < k1; ++i)
+        if (from != GateFrom::kBundleRelu || h_[i] != 0.0f) {
+          hd_.push_back(h_[i]);
+          downs_.push_back(bundles_[i] + 2 * row_bytes_);
+        }
+      kernels::down_project(m_.dtype, out, dim, hd_.data(), downs_.data(), int(hd_.size()), !first);
+    } else {
+      compute_range(layer, k0, k1, from, out, !first);
+    }
+    slab_keep(layer, p0, p1);
+    first = false;
+    k0 = k1;
+    p0 = p1;
+  }
+  cur_batch_ = -1;
+  if (k0 < n || first) {
+    // The hits after the last read (or a layer with nothing to read).
+    if (per_read) ov_.bundles_computed += n - k0;
+    compute_range(layer, k0, n, from, out, !first);
+  }
+  slab_settle(layer);
+  // Read-ahead that no exact read used is collected before the next layer's.
+  {
     std::vector<uint64_t> done;
+    auto tw = Clock::now();
     while (io.pending() > 0) {
       done.clear();
-      auto tw = Clock::now();
       io.wait_some(&done);
-      if (threads == 1) wait += since(tw);
-      for (uint64_t id : done) {
-        if (pf && id >= pf_first_id_ && id < pf_first_id_ + pr.size()) {
-          const size_t k = size_t(id - pf_first_id_);
-          pf_done_[k] = 1;
-          auto [c0, c1] = copies_of(k);
-          for (auto c = c0; c != c1; ++c) {
-            std::memcpy(staging_.data() + c->dst, pf_staging_.data() + c->src, c->bytes);
-            if (--outstanding_[c->read] == 0) ready(c->read);
-          }
-        } else if (!spans_.empty() && id >= late_first_id_ && id < late_first_id_ + spans_.size()) {
-          const uint32_t ri = span_read_[size_t(id - late_first_id_)];
-          if (--outstanding_[ri] == 0) ready(ri);
-        } else {
-          throw InternalError("overlap: completion of a read this layer did not issue");
-        }
-      }
-      if (threads == 1) work(false, &idle[0]);
     }
-  };
-  if (threads > 1) {
-    std::exception_ptr err;
-#pragma omp parallel num_threads(threads)
-    {
-      if (omp_get_thread_num() == 0) {
-        try {
-          io_loop();
-        } catch (...) {
-          err = std::current_exception();
-          stop.store(true);
-        }
-      }
-      work(true, &idle[size_t(omp_get_thread_num())]);
-    }
-    if (err) std::rethrow_exception(err);
-    wait = *std::min_element(idle.begin() + 1, idle.end());
-  } else {
-    io_loop();
-    if (per_read) work(true, &idle[0]);
+    wait += since(tw);
   }
-  comp_s += since(tc) - wait;                            // planning included, as load() + compute() count it
-  const double busy = io.async() ? since(t_io0) : wait;  // a synchronous engine reads only while waited on
+  const double busy =
+      io.async() ? (io_started ? since(t_io0) : 0.0) : wait;  // a synchronous engine reads only while waited on
   pf_layer_ = -1;
-  auto tc2 = Clock::now();
-  for (uint32_t o : outstanding_)
-    if (o != 0) throw InternalError("overlap: a read never completed");
-  if (per_read) {
-    // The down projection once, in slot order, over the neurons ffn_bundles would keep: the same sum as compute().
-    size_t k = 0;
-    const size_t rb2 = 2 * row_bytes_;
-    for (size_t i = 0; i < n; ++i)
-      if (from != GateFrom::kBundleRelu || h_[i] != 0.0f) {
-        h_[k] = h_[i];
-        bundles_[k++] = bundle(layer, active_[i]) + rb2;
-      }
-    kernels::down_project(m_.dtype, out, dim, h_.data(), bundles_.data(), int(k));
-  } else if (from == GateFrom::kBundleSilu) {
-    for (uint32_t s : active_) {
-      const float gv = kernels::row_dot(m_.dtype, bundle(layer, s), xq_.row(0), dim);
-      g_[s] = gv / (1.0f + std::exp(-gv));
-    }
-    compute(layer, out, false);
-  } else {
-    compute(layer, out, from == GateFrom::kBundleRelu);
-  }
-  comp_s += since(tc2);
-  if (cache) {
-    // As load(): keep the bytes of newly resident slots.
-    auto& st = store_[size_t(layer)];
-    for (const ReadOp& r : plan_.reads)
-      for (uint32_t s = r.slot_begin; s < r.slot_end; ++s)
-        if (cache->resident(s) && !st.count(s)) {
-          const uint8_t* b = bundle(layer, s);
-          st.emplace(s, std::vector<uint8_t>(b, b + m_.bundle_bytes));
-        }
-  }
   ++ov_.layer_tokens;
   ov_.io_busy_seconds += busy;
   ov_.io_wait_seconds += wait;
   token_.io_seconds += wait;
   token_.io_busy_seconds += busy;
-  token_.compute_seconds += comp_s;
+  token_.compute_seconds += since(tc) - wait;  // planning included, as load_compute() counts it
 }
 
 }  // namespace nl

@@ -21,11 +21,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "runtime/flash_image.h"
 #include "runtime/lowrank.h"
+#include "runtime/memory.h"
 #include "runtime/model/dense_bundles.h"
 #include "runtime/model/model.h"
 #include "runtime/model/typed_kernels.h"
@@ -91,6 +91,8 @@ struct FlashFfnOptions {
   int lowrank_rank = 0;              // lowrank: R
   std::vector<float> act_threshold;  // threshold: t per layer (|act(gate x)| > t fires; ReLU models: act > t)
   OverlapMode overlap = OverlapMode::kNone;
+  uint64_t read_batch_bytes = kFfnReadBatchBytes;  // the FFN read staging (memory.h)
+  uint64_t read_ahead_bytes = kFfnReadAheadBytes;  // cross: the read-ahead bound (memory.h)
 };
 
 // Threshold selection: the |act(gate x)| mass and the neuron count the threshold keeps against all neurons (gate
@@ -166,8 +168,47 @@ class FlashFfn : public FfnProvider {
   kernels::PreparedX xq_;                         // the token's normalised input, as the kernels want it
   std::vector<float> h_;                          // per active neuron: act(gate)
   std::vector<const uint8_t*> bundles_;           // per active neuron: its bundle's bytes
-  std::vector<std::unordered_map<uint32_t, std::vector<uint8_t>>> store_;  // cached bundles' bytes
+  // Cached bundles' bytes, per layer: one allocation sized by the cache capacity, entries reused through a free list
+  // (grown by further chunks only when the window keeps more). A token's admissions can evict slots that are hits of
+  // the same token, still to be computed: until the layer-token ends, admitted bundles that find no free entry go to
+  // one pool shared by all layers (at most one layer's capacity), and move into the layer's slab when it ends.
+  struct Slab {
+    static constexpr uint32_t kNone = ~0u;
+    uint64_t bundle_bytes = 0;
+    std::vector<std::unique_ptr<uint8_t[]>> chunks;
+    std::vector<uint8_t*> entry;    // entry -> its bytes
+    std::vector<uint32_t> held;     // entry -> slot, kNone when free
+    std::vector<uint32_t> free;     // free entries
+    std::vector<uint32_t> of_slot;  // slot -> entry (kPool set: an entry of pool_), kNone when not held
+    void grow(uint32_t n);
+    uint32_t take(uint32_t slot);  // a free entry (grown when none), now holding `slot`
+  };
+  static constexpr uint32_t kPool = 1u << 31;
+  std::vector<Slab> slab_;
+  Slab pool_;
+  const uint8_t* slab_find(int layer, uint32_t slot) const;
+  void slab_put(int layer, uint32_t slot, const uint8_t* bytes);
+  void slab_drop(int layer, uint32_t slot);
+  // Drops the layer's held bundles the cache no longer has, except `keep` (this token's hits, ascending).
+  void slab_drop_evicted(int layer, const SlotCache* cache, const std::vector<uint32_t>& keep);
+  // Keeps the bytes of newly resident slots covered by pieces [p0, p1) (in the staging now).
+  void slab_keep(int layer, size_t p0, size_t p1);
+  // The layer-token is computed: evicted hits go, pooled bundles move into the layer's slab.
+  void slab_settle(int layer);
   TokenPlan plan_;
+  // A layer-token's reads, split to fit the staging (memory.h kFfnReadBatchBytes) and grouped into batches that are
+  // read, computed and released in slot order; `pos` is the piece's place in the staging buffer during its batch.
+  struct Piece {
+    uint32_t slot_begin, slot_end;
+    uint64_t offset, length, pos;
+  };
+  std::vector<Piece> pieces_;
+  std::vector<size_t> batch_end_;   // per batch: one past its last piece
+  int cur_batch_ = -1;              // the batch in the staging now, -1 = none
+  size_t cur_p0_ = 0, cur_p1_ = 0;  // its pieces
+  // Splits `reads` of `layer` into pieces of at most `cap` bytes, grouped into batches of at most `cap` bytes.
+  void make_pieces(int layer, const std::vector<ReadOp>& reads, uint64_t cap, std::vector<Piece>* pieces,
+                   std::vector<size_t>* batch_end) const;
   AlignedBuffer staging_;
   std::vector<ReadSpan> spans_;
   std::vector<uint32_t> active_;
@@ -176,10 +217,17 @@ class FlashFfn : public FfnProvider {
   std::vector<FlashCounters> batch_;  // per token of a multi-token forward pass, until end_token()
   std::vector<FlashCounters> per_token_;
 
-  // Plans and reads `active_` (ascending slots) of `layer`; afterwards bundle(slot) points at each one's bytes.
-  void load(int layer);
+  enum class GateFrom { kGiven, kBundleRelu, kBundleSilu };  // where each bundle's gate value comes from
+  // Plans and reads `active_` (ascending slots) of `layer` batch by batch and, with `out`, computes the FFN into it as
+  // each batch lands (down projection accumulated in slot order: the bits of one sum over the layer).
+  void load_compute(int layer, float* out, GateFrom from);
+  // The bytes of `slot`: in the batch in the staging, else the slab.
   const uint8_t* bundle(int layer, uint32_t slot) const;
-  std::vector<uint64_t> read_pos_;  // staging position of each read of the current plan
+  // Active indices [k0, k1): coefficients then down projection into `out` (continuing its sums when `accumulate`).
+  void compute_range(int layer, size_t k0, size_t k1, GateFrom from, float* out, bool accumulate);
+  float coefficient(size_t i, GateFrom from) const;  // kernels::ffn_bundles's h_i for active index i
+  std::vector<float> hd_;                            // compute_range: the kept coefficients
+  std::vector<const uint8_t*> downs_;                // compute_range: their down columns
   // Lowrank predictor.
   LowRankPhase phase_ = LowRankPhase::kExact;
   std::vector<LowRankFactors> lowrank_;    // per layer, rows in slot order
@@ -194,13 +242,12 @@ class FlashFfn : public FfnProvider {
   uint64_t pinned_bundles_ = 0, pinned_reads_ = 0, pinned_bytes_read_ = 0;
 
   // Overlap.
-  enum class GateFrom { kGiven, kBundleRelu, kBundleSilu };  // where each bundle's gate value comes from
   OverlapCounters ov_;
   std::vector<std::vector<uint32_t>> prev_needed_;  // cross: per layer, the previous token's exact set (predictor)
   int pf_layer_ = -1;                               // cross: the layer read ahead, -1 = none
   TokenPlan pf_plan_;
-  AlignedBuffer pf_staging_;
-  std::vector<uint64_t> pf_pos_;   // staging position of each read-ahead read
+  AlignedBuffer pf_staging_;       // at most kFfnReadAheadBytes
+  std::vector<Piece> pf_pieces_;   // the read-ahead reads (a prefix of the predicted set's, split as pieces_)
   uint64_t pf_first_id_ = 0;       // engine id of the first read-ahead span
   std::vector<uint8_t> pf_done_;   // per read-ahead span: completed
   std::vector<uint32_t> pf_pred_;  // cross: predicted slots, ascending
@@ -210,12 +257,13 @@ class FlashFfn : public FfnProvider {
     uint64_t src, dst, bytes;  // positions in pf_staging_ / staging_
   };
   std::vector<Copy> copies_;
-  std::vector<uint32_t> outstanding_;                   // per exact read: pieces not yet in place
-  std::vector<std::pair<size_t, size_t>> read_active_;  // per exact read: its range of active_ indices
-  std::vector<uint32_t> span_read_;                     // per late span: its exact read
+  std::vector<uint32_t> outstanding_;                   // per piece: parts not yet in place
+  std::vector<std::pair<size_t, size_t>> read_active_;  // per piece: its range of active_ indices
+  std::vector<uint32_t> span_read_;                     // per late span: its piece
+  std::vector<size_t> batch_span_;                      // per batch: its first late span (and one past the last)
   uint64_t late_first_id_ = 0;
-  // Plans the exact reads, serves them from the read-ahead and new reads, and computes the FFN into `out` (per
-  // completed read when --overlap has layer, else after all reads, as compute()).
+  // Plans the exact reads, serves them from the read-ahead and new reads, and computes the FFN into `out`, batch by
+  // batch (per completed read when --overlap has layer, else after the batch's reads).
   void load_compute_overlapped(int layer, float* out, GateFrom from);
   // The arithmetic of kernels::ffn_bundles's first phase, for published bundles.
   void bundle_coefficients(size_t k0, size_t k1, GateFrom from);  // h_[idx_[k]] for k in [k0, k1)
@@ -223,10 +271,7 @@ class FlashFfn : public FfnProvider {
   std::vector<uint32_t> idx_;
 
   void make_caches();
-  // The FFN output of one token from the active neurons (`active_`, ascending slots, gate values g_ or, for lowrank's
-  // predicted neurons, the bundles' own gate rows): kernels::ffn_bundles, each output summed in slot order.
-  void compute(int layer, float* out, bool gate_in_bundle);
-  // Reads the bundles the layer's cache pins (resident from the first token) into the DRAM store.
+  // Reads the bundles the layer's cache pins (resident from the first token) into the slab.
   void load_pinned(int layer, const std::vector<uint32_t>& pinned);
 };
 

@@ -33,8 +33,9 @@ uint64_t maxrss_bytes() {
 }
 
 constexpr uint64_t kF32 = 4;
-// Bookkeeping of one cached bundle beside its bytes: hash-map node, vector header, two allocator headers.
-constexpr uint64_t kCacheEntryOverhead = 128;
+// Bookkeeping of one cached bundle beside its bytes in the layer's slab (FlashFfn::Slab): its entry's pointer, slot
+// and free-list place.
+constexpr uint64_t kCacheEntryOverhead = 16;
 // Per layer and neuron: slot maps, the cache's state, the planner's arrays (a generous bound).
 constexpr uint64_t kPerNeuronBookkeeping = 32;
 // Per forward pass: the per-token counters and their metrics / JSON report at the end.
@@ -120,7 +121,13 @@ uint64_t kv_cache_bytes(const ModelConfig& c, int context) {
   return 2 * uint64_t(c.n_layers) * uint64_t(context) * uint64_t(c.kv_dim()) * kF32;
 }
 
-MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, int threads, uint64_t baseline) {
+uint64_t ffn_batch_staging_bytes(uint64_t bundle_bytes, uint64_t batch) {
+  // A one-bundle read spans the bundle and at most one partial I/O block at each end.
+  return io_align_up(std::max(batch, bundle_bytes + 2 * kIoBlock));
+}
+
+MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, int threads, uint64_t baseline,
+                       uint64_t read_batch, uint64_t read_ahead) {
   const ModelConfig& c = m.config;
   const uint64_t dim = uint64_t(c.dim), hid = uint64_t(c.hidden_dim), L = uint64_t(c.n_layers);
   const uint64_t ctx = uint64_t(context), vocab = uint64_t(c.vocab_size);
@@ -131,13 +138,14 @@ MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, in
   if (ffn == FfnResidency::kAll) p.ffn_resident = ffn_dense_dram_bytes(m);
   p.kv = kv_cache_bytes(c, context);
   // Model activations (x, xb, q, attention out, tmp; k, v), logits, RoPE tables, one attention row per thread,
-  // the FFN's gate/up rows, the sampler's candidate list (token, double) and the staging of one whole layer's reads
-  // (a layer whose every neuron fires) plus the alignment of each end.
+  // the FFN's gate/up rows, the sampler's candidate list (token, double), the FFN read staging (one batch buffer,
+  // and the read-ahead buffer under --overlap cross|both) and per active neuron its pointer and coefficient.
+  const uint64_t staging =
+      ffn == FfnResidency::kAll ? 0 : ffn_batch_staging_bytes(m.bundle_bytes, read_batch) + io_align_up(read_ahead);
   p.scratch = kF32 * (5 * dim + 2 * uint64_t(c.kv_dim()) + vocab + ctx * uint64_t(c.head_dim()) +
                       uint64_t(std::max(1, threads)) * ctx + 4 * hid + 3 * dim) +
-              16 * vocab + (ffn == FfnResidency::kAll ? 0 : hid * m.bundle_bytes + 2 * kIoBlock) +
-              L * hid * kPerNeuronBookkeeping + ctx * kPerTokenReport + kRuntimeAllowance +
-              uint64_t(std::max(1, threads)) * kPerThreadAllowance;
+              16 * vocab + staging + 16 * hid + L * hid * kPerNeuronBookkeeping + ctx * kPerTokenReport +
+              kRuntimeAllowance + uint64_t(std::max(1, threads)) * kPerThreadAllowance;
   uint64_t largest_ffn_region = 0;
   for (int l = 0; l < c.n_layers; ++l) largest_ffn_region = std::max(largest_ffn_region, m.ffn(l).bytes);
   // The dense region is read straight into its store (counted in `dense`); gate-row modes read one FFN region at a
@@ -149,7 +157,9 @@ MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, in
 
 uint32_t cache_bundles_for_budget(const MemoryPlan& plan, const ImageManifest& m, uint64_t budget) {
   if (budget <= plan.fixed()) return 0;
-  const uint64_t per_layer = (budget - plan.fixed()) / uint64_t(std::max(1, m.config.n_layers));
+  // One more layer's worth: the pool that holds a token's admissions while evicted hits of the same token wait to be
+  // computed (FlashFfn::pool_, at most one layer's capacity).
+  const uint64_t per_layer = (budget - plan.fixed()) / uint64_t(std::max(1, m.config.n_layers) + 1);
   return uint32_t(std::min<uint64_t>(per_layer / plan.cache_bundle_cost, uint64_t(m.config.hidden_dim)));
 }
 

@@ -30,13 +30,24 @@ uint64_t ffn_dense_dram_bytes(const ImageManifest& m);
 // The KV cache of `context` positions (keys and values, f32, every layer).
 uint64_t kv_cache_bytes(const ModelConfig& c, int context);
 
+// FlashFfn's FFN read staging (one source of truth for the runtime and its accounting; nl-run --read-batch and
+// --read-ahead change them): a layer's reads are staged and computed this many bytes at a time in one reused buffer,
+// so the staging never grows with a layer's density (a read longer than this is split at bundle boundaries; a bundle
+// larger than this gets a buffer of its own size).
+constexpr uint64_t kFfnReadBatchBytes = uint64_t(4) << 20;
+// --overlap cross|both: at most this many bytes of a layer's predicted bundles are read ahead, into one buffer of
+// this size (the rest is read after the exact selection).
+constexpr uint64_t kFfnReadAheadBytes = uint64_t(32) << 20;
+// The staging buffer FlashFfn holds for bundles of `bundle_bytes` bytes and batches of `batch` bytes.
+uint64_t ffn_batch_staging_bytes(uint64_t bundle_bytes, uint64_t batch = kFfnReadBatchBytes);
+
 // What a generate run will hold, in bytes. `fixed()` must fit the budget; the rest goes to the neuron cache.
 struct MemoryPlan {
   uint64_t baseline = 0;           // the process before loading anything (code, libraries, heap): measured
   uint64_t dense = 0;              // dense_dram_bytes
   uint64_t ffn_resident = 0;       // gate rows (gate / threshold / lowrank) or the whole FFN (dense)
   uint64_t kv = 0;                 // kv_cache_bytes
-  uint64_t scratch = 0;            // activations, logits, RoPE tables, attention rows, one layer's I/O staging
+  uint64_t scratch = 0;            // activations, logits, RoPE tables, attention rows, the FFN read staging
   uint64_t load_transient = 0;     // the largest region buffer held while loading (one FFN region, gate-row modes)
   uint64_t cache_bundle_cost = 0;  // DRAM per cached bundle (bytes + bookkeeping)
   uint32_t cache_bundles_per_layer = 0;
@@ -48,8 +59,10 @@ struct MemoryPlan {
 
 enum class FfnResidency { kNone, kGateRows, kAll };
 
-// The fixed part for this image, context and threads; the cache left at zero.
-MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, int threads, uint64_t baseline);
+// The fixed part for this image, context and threads; the cache left at zero. `read_batch`: the FFN read batch,
+// `read_ahead`: the read-ahead buffer (--overlap cross|both; 0 otherwise).
+MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, int threads, uint64_t baseline,
+                       uint64_t read_batch = kFfnReadBatchBytes, uint64_t read_ahead = 0);
 // Neuron-cache bundles per layer that fit in `budget - plan.fixed()` (0 when nothing is left), at most hidden_dim.
 uint32_t cache_bundles_for_budget(const MemoryPlan& plan, const ImageManifest& m, uint64_t budget);
 

@@ -212,6 +212,38 @@ TEST_CASE("matrix products and the down projection give the same bits for 1, 2, 
   omp_set_num_threads(saved);
 }
 
+TEST_CASE("the down projection of a list in pieces (accumulate) gives the bits of the whole list, every path") {
+  // FlashFfn projects a layer batch by batch (its read staging is bounded) and must equal one projection in slot order.
+  IsaGuard guard;
+  const int saved = omp_get_max_threads();
+  for (kernels::Isa isa : kernels::available_isas()) {
+    kernels::set_isa(isa);
+    for (ImageDtype dt : kDtypes) {
+      CAPTURE(kernels::isa_name(isa));
+      CAPTURE(image_dtype_name(dt));
+      const int rows = 97, cols = 640;
+      TypedMatrix m = make_matrix(dt, rows, cols, 8);
+      const std::vector<float> h = random_x(rows, 9);
+      std::vector<const uint8_t*> colp;
+      for (int r = 0; r < rows; ++r) colp.push_back(m.bytes.data() + size_t(r) * m.stride);
+      std::vector<float> whole(static_cast<size_t>(cols));
+      kernels::down_project(dt, whole.data(), cols, h.data(), colp.data(), rows);
+      for (int threads : {1, 3}) {
+        omp_set_num_threads(threads);
+        std::vector<float> d(static_cast<size_t>(cols), 123.0f);  // overwritten by the first piece
+        int i0 = 0, k = 0;
+        for (int len : {0, 1, 30, 2, 64}) {
+          kernels::down_project(dt, d.data(), cols, h.data() + i0, colp.data() + i0, len, k++ > 0);
+          i0 += len;
+        }
+        REQUIRE(i0 == rows);
+        CHECK(same_bits(d, whole));
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 TEST_CASE("the dense FFN over re-laid-out bundles equals the gated bundle FFN bit for bit (every path, 1-3 threads)") {
   IsaGuard guard;
   const int saved = omp_get_max_threads();

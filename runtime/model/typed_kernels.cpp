@@ -192,13 +192,11 @@ float dot_q8x8_port(const uint8_t* w, const void* xv, int n) {
 
 template <float (*Cvt)(uint16_t)>
 void down_h16_port(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
-  std::fill(out + o0, out + o1, 0.0f);
   for (int i = 0; i < na; ++i)
     for (int o = o0; o < o1; ++o) out[o] += h[i] * Cvt(ld16(cols[i], size_t(o)));
 }
 
 void down_q8_port(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
-  std::fill(out + o0, out + o1, 0.0f);
   for (int b = o0 / kQuantBlock; b * kQuantBlock < o1; ++b)
     for (int i = 0; i < na; ++i) {
       const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(cols[i])[b];
@@ -209,7 +207,6 @@ void down_q8_port(float* out, int o0, int o1, const float* h, const uint8_t* con
 }
 
 void down_q4_port(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
-  std::fill(out + o0, out + o1, 0.0f);
   for (int b = o0 / kQuantBlock; b * kQuantBlock < o1; ++b)
     for (int i = 0; i < na; ++i) {
       const BlockQ4_0& blk = reinterpret_cast<const BlockQ4_0*>(cols[i])[b];
@@ -223,7 +220,6 @@ void down_q4_port(float* out, int o0, int o1, const float* h, const uint8_t* con
 }
 
 void down_f32(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
-  std::fill(out + o0, out + o1, 0.0f);
   for (int i = 0; i < na; ++i) {
     const float* c = reinterpret_cast<const float*>(cols[i]);
     const float hi = h[i];
@@ -336,7 +332,6 @@ NL_DOT_BLOCKS_X86(dot_blocks_vnni, NL_VNNI, idot32_vnni)
 template <bool Bf16>
 NL_AVX2 void down_h16_avx2(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
   const int o8 = o0 + (o1 - o0) / 8 * 8;
-  std::fill(out + o0, out + o1, 0.0f);
   for (int i = 0; i < na; ++i) {
     if (i + kDownAhead < na) prefetch_col(ImageDtype::kF16, cols[i + kDownAhead], o0, o1);
     const __m256 hv = _mm256_set1_ps(h[i]);
@@ -353,7 +348,6 @@ NL_AVX2 inline __m256 i8x8_to_f32(__m128i v) { return _mm256_cvtepi32_ps(_mm256_
 
 template <bool Q4>
 NL_AVX2 void down_blocks_avx2(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
-  std::fill(out + o0, out + o1, 0.0f);
   const int b0 = o0 / kQuantBlock, b1 = (o1 + kQuantBlock - 1) / kQuantBlock;
   for (int i = 0; i < na; ++i) {
     if (i + kDownAhead < na) prefetch_col(Q4 ? ImageDtype::kQ4_0 : ImageDtype::kQ8_0, cols[i + kDownAhead], o0, o1);
@@ -598,7 +592,6 @@ constexpr int kDownGroup = 8;
 template <bool Bf16>
 NL_512 void down_h16_512(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
   const int o32 = o0 + (o1 - o0) / 32 * 32;
-  std::fill(out + o0, out + o1, 0.0f);
   for (int i0 = 0; i0 < na; i0 += kDownGroup) {
     const int k1 = std::min(kDownGroup, na - i0);
     for (int k = i0 + kDownGroup; k < std::min(na, i0 + 2 * kDownGroup); ++k)
@@ -636,7 +629,6 @@ NL_512 inline void q32_to_f32(const BlockQ4_0& b, __m512* lo, __m512* hi) {
 
 template <class B>
 NL_512 void down_blocks_512(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
-  std::fill(out + o0, out + o1, 0.0f);
   const int b0 = o0 / kQuantBlock, b1 = (o1 + kQuantBlock - 1) / kQuantBlock;
   for (int i0 = 0; i0 < na; i0 += kDownGroup) {
     const int k1 = std::min(kDownGroup, na - i0);
@@ -800,7 +792,7 @@ void down_h16_neon(float* out, int o0, int o1, const float* h, const uint8_t* co
   int o = o0;
   for (; o + 16 <= o1; o += 16) {
     float32x4_t a[4];
-    for (auto& v : a) v = vdupq_n_f32(0.0f);
+    for (int k = 0; k < 4; ++k) a[k] = vld1q_f32(out + o + 4 * k);
     for (int i = 0; i < na; ++i) {
       const float32x4_t hv = vdupq_n_f32(h[i]);
       float32x4_t c0, c1, c2, c3;
@@ -820,7 +812,7 @@ template <class B>
 void down_blocks_neon(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
   for (int b = o0 / kQuantBlock; b * kQuantBlock < o1; ++b) {
     float32x4_t a[8];
-    for (auto& v : a) v = vdupq_n_f32(0.0f);
+    for (int k = 0; k < 8; ++k) a[k] = vld1q_f32(out + size_t(b) * kQuantBlock + 4 * k);
     for (int i = 0; i < na; ++i) {
       const B& blk = reinterpret_cast<const B*>(cols[i])[b];
       const int8x16x2_t q = wq32(blk);
@@ -1119,7 +1111,11 @@ void dequantize_row(const WeightView& w, int r, float* out) {
   }
 }
 
-void down_accum(ImageDtype dt, float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int n_active) {
+void down_accum(ImageDtype dt, float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int n_active,
+                bool accumulate) {
+  // The per-dtype paths add to out[] in list order; starting from zero or from an earlier list's sums gives the bits
+  // of one sum over both lists.
+  if (!accumulate) std::fill(out + o0, out + o1, 0.0f);
   switch (dt) {
     case ImageDtype::kF32:
       return down_f32(out, o0, o1, h, cols, n_active);
@@ -1135,7 +1131,8 @@ void down_accum(ImageDtype dt, float* out, int o0, int o1, const float* h, const
   throw InternalError("down_accum: unknown dtype");
 }
 
-void down_project(ImageDtype dt, float* out, int dim, const float* h, const uint8_t* const* cols, int n_active) {
+void down_project(ImageDtype dt, float* out, int dim, const float* h, const uint8_t* const* cols, int n_active,
+                  bool accumulate) {
   // Contiguous output ranges (whole blocks of 32), one per thread: every output is summed in list order by one thread,
   // so the split (and the thread count) never changes a bit.
   const int chunks = (dim + kChunk - 1) / kChunk;
@@ -1144,7 +1141,7 @@ void down_project(ImageDtype dt, float* out, int dim, const float* h, const uint
   {
     const int nt = omp_get_num_threads(), t = omp_get_thread_num();
     const int c0 = int(long(chunks) * t / nt), c1 = int(long(chunks) * (t + 1) / nt);
-    if (c1 > c0) down_accum(dt, out, c0 * kChunk, std::min(dim, c1 * kChunk), h, cols, n_active);
+    if (c1 > c0) down_accum(dt, out, c0 * kChunk, std::min(dim, c1 * kChunk), h, cols, n_active, accumulate);
   }
 }
 

@@ -77,10 +77,13 @@ void dequantize_row(const WeightView& w, int r, float* out);
 
 // out[o] for o in [o0, o1) = sum over i < n_active (in that order) of h[i] * col_i[o], where col_i = cols[i] is a
 // down-projection column of `dim` weights in dtype `dt` (quantized in blocks of 32 along dim: o0 and o1 multiples
-// of 32, or o1 = dim). Overwrites out[o0..o1).
-void down_accum(ImageDtype dt, float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int n_active);
+// of 32, or o1 = dim). Overwrites out[o0..o1), or with `accumulate` continues its sums: a list split into pieces,
+// projected piece by piece in order, gives the same bits as the whole list at once.
+void down_accum(ImageDtype dt, float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int n_active,
+                bool accumulate = false);
 // down_accum over all `dim` outputs, split over threads in blocks of 32 outputs.
-void down_project(ImageDtype dt, float* out, int dim, const float* h, const uint8_t* const* cols, int n_active);
+void down_project(ImageDtype dt, float* out, int dim, const float* h, const uint8_t* const* cols, int n_active,
+                  bool accumulate = false);
 
 // One token's gated FFN over bundles ([gate row | up row | down column], each image_row_bytes(dt, dim) bytes) of the
 // listed neurons, in list order: h_i = g[i] * (up_i . x); when g is null, g_i = relu(gate_i . x) from the bundle's own
