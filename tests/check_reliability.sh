@@ -144,6 +144,25 @@ f.write(','.join(['0'] * 30000000)); f.write(']}]}')"
 expect "8 a 60 MB layout parsed within 1.5 GB" 3 "has 1 layers but trace" bash -c "ulimit -v 1500000; '$L' eval --trace t.h5 --layout lay60.json -q"
 rm -f lay60.json
 expect "8 --threads 4096 refused" 2 "threads" "$L" solve --trace p.h5 --out o.json --threads 4096 -q
+# OMP_NUM_THREADS is held to the same cap (it bypassed --threads: 4096 threads, each with per-thread buffers).
+expect "8 OMP_NUM_THREADS=4096 refused" 2 "^nl-layout: error: OMP_NUM_THREADS=4096: at most 256" \
+  env OMP_NUM_THREADS=4096 "$L" solve --trace p.h5 --out o.json -q
+# Threads the system refuses, within the cap: one line, exit 4 (was libgomp's "Thread creation failed", exit 1,
+# in the middle of the work). A 64 TiB stack per thread (OMP_STACKSIZE, which libgomp honours) cannot be mapped
+# anywhere, sanitizers included; the same through an address-space cap where the build is not instrumented.
+expect "8 threads the system refuses: run generate" 4 "^nl-run: error: --threads 4: the system refused to create thread 2" \
+  env OMP_STACKSIZE=65536G "$R" --threads 4 generate --image m.nlw --prompt-tokens 1 --steps 2 -q
+expect "8 threads the system refuses: layout solve" 4 "refused to create thread" \
+  env OMP_STACKSIZE=65536G "$L" --threads 2 solve --trace p.h5 --out o.json -q
+[ ! -e o.json ] && pass "8 no layout written when threads are refused" || fail "8 layout written when threads are refused"
+expect "8 threads the system refuses: profile inspect" 4 "refused to create thread" \
+  env OMP_STACKSIZE=65536G "$P" --threads 2 inspect p.h5
+if ldd "$R" | grep -q libasan; then
+  echo "SKIP 8 --threads 256 under a 1.5 GB address-space cap: an ASan build needs terabytes of address space"
+else
+  expect "8 --threads 256 under a 1.5 GB address-space cap" 4 "refused to create thread" \
+    bash -c "ulimit -v 1500000; '$R' --threads 256 generate --image m.nlw --prompt-tokens 1 --steps 2 -q"
+fi
 # A 10 KB trace with n_tokens = 0 and 4M neurons: its masks store nothing, yet solve and graph took > 4 GB (and
 # minutes). Refused by the reader (at least one word per neuron counts against the stored bytes), under a 4 GB cap.
 "$PY" - <<'EOF'
@@ -283,6 +302,14 @@ rc=$?
 # The same text and tokens as the BOS-only prompt (the figures below them are timings).
 [ -n "$(grep '^tokens:' out)" ] && diff <(grep -E '^(text|tokens):' out) <(grep -E '^(text|tokens):' out_bos) >/dev/null &&
   pass "10 --prompt \"\" is the BOS-only prompt" || fail "10 --prompt \"\" differs from --prompt-tokens 1"
+# nl-profile generate says the same (it was silent): an explicit --prompt "" warns; no --prompt does not.
+"$P" generate --model "$model" --tokenizer "$model/tokenizer.model" --prompt "" --steps 3 -q >out 2>err
+rc=$?
+[ "$rc" = 0 ] && grep -q '^nl-profile: warning: --prompt is empty: generating from BOS alone' err &&
+  pass "10 nl-profile generate --prompt \"\" warns" || fail "10 nl-profile generate --prompt \"\": exit $rc, no warning"
+"$P" generate --model "$model" --tokenizer "$model/tokenizer.model" --steps 3 -q >out_bos 2>err
+[ ! -s err ] && same out out_bos && pass "10 nl-profile generate: no --prompt is the same text, no warning" ||
+  fail "10 nl-profile generate without --prompt differs or warns"
 
 echo "check_reliability: $passes passed, $fails failed"
 [ "$fails" = 0 ]
