@@ -55,6 +55,16 @@ expect "1 probe refuses an existing file" 2 "exists" "$R" probe --file victim --
 same victim victim.orig && pass "1 probe left the existing file as it was" || fail "1 probe changed the existing file"
 expect "1 probe refuses a device" 2 "character device" "$R" probe --file /dev/null --file-mib 64 --seconds-per-point 0.01 -q
 [ -c /dev/null ] && pass "1 /dev/null is still a device" || fail "1 /dev/null was replaced"
+# A block device (the issue: probe overwrote its first --file-mib MiB): a loop device over a scratch file, root only.
+head -c $((1 << 20)) /dev/urandom >loopback && cp loopback loopback.orig
+if [ "$(id -u)" = 0 ] && loopdev=$(losetup --find --show loopback 2>/dev/null); then
+  expect "1 probe refuses a block device" 2 "block device" "$R" probe --file "$loopdev" --file-mib 64 --seconds-per-point 0.01 -q
+  expect "1 probe --read-only refuses a block device" 3 "block device" "$R" probe --read-only --file "$loopdev" --seconds-per-point 0.01 -q
+  losetup -d "$loopdev"
+  same loopback loopback.orig && pass "1 the block device's bytes are unchanged" || fail "1 probe wrote to the block device"
+else
+  echo "SKIP 1 block device: needs root and a free loop device (losetup)"
+fi
 expect "1 probe --read-only refuses a device" 3 "not a regular file" "$R" probe --read-only --file /dev/zero --seconds-per-point 0.01 -q
 head -c $((64 << 20)) /dev/urandom >big && cp big big.orig
 expect "1 probe --read-only measures an existing file" 0 "" "$R" probe --read-only --file big --seconds-per-point 0.01 -q
@@ -213,6 +223,10 @@ if [ -f "$st/stories260K.bin" ] && [ -f "$st/tok512.bin" ]; then
   expect "3 generate --json --metrics with byte tokens" 0 "" "$R" generate --image s.nlw --prompt-tokens 1,233,200 --steps 4 --json --metrics met.json -q
   "$PY" -c "import json; json.load(open('met.json'))" 2>/dev/null && pass "3 metrics written, valid JSON" || fail "3 metrics missing or invalid"
   expect "3 generate text mode with byte tokens" 0 "" "$R" generate --image s.nlw --prompt-tokens 1,233,200 --steps 4 -q
+  # A prompt that is not UTF-8 (0xE6 alone, 0xFF) becomes byte tokens: JSON stays valid, metrics are kept.
+  expect "3 generate --json with a non-UTF-8 prompt" 0 "" "$R" generate --image s.nlw --prompt $'\xe6 \xff' --steps 4 --json --metrics met2.json -q
+  "$PY" -c "import json; json.load(open('out')); json.load(open('met2.json'))" 2>/dev/null &&
+    pass "3 non-UTF-8 prompt: JSON and metrics valid" || fail "3 non-UTF-8 prompt: JSON or metrics invalid"
 else
   echo "SKIP 3 (byte tokens): no $st/stories260K.bin + tok512.bin (pass MODELS_DIR)"
 fi
@@ -255,6 +269,19 @@ raw[b:b + 4] = struct.pack("<f", float("nan"))
 open("nanm/model.safetensors", "wb").write(raw)
 EOF2
 expect "10 NaN weights refused at pack" 3 "NaN" "$L" pack --model nanm --out nan.nlw -q
+# Inf as well as NaN (generate printed <unk> forever on either).
+mkdir -p infm && cp "$model/config.json" infm/
+"$PY" - "$model/model.safetensors" <<'EOF2'
+import json, struct, sys
+raw = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+b = 8 + n + h["model.norm.weight"]["data_offsets"][0]
+raw[b + 4:b + 8] = struct.pack("<f", float("-inf"))
+open("infm/model.safetensors", "wb").write(raw)
+EOF2
+expect "10 Inf weights refused at pack" 3 "infinite" "$L" pack --model infm --out inf.nlw -q
+[ ! -e inf.nlw ] && pass "10 no image packed from Inf weights" || fail "10 an image was packed from Inf weights"
 
 # A manifest's tokenizer outside the image's folder: refused, and the error quotes none of the file reached.
 mkdir -p sub && cp m.nlw sub/ && printf 'SECRET\001\002\377 bytes' >secret.bin
