@@ -318,6 +318,12 @@ cp p.orig v63.h5
 import h5py, numpy as np
 with h5py.File('v63.h5', 'a') as f: f.attrs['version'] = np.uint64(1 << 63)"
 expect "10 trace version 2^63 named as stored" 3 "9223372036854775808" "$P" inspect v63.h5
+# The graph reader shares the attribute helpers (h5::read_int_attr): its version is named as stored too.
+"$L" graph --trace p.h5 --out g63.h5 -q >/dev/null 2>&1
+"$PY" -c "
+import h5py, numpy as np
+with h5py.File('g63.h5', 'a') as f: f.attrs['version'] = np.uint64(1 << 63)"
+expect "10 graph version 2^63 named as stored" 3 "9223372036854775808" "$L" graph-merge g63.h5 --out gm.h5 -q
 # --calibrate-prompt-tokens errors name that option.
 expect "10 --calibrate-prompt-tokens errors name it" 2 "^nl-run: error: --calibrate-prompt-tokens: 'x'" "$R" generate --image m.nlw --select lowrank:4 --calibrate-prompt-tokens 1,x --steps 2 -q
 # --prompt "" generates from BOS alone (as llama.cpp does), and says so.
