@@ -2,10 +2,15 @@
 
 #include <dirent.h>
 #include <omp.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <iostream>
 #include <new>
@@ -20,15 +25,106 @@ namespace nl::cli {
 void add_global_options(CLI::App& app, GlobalOptions& g) {
   app.add_flag("-q,--quiet", g.quiet, "Print no progress or informational lines")->group("Global");
   app.add_flag("--json", g.json, "Print machine-readable JSON on stdout where figures are printed")->group("Global");
-  // 256: each thread costs a stack and per-thread buffers; 4096 threads took 7 GB before doing anything.
-  app.add_option("--threads", g.threads, "Worker threads (0 = all cores, at most 256)")
-      ->check(CLI::Range(0, 256))
+  app.add_option("--threads", g.threads, "Worker threads (0 = all cores, at most " + std::to_string(kMaxThreads) + ")")
+      ->check(CLI::Range(0, kMaxThreads))
       ->group("Global");
 }
 
+namespace {
+
+// The stack size libgomp gives its threads: OMP_STACKSIZE, else GOMP_STACKSIZE ("N[BKMG]", K when no unit, as
+// libgomp's parse_stacksize reads them), else 0 = the pthread default, which libgomp then uses too.
+size_t omp_stack_bytes() {
+  for (const char* var : {"OMP_STACKSIZE", "GOMP_STACKSIZE"}) {
+    const char* v = std::getenv(var);
+    if (!v) continue;
+    while (std::isspace(static_cast<unsigned char>(*v))) ++v;
+    if (!std::isdigit(static_cast<unsigned char>(*v))) continue;
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long n = std::strtoull(v, &end, 10);
+    while (std::isspace(static_cast<unsigned char>(*end))) ++end;
+    int shift = 10;
+    if (*end) {
+      switch (std::tolower(static_cast<unsigned char>(*end++))) {
+        case 'b':
+          shift = 0;
+          break;
+        case 'k':
+          shift = 10;
+          break;
+        case 'm':
+          shift = 20;
+          break;
+        case 'g':
+          shift = 30;
+          break;
+        default:
+          continue;
+      }
+      while (std::isspace(static_cast<unsigned char>(*end))) ++end;
+      if (*end) continue;
+    }
+    if (errno != 0 || ((n << shift) >> shift) != n) continue;  // libgomp ignores what it cannot read
+    return size_t(n << shift);
+  }
+  return 0;
+}
+
+// Creates n - 1 threads with libgomp's stack size, all alive at once as a team's are, then ends them. Returns 0, or
+// the index of the first thread the system refused and its errno.
+std::pair<int, int> try_create_threads(int n) {
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  if (const size_t stack = omp_stack_bytes()) pthread_attr_setstacksize(&attr, stack);
+  std::vector<pthread_t> made;
+  std::pair<int, int> refused{0, 0};
+  for (int i = 1; i < n; ++i) {
+    pthread_t t;
+    const int err = pthread_create(
+        &t, &attr, [](void*) -> void* { return nullptr; }, nullptr);
+    if (err != 0) {
+      refused = {i + 1, err};
+      break;
+    }
+    made.push_back(t);
+  }
+  for (pthread_t t : made) pthread_join(t, nullptr);
+  pthread_attr_destroy(&attr);
+  return refused;
+}
+
+}  // namespace
+
 void apply_global_options(const GlobalOptions& g) {
   Progress::set_quiet(g.quiet);
-  if (g.threads > 0) omp_set_num_threads(g.threads);
+  if (g.threads > 0) {
+    omp_set_num_threads(g.threads);
+  } else if (omp_get_max_threads() > kMaxThreads) {
+    // "All cores" means at most kMaxThreads; an explicit OMP_NUM_THREADS beyond it is refused like --threads.
+    if (const char* env = std::getenv("OMP_NUM_THREADS"))
+      throw UsageError("OMP_NUM_THREADS=" + std::string(env) + ": at most " + std::to_string(kMaxThreads) +
+                       " threads (--threads)");
+    omp_set_num_threads(kMaxThreads);
+  }
+  const int n = omp_get_max_threads();
+  if (n <= 1) return;
+  const auto [refused, err] = try_create_threads(n);
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  if (refused)
+    throw IoError(g.threads > 0 ? "--threads " + std::to_string(n)
+                  : env         ? "OMP_NUM_THREADS=" + std::string(env)
+                                : std::to_string(n) + " threads (all cores)",
+                  "the system refused to create thread " + std::to_string(refused) + " (" + std::strerror(err) +
+                      "); use fewer threads");
+    // Start the team now, while it is known to fit; later parallel regions reuse these threads.
+#pragma omp parallel num_threads(n)
+  {}
+}
+
+void warn_empty_prompt(const std::string& binary) {
+  std::fprintf(stderr, "%s: warning: --prompt is empty: generating from BOS alone (as llama.cpp does)\n",
+               binary.c_str());
 }
 
 namespace {

@@ -10,6 +10,10 @@
 
 namespace nl::cli {
 
+// The most worker threads a command may use (--threads, OMP_NUM_THREADS): each costs a stack and per-thread
+// buffers, and 4096 threads took 7 GB before doing anything. docs/cli.md states it.
+inline constexpr int kMaxThreads = 256;
+
 struct GlobalOptions {
   bool quiet = false;  // no progress or informational lines on stderr
   bool json = false;   // machine-readable output on stdout where a command prints figures
@@ -18,8 +22,14 @@ struct GlobalOptions {
 
 // Global options every binary accepts (--quiet, --json, --threads).
 void add_global_options(CLI::App& app, GlobalOptions& g);
-// Applies --threads etc.; call at the start of each subcommand callback.
+// Applies --threads etc.; call at the start of each subcommand callback. Refuses OMP_NUM_THREADS above kMaxThreads
+// (UsageError) and creates the OpenMP threads now, after checking the system lets them be created: a refusal is an
+// IoError naming --threads (exit 4), not libgomp's own "Thread creation failed" (exit 1) in the middle of the work.
 void apply_global_options(const GlobalOptions& g);
+
+// `--prompt ""` generates from BOS alone, as llama.cpp's `llama-cli -p ""` and llama2.c's `run` do; never silently:
+// one warning line on stderr, even with --quiet (docs/cli.md).
+void warn_empty_prompt(const std::string& binary);
 
 // Builds the app with `setup`, parses, runs the chosen subcommand, and maps every error to one line on
 // stderr ("<name>: error: ...") and the exit code documented in docs/cli.md.

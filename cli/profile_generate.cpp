@@ -14,6 +14,7 @@ namespace {
 struct GenerateArgs {
   std::string model, tokenizer, prompt;
   int steps = 64;
+  CLI::Option* prompt_opt = nullptr;  // to tell `--prompt ""` from no --prompt
 };
 
 void add_generate_options(CLI::App* c, GenerateArgs& a) {
@@ -23,7 +24,7 @@ void add_generate_options(CLI::App* c, GenerateArgs& a) {
   c->add_option("--tokenizer", a.tokenizer, "llama2.c tokenizer.bin or SentencePiece .model")
       ->required()
       ->check(CLI::ExistingFile);
-  c->add_option("--prompt", a.prompt, "Text to start from (after BOS)");
+  a.prompt_opt = c->add_option("--prompt", a.prompt, "Text to start from (after BOS)");
   c->add_option("--steps", a.steps, "Positions to run, prompt included")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
@@ -31,6 +32,7 @@ void add_generate_options(CLI::App* c, GenerateArgs& a) {
 
 void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
+  if (a.prompt_opt->count() > 0 && a.prompt.empty()) warn_empty_prompt("nl-profile");
   const ModelWeights w = read_model(a.model);
   const auto tok = open_tokenizer(a.tokenizer);
   if (tok->vocab_size() != w.config.vocab_size)

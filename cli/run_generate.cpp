@@ -374,9 +374,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   }
   std::vector<int> prompt;
   const bool text_prompt = a.prompt_opt && a.prompt_opt->count() > 0;
-  if (text_prompt && a.prompt.empty())
-    // llama.cpp (and llama2.c's run) generate from BOS alone for an empty prompt; so do we, but never silently.
-    std::fprintf(stderr, "nl-run: warning: --prompt is empty: generating from BOS alone (as llama.cpp does)\n");
+  if (text_prompt && a.prompt.empty()) warn_empty_prompt("nl-run");
   if (text_prompt) {
     if (!tok)
       throw UsageError(

@@ -74,7 +74,7 @@ Hid open_ds(const std::string& path, hid_t g, const std::string& gname, const ch
 template <class T>
 void read_ds(const std::string& path, hid_t ds, hid_t mtype, std::vector<T>& v, const std::string& what) {
   if (!v.empty() && H5Dread(ds, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
-    throw InputError(path, "cannot read " + what + " (truncated or corrupt file?)");
+    h5::read_failed(path, "cannot read " + what + " (truncated or corrupt file?)");  // EIO: exit 4
 }
 
 }  // namespace
@@ -173,7 +173,9 @@ struct GraphFileReader::Impl {
   std::vector<Hid> groups;
 };
 
-GraphFileReader::GraphFileReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
+// A function-try-block as the trace reader's: libhdf5 reports an EIO in its metadata as a failed open or attribute
+// read, so a bad-input error is re-checked by reading the file through (an I/O error then wins, exit 4).
+GraphFileReader::GraphFileReader(const std::string& path) try : impl_(std::make_unique<Impl>()) {
   silence_hdf5();
   info_.path = path;
   h5::check_hdf5_input(path, "neuralink-graph v1");
@@ -237,6 +239,9 @@ GraphFileReader::GraphFileReader(const std::string& path) : impl_(std::make_uniq
     info_.n_neurons.push_back(uint32_t(nn));
     impl_->groups.push_back(std::move(g));
   }
+} catch (const InputError&) {
+  h5::throw_if_read_error(path);
+  throw;
 }
 
 GraphFileReader::~GraphFileReader() = default;

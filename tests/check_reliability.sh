@@ -40,6 +40,18 @@ expect() {
   fi
 }
 same() { cmp -s "$1" "$2"; }  # byte-identical
+# capped KB NAME CODE PATTERN CMD...: expect, under an address-space cap of KB (ulimit -v). An ASan build reserves
+# terabytes of address space and cannot start under a cap: there the check runs uncapped and its name says so.
+asan=0
+ldd "$R" 2>/dev/null | grep -q libasan && asan=1
+capped() {
+  local kb=$1 name=$2
+  shift 2
+  if [ "$asan" = 1 ]; then expect "$name (ASan build: uncapped)" "$@"; return; fi
+  local code=$1 pat=$2
+  shift 2
+  expect "$name" "$code" "$pat" bash -c "ulimit -v $kb; exec \"\$@\"" capped "$@"
+}
 
 # ---------------------------------------------------------------------------------------------------- inputs
 "$P" synth --preset "$src/configs/workloads/opt-350m.json" --neurons 256 --layers 2 --profile-sequences 8 \
@@ -55,6 +67,16 @@ expect "1 probe refuses an existing file" 2 "exists" "$R" probe --file victim --
 same victim victim.orig && pass "1 probe left the existing file as it was" || fail "1 probe changed the existing file"
 expect "1 probe refuses a device" 2 "character device" "$R" probe --file /dev/null --file-mib 64 --seconds-per-point 0.01 -q
 [ -c /dev/null ] && pass "1 /dev/null is still a device" || fail "1 /dev/null was replaced"
+# A block device (the issue: probe overwrote its first --file-mib MiB): a loop device over a scratch file, root only.
+head -c $((1 << 20)) /dev/urandom >loopback && cp loopback loopback.orig
+if [ "$(id -u)" = 0 ] && loopdev=$(losetup --find --show loopback 2>/dev/null); then
+  expect "1 probe refuses a block device" 2 "block device" "$R" probe --file "$loopdev" --file-mib 64 --seconds-per-point 0.01 -q
+  expect "1 probe --read-only refuses a block device" 3 "block device" "$R" probe --read-only --file "$loopdev" --seconds-per-point 0.01 -q
+  losetup -d "$loopdev"
+  same loopback loopback.orig && pass "1 the block device's bytes are unchanged" || fail "1 probe wrote to the block device"
+else
+  echo "SKIP 1 block device: needs root and a free loop device (losetup)"
+fi
 expect "1 probe --read-only refuses a device" 3 "not a regular file" "$R" probe --read-only --file /dev/zero --seconds-per-point 0.01 -q
 head -c $((64 << 20)) /dev/urandom >big && cp big big.orig
 expect "1 probe --read-only measures an existing file" 0 "" "$R" probe --read-only --file big --seconds-per-point 0.01 -q
@@ -130,7 +152,7 @@ with h5py.File("g_big.h5", "w") as f:
     for name in ("nbr", "nbr_cnt"): g.create_dataset(name, shape=(0, 0), dtype=np.uint32)
     g.create_dataset("upper", shape=(n * (n - 1) // 2,), dtype=np.uint32, chunks=(1 << 20,))  # declared, not written
 EOF
-expect "8 graph merge: 'upper' declared but not stored" 3 "stores only" bash -c "ulimit -v 2000000; '$L' graph-merge g_big.h5 --out g_m.h5 -q"
+capped 2000000 "8 graph merge: 'upper' declared but not stored" 3 "stores only" "$L" graph-merge g_big.h5 --out g_m.h5 -q
 [ ! -e g_m.h5 ] && pass "8 no merged graph written" || fail "8 merged graph written"
 "$PY" -c "
 import json; f = open('huge_layout.json', 'w'); f.write(' ' * (65 << 20) + '{}')"
@@ -141,9 +163,28 @@ expect "8 a layout beyond its bound" 3 "allowed" "$L" eval --trace t.h5 --layout
 f = open('lay60.json', 'w')
 f.write('{\"format\":\"neuralink-layout\",\"version\":1,\"method\":\"identity\",\"n_layers\":1,\"layers\":[{\"order\":[')
 f.write(','.join(['0'] * 30000000)); f.write(']}]}')"
-expect "8 a 60 MB layout parsed within 1.5 GB" 3 "has 1 layers but trace" bash -c "ulimit -v 1500000; '$L' eval --trace t.h5 --layout lay60.json -q"
+capped 1500000 "8 a 60 MB layout parsed within 1.5 GB" 3 "has 1 layers but trace" "$L" eval --trace t.h5 --layout lay60.json -q
 rm -f lay60.json
 expect "8 --threads 4096 refused" 2 "threads" "$L" solve --trace p.h5 --out o.json --threads 4096 -q
+# OMP_NUM_THREADS is held to the same cap (it bypassed --threads: 4096 threads, each with per-thread buffers).
+expect "8 OMP_NUM_THREADS=4096 refused" 2 "^nl-layout: error: OMP_NUM_THREADS=4096: at most 256" \
+  env OMP_NUM_THREADS=4096 "$L" solve --trace p.h5 --out o.json -q
+# Threads the system refuses, within the cap: one line, exit 4 (was libgomp's "Thread creation failed", exit 1,
+# in the middle of the work). A 64 TiB stack per thread (OMP_STACKSIZE, which libgomp honours) cannot be mapped
+# anywhere, sanitizers included; the same through an address-space cap where the build is not instrumented.
+expect "8 threads the system refuses: run generate" 4 "^nl-run: error: --threads 4: the system refused to create thread 2" \
+  env OMP_STACKSIZE=65536G "$R" --threads 4 generate --image m.nlw --prompt-tokens 1 --steps 2 -q
+expect "8 threads the system refuses: layout solve" 4 "refused to create thread" \
+  env OMP_STACKSIZE=65536G "$L" --threads 2 solve --trace p.h5 --out o.json -q
+[ ! -e o.json ] && pass "8 no layout written when threads are refused" || fail "8 layout written when threads are refused"
+expect "8 threads the system refuses: profile inspect" 4 "refused to create thread" \
+  env OMP_STACKSIZE=65536G "$P" --threads 2 inspect p.h5
+if [ "$asan" = 1 ]; then
+  echo "SKIP 8 --threads 256 under a 1.5 GB address-space cap: an ASan build cannot start under a cap"
+else
+  capped 1500000 "8 --threads 256 under a 1.5 GB address-space cap" 4 "refused to create thread" \
+    "$R" --threads 256 generate --image m.nlw --prompt-tokens 1 --steps 2 -q
+fi
 # A 10 KB trace with n_tokens = 0 and 4M neurons: its masks store nothing, yet solve and graph took > 4 GB (and
 # minutes). Refused by the reader (at least one word per neuron counts against the stored bytes), under a 4 GB cap.
 "$PY" - <<'EOF'
@@ -156,9 +197,9 @@ with h5py.File("empty4m.h5", "w") as f:
     f.create_dataset("sequences", shape=(0,), dtype="<i8")
 EOF
 [ "$(stat -c %s empty4m.h5)" -lt 20000 ] && pass "8 the crafted empty trace is small ($(stat -c %s empty4m.h5) bytes)" || fail "8 crafted trace too big"
-expect "8 n_tokens 0 with 4M neurons: inspect" 3 "stores only" bash -c "ulimit -v 4000000; '$P' inspect empty4m.h5"
-expect "8 n_tokens 0 with 4M neurons: solve" 3 "stores only" bash -c "ulimit -v 4000000; '$L' solve --trace empty4m.h5 --method frequency --out o.json -q"
-expect "8 n_tokens 0 with 4M neurons: graph" 3 "stores only" bash -c "ulimit -v 4000000; '$L' graph --trace empty4m.h5 --out o.h5 -q"
+capped 4000000 "8 n_tokens 0 with 4M neurons: inspect" 3 "stores only" "$P" inspect empty4m.h5
+capped 4000000 "8 n_tokens 0 with 4M neurons: solve" 3 "stores only" "$L" solve --trace empty4m.h5 --method frequency --out o.json -q
+capped 4000000 "8 n_tokens 0 with 4M neurons: graph" 3 "stores only" "$L" graph --trace empty4m.h5 --out o.h5 -q
 
 # ----------------------------------------------------------------------- 9. safetensors data_offsets
 mkdir -p st_overlap st_gap
@@ -194,6 +235,10 @@ if [ -f "$st/stories260K.bin" ] && [ -f "$st/tok512.bin" ]; then
   expect "3 generate --json --metrics with byte tokens" 0 "" "$R" generate --image s.nlw --prompt-tokens 1,233,200 --steps 4 --json --metrics met.json -q
   "$PY" -c "import json; json.load(open('met.json'))" 2>/dev/null && pass "3 metrics written, valid JSON" || fail "3 metrics missing or invalid"
   expect "3 generate text mode with byte tokens" 0 "" "$R" generate --image s.nlw --prompt-tokens 1,233,200 --steps 4 -q
+  # A prompt that is not UTF-8 (0xE6 alone, 0xFF) becomes byte tokens: JSON stays valid, metrics are kept.
+  expect "3 generate --json with a non-UTF-8 prompt" 0 "" "$R" generate --image s.nlw --prompt $'\xe6 \xff' --steps 4 --json --metrics met2.json -q
+  "$PY" -c "import json; json.load(open('out')); json.load(open('met2.json'))" 2>/dev/null &&
+    pass "3 non-UTF-8 prompt: JSON and metrics valid" || fail "3 non-UTF-8 prompt: JSON or metrics invalid"
 else
   echo "SKIP 3 (byte tokens): no $st/stories260K.bin + tok512.bin (pass MODELS_DIR)"
 fi
@@ -236,6 +281,19 @@ raw[b:b + 4] = struct.pack("<f", float("nan"))
 open("nanm/model.safetensors", "wb").write(raw)
 EOF2
 expect "10 NaN weights refused at pack" 3 "NaN" "$L" pack --model nanm --out nan.nlw -q
+# Inf as well as NaN (generate printed <unk> forever on either).
+mkdir -p infm && cp "$model/config.json" infm/
+"$PY" - "$model/model.safetensors" <<'EOF2'
+import json, struct, sys
+raw = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+b = 8 + n + h["model.norm.weight"]["data_offsets"][0]
+raw[b + 4:b + 8] = struct.pack("<f", float("-inf"))
+open("infm/model.safetensors", "wb").write(raw)
+EOF2
+expect "10 Inf weights refused at pack" 3 "infinite" "$L" pack --model infm --out inf.nlw -q
+[ ! -e inf.nlw ] && pass "10 no image packed from Inf weights" || fail "10 an image was packed from Inf weights"
 
 # A manifest's tokenizer outside the image's folder: refused, and the error quotes none of the file reached.
 mkdir -p sub && cp m.nlw sub/ && printf 'SECRET\001\002\377 bytes' >secret.bin
@@ -272,6 +330,12 @@ cp p.orig v63.h5
 import h5py, numpy as np
 with h5py.File('v63.h5', 'a') as f: f.attrs['version'] = np.uint64(1 << 63)"
 expect "10 trace version 2^63 named as stored" 3 "9223372036854775808" "$P" inspect v63.h5
+# The graph reader shares the attribute helpers (h5::read_int_attr): its version is named as stored too.
+"$L" graph --trace p.h5 --out g63.h5 -q >/dev/null 2>&1
+"$PY" -c "
+import h5py, numpy as np
+with h5py.File('g63.h5', 'a') as f: f.attrs['version'] = np.uint64(1 << 63)"
+expect "10 graph version 2^63 named as stored" 3 "9223372036854775808" "$L" graph-merge g63.h5 --out gm.h5 -q
 # --calibrate-prompt-tokens errors name that option.
 expect "10 --calibrate-prompt-tokens errors name it" 2 "^nl-run: error: --calibrate-prompt-tokens: 'x'" "$R" generate --image m.nlw --select lowrank:4 --calibrate-prompt-tokens 1,x --steps 2 -q
 # --prompt "" generates from BOS alone (as llama.cpp does), and says so.
@@ -283,6 +347,14 @@ rc=$?
 # The same text and tokens as the BOS-only prompt (the figures below them are timings).
 [ -n "$(grep '^tokens:' out)" ] && diff <(grep -E '^(text|tokens):' out) <(grep -E '^(text|tokens):' out_bos) >/dev/null &&
   pass "10 --prompt \"\" is the BOS-only prompt" || fail "10 --prompt \"\" differs from --prompt-tokens 1"
+# nl-profile generate says the same (it was silent): an explicit --prompt "" warns; no --prompt does not.
+"$P" generate --model "$model" --tokenizer "$model/tokenizer.model" --prompt "" --steps 3 -q >out 2>err
+rc=$?
+[ "$rc" = 0 ] && grep -q '^nl-profile: warning: --prompt is empty: generating from BOS alone' err &&
+  pass "10 nl-profile generate --prompt \"\" warns" || fail "10 nl-profile generate --prompt \"\": exit $rc, no warning"
+"$P" generate --model "$model" --tokenizer "$model/tokenizer.model" --steps 3 -q >out_bos 2>err
+[ ! -s err ] && same out out_bos && pass "10 nl-profile generate: no --prompt is the same text, no warning" ||
+  fail "10 nl-profile generate without --prompt differs or warns"
 
 echo "check_reliability: $passes passed, $fails failed"
 [ "$fails" = 0 ]
