@@ -580,9 +580,11 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
       r.rebuilt = rebuild_recipe(all, sel, r);
       r.seconds_ls += lap();
     }
-    if (opt.replicate_share > 0) {  // candidates from the build tokens (mb, tm_build), the level chosen on tm_val
+    // Candidates from the build tokens (tm_build's range of m: in place, m is the build part; otherwise m_build_own
+    // is already released by complete_graph), the level chosen on tm_val.
+    if (opt.replicate_share > 0) {
       const ReplicateResult rep =
-          replicate_layer(mb, tm_build, sel.m, tm_val, r.order, r.cache, cost, layer_index, opt.replicate_share);
+          replicate_layer(m, tm_build, sel.m, tm_val, r.order, r.cache, cost, layer_index, opt.replicate_share);
       r.order = rep.order;
       r.replicas = rep.replicas;
       r.replicate_summary = rep.summary;
