@@ -1019,68 +1019,75 @@ float row_dot(ImageDtype dt, const uint8_t* w, const void* x, int n) {
   throw InternalError("row_dot: unknown dtype");
 }
 
+namespace {
+// kRowBlock rows per pass, the passes split over threads: block(first row, x_t, y[kRowBlock]) for whole blocks when
+// has_block, one(row, x_t) for every other row, where x_t = (x.*row_of)(t). Each output (t, o) is computed by one
+// call, whichever thread runs it; a block's bytes stay in cache across the tokens.
+template <class Block, class One>
+void matmul_row_blocks(float* y, const PreparedX& x, const void* (PreparedX::*row_of)(int) const, const WeightView& w,
+                       int n, bool has_block, Block block, One one) {
+  const int rows = w.rows;
+  const long work = long(n) * rows * w.cols;
+  const size_t rb = image_row_bytes(w.dtype, size_t(w.cols));
+  const int groups = (rows + kRowBlock - 1) / kRowBlock;
+#pragma omp parallel for schedule(static) if (work > kParallelWork)
+  for (int gi = 0; gi < groups; ++gi) {
+    const int o0 = gi * kRowBlock;
+    for (int r = o0 + kRowBlock; r < std::min(rows, o0 + 2 * kRowBlock); ++r) prefetch_bytes(w.row(r), rb);
+    for (int t = 0; t < n; ++t) {
+      const void* xt = (x.*row_of)(t);
+      if (has_block && o0 + kRowBlock <= rows) {
+        float yr[kRowBlock];
+        block(w.row(o0), xt, yr);
+        for (int r = 0; r < kRowBlock; ++r) y[size_t(t) * rows + o0 + r] = yr[r];
+      } else {
+        for (int o = o0; o < std::min(rows, o0 + kRowBlock); ++o) y[size_t(t) * rows + o] = one(w.row(o), xt);
+      }
+    }
+  }
+}
+}  // namespace
+
 void matmul(float* y, const PreparedX& x, const WeightView& w, int n) {
   const int rows = w.rows, cols = w.cols;
-  const long work = long(n) * rows * cols;
-  // Each output (t, o) is one row_dot (or the same dot inside a multi-row one), whichever thread runs it; a row's
-  // bytes stay in cache across the tokens.
-  const size_t rb = image_row_bytes(w.dtype, size_t(cols));
+  const size_t stride = w.row_stride;
+  if (w.q8_x8) {
+    if (x.dtype() != ImageDtype::kQ8_0) throw InternalError("matmul: interleaved q8_0 weights, other activations");
+    auto rows_x8 = g_table->rows_q8x8;
+    auto dot_x8 = g_table->dot_q8x8 ? g_table->dot_q8x8 : dot_q8x8_port;
+    matmul_row_blocks(
+        y, x, &PreparedX::row_x8, w, n, rows_x8 != nullptr,
+        [&](const uint8_t* p, const void* xt, float* yr) { rows_x8(p, stride, xt, cols, yr); },
+        [&](const uint8_t* p, const void* xt) { return dot_x8(p, xt, cols); });
+    return;
+  }
   auto rows_fn = w.dtype == ImageDtype::kF16    ? g_table->rows_f16
                  : w.dtype == ImageDtype::kBF16 ? g_table->rows_bf16
                                                 : nullptr;
   auto rows_q = w.dtype == ImageDtype::kQ8_0   ? g_table->rows_q8
                 : w.dtype == ImageDtype::kQ4_0 ? g_table->rows_q4
                                                : nullptr;
-  if (w.q8_x8) {
-    if (x.dtype() != ImageDtype::kQ8_0) throw InternalError("matmul: interleaved q8_0 weights, other activations");
-    auto rows_x8 = g_table->rows_q8x8;
-    auto dot_x8 = g_table->dot_q8x8 ? g_table->dot_q8x8 : dot_q8x8_port;
-    const int groups = (rows + kRowBlock - 1) / kRowBlock;
-#pragma omp parallel for schedule(static) if (work > kParallelWork)
-    for (int gi = 0; gi < groups; ++gi) {
-      const int o0 = gi * kRowBlock;
-      for (int r = o0 + kRowBlock; r < std::min(rows, o0 + 2 * kRowBlock); ++r) prefetch_bytes(w.row(r), rb);
-      for (int t = 0; t < n; ++t) {
-        const void* xt = x.row_x8(t);
-        if (rows_x8 && o0 + kRowBlock <= rows) {
-          float yr[kRowBlock];
-          rows_x8(w.row(o0), w.row_stride, xt, cols, yr);
-          for (int r = 0; r < kRowBlock; ++r) y[size_t(t) * rows + o0 + r] = yr[r];
-        } else {
-          for (int o = o0; o < std::min(rows, o0 + kRowBlock); ++o)
-            y[size_t(t) * rows + o] = dot_x8(w.row(o), xt, cols);
-        }
-      }
-    }
-    return;
-  }
+  auto one = [&](const uint8_t* p, const void* xt) { return row_dot(w.dtype, p, xt, cols); };
   if (rows_fn || rows_q) {
-    const int groups = (rows + kRowBlock - 1) / kRowBlock;
-#pragma omp parallel for schedule(static) if (work > kParallelWork)
-    for (int gi = 0; gi < groups; ++gi) {
-      const int o0 = gi * kRowBlock;
-      for (int r = o0 + kRowBlock; r < std::min(rows, o0 + 2 * kRowBlock); ++r) prefetch_bytes(w.row(r), rb);
-      for (int t = 0; t < n; ++t) {
-        const void* xt = x.row(t);
-        if (o0 + kRowBlock <= rows) {
-          float yr[kRowBlock];
+    matmul_row_blocks(
+        y, x, &PreparedX::row, w, n, true,
+        [&](const uint8_t* p, const void* xt, float* yr) {
           if (rows_fn)
-            rows_fn(w.row(o0), w.row_stride, static_cast<const float*>(xt), cols, yr);
+            rows_fn(p, stride, static_cast<const float*>(xt), cols, yr);
           else
-            rows_q(w.row(o0), w.row_stride, xt, cols, yr);
-          for (int r = 0; r < kRowBlock; ++r) y[size_t(t) * rows + o0 + r] = yr[r];
-        } else {
-          for (int o = o0; o < rows; ++o) y[size_t(t) * rows + o] = row_dot(w.dtype, w.row(o), xt, cols);
-        }
-      }
-    }
+            rows_q(p, stride, xt, cols, yr);
+        },
+        one);
     return;
   }
+  // No multi-row kernel (f32 with a row stride, the paths without one): row by row, the next block prefetched.
+  const long work = long(n) * rows * cols;
+  const size_t rb = image_row_bytes(w.dtype, size_t(cols));
 #pragma omp parallel for schedule(static) if (work > kParallelWork)
   for (int o = 0; o < rows; ++o) {
     const uint8_t* wr = w.row(o);
     if (o + kRowBlock < rows) prefetch_bytes(w.row(o + kRowBlock), rb);
-    for (int t = 0; t < n; ++t) y[size_t(t) * rows + o] = row_dot(w.dtype, wr, x.row(t), cols);
+    for (int t = 0; t < n; ++t) y[size_t(t) * rows + o] = one(wr, x.row(t));
   }
 }
 
