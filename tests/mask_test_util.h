@@ -7,6 +7,7 @@
 
 #include "formats/core/bitmask.h"
 #include "layout/solvers.h"
+#include "layout/synthetic.h"
 
 namespace nl::test {
 
@@ -20,6 +21,17 @@ inline LayerMask random_mask(uint32_t n, uint64_t tokens, std::mt19937_64& rng, 
     for (uint64_t t = 0; t < tokens; ++t)
       if (double(rng() % 1000) / 1000.0 < rate[v]) m.set(v, t);
   return m;
+}
+
+// A small clustered layer (clusters of 12 firing at 5 %): the co-activation structure the solvers exist for.
+inline LayerMask clustered_layer(uint32_t n, uint64_t tokens, uint64_t seed) {
+  ClusteredTraceSpec s;
+  s.n_neurons = n;
+  s.n_tokens = tokens;
+  s.cluster_size = 12;
+  s.cluster_rate = 0.05;
+  s.seed = seed;
+  return clustered_mask(s);
 }
 
 inline Order shuffled(uint32_t n, std::mt19937_64& rng) {

@@ -11,20 +11,11 @@
 #include "layout/local_search.h"
 #include "layout/solve.h"
 #include "layout/synthetic.h"
+#include "mask_test_util.h"
 
 using namespace nl;
 
 namespace {
-
-LayerMask small_layer(uint32_t n, uint64_t tokens, uint64_t seed) {
-  ClusteredTraceSpec s;
-  s.n_neurons = n;
-  s.n_tokens = tokens;
-  s.cluster_size = 12;
-  s.cluster_rate = 0.05;
-  s.seed = seed;
-  return clustered_mask(s);
-}
 
 bool is_perm(const Order& o, uint32_t n) {
   std::vector<uint8_t> seen(n, 0);
@@ -84,7 +75,7 @@ Subset subset_of(const LayerMask& m, Keep keep) {
 }  // namespace
 
 TEST_CASE("gap 0, no cache: reads = sum f - path weight, for every method") {
-  LayerMask m = small_layer(300, 1500, 5);
+  LayerMask m = test::clustered_layer(300, 1500, 5);
   EvalConfig ec;
   ec.device = default_device();
   ec.gap = GapPolicy::parse("off");
@@ -110,7 +101,7 @@ TEST_CASE("gap 0, no cache: reads = sum f - path weight, for every method") {
 TEST_CASE("greedy accepts the same links as a brute-force Algorithm 1 on small graphs") {
   for (uint64_t seed = 1; seed <= 6; ++seed) {
     uint32_t n = 20 + uint32_t(seed) * 7;
-    LayerMask m = small_layer(n, 256 + seed * 50, seed);
+    LayerMask m = test::clustered_layer(n, 256 + seed * 50, seed);
     CoactivationOptions co;
     co.top_k = n;  // complete candidate lists
     LayerGraph g = coactivation_count(m, co);
@@ -127,7 +118,7 @@ TEST_CASE("greedy over every pair (full matrix, short lists, bands of any size) 
     detail::greedy_band_pairs = band;
     for (uint64_t seed = 1; seed <= 4; ++seed) {
       uint32_t n = 25 + uint32_t(seed) * 9;
-      LayerMask m = small_layer(n, 300 + seed * 40, seed + 100);
+      LayerMask m = test::clustered_layer(n, 300 + seed * 40, seed + 100);
       CoactivationOptions co;
       co.top_k = 2;  // lists far too short: the full matrix must be what greedy uses
       co.full_matrix = true;
@@ -162,7 +153,7 @@ TEST_CASE("greedy over every pair (full matrix, short lists, bands of any size) 
 }
 
 TEST_CASE("greedy with short candidate lists still yields one path, deterministically") {
-  LayerMask m = small_layer(400, 800, 9);
+  LayerMask m = test::clustered_layer(400, 800, 9);
   CoactivationOptions co;
   co.top_k = 3;
   LayerGraph g = coactivation_count(m, co);
@@ -175,7 +166,7 @@ TEST_CASE("greedy with short candidate lists still yields one path, deterministi
 
 TEST_CASE("greedy+ls under the weight guard never has a lower path weight than its greedy seed and is deterministic") {
   for (uint64_t seed : {2u, 3u, 4u}) {
-    LayerMask m = small_layer(500, 2000, seed);
+    LayerMask m = test::clustered_layer(500, 2000, seed);
     SolveOptions o;
     o.eval.device = default_device();
     o.eval.gap = GapPolicy::parse("auto");
@@ -202,7 +193,7 @@ TEST_CASE("greedy+ls under the weight guard never has a lower path weight than i
 }
 
 TEST_CASE("the search objective equals the planner's I/O time (fixed gap, block-sized bundles, no cache)") {
-  LayerMask m = small_layer(200, 640, 11);
+  LayerMask m = test::clustered_layer(200, 640, 11);
   Order o(200);
   std::iota(o.begin(), o.end(), 0u);
   std::reverse(o.begin() + 50, o.end());
@@ -226,7 +217,7 @@ TEST_CASE("the search objective equals the planner's I/O time (fixed gap, block-
 TEST_CASE("greedy on a subset equals Algorithm 1 on the induced subgraph") {
   for (uint64_t seed = 1; seed <= 4; ++seed) {
     const uint32_t n = 40;
-    LayerMask m = small_layer(n, 400, seed + 20);
+    LayerMask m = test::clustered_layer(n, 400, seed + 20);
     const Subset ss = subset_of(m, [&](uint32_t v) { return (v * 7 + seed) % 3 != 0; });
     const auto& in = ss.in;
     const auto& ids = ss.ids;
@@ -247,7 +238,7 @@ TEST_CASE("greedy on a subset equals Algorithm 1 on the induced subgraph") {
 TEST_CASE("greedy's fragment join links by endpoint co-activation, and the result is one path") {
   // Candidate lists of 2 leave many fragments; the join must still give a permutation, deterministically, and
   // link some fragments by their endpoints' counts before falling back to index order.
-  LayerMask m = small_layer(3000, 2000, 13);
+  LayerMask m = test::clustered_layer(3000, 2000, 13);
   CoactivationOptions co;
   co.top_k = 2;
   LayerGraph g = coactivation_count(m, co);
@@ -261,7 +252,7 @@ TEST_CASE("greedy's fragment join links by endpoint co-activation, and the resul
 }
 
 TEST_CASE("the search stops at its evaluation budget and stays deterministic") {
-  LayerMask m = small_layer(600, 1500, 17);
+  LayerMask m = test::clustered_layer(600, 1500, 17);
   CoactivationOptions co;
   co.top_k = 16;
   LayerGraph g = coactivation_count(m, co);
@@ -277,7 +268,7 @@ TEST_CASE("the search stops at its evaluation budget and stays deterministic") {
 }
 
 TEST_CASE("the miss stream: without a cache it is the trace; with one it drops the hits") {
-  LayerMask m = small_layer(300, 900, 19);
+  LayerMask m = test::clustered_layer(300, 900, 19);
   Order o = solve_identity(300);
   std::reverse(o.begin(), o.end());
   EvalConfig ec;
@@ -302,7 +293,7 @@ TEST_CASE("the miss stream: without a cache it is the trace; with one it drops t
 TEST_CASE("the search's window-count kernels agree, and the full matrix gives the mask's path weights") {
   // Token counts that are not a multiple of 64 or of 8 words exercise the vector kernel's masked tail.
   for (uint64_t tokens : {uint64_t(640), uint64_t(1000), uint64_t(4100)}) {
-    LayerMask m = small_layer(400, tokens, 31 + tokens);
+    LayerMask m = test::clustered_layer(400, tokens, 31 + tokens);
     CoactivationOptions co;
     co.top_k = 8;
     co.full_matrix = true;
@@ -332,7 +323,7 @@ TEST_CASE("the search's window-count kernels agree, and the full matrix gives th
 }
 
 TEST_CASE("one pass over several cache policies equals one evaluation per policy") {
-  LayerMask m = small_layer(300, 1500, 41);
+  LayerMask m = test::clustered_layer(300, 1500, 41);
   CoactivationOptions co;
   co.top_k = 8;
   LayerGraph g = coactivation_count(m, co);
@@ -376,7 +367,7 @@ TEST_CASE("the I/O lower bound: exact on a hand case, below every order and cach
   ec.cache.window_tokens = 2;
   CHECK(io_lower_bound_seconds(ht, ec) < 0);
 
-  LayerMask m = small_layer(300, 1500, 43);
+  LayerMask m = test::clustered_layer(300, 1500, 43);
   CoactivationOptions co;
   co.top_k = 8;
   LayerGraph g = coactivation_count(m, co);

@@ -7,20 +7,11 @@
 #include "layout/evaluate.h"
 #include "layout/solve.h"
 #include "layout/synthetic.h"
+#include "mask_test_util.h"
 
 using namespace nl;
 
 namespace {
-
-LayerMask clustered(uint32_t n, uint64_t tokens, uint64_t seed) {
-  ClusteredTraceSpec s;
-  s.n_neurons = n;
-  s.n_tokens = tokens;
-  s.cluster_size = 12;
-  s.cluster_rate = 0.05;
-  s.seed = seed;
-  return clustered_mask(s);
-}
 
 SolveOptions ls_options(uint64_t bundle_bytes) {
   SolveOptions o;
@@ -98,7 +89,7 @@ TEST_CASE("split_mask_tokens cuts a mask in place into the same two parts as mas
 
 TEST_CASE("solve_layer on a mask it may cut in place gives the same layer as on a const mask") {
   const uint64_t T = 3000;
-  const LayerMask m = clustered(400, T, 7);
+  const LayerMask m = test::clustered_layer(400, T, 7);
   for (uint64_t len :
        {uint64_t(100), uint64_t(128), T}) {  // a split inside a word, on a word boundary, inside one sequence
     const std::vector<int64_t> seq = sequences(T, len);
@@ -127,7 +118,7 @@ TEST_CASE("solve_layer on a mask it may cut in place gives the same layer as on 
 
 TEST_CASE("greedy+ls builds every candidate from the build tokens only: changing validation tokens changes none") {
   const uint64_t T = 3000, len = 100;
-  const LayerMask m = clustered(400, T, 7);
+  const LayerMask m = test::clustered_layer(400, T, 7);
   const std::vector<int64_t> seq = sequences(T, len);
   SolveOptions o = ls_options(16384);
   o.rebuild = false;
@@ -135,7 +126,7 @@ TEST_CASE("greedy+ls builds every candidate from the build tokens only: changing
   REQUIRE(a.split.split());
   CHECK(a.split.build_end == 2400);
   // The same build tokens, other validation tokens (another trace's), and the other way round.
-  const LayerMask other = clustered(400, T, 8);
+  const LayerMask other = test::clustered_layer(400, T, 8);
   LayerMask val_changed = m, build_changed = m;
   for (uint32_t v = 0; v < m.n_neurons; ++v)
     for (uint64_t t = 0; t < T; ++t) {
@@ -178,7 +169,7 @@ TEST_CASE("the paper's pipeline is always a candidate, so on validation the choi
   uint64_t seed = 11;
   for (const Case& cs : cases) {
     const uint64_t T = 2000;
-    const LayerMask m = clustered(cs.n, T, seed++);
+    const LayerMask m = test::clustered_layer(cs.n, T, seed++);
     const std::vector<int64_t> seq = sequences(T, 50);
     SolveOptions o = ls_options(cs.bundle);
     o.guard_weight = cs.guard;
@@ -221,7 +212,7 @@ TEST_CASE("the paper's pipeline is always a candidate, so on validation the choi
 
 TEST_CASE("greedy+ls with validation is deterministic, counts every token for its objective, and can rebuild") {
   const uint64_t T = 2400;
-  const LayerMask m = clustered(300, T, 21);
+  const LayerMask m = test::clustered_layer(300, T, 21);
   const std::vector<int64_t> seq = sequences(T, 80);
   SolveOptions o = ls_options(16384);
   o.rebuild = true;

@@ -14,6 +14,7 @@
 #include <random>
 #include <set>
 
+#include "cli_test_util.h"
 #include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
 #include "formats/layout.h"
@@ -27,15 +28,7 @@
 using namespace nl;
 
 namespace {
-int sh(const std::string& cmd, std::string* out = nullptr) {
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  std::array<char, 4096> buf{};
-  std::string s;
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), p)) s.append(buf.data(), n);
-  int st = ::pclose(p);
-  if (out) *out = s;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+using test::sh;
 Layout random_layout(const ModelConfig& c, uint64_t seed) {
   Layout lay;
   lay.method = "greedy";

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cli_test_util.h"
 #include "formats/core/error.h"
 #include "formats/core/image_writer.h"
 #include "formats/llama2c.h"
@@ -23,21 +24,9 @@ using namespace nl;
 
 namespace {
 
-struct Result {
-  int rc = -1;
-  std::string out;
-};
+using test::Result;
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(NL_BINARY_DIR) + "/cli/nl-run " + args + " 2>&1";
-  Result r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf{};
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
-  int st = ::pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+Result run(const std::string& args) { return test::run_tool("nl-run", args, test::Stderr::kMerge); }
 
 std::string tokens_line(const std::string& out) {
   auto p = out.find("tokens:");

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "cli_test_util.h"
 #include "formats/core/image_writer.h"
 #include "image_test_util.h"
 
@@ -20,21 +21,10 @@ using namespace nl;
 
 namespace {
 
-struct Result {
-  int rc = -1;
-  std::string out;
-};
+using test::Result;
 
 Result run(const std::string& args, bool merge_stderr = false) {
-  const std::string cmd =
-      std::string(NL_BINARY_DIR) + "/cli/nl-run " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
-  Result r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf{};
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
-  int st = ::pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  return test::run_tool("nl-run", args, merge_stderr ? test::Stderr::kMerge : test::Stderr::kDrop);
 }
 
 ModelConfig relu_config() {

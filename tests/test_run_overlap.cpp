@@ -12,6 +12,7 @@
 #include <random>
 #include <string>
 
+#include "cli_test_util.h"
 #include "formats/core/image_writer.h"
 #include "formats/llama2c.h"
 #include "formats/trace.h"
@@ -26,21 +27,9 @@ namespace {
 
 const std::string kTiny = std::string(NL_SOURCE_DIR) + "/datasets/tiny-relu/model";
 
-struct Result {
-  int rc = -1;
-  std::string out;
-};
+using test::Result;
 
-Result run(const std::string& bin, const std::string& args) {
-  const std::string cmd = std::string(NL_BINARY_DIR) + "/cli/" + bin + " " + args + " 2>/dev/null";
-  Result r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf{};
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
-  const int st = ::pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+Result run(const std::string& bin, const std::string& args) { return test::run_tool(bin, args, test::Stderr::kDrop); }
 
 // nl-run -q --json [--threads T] generate ARGS.
 json gen(const std::string& args, int threads = 1) {
@@ -73,6 +62,43 @@ void check_figures(const json& j, const std::string& mode) {
   CHECK((o["layer_tokens"].get<uint64_t>() > 0) == (mode != "none"));
 }
 
+// A random model of shape c with activation act, written at dtype dt with a random layout into d.
+std::string random_image(const std::string& d, ModelConfig c, FfnAct act, ImageDtype dt, uint64_t wseed,
+                         uint64_t oseed) {
+  c.act = act;
+  const ModelWeights w = test::random_weights(c, wseed);
+  ImageSpec spec;
+  spec.dtype = dt;
+  spec.order = test::random_order(c, oseed);
+  const std::string img = d + "/m_" + std::string(ffn_act_name(act)) + "_" + image_dtype_name(dt) + ".nlw";
+  image_write_model(img, w, spec);
+  return img;
+}
+
+// Runs `args + extra` at 1 and 2 threads, pread and uring, every overlap mode, and checks each against the
+// non-overlapped reference `ref`: the same tokens, the same needed bytes and cache hits (the cache sees the same
+// tokens), consistent figures; `more(j, mode)` adds the caller's checks. Returns the number of runs.
+template <class More>
+int check_every_variant(const std::string& args, const std::string& extra, const json& ref, More&& more) {
+  int runs = 0;
+  for (int threads : {1, 2})
+    for (const char* io : {"pread", "uring"})
+      for (const char* mode : kModes) {
+        CAPTURE(args);
+        CAPTURE(threads);
+        CAPTURE(io);
+        CAPTURE(mode);
+        const json j = gen(args + extra + "--io " + io + " --overlap " + mode, threads);
+        CHECK(j["generated"] == ref["generated"]);
+        CHECK(j["totals"]["bytes_needed"] == ref["totals"]["bytes_needed"]);
+        CHECK(j["totals"]["cache_hits"] == ref["totals"]["cache_hits"]);
+        check_figures(j, mode);
+        more(j, std::string(mode));
+        ++runs;
+      }
+  return runs;
+}
+
 }  // namespace
 
 TEST_CASE("--overlap: the same tokens as without, every dtype, ReLU and SiLU, pread and uring, 1 and 2 threads") {
@@ -83,31 +109,11 @@ TEST_CASE("--overlap: the same tokens as without, every dtype, ReLU and SiLU, pr
   int checked = 0;
   for (FfnAct act : {FfnAct::kRelu, FfnAct::kSilu})
     for (ImageDtype dt : {ImageDtype::kF32, ImageDtype::kF16, ImageDtype::kQ8_0}) {
-      c.act = act;
-      const ModelWeights w = test::random_weights(c, 41);
-      ImageSpec spec;
-      spec.dtype = dt;
-      spec.order = test::random_order(c, 6);
-      const std::string img = d + "/m_" + std::string(ffn_act_name(act)) + "_" + image_dtype_name(dt) + ".nlw";
-      image_write_model(img, w, spec);
+      const std::string img = random_image(d, c, act, dt, 41, 6);
       const std::string args = "--image " + img + " --steps 12 --prompt-tokens 3,9,17,40 --cache-ratio 0.1 --gap 2 ";
       const json ref = gen(args + "--overlap none");
       REQUIRE(ref["generated"].size() == 12);
-      for (int threads : {1, 2})
-        for (const char* io : {"pread", "uring"})
-          for (const char* mode : kModes) {
-            CAPTURE(img);
-            CAPTURE(threads);
-            CAPTURE(io);
-            CAPTURE(mode);
-            const json j = gen(args + "--io " + io + " --overlap " + mode, threads);
-            CHECK(j["generated"] == ref["generated"]);
-            // The reads the exact plan needed do not depend on overlap (the cache sees the same tokens).
-            CHECK(j["totals"]["bytes_needed"] == ref["totals"]["bytes_needed"]);
-            CHECK(j["totals"]["cache_hits"] == ref["totals"]["cache_hits"]);
-            check_figures(j, mode);
-            ++checked;
-          }
+      checked += check_every_variant(args, "", ref, [](const json&, const std::string&) {});
     }
   CHECK(checked == 96);
 }
@@ -122,36 +128,18 @@ TEST_CASE("bounded read staging: the smallest --read-batch and --read-ahead give
   int checked = 0;
   // Two images keep the run short: ReLU at q8_0 (sparse layers, cache hits) and SiLU at f32 (whole layers read).
   for (auto [act, dt] : {std::pair{FfnAct::kRelu, ImageDtype::kQ8_0}, std::pair{FfnAct::kSilu, ImageDtype::kF32}}) {
-    {
-      c.act = act;
-      const ModelWeights w = test::random_weights(c, 43);
-      ImageSpec spec;
-      spec.dtype = dt;
-      spec.order = test::random_order(c, 7);
-      const std::string img = d + "/m_" + std::string(ffn_act_name(act)) + "_" + image_dtype_name(dt) + ".nlw";
-      image_write_model(img, w, spec);
-      const std::string args = "--image " + img + " --steps 10 --prompt-tokens 3,9,17 --cache-ratio 0.2 --gap 3 ";
-      const json ref = gen(args + "--overlap none");
-      REQUIRE(ref["generated"].size() == 10);
-      for (int threads : {1, 2})
-        for (const char* io : {"pread", "uring"})
-          for (const char* mode : kModes) {
-            CAPTURE(img);
-            CAPTURE(threads);
-            CAPTURE(io);
-            CAPTURE(mode);
-            const json j = gen(args + "--read-batch 1 --read-ahead 20KiB --io " + io + " --overlap " + mode, threads);
-            CHECK(j["generated"] == ref["generated"]);
-            CHECK(j["totals"]["bytes_needed"] == ref["totals"]["bytes_needed"]);
-            CHECK(j["totals"]["cache_hits"] == ref["totals"]["cache_hits"]);
-            // Split reads: more of them than the planner's (SiLU reads whole layers), never fewer.
-            CHECK(j["totals"]["reads"].get<uint64_t>() >= ref["totals"]["reads"].get<uint64_t>());
-            if (act == FfnAct::kSilu && std::string(mode) == "none")
-              CHECK(j["totals"]["reads"].get<uint64_t>() > ref["totals"]["reads"].get<uint64_t>());
-            check_figures(j, mode);
-            ++checked;
-          }
-    }
+    const std::string img = random_image(d, c, act, dt, 43, 7);
+    const std::string args = "--image " + img + " --steps 10 --prompt-tokens 3,9,17 --cache-ratio 0.2 --gap 3 ";
+    const json ref = gen(args + "--overlap none");
+    REQUIRE(ref["generated"].size() == 10);
+    const bool silu = act == FfnAct::kSilu;
+    checked += check_every_variant(
+        args, "--read-batch 1 --read-ahead 20KiB ", ref, [&](const json& j, const std::string& mode) {
+          // Split reads: more of them than the planner's (SiLU reads whole layers), never fewer.
+          CHECK(j["totals"]["reads"].get<uint64_t>() >= ref["totals"]["reads"].get<uint64_t>());
+          if (silu && mode == "none")
+            CHECK(j["totals"]["reads"].get<uint64_t>() > ref["totals"]["reads"].get<uint64_t>());
+        });
   }
   CHECK(checked == 32);
 }

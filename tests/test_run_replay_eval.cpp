@@ -14,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "cli_test_util.h"
 #include "formats/core/image.h"
 #include "formats/core/image_writer.h"
 #include "formats/layout.h"
@@ -26,15 +27,7 @@ using namespace nl;
 
 namespace {
 
-int sh(const std::string& cmd, std::string* out) {
-  FILE* p = ::popen((cmd + " 2>/dev/null").c_str(), "r");
-  std::array<char, 4096> buf{};
-  std::string s;
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), p)) s.append(buf.data(), n);
-  int st = ::pclose(p);
-  *out = s;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+int sh(const std::string& cmd, std::string* out) { return test::sh(cmd, out, test::Stderr::kDrop); }
 
 // Clustered activations; `offset` shifts the token window (profile vs held-out trace of the same structure).
 void write_trace(const std::string& path, uint32_t n_neurons, uint64_t offset, uint64_t n_tokens) {

@@ -11,18 +11,13 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli_test_util.h"
 #include "formats/core/atomic_file.h"
 #include "skip_util.h"
 
 namespace {
 int sh(const std::string& cmd, std::string* out, bool merge_stderr = false) {
-  FILE* p = ::popen((cmd + (merge_stderr ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
-  std::array<char, 4096> buf{};
-  std::string s;
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), p)) s.append(buf.data(), n);
-  int st = ::pclose(p);
-  *out = s;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return nl::test::sh(cmd, out, merge_stderr ? nl::test::Stderr::kMerge : nl::test::Stderr::kDrop);
 }
 }  // namespace
 
