@@ -1,0 +1,64 @@
+// Layout-free statistics of an activation trace that predict how much a co-activation order can gain over the
+// identity order (issue 20 item 6), and the predictor fitted on the synthetic structure sweep
+// (bench/structure_sweep.py, docs/benchmarks.md "When does the order matter").
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace nl {
+
+class TraceReader;
+
+// Tokens at the start of each layer that the co-activation statistic is measured on: its sampling bias depends
+// on the token count, so it is fixed (the structure sweep's held-out splits have exactly this many).
+inline constexpr uint64_t kCofireTokens = 2048;
+// Neurons sampled per layer (activation-weighted) for the co-activation statistic.
+inline constexpr uint32_t kCofireSamples = 256;
+
+// Sums over tokens and layers; the figures are ratios of them, so layers and traces pool by adding.
+struct TraceStructureSums {
+  uint64_t slots = 0;          // Σ tokens × neurons
+  uint64_t active = 0;         // Σ_t |S_t|
+  uint64_t runs = 0;           // runs of consecutive active indices (identity order, gap 0, no cache)
+  uint64_t persist_pairs = 0;  // Σ |S_t ∩ S_{t+1}| over consecutive tokens of one sequence
+  uint64_t persist_base = 0;   // Σ |S_t| over tokens with a successor in their sequence
+  double cofire_sum = 0;       // Σ over sampled neurons v of the mean of v's top-2 P(u active | v active)
+  uint64_t cofire_samples = 0;
+  uint64_t cofire_tokens = 0;  // tokens the co-activation statistic used (per layer, the last layer's)
+  void add(const TraceStructureSums& o);
+};
+
+struct TraceStructureStats {
+  double active_share = 0;  // mean |S_t| / n
+  double persistence = 0;   // Σ|S_t ∩ S_{t+1}| / Σ|S_t|, consecutive tokens of one sequence
+  double identity_run = 0;  // active neurons per run of consecutive indices: identity's read length, gap 0
+  // κ: for a neuron drawn in proportion to how often it fires, the mean of its two highest conditional
+  // co-firing probabilities P(u | v) over the other neurons (measured on the first kCofireTokens tokens). In a
+  // linear order a neuron has two neighbours; 1 / (1 − κ) is the read length an order that put every neuron
+  // between its two best partners could reach if runs continued independently.
+  double cofire = 0;
+  // (1 / (1 − κ)) / identity_run: the read-length headroom an order has over identity; the predictor's input.
+  double headroom = 0;
+  uint64_t cofire_tokens = 0;
+};
+
+TraceStructureStats trace_structure_stats(const TraceStructureSums& s);
+
+// One layer's sums from its neuron-major rows (`words` 64-bit words per neuron covering `n_tokens` tokens, bit t
+// of a row = active at token t); `sequences` = start tokens of the independent sequences (first 0).
+TraceStructureSums layer_structure_sums(const uint64_t* rows, uint32_t n_neurons, uint64_t n_tokens, uint64_t words,
+                                        const std::vector<int64_t>& sequences);
+
+// All layers of a trace, pooled. Streams over tokens in chunks: memory is a few MiB per layer whatever the length.
+TraceStructureStats trace_structure_stats(const TraceReader& tr);
+
+// Predicted I/O-time gain (identity with a good cache ÷ the order's time) from `headroom`, for the runtime's
+// default planner (gap auto), the built-in UFS 4.0 profile, 5 % cache and the default bundle size; `low` and
+// `high` are the fit's extreme leave-one-out residuals around `mid`.
+struct GainPrediction {
+  double low = 0, mid = 0, high = 0;
+};
+GainPrediction predict_order_gain(const TraceStructureStats& s, const std::string& method);  // "greedy" | "greedy+ls"
+
+}  // namespace nl
