@@ -22,6 +22,7 @@ SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(os.path.dirname(SRC), "shared", "models")
 FORTUNES = "/usr/share/games/fortunes/fortunes"
 METHODS = ["greedy", "greedy+ls"]
+STATS = ("active_share", "persistence", "identity_run", "cofire", "cofire_excess", "cofire_tokens", "headroom")
 
 # (preset, shape args, base knobs, swept points). Knobs: fire = --fire-probability, bg = --background-share,
 # stay = --stay-group and --stay-neuron together.
@@ -33,6 +34,12 @@ PRESETS = {
                             "base": {"fire": 0.93, "bg": 0.09, "stay": 0.7},
                             "fire": [0.6, 0.8], "bg": [0.3, 0.6], "stay": [0.5, 0.9],
                             "combined": [(0.7, 0.4, 0.5)]},
+    # The other presets: their own point and one weaker-structure point each.
+    "opt-350m": {"shape": ["--layers", "2"], "base": {"fire": 0.95, "bg": 0.1, "stay": 0.82},
+                 "fire": [], "bg": [], "stay": [], "combined": [(0.7, 0.3, 0.6)]},
+    "mistral-7b-turbosparse": {"shape": ["--layers", "1", "--profile-sequences", "32"],
+                               "base": {"fire": 0.93, "bg": 0.09, "stay": 0.7},
+                               "fire": [], "bg": [], "stay": [], "combined": [(0.7, 0.4, 0.5)]},
 }
 
 
@@ -120,27 +127,36 @@ def measure(run, profile, test, w, extra):
           "identity_plain": plain["layouts"][0]["io_ms"], "greedy": rows["greedy"], "greedy+ls": rows["greedy+ls"]}
     io["identity_good"] = min(io["identity_linking"], io["identity_ours_cache"], io["identity_plain"])
     st = e["trace_structure"]
-    return {"io_ms": io, "stats": {k: st[k] for k in ("active_share", "persistence", "identity_run", "cofire",
-                                                       "cofire_tokens", "headroom")},
+    return {"io_ms": io, "stats": {k: st[k] for k in STATS},
             "predicted": st["predicted_gain_over_identity"],
             "gain": {m: io["identity_good"] / io[m] for m in METHODS}}
+
+
+def structure(run, test, layout, extra):
+    e = json.loads(run(["nl-layout", "eval", "--trace", test, "--layout", layout, "--json", "--quiet"] + extra))
+    return {k: e["trace_structure"][k] for k in STATS}
 
 
 def synthetic_point(run, pt, work):
     w = os.path.join(work, pt["name"])
     os.makedirs(w, exist_ok=True)
     res = os.path.join(w, "result.json")
+    p, t = os.path.join(w, "p.h5"), os.path.join(w, "t.h5")
     if os.path.exists(res):
         with open(res) as f:
-            return json.load(f)
-    p, t = os.path.join(w, "p.h5"), os.path.join(w, "t.h5")
+            r = json.load(f)
+        if all(x in r["stats"] for x in STATS):
+            return r
     k = pt["knobs"]
     once(t, lambda: run(["nl-profile", "synth", "--preset", os.path.join(SRC, "configs", "workloads",
                                                                          pt["preset"] + ".json"),
                          "--fire-probability", str(k["fire"]), "--background-share", str(k["bg"]),
                          "--stay-group", str(k["stay"]), "--stay-neuron", str(k["stay"]),
                          "--profile-out", p, "--test-out", t, "--quiet"] + pt["shape"]))
-    r = dict(pt, synthetic=True, **measure(run, p, t, w, []))
+    if os.path.exists(res):  # a result from before a statistic was added: measure the statistics again
+        r["stats"] = structure(run, t, os.path.join(w, "identity.json"), [])
+    else:
+        r = dict(pt, synthetic=True, **measure(run, p, t, w, []))
     with open(res, "w") as f:
         json.dump(r, f, indent=1)
     for x in (p, t):  # keep the results, not the traces (disk is shared)

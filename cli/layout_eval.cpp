@@ -159,6 +159,7 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
                             {"persistence", st.persistence},
                             {"identity_run", st.identity_run},
                             {"cofire", st.cofire},
+                            {"cofire_excess", st.excess},
                             {"cofire_tokens", st.cofire_tokens},
                             {"headroom", st.headroom},
                             {"predicted_gain_over_identity",

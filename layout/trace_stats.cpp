@@ -18,6 +18,7 @@ void TraceStructureSums::add(const TraceStructureSums& o) {
   persist_pairs += o.persist_pairs;
   persist_base += o.persist_base;
   cofire_sum += o.cofire_sum;
+  excess_sum += o.excess_sum;
   cofire_samples += o.cofire_samples;
   cofire_tokens = o.cofire_tokens;
 }
@@ -28,6 +29,7 @@ TraceStructureStats trace_structure_stats(const TraceStructureSums& s) {
   r.persistence = s.persist_base ? double(s.persist_pairs) / double(s.persist_base) : 0.0;
   r.identity_run = s.runs ? double(s.active) / double(s.runs) : 0.0;
   r.cofire = s.cofire_samples ? s.cofire_sum / double(s.cofire_samples) : 0.0;
+  r.excess = s.cofire_samples ? s.excess_sum / double(s.cofire_samples) : 0.0;
   // κ = 1 would promise an unbounded run; cap it where a run would span the 1/(1−0.999) = 1000 neurons.
   r.headroom = r.identity_run > 0 ? 1.0 / (1.0 - std::min(r.cofire, 0.999)) / r.identity_run : 0.0;
   r.cofire_tokens = s.cofire_tokens;
@@ -69,7 +71,7 @@ void add_chunk(const uint64_t* rows, uint32_t n, uint64_t stride, uint64_t count
 
 // κ's sum over kCofireSamples neurons drawn systematically in proportion to their counts in the given rows.
 NL_POPCNT_CLONES
-void add_cofire(const uint64_t* rows, uint32_t n, uint64_t words, TraceStructureSums& s) {
+void add_cofire(const uint64_t* rows, uint32_t n, uint64_t words, uint64_t tokens, TraceStructureSums& s) {
   std::vector<uint64_t> count(n, 0);
   uint64_t total = 0;
   for (uint32_t v = 0; v < n; ++v) {
@@ -86,6 +88,7 @@ void add_cofire(const uint64_t* rows, uint32_t n, uint64_t words, TraceStructure
     while (double(cum) <= target && v + 1 < n) cum += count[++v];
     const uint64_t* a = rows + size_t(v) * words;
     uint64_t best1 = 0, best2 = 0;
+    double ex1 = -1, ex2 = -1;  // top-2 excess P(u | v) − P(u)
     for (uint32_t u = 0; u < n; ++u) {
       if (u == v) continue;
       const uint64_t* b = rows + size_t(u) * words;
@@ -97,8 +100,16 @@ void add_cofire(const uint64_t* rows, uint32_t n, uint64_t words, TraceStructure
       } else if (c > best2) {
         best2 = c;
       }
+      const double e = double(c) / double(count[v]) - double(count[u]) / double(tokens);
+      if (e > ex1) {
+        ex2 = ex1;
+        ex1 = e;
+      } else if (e > ex2) {
+        ex2 = e;
+      }
     }
     s.cofire_sum += double(best1 + best2) / (2.0 * double(count[v]));
+    s.excess_sum += (ex1 + ex2) / 2.0;
     ++s.cofire_samples;
   }
 }
@@ -116,7 +127,7 @@ TraceStructureSums layer_structure_sums(const uint64_t* rows, uint32_t n_neurons
   std::vector<uint64_t> prefix(size_t(n_neurons) * kw);
   for (uint32_t v = 0; v < n_neurons; ++v)
     std::copy(rows + size_t(v) * words, rows + size_t(v) * words + kw, prefix.begin() + ptrdiff_t(size_t(v) * kw));
-  add_cofire(prefix.data(), n_neurons, kw, s);
+  add_cofire(prefix.data(), n_neurons, kw, std::min(n_tokens, kCofireTokens), s);
   s.cofire_tokens = std::min(n_tokens, kCofireTokens);
   return s;
 }
@@ -139,7 +150,7 @@ TraceStructureStats trace_structure_stats(const TraceReader& tr) {
     }
     const uint64_t kw = std::min(words, words_for_tokens(kCofireTokens));
     std::vector<uint64_t> prefix = tr.read_layer_words(l, 0, kw);
-    add_cofire(prefix.data(), n, kw, s);
+    add_cofire(prefix.data(), n, kw, std::min(ti.n_tokens, kCofireTokens), s);
     s.cofire_tokens = std::min(ti.n_tokens, kCofireTokens);
     all.add(s);
   }

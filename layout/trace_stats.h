@@ -24,6 +24,7 @@ struct TraceStructureSums {
   uint64_t persist_pairs = 0;  // Σ |S_t ∩ S_{t+1}| over consecutive tokens of one sequence
   uint64_t persist_base = 0;   // Σ |S_t| over tokens with a successor in their sequence
   double cofire_sum = 0;       // Σ over sampled neurons v of the mean of v's top-2 P(u active | v active)
+  double excess_sum = 0;       // the same with P(u | v) − P(u): co-firing beyond what u's own rate explains
   uint64_t cofire_samples = 0;
   uint64_t cofire_tokens = 0;  // tokens the co-activation statistic used (per layer, the last layer's)
   void add(const TraceStructureSums& o);
@@ -40,6 +41,8 @@ struct TraceStructureStats {
   double cofire = 0;
   // (1 / (1 − κ)) / identity_run: the read-length headroom an order has over identity; the predictor's input.
   double headroom = 0;
+  // The same as κ with each P(u | v) less P(u): always-on partners (cached anyway) add nothing.
+  double excess = 0;
   uint64_t cofire_tokens = 0;
 };
 

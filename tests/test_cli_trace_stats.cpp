@@ -69,6 +69,10 @@ TEST_CASE("trace statistics: known values on a hand-made trace") {
   CHECK(st.cofire == doctest::Approx(kappa));
   CHECK(st.headroom == doctest::Approx(1.0 / (1.0 - kappa) / 1.3));
   CHECK(st.cofire_tokens == 8);
+  // Excess P(u | v) − P(u), top 2 (P(u) = 3/8, 3/8, 4/8, 3/8): n0 (7/24 − 1/24)/2, n1 (7/24 + 7/24)/2,
+  // n2 (−3/24 − 3/24)/2, n3 (7/24 − 1/24)/2.
+  const double excess = (59 * 0.125 + 59 * (7.0 / 24) + 79 * -0.125 + 59 * 0.125) / 256;
+  CHECK(st.excess == doctest::Approx(excess));
 }
 
 TEST_CASE("trace statistics: the streamed trace reader pools layers like the in-memory sums") {
@@ -106,6 +110,7 @@ TEST_CASE("trace statistics: the streamed trace reader pools layers like the in-
   CHECK(got.persistence == doctest::Approx(want.persistence).epsilon(1e-12));
   CHECK(got.identity_run == doctest::Approx(want.identity_run).epsilon(1e-12));
   CHECK(got.cofire == doctest::Approx(want.cofire).epsilon(1e-12));
+  CHECK(got.excess == doctest::Approx(want.excess).epsilon(1e-12));
   CHECK(got.cofire_tokens == nl::kCofireTokens);
   CHECK(want.persistence > want.active_share + 0.3);
 }
