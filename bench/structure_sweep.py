@@ -19,10 +19,10 @@ import subprocess
 import sys
 
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODELS = os.path.join(os.path.dirname(SRC), "shared", "models")
 FORTUNES = "/usr/share/games/fortunes/fortunes"
 METHODS = ["greedy", "greedy+ls"]
-STATS = ("active_share", "persistence", "identity_run", "cofire", "cofire_excess", "cofire_tokens", "headroom")
+STATS = ("active_share", "persistence", "identity_run", "cofire", "cofire_excess", "cofire_tokens", "headroom",
+         "modelled_gain")
 
 # (preset, shape args, base knobs, swept points). Knobs: fire = --fire-probability, bg = --background-share,
 # stay = --stay-group and --stay-neuron together.
@@ -164,15 +164,15 @@ def synthetic_point(run, pt, work):
     return r
 
 
-def real_models():
+def real_models(models):
     out = []
     tr = os.path.join(SRC, "datasets", "tiny-relu", "model")
     with open(os.path.join(tr, "config.json")) as f:
         out.append(("tiny-relu", tr, os.path.join(tr, "tokenizer.model"), json.load(f)["hidden_size"]))
-    m = os.path.join(MODELS, "llama2c-stories260K", "stories260K.bin")
+    m = os.path.join(models, "llama2c-stories260K", "stories260K.bin")
     if os.path.exists(m):
         dim = struct.unpack("7i", open(m, "rb").read(28))[0]
-        out.append(("stories260K", m, os.path.join(MODELS, "llama2c-stories260K", "tok512.bin"), dim))
+        out.append(("stories260K", m, os.path.join(models, "llama2c-stories260K", "tok512.bin"), dim))
     else:
         log("structure_sweep: stories260K not found at %s: skipped" % m)
     return out
@@ -182,10 +182,13 @@ def real_point(run, label, model, tok, dim, work, max_tokens):
     w = os.path.join(work, label)
     os.makedirs(w, exist_ok=True)
     res = os.path.join(w, "result.json")
+    p, t = os.path.join(w, "p.h5"), os.path.join(w, "t.h5")
     if os.path.exists(res):
         with open(res) as f:
-            return json.load(f)
-    p, t = os.path.join(w, "p.h5"), os.path.join(w, "t.h5")
+            r = json.load(f)
+        if not all(x in r["stats"] for x in STATS):  # from before a statistic was added
+            r["stats"] = structure(run, t, os.path.join(w, "identity.json"), ["--bundle-bytes", r["bundle_bytes"]])
+        return r
     once(t, lambda: run(["nl-profile", "run", "--model", model, "--tokenizer", tok, "--text", FORTUNES,
                          "--max-tokens", str(max_tokens), "--test-fraction", "0.25", "--out", p, "--test-out", t,
                          "--quiet"]))
@@ -287,7 +290,7 @@ def svg_plot(rows, fits, path):
     o.append('<text x="%d" y="%d">squares: real tiny models</text>' % (lx, T + 88))
     o.append('<text x="%d" y="%d">(not in the fit)</text>' % (lx, T + 104))
     o.append('<text x="%d" y="%d">dashed: log-log fit</text>' % (lx, T + 122))
-    o.append('<text x="%d" y="%d">UFS 4.0, gap auto, 5 % cache</text>' % (lx, T + 140))
+    o.append('<text x="%d" y="%d">UFS 4.0, gap auto, 5 %% cache</text>' % (lx, T + 140))
     o.append("</svg>")
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
@@ -305,6 +308,8 @@ def main():
     ap.add_argument("--no-real", action="store_true", help="skip the real tiny models")
     ap.add_argument("--max-tokens", type=int, default=30000, help="real models: profile + test tokens")
     ap.add_argument("--nice", type=int, default=10)
+    ap.add_argument("--models", default=os.path.join(os.path.dirname(SRC), "shared", "models"),
+                    help="the shared tiny models (stories260K); default ../shared/models beside the repository")
     a = ap.parse_args()
     only = [x for x in a.only.split(",") if x]
     run = Runner(a.build, a.nice)
@@ -315,7 +320,7 @@ def main():
         syn.append(synthetic_point(run, pt, a.work))
     real = []
     if not a.no_real:
-        for label, model, tok, dim in real_models():
+        for label, model, tok, dim in real_models(a.models):
             if only and label not in only:
                 continue
             log("structure_sweep: %s (real)" % label)

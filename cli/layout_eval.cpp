@@ -92,10 +92,9 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
   TraceEval te = evaluate_trace(tr, lays, ec, {}, &prog, a.layout_cache);
   // Layout-free statistics of the trace and the order gain they predict (layout/trace_stats.h).
   const TraceStructureStats st = trace_structure_stats(tr);
-  const GainPrediction pred_greedy = predict_order_gain(st, "greedy"), pred_ours = predict_order_gain(st, "greedy+ls");
-  // The fit holds for the runtime's defaults; other planner settings get the line with a warning.
-  const bool fit_conditions = ec.gap.to_string() == "auto" && ec.cache_ratio == DeviceObjectiveArgs{}.cache_ratio &&
-                              ec.device.name == default_device().name && !a.dev.bundle_bytes && !ec.cache.window_tokens;
+  // The fit holds for the runtime's planner and cache defaults; the device and bundle size enter through M.
+  const bool fit_conditions =
+      ec.gap.to_string() == "auto" && ec.cache_ratio == DeviceObjectiveArgs{}.cache_ratio && !ec.cache.window_tokens;
   for (size_t k = 0; k < rows.size(); ++k) {
     rows[k].layers = te.layers[k];
     rows[k].total = te.total[k];
@@ -111,6 +110,9 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
   uint64_t bb = ec.bundle_bytes ? ec.bundle_bytes : default_bundle_bytes(ti.n_neurons.empty() ? 0 : ti.n_neurons[0]);
   // The layout-independent lower bound (io_lower_bound_seconds) per evaluated token, when defined.
   const uint64_t n_tok = rows.empty() ? 0 : rows[0].total.tokens;
+  const double model_gain = modelled_gain(st, ec.device.cost.read_latency_us, ec.device.cost.bandwidth_MBps, bb);
+  const GainPrediction pred_greedy = predict_order_gain(model_gain, "greedy"),
+                       pred_ours = predict_order_gain(model_gain, "greedy+ls");
   const double bound_ms = te.bound_total >= 0 && n_tok ? 1e3 * te.bound_total / double(n_tok) : -1.0;
 
   std::vector<GateResult> gates;
@@ -162,6 +164,7 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
                             {"cofire_excess", st.excess},
                             {"cofire_tokens", st.cofire_tokens},
                             {"headroom", st.headroom},
+                            {"modelled_gain", model_gain},
                             {"predicted_gain_over_identity",
                              {{"synthetic_fit", true},
                               {"fit_conditions", fit_conditions},
@@ -208,14 +211,14 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
     }
     std::printf(
         "trace structure: active %.2f %%, persistence %.1f %%, identity run %.3f, top-2 co-firing %.3f (first %llu "
-        "tokens), headroom %.3f\n",
+        "tokens), headroom %.3f, modelled gain M %.3f\n",
         100 * st.active_share, 100 * st.persistence, st.identity_run, st.cofire,
-        static_cast<unsigned long long>(st.cofire_tokens), st.headroom);
+        static_cast<unsigned long long>(st.cofire_tokens), st.headroom, model_gain);
     std::printf(
         "predicted I/O gain over identity with a good cache (fit on a synthetic structure sweep, docs/benchmarks.md): "
         "greedy %.2f-%.2fx (mid %.2f), greedy+ls %.2f-%.2fx (mid %.2f)%s\n",
         pred_greedy.low, pred_greedy.high, pred_greedy.mid, pred_ours.low, pred_ours.high, pred_ours.mid,
-        fit_conditions ? "" : " [fit is for gap auto, cache 0.05, ufs40, default bundle: not these settings]");
+        fit_conditions ? "" : " [fit is for gap auto, cache 0.05, no window: not these settings]");
     if (a.per_layer)
       for (const auto& r : rows)
         for (size_t l = 0; l < r.layers.size(); ++l)

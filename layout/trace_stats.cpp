@@ -30,8 +30,7 @@ TraceStructureStats trace_structure_stats(const TraceStructureSums& s) {
   r.identity_run = s.runs ? double(s.active) / double(s.runs) : 0.0;
   r.cofire = s.cofire_samples ? s.cofire_sum / double(s.cofire_samples) : 0.0;
   r.excess = s.cofire_samples ? s.excess_sum / double(s.cofire_samples) : 0.0;
-  // κ = 1 would promise an unbounded run; cap it where a run would span the 1/(1−0.999) = 1000 neurons.
-  r.headroom = r.identity_run > 0 ? 1.0 / (1.0 - std::min(r.cofire, 0.999)) / r.identity_run : 0.0;
+  r.headroom = r.identity_run > 0 ? 1.0 / (1.0 - std::min(r.cofire, kCofireCap)) / r.identity_run : 0.0;
   r.cofire_tokens = s.cofire_tokens;
   return r;
 }
@@ -157,19 +156,26 @@ TraceStructureStats trace_structure_stats(const TraceReader& tr) {
   return trace_structure_stats(all);
 }
 
-GainPrediction predict_order_gain(const TraceStructureStats& s, const std::string& method) {
-  // log(gain) = a + b·log(headroom), gain = identity's held-out I/O ms/token with its best of three caches ÷ the
+double modelled_gain(const TraceStructureStats& s, double read_latency_us, double bandwidth_MBps,
+                     uint64_t bundle_bytes) {
+  if (!(s.identity_run > 0) || !bundle_bytes) return 0.0;
+  const double r = read_latency_us * 1e-6 * bandwidth_MBps * 1e6 / double(bundle_bytes);  // bundles per read cost
+  return (r / s.identity_run + 1.0) / (r * (1.0 - std::min(s.cofire, kCofireCap)) + 1.0);
+}
+
+GainPrediction predict_order_gain(double modelled_gain, const std::string& method) {
+  // log(gain) = c0 + c1·log(M), gain = identity's held-out I/O ms/token with the best of three caches ÷ the
   // method's; [loo_min, loo_max] = the extreme leave-one-out log residuals. Fitted by bench/structure_sweep.py on
   // its synthetic points (docs/benchmarks.md "When does the order matter"); regenerate with
   // `bench/structure_sweep.py --json sweep.json` and copy the printed fit lines here.
   struct Fit {
-    double a, b, loo_min, loo_max;
+    double c0, c1, loo_min, loo_max;
   };
   static constexpr Fit kGreedy{0, 0, 0, 0}, kOurs{0, 0, 0, 0};
   if (method != "greedy" && method != "greedy+ls") throw InternalError("predict_order_gain: unknown method " + method);
-  if (!(s.headroom > 0)) return {};
+  if (!(modelled_gain > 0)) return {};
   const Fit& f = method == "greedy" ? kGreedy : kOurs;
-  const double mid = std::exp(f.a + f.b * std::log(s.headroom));
+  const double mid = std::exp(f.c0 + f.c1 * std::log(modelled_gain));
   return {mid * std::exp(f.loo_min), mid, mid * std::exp(f.loo_max)};
 }
 

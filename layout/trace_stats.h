@@ -15,6 +15,8 @@ class TraceReader;
 inline constexpr uint64_t kCofireTokens = 2048;
 // Neurons sampled per layer (activation-weighted) for the co-activation statistic.
 inline constexpr uint32_t kCofireSamples = 256;
+// κ = 1 would promise unbounded runs: κ is capped where a run would span 1 / (1 − 0.999) = 1,000 neurons.
+inline constexpr double kCofireCap = 0.999;
 
 // Sums over tokens and layers; the figures are ratios of them, so layers and traces pool by adding.
 struct TraceStructureSums {
@@ -56,12 +58,20 @@ TraceStructureSums layer_structure_sums(const uint64_t* rows, uint32_t n_neurons
 // All layers of a trace, pooled. Streams over tokens in chunks: memory is a few MiB per layer whatever the length.
 TraceStructureStats trace_structure_stats(const TraceReader& tr);
 
-// Predicted I/O-time gain (identity with a good cache ÷ the order's time) from `headroom`, for the runtime's
-// default planner (gap auto), the built-in UFS 4.0 profile, 5 % cache and the default bundle size; `low` and
-// `high` are the fit's extreme leave-one-out residuals around `mid`.
+// M, the order's modelled gain: I/O time per uncached active neuron when identity's reads hold `identity_run`
+// neurons and the order's 1 / (1 − κ), a read of k bundles costing a + k·bundle_bytes / B:
+// M = (r / identity_run + 1) / (r (1 − κ) + 1) with r = a·B / bundle_bytes. Ignores the cache and gap merging; the
+// fit below maps it to what the planner and cache make of it.
+double modelled_gain(const TraceStructureStats& s, double read_latency_us, double bandwidth_MBps,
+                     uint64_t bundle_bytes);
+
+// Predicted held-out I/O-time gain of `method` ("greedy" = the paper's pipeline, "greedy+ls" = ours) over identity
+// with a good cache, from M: log(gain) = c0 + c1·log(M), fitted on the synthetic structure sweep for the runtime's
+// planner (gap auto) and a 5 % cache (bench/structure_sweep.py); `low` and `high` add the fit's extreme
+// leave-one-out residuals to `mid`.
 struct GainPrediction {
   double low = 0, mid = 0, high = 0;
 };
-GainPrediction predict_order_gain(const TraceStructureStats& s, const std::string& method);  // "greedy" | "greedy+ls"
+GainPrediction predict_order_gain(double modelled_gain, const std::string& method);
 
 }  // namespace nl

@@ -69,6 +69,9 @@ TEST_CASE("trace statistics: known values on a hand-made trace") {
   CHECK(st.cofire == doctest::Approx(kappa));
   CHECK(st.headroom == doctest::Approx(1.0 / (1.0 - kappa) / 1.3));
   CHECK(st.cofire_tokens == 8);
+  // M with a = 10 µs, B = 1,000 MB/s, 2,500 B bundles: r = 4, (4 / 1.3 + 1) / (4 (1 − κ) + 1).
+  CHECK(nl::modelled_gain(st, 10, 1000, 2500) == doctest::Approx((4 / 1.3 + 1) / (4 * (1 - kappa) + 1)));
+  CHECK(nl::modelled_gain(st, 10, 1000, 0) == 0);
   // Excess P(u | v) − P(u), top 2 (P(u) = 3/8, 3/8, 4/8, 3/8): n0 (7/24 − 1/24)/2, n1 (7/24 + 7/24)/2,
   // n2 (−3/24 − 3/24)/2, n3 (7/24 − 1/24)/2.
   const double excess = (59 * 0.125 + 59 * (7.0 / 24) + 79 * -0.125 + 59 * 0.125) / 256;
@@ -130,15 +133,17 @@ TEST_CASE("nl-layout eval prints the trace statistics and the predicted gain") {
   INFO(out);
   CHECK(out.find("trace structure: active 40.6") != std::string::npos);
   CHECK(out.find("persistence 50.0 %, identity run 1.300, top-2 co-firing 0.461") != std::string::npos);
+  CHECK(out.find("modelled gain M ") != std::string::npos);
   CHECK(out.find("predicted I/O gain over identity with a good cache (fit on a synthetic structure sweep") !=
         std::string::npos);
-  // Bundle 64 B (the layer-width default for tiny layers) is the default planner setting: no mismatch warning.
+  // The runtime's planner and cache defaults: no mismatch warning.
   CHECK(out.find("not these settings") == std::string::npos);
   REQUIRE(run_layout("eval --trace " + trace + " --layout " + lay + " --cache-ratio 0.1 --json -q", out) == 0);
   const auto j = nlohmann::json::parse(out);
   const auto& ts = j["trace_structure"];
   CHECK(ts["persistence"].get<double>() == doctest::Approx(0.5));
   CHECK(ts["identity_run"].get<double>() == doctest::Approx(1.3));
+  CHECK(ts["modelled_gain"].get<double>() > 1);
   CHECK(ts["predicted_gain_over_identity"]["synthetic_fit"] == true);
   CHECK(ts["predicted_gain_over_identity"]["fit_conditions"] == false);
   const auto& g = ts["predicted_gain_over_identity"]["greedy+ls"];
