@@ -111,6 +111,8 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
   // The layout-independent lower bound (io_lower_bound_seconds) per evaluated token, when defined.
   const uint64_t n_tok = rows.empty() ? 0 : rows[0].total.tokens;
   const double model_gain = modelled_gain(st, ec.device.cost.read_latency_us, ec.device.cost.bandwidth_MBps, bb);
+  const double read_cost = read_cost_bundles(ec.device.cost.read_latency_us, ec.device.cost.bandwidth_MBps, bb);
+  const bool fit_range = read_cost >= kFitReadCostMin && read_cost <= kFitReadCostMax;
   const GainPrediction pred_greedy = predict_order_gain(model_gain, "greedy"),
                        pred_ours = predict_order_gain(model_gain, "greedy+ls");
   const double bound_ms = te.bound_total >= 0 && n_tok ? 1e3 * te.bound_total / double(n_tok) : -1.0;
@@ -168,6 +170,8 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
                             {"predicted_gain_over_identity",
                              {{"synthetic_fit", true},
                               {"fit_conditions", fit_conditions},
+                              {"read_cost_bundles", read_cost},
+                              {"in_fit_range", fit_range},
                               {"greedy", {pred_greedy.low, pred_greedy.mid, pred_greedy.high}},
                               {"greedy+ls", {pred_ours.low, pred_ours.mid, pred_ours.high}}}}};
     if (bound_ms >= 0) j["io_ms_lower_bound"] = bound_ms;
@@ -219,6 +223,11 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
         "greedy %.2f-%.2fx (mid %.2f), greedy+ls %.2f-%.2fx (mid %.2f)%s\n",
         pred_greedy.low, pred_greedy.high, pred_greedy.mid, pred_ours.low, pred_ours.high, pred_ours.mid,
         fit_conditions ? "" : " [fit is for gap auto, cache 0.05, no window: not these settings]");
+    if (!fit_range)
+      std::printf(
+          "  (extrapolated: a read's fixed cost is worth %.2f bundles here, the sweep covered %.1f-%.1f; the "
+          "planner's gap merging, which M ignores, changes identity's reads)\n",
+          read_cost, kFitReadCostMin, kFitReadCostMax);
     if (a.per_layer)
       for (const auto& r : rows)
         for (size_t l = 0; l < r.layers.size(); ++l)

@@ -64,6 +64,11 @@ TraceStructureStats trace_structure_stats(const TraceReader& tr);
 // fit below maps it to what the planner and cache make of it.
 double modelled_gain(const TraceStructureStats& s, double read_latency_us, double bandwidth_MBps,
                      uint64_t bundle_bytes);
+// r = a·B / bundle_bytes: how many bundles' transfer one read's fixed cost is worth (0 for no bundle).
+double read_cost_bundles(double read_latency_us, double bandwidth_MBps, uint64_t bundle_bytes);
+// The sweep's range of r (UFS 4.0 with 24 KiB, 16 KiB and 4 KiB bundles): outside it the planner's gap merging,
+// which M ignores, changes identity's reads and the prediction is an extrapolation (eval says so).
+inline constexpr double kFitReadCostMin = 1.4, kFitReadCostMax = 8.5;
 
 // Predicted held-out I/O-time gain of `method` ("greedy" = the paper's pipeline, "greedy+ls" = ours) over identity
 // with a good cache, from M: log(gain) = c0 + c1·log(M), fitted on the synthetic structure sweep for the runtime's

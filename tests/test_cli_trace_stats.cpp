@@ -136,8 +136,13 @@ TEST_CASE("nl-layout eval prints the trace statistics and the predicted gain") {
   CHECK(out.find("modelled gain M ") != std::string::npos);
   CHECK(out.find("predicted I/O gain over identity with a good cache (fit on a synthetic structure sweep") !=
         std::string::npos);
-  // The runtime's planner and cache defaults: no mismatch warning.
+  // The runtime's planner and cache defaults: no mismatch warning; the 64 B default bundle of a 4-neuron layer is
+  // far outside the sweep's read-cost range, a 16 KiB one inside it.
   CHECK(out.find("not these settings") == std::string::npos);
+  CHECK(out.find("(extrapolated: a read's fixed cost is worth") != std::string::npos);
+  REQUIRE(run_layout("eval --trace " + trace + " --layout " + lay + " --bundle-bytes 16384 -q", out) == 0);
+  CHECK(out.find("predicted I/O gain over identity") != std::string::npos);
+  CHECK(out.find("extrapolated") == std::string::npos);
   REQUIRE(run_layout("eval --trace " + trace + " --layout " + lay + " --cache-ratio 0.1 --json -q", out) == 0);
   const auto j = nlohmann::json::parse(out);
   const auto& ts = j["trace_structure"];
@@ -146,6 +151,7 @@ TEST_CASE("nl-layout eval prints the trace statistics and the predicted gain") {
   CHECK(ts["modelled_gain"].get<double>() > 1);
   CHECK(ts["predicted_gain_over_identity"]["synthetic_fit"] == true);
   CHECK(ts["predicted_gain_over_identity"]["fit_conditions"] == false);
+  CHECK(ts["predicted_gain_over_identity"]["in_fit_range"] == false);
   const auto& g = ts["predicted_gain_over_identity"]["greedy+ls"];
   REQUIRE(g.size() == 3);
   CHECK(g[0].get<double>() > 0);
