@@ -226,9 +226,9 @@ def loo(points, method, key=FIT_STAT):
 
 
 def table(rows):
-    out = ["| point | varied | fire | bg | stay | active % | persist % | identity run | top-2 co-firing | headroom |"
+    out = ["| point | varied | fire | bg | stay | active % | persist % | identity run | top-2 co-firing | headroom | M |"
            " identity (good cache) | identity (linking / ours' cache / plain) | paper's pipeline | ours |"
-           " paper vs identity | ours vs identity | predicted paper | predicted ours |",
+           " paper vs identity | ours vs identity | predicted paper (held out) | predicted ours (held out) |",
            "|" + "---|" * 19]
     for r in rows:
         s, io, k = r["stats"], r["io_ms"], r["knobs"]
