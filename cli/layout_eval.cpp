@@ -213,6 +213,7 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
       for (const auto& r : rows) std::printf(" %s %.3f", r.name.c_str(), r.total.io_ms_per_token() / bound_ms);
       std::printf("\n");
     }
+    auto cut2 = [](double x) { return std::floor(x * 100) / 100; };  // cut, never rounded up
     std::printf(
         "trace structure: active %.2f %%, persistence %.1f %%, identity run %.3f, top-2 co-firing %.3f (first %llu "
         "tokens), headroom %.3f, modelled gain M %.3f\n",
@@ -221,8 +222,8 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
     std::printf(
         "predicted I/O gain over identity with a good cache (fit on a synthetic structure sweep, docs/benchmarks.md): "
         "greedy %.2f-%.2fx (mid %.2f), greedy+ls %.2f-%.2fx (mid %.2f)%s\n",
-        pred_greedy.low, pred_greedy.high, pred_greedy.mid, pred_ours.low, pred_ours.high, pred_ours.mid,
-        fit_conditions ? "" : " [fit is for gap auto, cache 0.05, no window: not these settings]");
+        cut2(pred_greedy.low), cut2(pred_greedy.high), cut2(pred_greedy.mid), cut2(pred_ours.low), cut2(pred_ours.high),
+        cut2(pred_ours.mid), fit_conditions ? "" : " [fit is for gap auto, cache 0.05, no window: not these settings]");
     if (!fit_range)
       std::printf(
           "  (extrapolated: a read's fixed cost is worth %.2f bundles here, the sweep covered %.1f-%.1f; the "
