@@ -19,6 +19,10 @@ struct SynthOptions {
   // Shape overrides (0 / negative = the preset's value).
   uint32_t layers = 0, neurons = 0, tokens_per_sequence = 0, profile_sequences = 0, test_sequences = 0;
   double active_fraction = -1;
+  // Structure overrides (negative / 0 = the preset's value): the knobs bench/structure_sweep.py sweeps.
+  double fire_probability = -1, background_share = -1, stay_group = -1, stay_neuron = -1, stay_global = -1;
+  double zipf_exponent = -1, density_swing = -1;
+  uint32_t group_count = 0, groups_per_neuron = 0;
 };
 
 void add_input_options(CLI::App* c, SynthOptions& o) {
@@ -57,6 +61,37 @@ void add_shape_options(CLI::App* c, SynthOptions& o) {
   c->add_option("--test-sequences", o.test_sequences, "Sequences in the test split")
       ->check(CLI::Range(1, 1 << 30))
       ->group("Shape");
+}
+
+void add_structure_options(CLI::App* c, SynthOptions& o) {
+  c->add_option("--fire-probability", o.fire_probability, "P(a member fires | its group is on): group strength")
+      ->check(CLI::Range(1e-6, 1.0))
+      ->group("Structure");
+  c->add_option("--background-share", o.background_share,
+                "Share of the active fraction fired by unstructured background bits")
+      ->check(CLI::Range(0.0, 1.0))
+      ->group("Structure");
+  c->add_option("--stay-group", o.stay_group, "Probability a group's on/off bit persists to the next token")
+      ->check(CLI::Range(0.0, 1.0))
+      ->group("Structure");
+  c->add_option("--stay-neuron", o.stay_neuron, "Probability a neuron's gate and background bits persist")
+      ->check(CLI::Range(0.0, 1.0))
+      ->group("Structure");
+  c->add_option("--stay-global", o.stay_global, "Probability the global density factor persists")
+      ->check(CLI::Range(0.0, 1.0))
+      ->group("Structure");
+  c->add_option("--zipf-exponent", o.zipf_exponent, "Group popularity skew (rate ∝ rank^-zipf)")
+      ->check(CLI::Range(0.0, 8.0))
+      ->group("Structure");
+  c->add_option("--density-swing", o.density_swing, "σ of the global factor's shift of group log-odds")
+      ->check(CLI::Range(0.0, 4.0))
+      ->group("Structure");
+  c->add_option("--group-count", o.group_count, "Latent groups per layer")
+      ->check(CLI::Range(1, 1 << 24))
+      ->group("Structure");
+  c->add_option("--groups-per-neuron", o.groups_per_neuron, "Groups each neuron belongs to")
+      ->check(CLI::Range(1, 64))
+      ->group("Structure");
 }
 
 nlohmann::json stats_json(const SynthPreset& p, const SynthStats& s, bool with_frequency) {
@@ -113,6 +148,15 @@ void synth_main(const SynthOptions& o, const GlobalOptions& g) {
   if (o.tokens_per_sequence) p.tokens_per_sequence = o.tokens_per_sequence;
   if (o.profile_sequences) p.profile_sequences = o.profile_sequences;
   if (o.test_sequences) p.test_sequences = o.test_sequences;
+  if (o.fire_probability >= 0) p.fire_probability = o.fire_probability;
+  if (o.background_share >= 0) p.background_share = o.background_share;
+  if (o.stay_group >= 0) p.stay_group = o.stay_group;
+  if (o.stay_neuron >= 0) p.stay_neuron = o.stay_neuron;
+  if (o.stay_global >= 0) p.stay_global = o.stay_global;
+  if (o.zipf_exponent >= 0) p.zipf_exponent = o.zipf_exponent;
+  if (o.density_swing >= 0) p.density_swing = o.density_swing;
+  if (o.group_count) p.group_count = o.group_count;
+  if (o.groups_per_neuron) p.groups_per_neuron = o.groups_per_neuron;
   synth_preset_validate(p, o.preset + " (with command-line overrides)");
   synth_structure(p, o.seed, 0, o.preset + " (with command-line overrides)");  // reachable density
 
@@ -163,6 +207,7 @@ void add_profile_synth(CLI::App& app, GlobalOptions& g) {
   add_input_options(c, o);
   add_output_options(c, o);
   add_shape_options(c, o);
+  add_structure_options(c, o);
   c->callback([&g] { synth_main(o, g); });
 }
 

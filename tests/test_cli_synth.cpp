@@ -80,3 +80,27 @@ TEST_CASE("nl-profile synth: bad presets and overrides exit 3 with one line nami
   r = run("--preset " + kPreset);  // --profile-out missing
   CHECK(r.code == 2);
 }
+
+TEST_CASE("nl-profile synth: structure overrides change the trace and are validated") {
+  auto stats = [](const std::string& extra) {
+    Result r = run("--preset " + kPreset + kShape + " --profile-out " + tmp("s.h5") + " --stats --json -q" + extra);
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    return nlohmann::json::parse(r.out)["profile"];
+  };
+  const auto base = stats("");
+  // Stickier state bits: higher token-to-token persistence, about the same density.
+  const auto sticky = stats(" --stay-group 0.98 --stay-neuron 0.98");
+  CHECK(sticky["persistence"].get<double>() > base["persistence"].get<double>() + 0.05);
+  // All firing from background bits: the target density still holds.
+  const auto noise = stats(" --background-share 1");
+  CHECK(noise["active_fraction"].get<double>() == doctest::Approx(base["active_fraction"].get<double>()).epsilon(0.2));
+  // Out of range on the command line: usage error (exit 2); valid alone but inconsistent with the preset: exit 3.
+  Result r = run("--preset " + kPreset + kShape + " --profile-out " + tmp("x.h5") + " --fire-probability 1.5");
+  CHECK(r.code == 2);
+  r = run("--preset " + kPreset + kShape + " --profile-out " + tmp("x.h5") + " --group-count 1 --groups-per-neuron 2");
+  CHECK(r.code == 3);
+  CHECK(r.err.find("groups.per_neuron must not exceed groups.count") != std::string::npos);
+  CHECK(r.err.find("(with command-line overrides)") != std::string::npos);
+  CHECK(!fs::exists(tmp("x.h5")));
+}
