@@ -25,6 +25,7 @@
 #include "runtime/flash_image.h"
 #include "runtime/model/model.h"
 #include "runtime/plan/read_plan.h"
+#include "runtime/plan/replica_cover.h"
 
 namespace nl::cli {
 namespace {
@@ -492,14 +493,11 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
       throw InputError(a.layout, "has " + std::to_string(lay.layers.size()) + " layers, the model has " +
                                      std::to_string(w.config.n_layers));
     for (size_t l = 0; l < lay.layers.size(); ++l) {
-      if (lay.layers[l].replicas)  // flash replication: eval measures it; images do not hold copies yet
-        throw InputError(a.layout, "layer " + std::to_string(l) + " holds " + std::to_string(lay.layers[l].replicas) +
-                                       " replicas; pack cannot write replicated images yet (solve without "
-                                       "--replicate-budget)");
-      if (lay.layers[l].order.size() != size_t(w.config.hidden_dim))
+      // Flash replication: the order lists hidden_dim + replicas slots; the image holds every slot's bundle.
+      if (lay.layers[l].order.size() != size_t(w.config.hidden_dim) + lay.layers[l].replicas)
         throw InputError(a.layout, "layer " + std::to_string(l) + " orders " +
-                                       std::to_string(lay.layers[l].order.size()) + " neurons, the model has " +
-                                       std::to_string(w.config.hidden_dim));
+                                       std::to_string(lay.layers[l].order.size() - lay.layers[l].replicas) +
+                                       " neurons, the model has " + std::to_string(w.config.hidden_dim));
       spec.order.push_back(lay.layers[l].order);
     }
     spec.cache_policy = layout_cache_policy_slots(lay);  // pinned neurons -> slots (docs/formats.md)
@@ -508,7 +506,12 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
     spec.layout_method = lay.method;
   }
   if (!a.act_threshold_from.empty()) spec.act_threshold = trace_act_thresholds(a.act_threshold_from, w.config.n_layers);
-  const auto order = spec.order;
+  // The permuted model export has one copy of each neuron: a replicated layer exports its order without the replicas
+  // (each neuron at its first copy's place), which computes the same.
+  std::vector<std::vector<uint32_t>> order = spec.order;
+  for (size_t l = 0; l < order.size(); ++l)
+    if (order[l].size() != size_t(w.config.hidden_dim))
+      order[l] = primary_order(order[l], uint32_t(w.config.hidden_dim));
   ImageManifest m;
   // f32 images store the source exactly: no report.
   const bool report = spec.dtype != ImageDtype::kF32;

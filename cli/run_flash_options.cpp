@@ -162,6 +162,11 @@ void flash_report(const FlashArgs& a, const GlobalOptions& g, const FlashImage& 
   j["wall_seconds"] = wall_seconds;
   j["tokens_per_second"] = wall_seconds > 0 ? double(tokens) / wall_seconds : 0.0;
   j["totals"] = counters_json(t);
+  if (img.manifest().replicated()) {  // flash replication (format 1.2): copies in the image, tokens served by one
+    uint64_t copies = 0;
+    for (uint32_t r : img.manifest().replicas) copies += r;
+    j["replication"] = {{"replicas", copies}, {"second_copy_reads", t.replica_reads}};
+  }
   const double per = tokens ? 1.0 / double(tokens) : 0.0;
   j["per_token_mean"] = {{"reads", double(t.reads) * per},
                          {"bytes_read", double(t.bytes_read) * per},
@@ -196,6 +201,7 @@ void flash_report(const FlashArgs& a, const GlobalOptions& g, const FlashImage& 
   row("cache hits", double(t.cache_hits), double(t.cache_hits) * per);
   std::printf("%-24s %14.3f %14.4f\n", "I/O time ms", t.io_seconds * 1e3, t.io_seconds * 1e3 * per);
   std::printf("%-24s %14.3f %14.4f\n", "compute time ms", t.compute_seconds * 1e3, t.compute_seconds * 1e3 * per);
+  if (img.manifest().replicated()) row("second-copy reads", double(t.replica_reads), double(t.replica_reads) * per);
   std::printf("%-24s %14.1f\n", "effective MB/s", j["effective_bandwidth_MBps"].get<double>());
   std::printf("%-24s %14.2f\n", "tokens/s", j["tokens_per_second"].get<double>());
 }

@@ -35,6 +35,7 @@ void add(FlashCounters& a, const FlashCounters& b) {
   a.io_seconds += b.io_seconds;
   a.compute_seconds += b.compute_seconds;
   a.io_busy_seconds += b.io_busy_seconds;
+  a.replica_reads += b.replica_reads;
 }
 }  // namespace
 
@@ -93,18 +94,42 @@ const char* cache_policy_mode_name(CachePolicyMode m) {
 FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), opt_(o), m_(image.manifest()) {
   const ModelConfig& c = m_.config;
   const uint32_t hidden = uint32_t(c.hidden_dim);
+  if (m_.replicated()) {
+    if (o.select == SelectMode::kLowRank || o.select == SelectMode::kDense)
+      throw UsageError(std::string("--select ") + (o.select == SelectMode::kDense ? "dense" : "lowrank") +
+                       " does not read replicated images (" + img_.manifest_path() +
+                       " holds flash replicas): use gate, threshold, trace or replay, or pack without replicas");
+    if (o.overlap == OverlapMode::kCross || o.overlap == OverlapMode::kBoth)
+      throw UsageError("--overlap " + std::string(overlap_mode_name(o.overlap)) + " does not read replicated images (" +
+                       img_.manifest_path() + " holds flash replicas): use --overlap layer or none");
+  }
   for (int l = 0; l < c.n_layers; ++l) {
     PlannerConfig pc;
-    pc.n_slots = hidden;
+    pc.n_slots = m_.n_slots(l);
     pc.bundle_bytes = m_.bundle_bytes;
     pc.region_offset = m_.ffn(l).offset;
     pc.block_bytes = uint32_t(kIoBlock);
     pc.gap = o.gap;
     pc.cost = o.cost;
     planners_.emplace_back(pc);
-    std::vector<uint32_t> inv(hidden);
-    for (uint32_t s = 0; s < hidden; ++s) inv[m_.order[size_t(l)][s]] = s;
-    slot_of_.push_back(std::move(inv));
+    const auto& order = m_.order[size_t(l)];
+    if (order.size() != hidden) {  // the manifest was checked: each neuron once or twice
+      rep_.push_back(std::make_unique<ReplicaMap>(ReplicaMap::from_order(order, hidden)));
+      cover_.push_back(std::make_unique<ReplicaCover>(*rep_.back(), pc));
+      slot_of_.push_back(rep_.back()->first);
+      std::vector<uint32_t> firsts(rep_.back()->first);
+      std::sort(firsts.begin(), firsts.end());
+      first_slots_.push_back(std::move(firsts));
+      alias_.push_back(rep_.back()->cache_alias());
+    } else {
+      rep_.push_back(nullptr);
+      cover_.push_back(nullptr);
+      std::vector<uint32_t> inv(hidden);
+      for (uint32_t s = 0; s < hidden; ++s) inv[order[s]] = s;
+      slot_of_.push_back(std::move(inv));
+      first_slots_.emplace_back();
+      alias_.emplace_back();
+    }
   }
   make_caches();
   prev_needed_.resize(size_t(c.n_layers));
@@ -143,10 +168,13 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
       if (o.select == SelectMode::kDense) {
         dense_.emplace_back(m_.dtype, c.dim, int(hidden), buf.data(), size_t(m_.bundle_bytes));
       } else {
-        // Only the gate rows stay in DRAM, in the stored dtype.
+        // Only the gate rows stay in DRAM, in the stored dtype; a replicated layer keeps its first copies' (row r is
+        // the r-th first copy in slot order).
         std::vector<uint8_t> g(size_t(hidden) * row_bytes_);
+        const auto& firsts = first_slots_[size_t(l)];
         for (uint32_t s = 0; s < hidden; ++s)
-          std::memcpy(g.data() + s * row_bytes_, buf.data() + s * m_.bundle_bytes, row_bytes_);
+          std::memcpy(g.data() + s * row_bytes_, buf.data() + (firsts.empty() ? s : firsts[s]) * m_.bundle_bytes,
+                      row_bytes_);
         gate_bytes_.push_back(std::move(g));
       }
     }
@@ -168,6 +196,7 @@ void FlashFfn::make_caches() {
   for (int l = 0; l < c.n_layers; ++l) {
     CacheConfig cc = opt_.cache;
     cc.capacity = cache_capacity_for_ratio(opt_.cache_ratio, hidden);
+    cc.alias = alias_[size_t(l)];  // both copies of a neuron share its first copy's entry, as in nl-layout eval
     cc.seed = cache_seed_for_layer(opt_.cache.seed, uint32_t(l));
     switch (opt_.cache_policy) {
       case CachePolicyMode::kManifest:
@@ -182,11 +211,12 @@ void FlashFfn::make_caches() {
         cc.linking_aligned = false;
         break;
     }
-    caches_.push_back(cc.capacity > 0 || cc.window_tokens > 0 ? std::make_unique<SlotCache>(hidden, cc) : nullptr);
+    const uint32_t n_slots = m_.n_slots(l);
+    caches_.push_back(cc.capacity > 0 || cc.window_tokens > 0 ? std::make_unique<SlotCache>(n_slots, cc) : nullptr);
     if (caches_.back()) {
       Slab& sl = slab_[size_t(l)];
       sl.bundle_bytes = m_.bundle_bytes;
-      sl.of_slot.assign(hidden, Slab::kNone);
+      sl.of_slot.assign(n_slots, Slab::kNone);  // indexed by cache key (slab_key)
       if (cc.capacity > 0) sl.grow(cc.capacity);
     }
     load_pinned(l, cc.pinned);
@@ -212,12 +242,13 @@ uint32_t FlashFfn::Slab::take(uint32_t slot) {
 }
 
 const uint8_t* FlashFfn::slab_find(int layer, uint32_t slot) const {
-  const uint32_t e = slab_[size_t(layer)].of_slot[slot];
+  const uint32_t e = slab_[size_t(layer)].of_slot[slab_key(layer, slot)];
   if (e == Slab::kNone) return nullptr;
   return e & kPool ? pool_.entry[e & ~kPool] : slab_[size_t(layer)].entry[e];
 }
 
 void FlashFfn::slab_put(int layer, uint32_t slot, const uint8_t* bytes) {
+  slot = slab_key(layer, slot);  // a replica's bytes are its first copy's
   Slab& sl = slab_[size_t(layer)];
   if (sl.of_slot[slot] != Slab::kNone) return;
   uint32_t code;
@@ -235,6 +266,7 @@ void FlashFfn::slab_put(int layer, uint32_t slot, const uint8_t* bytes) {
 }
 
 void FlashFfn::slab_drop(int layer, uint32_t slot) {
+  slot = slab_key(layer, slot);
   Slab& sl = slab_[size_t(layer)];
   const uint32_t e = sl.of_slot[slot];
   if (e == Slab::kNone) return;
@@ -383,7 +415,8 @@ void FlashFfn::set_trace_active(int layer, const std::vector<uint32_t>& neurons)
   a.clear();
   for (uint32_t n : neurons) {
     if (n >= slot_of_[size_t(layer)].size()) throw InternalError("trace: neuron index out of range");
-    a.push_back(slot_of_[size_t(layer)][n]);
+    // A replicated layer keeps the neurons: the copies are chosen when the layer runs, under the cache then.
+    a.push_back(rep_[size_t(layer)] ? n : slot_of_[size_t(layer)][n]);
   }
   std::sort(a.begin(), a.end());
 }
@@ -424,7 +457,7 @@ float FlashFfn::coefficient(size_t i, GateFrom from) const {
   const uint8_t* b = bundles_[i];
   float gi;
   if (from == GateFrom::kGiven) {
-    gi = g_[active_[i]];
+    gi = g_by_slot_[active_[i]];
   } else {
     gi = kernels::row_dot(dt, b, xr, dim);
     if (from == GateFrom::kBundleRelu) {
@@ -469,6 +502,7 @@ void FlashFfn::load_compute(int layer, float* out, GateFrom from) {
   uint64_t bytes = 0;
   size_t p0 = 0, k0 = 0;
   bool first = true;
+  const bool ordered = out && begin_ordered(layer);
   for (size_t b = 0; b < batch_end_.size(); ++b) {
     const size_t p1 = batch_end_[b];
     spans_.clear();
@@ -486,14 +520,20 @@ void FlashFfn::load_compute(int layer, float* out, GateFrom from) {
       const size_t k1 =
           size_t(std::lower_bound(active_.begin() + std::ptrdiff_t(k0), active_.end(), pieces_[p1 - 1].slot_end) -
                  active_.begin());
-      compute_range(layer, k0, k1, from, out, !first);
+      if (ordered)
+        compute_ordered(layer, k0, k1, from, out, false);
+      else
+        compute_range(layer, k0, k1, from, out, !first);
       first = false;
       k0 = k1;
     }
     p0 = p1;
   }
   cur_batch_ = -1;
-  if (out && (k0 < n || first)) compute_range(layer, k0, n, from, out, !first);  // the hits after the last read
+  if (ordered)
+    compute_ordered(layer, k0, n, from, out, true);
+  else if (out && (k0 < n || first))
+    compute_range(layer, k0, n, from, out, !first);  // the hits after the last read
   slab_settle(layer);
   token_.io_seconds += io;
   token_.io_busy_seconds += io;
@@ -505,6 +545,11 @@ void FlashFfn::load_compute(int layer, float* out, GateFrom from) {
   token_.cache_hits += plan_.hits.size();
 }
 void FlashFfn::replay_layer(int layer, const std::vector<uint32_t>& neurons) {
+  if (rep_[size_t(layer)]) {
+    choose_copies(layer, neurons.data(), neurons.size());
+    load_compute(layer, nullptr, GateFrom::kGiven);
+    return;
+  }
   active_.clear();
   for (uint32_t n : neurons) {
     if (n >= slot_of_[size_t(layer)].size()) throw InternalError("replay: neuron index out of range");
@@ -512,6 +557,74 @@ void FlashFfn::replay_layer(int layer, const std::vector<uint32_t>& neurons) {
   }
   std::sort(active_.begin(), active_.end());
   load_compute(layer, nullptr, GateFrom::kGiven);
+}
+
+void FlashFfn::choose_copies(int layer, const uint32_t* neurons, size_t n) {
+  for (size_t k = 0; k < n; ++k)
+    if (neurons[k] >= slot_of_[size_t(layer)].size()) throw InternalError("active neuron index out of range");
+  // The cover sees the cache as the planner will (before this token's update), as nl-layout eval's does.
+  cover_[size_t(layer)]->choose(neurons, n, caches_[size_t(layer)].get(), active_);
+  const ReplicaMap& rm = *rep_[size_t(layer)];
+  for (uint32_t s : active_) token_.replica_reads += rm.first[rm.neuron_of[s]] != s;
+}
+
+bool FlashFfn::begin_ordered(int layer) {
+  const ReplicaMap* rm = rep_[size_t(layer)].get();
+  if (!rm) return false;
+  const size_t n = active_.size();
+  bool second = false;
+  for (uint32_t s : active_) second = second || rm->first[rm->neuron_of[s]] != s;
+  if (!second) return false;  // every chosen copy is a first copy: slot order is first-copy order
+  ord_.resize(n);
+  for (size_t k = 0; k < n; ++k) ord_[k] = k;
+  std::sort(ord_.begin(), ord_.end(), [&](size_t a, size_t b) {
+    return rm->first[rm->neuron_of[active_[a]]] < rm->first[rm->neuron_of[active_[b]]];
+  });
+  ord_pos_.resize(n);
+  for (size_t q = 0; q < n; ++q) ord_pos_[ord_[q]] = q;
+  down_of_.resize(n);
+  ord_q_ = 0;
+  ord_started_ = false;
+  if (stash_cap_ < n * row_bytes_) {  // grows only; its pages are touched only by what waits
+    stash_cap_ = n * row_bytes_;
+    stash_.reset(new uint8_t[stash_cap_]);
+  }
+  return true;
+}
+
+void FlashFfn::compute_ordered(int layer, size_t k0, size_t k1, GateFrom from, float* out, bool last,
+                               bool coefficients) {
+  const long cnt = long(k1 - k0);
+  for (size_t k = k0; k < k1; ++k) {
+    if (coefficients) bundles_[k] = bundle(layer, active_[k]);
+    down_of_[k] = bundles_[k] + 2 * row_bytes_;
+  }
+  if (coefficients) {
+#pragma omp parallel for schedule(static) if (cnt * m_.config.dim > kOverlapParallelWork)
+    for (long k = long(k0); k < long(k1); ++k) h_[size_t(k)] = coefficient(size_t(k), from);
+  }
+  // Every index landed so far (< k1) whose turn came, in first-copy order, kept as compute_range keeps them.
+  hd_.clear();
+  downs_.clear();
+  const size_t n = active_.size();
+  for (; ord_q_ < n && ord_[ord_q_] < k1; ++ord_q_) {
+    const size_t k = ord_[ord_q_];
+    if (from != GateFrom::kBundleRelu || h_[k] != 0.0f) {
+      hd_.push_back(h_[k]);
+      downs_.push_back(down_of_[k]);
+    }
+  }
+  if (!hd_.empty() || !ord_started_) {
+    kernels::down_project(m_.dtype, out, m_.config.dim, hd_.data(), downs_.data(), int(hd_.size()), ord_started_);
+    ord_started_ = true;
+  }
+  if (last) return;
+  for (size_t k = k0; k < k1; ++k)
+    if (ord_pos_[k] >= ord_q_) {
+      uint8_t* dst = stash_.get() + k * row_bytes_;
+      std::memcpy(dst, down_of_[k], row_bytes_);
+      down_of_[k] = dst;
+    }
 }
 
 void FlashFfn::end_token() {
@@ -536,6 +649,7 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
   const ModelConfig& c = m_.config;
   const int dim = c.dim, hidden = c.hidden_dim;
   g_.resize(size_t(hidden));
+  g_by_slot_ = g_.data();
   if (n_tokens > 1 && batch_.size() < size_t(n_tokens)) batch_.resize(size_t(n_tokens));
   if (opt_.select == SelectMode::kDense) {
     // Every token of the pass at once over the re-laid-out bundles (gate's numbers); the time split evenly.
@@ -588,7 +702,10 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
     if (opt_.select == SelectMode::kTrace) {
       // The given neurons' bundles; each gate from the bundle's own row (no gate rows in DRAM), in the stored dtype.
       // ReLU: ffn_bundles applies the gate itself (zeros add nothing); SiLU: the gates first, then the same sum.
-      active_ = trace_active_[size_t(layer)];
+      if (rep_[size_t(layer)])
+        choose_copies(layer, trace_active_[size_t(layer)].data(), trace_active_[size_t(layer)].size());
+      else
+        active_ = trace_active_[size_t(layer)];
       prev_needed_[size_t(layer)] = active_;
       if (overlapped) {
         load_compute_overlapped(layer, ot, c.act == FfnAct::kRelu ? GateFrom::kBundleRelu : GateFrom::kBundleSilu);
@@ -633,6 +750,20 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
       f.predict(xt, score_.data(), tmp_.data());
       for (uint32_t s : active_) calib_[size_t(layer)].push_back(score_[s]);
       calib_samples_ += active_.size();
+    }
+    if (const ReplicaMap* rm = rep_[size_t(layer)].get()) {
+      // active_ holds ranks of first copies (the gate rows' order): to neurons, the gates by slot, then the copies.
+      const auto& firsts = first_slots_[size_t(layer)];
+      neurons_.clear();
+      g_slot_.resize(rm->n_slots());
+      for (uint32_t r : active_) {
+        const uint32_t v = rm->neuron_of[firsts[r]];
+        neurons_.push_back(v);
+        g_slot_[rm->first[v]] = g_[r];
+        if (rm->second[v] != kNoSlot) g_slot_[rm->second[v]] = g_[r];
+      }
+      g_by_slot_ = g_slot_.data();
+      choose_copies(layer, neurons_.data(), neurons_.size());
     }
     prev_needed_[size_t(layer)] = active_;
     if (overlapped)
@@ -802,6 +933,7 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
   // then its down projection added in slot order; the staging is then free for the next batch.
   size_t k0 = 0, p0 = 0;
   bool first = true;
+  const bool ordered = begin_ordered(layer);  // a replicated layer-token reading second copies: first-copy order
   for (size_t bi = 0; bi < batch_end_.size(); ++bi) {
     const size_t p1 = batch_end_[bi];
     const size_t k1 =
@@ -923,7 +1055,9 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
     wait += bwait;
     for (size_t ri = p0; ri < p1; ++ri)
       if (outstanding_[ri] != 0) throw InternalError("overlap: a read never completed");
-    if (per_read) {
+    if (per_read && ordered) {
+      compute_ordered(layer, k0, k1, from, out, false, false);  // coefficients done as the reads completed
+    } else if (per_read) {
       // The batch's down projection, in slot order, over the neurons ffn_bundles would keep: continuing the sums.
       hd_.clear();
       downs_.clear();
@@ -942,7 +1076,10 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
     p0 = p1;
   }
   cur_batch_ = -1;
-  if (k0 < n || first) {
+  if (ordered) {
+    if (per_read) ov_.bundles_computed += n - k0;
+    compute_ordered(layer, k0, n, from, out, true);
+  } else if (k0 < n || first) {
     // The hits after the last read (or a layer with nothing to read).
     if (per_read) ov_.bundles_computed += n - k0;
     compute_range(layer, k0, n, from, out, !first);

@@ -15,6 +15,11 @@
 // slot order, so the tokens equal the non-overlapped run's; `cross` starts a layer's FFN reads at the layer's start,
 // before its attention, from a predictor (lowrank: the low-rank gate on the layer input; otherwise the layer's
 // previous token's set), then reads what the exact selection adds at once and computes only the exact set.
+// Flash replication (image format 1.2): a layer's region holds some neurons twice; per token the exact active set goes
+// through runtime/plan/replica_cover.h (the copy nl-layout eval picks), each neuron is read and computed once, the
+// cache is keyed by the first copy, and the down projection sums in first-copy order, the order of the same layout
+// without replicas, so the tokens do not depend on which copy was read. Selections gate, threshold, trace and replay;
+// lowrank, dense and --overlap cross|both refuse replicated images.
 // Not thread-safe: one instance per generating thread.
 #pragma once
 #include <chrono>
@@ -30,6 +35,7 @@
 #include "runtime/model/model.h"
 #include "runtime/model/typed_kernels.h"
 #include "runtime/plan/read_plan.h"
+#include "runtime/plan/replica_cover.h"
 #include "runtime/plan/slot_cache.h"
 
 namespace nl {
@@ -116,6 +122,7 @@ struct FlashCounters {
   // --overlap: io_seconds is the time blocked waiting for reads; io_busy_seconds the time reads were outstanding
   // (first submit to last completion). Without overlap both are the read time.
   double io_busy_seconds = 0;
+  uint64_t replica_reads = 0;  // flash replication: active neurons read from their second copy
 };
 
 class FlashFfn : public FfnProvider {
@@ -269,6 +276,36 @@ class FlashFfn : public FfnProvider {
   void bundle_coefficients(size_t k0, size_t k1, GateFrom from);  // h_[idx_[k]] for k in [k0, k1)
   std::vector<std::pair<size_t, size_t>> hits_;                   // active index ranges served from DRAM
   std::vector<uint32_t> idx_;
+
+  // Flash replication, per layer (null / empty when the layer has no replicas): the slot -> neuron map, its copy
+  // chooser, the first copies ascending (rank -> slot: the gate rows in DRAM are theirs, one per neuron, in the order
+  // of the layout without replicas) and each slot's cache key (its neuron's first copy).
+  std::vector<std::unique_ptr<ReplicaMap>> rep_;
+  std::vector<std::unique_ptr<ReplicaCover>> cover_;
+  std::vector<std::vector<uint32_t>> first_slots_;
+  std::vector<std::vector<uint32_t>> alias_;
+  std::vector<uint32_t> neurons_;     // a token's active neurons, handed to the cover
+  std::vector<float> g_slot_;         // replicated layers: the gate values by slot (both copies)
+  const float* g_by_slot_ = nullptr;  // GateFrom::kGiven's gate values, indexed by slot
+  uint32_t slab_key(int layer, uint32_t slot) const {
+    return alias_[size_t(layer)].empty() ? slot : alias_[size_t(layer)][slot];
+  }
+  // active_ = the slots the cover picks for `neurons` of `layer` under its cache now (ascending, one per neuron).
+  void choose_copies(int layer, const uint32_t* neurons, size_t n);
+  // First-copy order of a layer-token that reads some second copies: ord_ (active indices by first copy), each
+  // index's place in it, the next place to project, each index's down column (moved to stash_ while it waits).
+  std::vector<size_t> ord_, ord_pos_;
+  size_t ord_q_ = 0;
+  bool ord_started_ = false;
+  std::vector<const uint8_t*> down_of_;
+  std::unique_ptr<uint8_t[]> stash_;
+  size_t stash_cap_ = 0;
+  // Starts the first-copy order for active_ of `layer`; false when active_ is in it already (no second copy read).
+  bool begin_ordered(int layer);
+  // Active indices [k0, k1) landed: their coefficients, then the down projection of every index whose turn came;
+  // unless `last`, the landed down columns still waiting are copied to stash_ (the staging is reused).
+  // `coefficients` false: --overlap layer computed them (and bundles_) as the reads completed.
+  void compute_ordered(int layer, size_t k0, size_t k1, GateFrom from, float* out, bool last, bool coefficients = true);
 
   void make_caches();
   // Reads the bundles the layer's cache pins (resident from the first token) into the slab.

@@ -185,7 +185,7 @@ void FlashImage::load_ffn_layer(int layer, LayerWeights* lw) {
   lw->w_down.assign(dim * hidden, 0.0f);
   std::vector<float> col(dim);
   const auto& order = m_.order[size_t(layer)];
-  for (size_t s = 0; s < hidden; ++s) {
+  for (size_t s = 0; s < order.size(); ++s) {  // a replica decodes to its first copy's values (the same bytes)
     const uint8_t* b = buf.data() + s * m_.bundle_bytes;
     const size_t n = order[s];
     if (gated) {

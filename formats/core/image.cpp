@@ -145,6 +145,10 @@ uint64_t image_id_of(const ImageManifest& m) {
   }
   str("order");
   u64(m.order.size());
+  if (!m.replicas.empty()) {  // 1.2: absent from unreplicated manifests, whose ids stay as they were
+    str("replicas");
+    for (uint32_t r : m.replicas) u64(r);
+  }
   Xxh64 h;
   h.update(b.data(), b.size());
   for (const auto& o : m.order) {
@@ -223,6 +227,7 @@ std::string manifest_to_json(const ImageManifest& m) {
         {{"name", t.name}, {"offset", t.offset}, {"shape", {t.rows, t.cols}}, {"dtype", image_dtype_name(t.dtype)}});
   j["dense_tensors"] = std::move(tensors);
   j["order"] = m.order;
+  if (!m.replicas.empty()) j["replicas"] = m.replicas;  // format 1.2 only (flash replication)
   // Written only when a layer records a policy, so images of layouts without one keep their manifest bytes.
   bool any_policy = false;
   for (const auto& p : m.cache_policy) any_policy = any_policy || !p.empty();
@@ -310,6 +315,15 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
   if (m.regions.size() != size_t(c.n_layers) + 1)
     bad(path, "has " + std::to_string(m.regions.size()) + " regions, expected 1 dense + " + std::to_string(c.n_layers) +
                   " FFN layers");
+  // Flash replication (1.2): `replicas` per layer; an FFN region holds hidden_dim + replicas bundles.
+  if (!m.replicas.empty()) {
+    if (m.version_major == 1 && m.version_minor < kImageVersionMinorReplicas)
+      bad(path, "has 'replicas' but is format version 1." + std::to_string(m.version_minor) +
+                    " (replicated images are 1." + std::to_string(kImageVersionMinorReplicas) + ")");
+    if (m.replicas.size() != size_t(c.n_layers))
+      bad(path, "replicas has " + std::to_string(m.replicas.size()) + " entries, expected one per layer (" +
+                    std::to_string(c.n_layers) + ")");
+  }
   for (size_t i = 0; i < m.regions.size(); ++i) {
     const ImageRegion& r = m.regions[i];
     const std::string want_name = i == 0 ? "dense" : "ffn." + std::to_string(i - 1);
@@ -322,9 +336,13 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
     if (r.offset > m.image_bytes || r.bytes > m.image_bytes - r.offset)
       bad(path, "region '" + r.name + "' [" + std::to_string(r.offset) + ", +" + std::to_string(r.bytes) +
                     ") runs past the end of the image (" + std::to_string(m.image_bytes) + " bytes)");
-    if (i > 0 && r.bytes != uint64_t(c.hidden_dim) * m.bundle_bytes)
-      bad(path, "region '" + r.name + "' is " + std::to_string(r.bytes) + " bytes, expected hidden_dim " +
-                    std::to_string(c.hidden_dim) + " x bundle " + std::to_string(m.bundle_bytes) + " bytes");
+    const uint64_t slots = uint64_t(c.hidden_dim) + (i > 0 && !m.replicas.empty() ? m.replicas[i - 1] : 0);
+    if (i > 0 && r.bytes != slots * m.bundle_bytes)
+      bad(path,
+          "region '" + r.name + "' is " + std::to_string(r.bytes) + " bytes, expected hidden_dim " +
+              std::to_string(c.hidden_dim) +
+              (slots != uint64_t(c.hidden_dim) ? " + replicas " + std::to_string(slots - uint64_t(c.hidden_dim)) : "") +
+              " x bundle " + std::to_string(m.bundle_bytes) + " bytes");
   }
   std::vector<const ImageRegion*> sorted;
   for (const auto& r : m.regions) sorted.push_back(&r);
@@ -361,16 +379,29 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
   }
   if (m.order.size() != size_t(c.n_layers))
     bad(path, "has " + std::to_string(m.order.size()) + " layer orders, expected " + std::to_string(c.n_layers));
+  // Flash replication (1.2): each order hidden_dim + replicas long, every neuron once or twice.
   for (size_t l = 0; l < m.order.size(); ++l) {
     const auto& o = m.order[l];
-    if (o.size() != size_t(c.hidden_dim))
-      bad(path, "order of layer " + std::to_string(l) + " has " + std::to_string(o.size()) + " entries, expected " +
-                    std::to_string(c.hidden_dim));
-    std::vector<char> seen(o.size(), 0);
+    const uint64_t r = m.replicas.empty() ? 0 : m.replicas[l];
+    const std::string where = "order of layer " + std::to_string(l);
+    if (r > uint64_t(c.hidden_dim))
+      bad(path, "replicas[" + std::to_string(l) + "] = " + std::to_string(r) + " exceeds the layer's " +
+                    std::to_string(c.hidden_dim) + " neurons (a neuron has at most two copies)");
+    if (o.size() != size_t(c.hidden_dim) + r)
+      bad(path, where + " has " + std::to_string(o.size()) + " entries, expected " + std::to_string(c.hidden_dim) +
+                    (r ? " neurons + " + std::to_string(r) + " replicas" : ""));
+    std::vector<uint8_t> copies(size_t(c.hidden_dim), 0);
     for (uint32_t n : o) {
-      if (n >= o.size() || seen[n]) bad(path, "order of layer " + std::to_string(l) + " is not a permutation");
-      seen[n] = 1;
+      if (n >= copies.size())
+        bad(path,
+            where + ": neuron " + std::to_string(n) + " is out of range [0, " + std::to_string(c.hidden_dim) + ")");
+      if (++copies[n] > (r ? 2 : 1))
+        bad(path, r ? where + " lists neuron " + std::to_string(n) + " more than twice (at most two copies)"
+                    : where + " is not a permutation");
     }
+    // Lengths add up and no neuron is listed more than allowed, so a missing neuron means some other one is doubled.
+    for (size_t n = 0; n < copies.size(); ++n)
+      if (!copies[n]) bad(path, where + " has no slot for neuron " + std::to_string(n));
   }
   if (!m.act_threshold.empty() && m.act_threshold.size() != size_t(c.n_layers))
     bad(path, "act_threshold has " + std::to_string(m.act_threshold.size()) + " entries, expected one per layer (" +
@@ -385,12 +416,18 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
     const std::string where = "cache_policy[" + std::to_string(l) + "]";
     if (!cache_small_fraction_valid(p.small_fraction))
       bad(path, where + ".small_fraction must be strictly between 0 and 1");
-    std::vector<char> seen(size_t(c.hidden_dim), 0);
+    const auto& o = m.order[l];
+    std::vector<char> seen(o.size(), 0);
+    std::vector<char> first(size_t(c.hidden_dim), 0);  // the cache is keyed by a neuron's first copy
+    for (size_t s = 0; s < o.size(); ++s)
+      if (!first[o[s]]) first[o[s]] = 1, seen[s] = 2;  // 2: a first copy, not pinned yet
     for (uint32_t s : p.pinned) {
       if (s >= seen.size())
         bad(path, where + ".pinned_slots: slot " + std::to_string(s) + " is out of range [0, " +
-                      std::to_string(c.hidden_dim) + ")");
-      if (seen[s]) bad(path, where + ".pinned_slots lists slot " + std::to_string(s) + " twice");
+                      std::to_string(seen.size()) + ")");
+      if (seen[s] == 1) bad(path, where + ".pinned_slots lists slot " + std::to_string(s) + " twice");
+      if (seen[s] == 0)
+        bad(path, where + ".pinned_slots: slot " + std::to_string(s) + " holds a second copy (pin the first)");
       seen[s] = 1;
     }
   }
@@ -523,6 +560,15 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
         v.push_back(x.get<uint32_t>());
       }
       m.order.push_back(std::move(v));
+    }
+    if (j.contains("replicas")) {  // format 1.2: flash replication
+      const json& rep = j["replicas"];
+      if (!rep.is_array()) bad(path, "'replicas' must be an array with one count per layer");
+      for (const json& x : rep) {
+        if (!x.is_number_unsigned() || x.get<uint64_t>() > 0xffffffffu)
+          bad(path, "replicas entries must be non-negative counts");
+        m.replicas.push_back(x.get<uint32_t>());
+      }
     }
     if (j.contains("cache_policy")) {  // optional (docs/formats.md); older manifests do not have it
       const json& pol = j["cache_policy"];

@@ -20,6 +20,10 @@ inline constexpr uint32_t kImageVersionMajor = 1;
 // Minor 1: per-tensor dtypes, q8_0 / q4_0, the image id covers every manifest field that changes the computation
 // (image_id_of below). Minor-0 manifests still open (their id covers the region table only).
 inline constexpr uint32_t kImageVersionMinor = 1;
+// Minor 2: flash replication (an FFN region holds n_neurons + replicas bundles, `replicas` per layer). Written only
+// when a layer holds replicas, so unreplicated images keep their 1.1 bytes; a 1.1 reader refuses a 1.2 order (its
+// length is not the layer's neuron count) rather than misreading it.
+inline constexpr uint32_t kImageVersionMinorReplicas = 2;
 inline constexpr uint64_t kImageAlign = 4096;      // region alignment and the image's total size granularity
 inline constexpr uint32_t kImageHeaderBytes = 64;  // meaningful header bytes; the header block is kImageAlign
 inline constexpr char kImageMagic[8] = {'N', 'L', 'W', 'I', 'M', 'G', '\r', '\n'};
@@ -142,7 +146,12 @@ struct ImageManifest {
   std::string layout_method;
   std::vector<ImageRegion> regions;  // regions[0] = dense, regions[1 + l] = ffn layer l
   std::vector<DenseTensor> dense_tensors;
-  std::vector<std::vector<uint32_t>> order;  // per layer: slot -> original neuron index
+  // per layer: slot -> original neuron index; with flash replication hidden_dim + replicas[l] slots, a neuron at most
+  // twice (the copy's bundle is the same bytes; runtime/plan/replica_cover.h picks which copy a token reads)
+  std::vector<std::vector<uint32_t>> order;
+  // Per layer (n_layers entries) the number of slots holding a neuron's second copy, when any layer has replicas
+  // (format 1.2), else empty. Always order[l].size() - hidden_dim.
+  std::vector<uint32_t> replicas;
   // Per layer (n_layers entries) when any layer records one, else empty (manifests from before the key, layouts
   // without a policy).
   std::vector<ImageCachePolicy> cache_policy;
@@ -157,6 +166,9 @@ struct ImageManifest {
   // Bytes of one part (gate row, up row or down column) of a bundle: image_row_bytes(dtype, dim).
   uint64_t bundle_part_bytes() const { return image_row_bytes(dtype, size_t(config.dim)); }
   const DenseTensor* find_tensor(const std::string& name) const;
+  // Bundle slots of FFN layer `layer`'s region: hidden_dim plus its replicas.
+  uint32_t n_slots(int layer) const { return uint32_t(order[size_t(layer)].size()); }
+  bool replicated() const { return !replicas.empty(); }
 };
 
 // The dense tensors a model with this config stores in an image of dtype `d`, in image order (names as in
@@ -167,7 +179,8 @@ std::vector<DenseTensor> image_dense_tensor_list(const ModelConfig& c, ImageDtyp
 uint64_t image_id_of(const std::vector<ImageRegion>& regions);
 // The image id of a manifest: for version 1.1 and later, xxh64 over the region table and a canonical encoding of
 // every field that changes what the runtime computes (model config incl. ffn_act, norm_eps, rope_theta, heads;
-// dtype; bundle kind and bytes; each dense tensor's name, offset, shape and dtype; the neuron order). The header
+// dtype; bundle kind and bytes; each dense tensor's name, offset, shape and dtype; the neuron order, replicas
+// included, and the per-layer replica counts of 1.2 manifests). The header
 // repeats it, so editing any of these in the manifest is refused at open. Version 1.0: image_id_of(regions).
 // Not covered (advisory): tokenizer, source, layout, cache_policy, planner.
 uint64_t image_id_of(const ImageManifest& m);

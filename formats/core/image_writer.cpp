@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "formats/core/error.h"
 
@@ -67,26 +68,38 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
     }
   }
   if (spec.order.size() != size_t(c.n_layers)) throw UsageError("cannot pack: the layout has a different layer count");
+  // Flash replication: an order longer than the layer holds n + r slots, each neuron once or twice (format 1.2).
+  bool replicated = false;
+  std::vector<uint32_t> replicas(spec.order.size(), 0);
   for (size_t l = 0; l < spec.order.size(); ++l) {
-    std::vector<char> seen(size_t(c.hidden_dim), 0);
-    if (spec.order[l].size() != seen.size())
-      throw UsageError("cannot pack: layout layer " + std::to_string(l) + " has " +
-                       std::to_string(spec.order[l].size()) + " neurons, the model has " +
-                       std::to_string(c.hidden_dim));
-    for (uint32_t n : spec.order[l]) {
-      if (n >= seen.size() || seen[n])
-        throw UsageError("cannot pack: layout layer " + std::to_string(l) + " is not a permutation");
-      seen[n] = 1;
+    const auto& o = spec.order[l];
+    std::vector<uint8_t> copies(size_t(c.hidden_dim), 0);
+    if (o.size() < copies.size() || o.size() > 2 * copies.size())
+      throw UsageError("cannot pack: layout layer " + std::to_string(l) + " has " + std::to_string(o.size()) +
+                       " slots, the model has " + std::to_string(c.hidden_dim) + " neurons");
+    const bool rep = o.size() != copies.size();
+    for (uint32_t n : o) {
+      if (n >= copies.size() || ++copies[n] > (rep ? 2 : 1))
+        throw UsageError("cannot pack: layout layer " + std::to_string(l) +
+                         (rep ? " lists a neuron out of range or more than twice" : " is not a permutation"));
     }
+    for (uint8_t k : copies)
+      if (!k) throw UsageError("cannot pack: layout layer " + std::to_string(l) + " leaves a neuron out");
+    replicas[l] = uint32_t(o.size() - copies.size());
+    replicated = replicated || rep;
   }
   m_.order = std::move(spec.order);
+  if (replicated) {
+    m_.replicas = std::move(replicas);
+    m_.version_minor = kImageVersionMinorReplicas;
+  }
   if (!spec.cache_policy.empty() && spec.cache_policy.size() != size_t(c.n_layers))
     throw UsageError("cannot pack: the cache policy has a different layer count");
   for (size_t l = 0; l < spec.cache_policy.size(); ++l) {
     const ImageCachePolicy& p = spec.cache_policy[l];
     if (!cache_small_fraction_valid(p.small_fraction))
       throw UsageError("cannot pack: layer " + std::to_string(l) + ": small_fraction must be strictly between 0 and 1");
-    std::vector<char> seen(size_t(c.hidden_dim), 0);
+    std::vector<char> seen(m_.order[l].size(), 0);
     for (uint32_t s : p.pinned) {
       if (s >= seen.size() || seen[s])
         throw UsageError("cannot pack: layer " + std::to_string(l) + ": pinned slots out of range or repeated");
@@ -114,7 +127,7 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
   for (int l = 0; l < c.n_layers; ++l) {
     const ImageRegion& prev = m_.regions.back();
     m_.regions.push_back({"ffn." + std::to_string(l), l, align_up(prev.offset + prev.bytes, kImageAlign),
-                          uint64_t(c.hidden_dim) * m_.bundle_bytes, 0});
+                          uint64_t(m_.n_slots(l)) * m_.bundle_bytes, 0});
   }
   m_.image_bytes = align_up(m_.regions.back().offset + m_.regions.back().bytes, kImageAlign);
 
@@ -166,11 +179,14 @@ void ImageWriter::add_layer(int layer, const float* gate, const float* up, const
   const size_t per_chunk = std::max<size_t>(1, (1u << 20) / m_.bundle_bytes);
   std::vector<char> chunk(per_chunk * m_.bundle_bytes);
   const auto& order = m_.order[size_t(layer)];
-  for (size_t s0 = 0; s0 < hidden; s0 += per_chunk) {
-    const size_t s1 = std::min(hidden, s0 + per_chunk);
+  const size_t n_slots = order.size();
+  std::vector<uint8_t> written(hidden, 0);  // a replica's bundle repeats its first copy's bytes: not counted twice
+  for (size_t s0 = 0; s0 < n_slots; s0 += per_chunk) {
+    const size_t s1 = std::min(n_slots, s0 + per_chunk);
     char* p = chunk.data();
     for (size_t s = s0; s < s1; ++s) {
       const size_t n = order[s];
+      StoredErrors* const errors = std::exchange(errors_, written[n]++ ? nullptr : errors_);
       if (gate) {
         image_encode(m_.dtype, gate + n * dim, dim, p);
         if (errors_) account("ffn.gate", m_.dtype, gate + n * dim, p, dim);
@@ -182,6 +198,7 @@ void ImageWriter::add_layer(int layer, const float* gate, const float* up, const
       image_encode(m_.dtype, down_t.data() + n * dim, dim, p);
       if (errors_) account("ffn.down", m_.dtype, down_t.data() + n * dim, p, dim);
       p += part;
+      errors_ = errors;
     }
     const size_t bytes = size_t(p - chunk.data());
     out_->write(chunk.data(), bytes);
@@ -200,7 +217,7 @@ ImageManifest ImageWriter::commit() {
   ImageHeader h{};
   std::memcpy(h.magic, kImageMagic, sizeof h.magic);
   h.version_major = kImageVersionMajor;
-  h.version_minor = kImageVersionMinor;
+  h.version_minor = m_.version_minor;
   h.header_bytes = kImageHeaderBytes;
   h.alignment = uint32_t(kImageAlign);
   h.image_bytes = m_.image_bytes;
