@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "formats/core/half.h"
@@ -184,6 +185,61 @@ TEST_CASE("every kernel path equals the portable reference bit for bit (row dots
       }
     }
   }
+}
+
+// Prefill's token tiles (several tokens per weight load) change the loop, never a number: every (row, token) of a
+// matmul over n = 1..9 tokens equals that token alone on the same path and on the portable one, for every dtype, the
+// interleaved q8_0 layout, row counts that are not a multiple of the row block and token counts of every remainder.
+TEST_CASE("matmul over n tokens (token tiles) equals each token alone, bit for bit, every path") {
+  IsaGuard guard;
+  struct Case {
+    ImageDtype dt;
+    bool x8;
+    int cols;
+  };
+  const Case cases[] = {{ImageDtype::kQ8_0, true, 256},   {ImageDtype::kQ8_0, true, 768},
+                        {ImageDtype::kQ8_0, false, 288},  {ImageDtype::kQ4_0, false, 320},
+                        {ImageDtype::kF16, false, 97},    {ImageDtype::kF16, false, 256},
+                        {ImageDtype::kBF16, false, 131},  {ImageDtype::kBF16, false, 512},
+                        {ImageDtype::kF32, false, 75}};
+  for (const Case& c : cases)
+    for (int rows : {4, 13, 37}) {
+      const std::string dtype = image_dtype_name(c.dt);
+      CAPTURE(dtype);
+      CAPTURE(c.x8);
+      CAPTURE(c.cols);
+      CAPTURE(rows);
+      TypedMatrix m = make_matrix(c.dt, rows, c.cols, 41 + uint64_t(rows) + uint64_t(c.cols));
+      WeightView v = m.view();
+      std::vector<uint8_t> copy = m.bytes;
+      if (c.x8) {
+        v.data = copy.data();
+        REQUIRE(kernels::q8_interleavable(v));
+        kernels::q8_interleave(&v);
+      }
+      const int max_n = 9;
+      const std::vector<float> x = random_x(max_n * c.cols, 77 + uint64_t(rows));
+      // The reference: each token alone on the portable path.
+      kernels::set_isa(kernels::Isa::kPortable);
+      std::vector<float> ref(size_t(max_n) * rows);
+      for (int t = 0; t < max_n; ++t)
+        kernels::matmul(ref.data() + size_t(t) * rows, x.data() + size_t(t) * c.cols, v, 1);
+      for (kernels::Isa isa : kernels::available_isas()) {
+        const std::string path = kernels::isa_name(isa);
+        CAPTURE(path);
+        kernels::set_isa(isa);
+        std::vector<float> alone(size_t(max_n) * rows);
+        for (int t = 0; t < max_n; ++t)
+          kernels::matmul(alone.data() + size_t(t) * rows, x.data() + size_t(t) * c.cols, v, 1);
+        CHECK(std::memcmp(alone.data(), ref.data(), alone.size() * sizeof(float)) == 0);
+        for (int n = 1; n <= max_n; ++n) {
+          CAPTURE(n);
+          std::vector<float> y(size_t(n) * rows, -1.0f);
+          kernels::matmul(y.data(), x.data(), v, n);
+          CHECK(std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)) == 0);
+        }
+      }
+    }
 }
 
 TEST_CASE("matrix products and the down projection give the same bits for 1, 2, 3 and 4 threads") {
