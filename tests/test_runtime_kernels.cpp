@@ -242,6 +242,49 @@ TEST_CASE("matmul over n tokens (token tiles) equals each token alone, bit for b
     }
 }
 
+// The down projection of several tokens at once (prefill's dense FFN) equals down_accum token by token over each
+// token's own list of neurons (h != 0, slot order), every path, for every token count up to past two tiles.
+TEST_CASE("down_tokens equals down_accum token by token, bit for bit, every path") {
+  IsaGuard guard;
+  for (ImageDtype dt : kDtypes) {
+    const std::string dtype = image_dtype_name(dt);
+    CAPTURE(dtype);
+    const int hidden = 77, max_n = 17;
+    for (int len : {32, 96, 128}) {
+      CAPTURE(len);
+      TypedMatrix m = make_matrix(dt, hidden, len, 5 + uint64_t(len));
+      std::vector<float> h = random_x(max_n * hidden, 9);
+      for (size_t i = 0; i < h.size(); ++i)
+        if (i % 5 == 1 || i % 7 == 3) h[i] = 0.0f;  // tokens differ in the neurons they sum
+      for (int s = 0; s < hidden; ++s) h[size_t(4 * hidden + s)] = 0.0f;  // a token summing nothing
+      std::vector<float> want(size_t(max_n) * len);
+      kernels::set_isa(kernels::Isa::kPortable);
+      for (int t = 0; t < max_n; ++t) {
+        std::vector<float> hk;
+        std::vector<const uint8_t*> cols;
+        for (int s = 0; s < hidden; ++s)
+          if (h[size_t(t * hidden + s)] != 0.0f) {
+            hk.push_back(h[size_t(t * hidden + s)]);
+            cols.push_back(m.bytes.data() + size_t(s) * m.stride);
+          }
+        kernels::down_accum(dt, want.data() + size_t(t) * len, 0, len, hk.data(), cols.data(), int(hk.size()));
+      }
+      for (kernels::Isa isa : kernels::available_isas()) {
+        const std::string path = kernels::isa_name(isa);
+        CAPTURE(path);
+        kernels::set_isa(isa);
+        for (int n : {1, 2, 7, 8, 9, 17}) {
+          CAPTURE(n);
+          std::vector<float> got(size_t(n) * len, -1.0f);
+          kernels::down_tokens(dt, got.data(), size_t(len), len, h.data(), size_t(hidden), m.bytes.data(), m.stride,
+                               hidden, n);
+          CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("matrix products and the down projection give the same bits for 1, 2, 3 and 4 threads") {
   const int saved = omp_get_max_threads();
   for (ImageDtype dt : kDtypes) {
@@ -306,7 +349,8 @@ TEST_CASE("the dense FFN over re-laid-out bundles equals the gated bundle FFN bi
   for (ImageDtype dt : kDtypes) {
     CAPTURE(image_dtype_name(dt));
     // dim 320: two down chunks of 128 and a partial one; hidden 77: not a multiple of any group.
-    const int dim = 320, hidden = 77, n = 3;
+    // n = 11: a whole down tile of 8 tokens and a partial one.
+    const int dim = 320, hidden = 77, n = 11;
     const size_t rb = image_row_bytes(dt, size_t(dim)), bb = 3 * rb + 64;  // padded bundles, as images may be
     TypedMatrix gate = make_matrix(dt, hidden, dim, 11), up = make_matrix(dt, hidden, dim, 12),
                 down = make_matrix(dt, hidden, dim, 13);

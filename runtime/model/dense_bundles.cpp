@@ -52,7 +52,6 @@ void DenseBundles::ffn(const float* x, int n, FfnAct act, float* out) {
   g_.resize(total);
   u_.resize(total);
   h_.resize(total);
-  idx_.resize(total);
   count_.resize(size_t(n));
   xq_.prepare(dt_, x, n, dim_);
   matmul(g_.data(), xq_, gate(), n);
@@ -63,44 +62,31 @@ void DenseBundles::ffn(const float* x, int n, FfnAct act, float* out) {
     const float* g = g_.data() + size_t(t) * hid;
     const float* u = u_.data() + size_t(t) * hid;
     float* h = h_.data() + size_t(t) * hid;
-    uint32_t* idx = idx_.data() + size_t(t) * hid;
     int k = 0;
     for (int s = 0; s < hidden_; ++s) {
       float a;
+      h[s] = 0.0f;
       if (act == FfnAct::kRelu) {
         if (!(g[s] > 0.0f)) continue;
         a = g[s];
       } else {
         a = g[s] / (1.0f + std::exp(-g[s]));
       }
-      const float hv = a == 0.0f ? 0.0f : a * u[s];
-      if (hv != 0.0f) {
-        h[k] = hv;
-        idx[k++] = uint32_t(s);
-      }
+      h[s] = a == 0.0f ? 0.0f : a * u[s];
+      k += h[s] != 0.0f;
     }
     count_[size_t(t)] = k;
   }
   // Down: chunks of outputs split over threads, each chunk's slices contiguous; every output summed by one call in
-  // slot order, whatever the split.
+  // slot order over the neurons with h != 0, whatever the split (down_tokens: several tokens per weight load).
   const int chunks = int(chunk_off_.size());
   long work = 0;
   for (int t = 0; t < n; ++t) work += long(count_[size_t(t)]) * dim_;
-#pragma omp parallel if (work > kParallelWork)
-  {
-    std::vector<const uint8_t*> cols(hid);
-#pragma omp for schedule(static)
-    for (int c = 0; c < chunks; ++c) {
-      const int o0 = c * kDownChunk, o1 = std::min(dim_, o0 + kDownChunk);
-      const uint8_t* base = data_.data() + chunk_off_[size_t(c)];
-      const size_t cb = chunk_cb_[size_t(c)];
-      for (int t = 0; t < n; ++t) {
-        const int k = count_[size_t(t)];
-        const uint32_t* idx = idx_.data() + size_t(t) * hid;
-        for (int i = 0; i < k; ++i) cols[size_t(i)] = base + size_t(idx[i]) * cb;
-        down_accum(dt_, out + size_t(t) * dim_ + o0, 0, o1 - o0, h_.data() + size_t(t) * hid, cols.data(), k);
-      }
-    }
+#pragma omp parallel for schedule(static) if (work > kParallelWork)
+  for (int c = 0; c < chunks; ++c) {
+    const int o0 = c * kDownChunk, o1 = std::min(dim_, o0 + kDownChunk);
+    down_tokens(dt_, out + o0, size_t(dim_), o1 - o0, h_.data(), hid, data_.data() + chunk_off_[size_t(c)],
+                chunk_cb_[size_t(c)], hidden_, n);
   }
 }
 

@@ -39,9 +39,8 @@ class DenseBundles {
   std::vector<size_t> chunk_off_;  // per down chunk: its offset in data_ ([hidden][its outputs' bytes])
   std::vector<size_t> chunk_cb_;   // per down chunk: bytes of one neuron's slice
   PreparedX xq_;
-  std::vector<float> g_, u_, h_;  // [n][hidden]
-  std::vector<uint32_t> idx_;     // [n][hidden]: the neurons each token sums (h != 0), in slot order
-  std::vector<int> count_;        // [n]: how many
+  std::vector<float> g_, u_, h_;  // [n][hidden]; h = 0: the token does not sum the neuron
+  std::vector<int> count_;        // [n]: how many neurons each token sums (h != 0)
 };
 
 }  // namespace nl::kernels

@@ -42,6 +42,8 @@ constexpr int kRowBlock = 4;
 // Tokens per token tile (matmul with n > 1): with kRowBlock rows, the tile's accumulators fill half of AVX-512's
 // 32 vector registers (one 8-lane accumulator per row and token for q8_0).
 constexpr int kTokenTile = 4;
+// Tokens per down-projection tile (down_tokens): 2 accumulators (32 outputs) each, a weight block converted once.
+constexpr int kDownTokens = 8;
 
 // A prepared q8_0 activation row (PreparedX::row): nb blocks, padding to 4 bytes, then nb int32 sums of each block's
 // 32 quants (the VNNI paths' offset correction; exact integers).
@@ -94,6 +96,9 @@ inline uint16_t ld16(const uint8_t* p, size_t i) {
 using TileFn = void (*)(const uint8_t* w, size_t stride, const uint8_t* x, size_t x_stride, int nt, int n, float* y,
                         size_t y_stride);
 
+using DownTileFn = void (*)(float* out, size_t out_stride, int len, const float* h, const uint8_t* mask,
+                            const uint8_t* base, size_t slice_bytes, int hidden, int nt);
+
 struct Table {
   float (*dot_f16)(const uint8_t* w, const float* x, int n);
   float (*dot_bf16)(const uint8_t* w, const float* x, int n);
@@ -119,6 +124,10 @@ struct Table {
   TileFn tile_q8x8 = nullptr;
   TileFn tile_f16 = nullptr;
   TileFn tile_bf16 = nullptr;
+  // Down projection of up to kDownTokens tokens over one slice block (down_tokens): h token-minor ([s][kDownTokens]),
+  // mask[s] bit t = token t sums neuron s. Null: down_tokens runs down_accum token by token.
+  DownTileFn down_tile_q8 = nullptr;
+  DownTileFn down_tile_q4 = nullptr;
 };
 
 // Interleaved q8_0 (q8_interleave): a group of 8 blocks is 272 bytes, its 8 scales first, then 8 steps of 32 bytes.
@@ -784,6 +793,66 @@ NL_512 void down_blocks_512(float* out, int o0, int o1, const float* h, const ui
   }
 }
 
+// Down projection of T tokens over one block of neuron slices: per 32 outputs, each neuron's quantization block is
+// widened once and added into the sums of the tokens that list it (mask), h_t * d rounded, then times q, then added:
+// per token and output down_blocks_512's operations in slot order.
+template <class B, int T>
+NL_512 void down_tile_blocks_512_t(float* out, size_t ldo, int len, const float* h, const uint8_t* mask,
+                                   const uint8_t* base, size_t cb, int hidden) {
+  const int nblk = (len + kQuantBlock - 1) / kQuantBlock;
+  for (int b = 0; b < nblk; ++b) {
+    __m512 acc[T][2];
+    for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+    for (int s = 0; s < hidden; ++s) {
+      const unsigned m = mask[s];
+      if (!m) continue;
+      const B& blk = *reinterpret_cast<const B*>(base + size_t(s) * cb + size_t(b) * sizeof(B));
+      __m512 lo, hi;
+      q32_to_f32(blk, &lo, &hi);
+      const float d = f16_to_f32(blk.d);
+      const float* hs = h + size_t(s) * kDownTokens;
+      for (int t = 0; t < T; ++t)
+        if (m >> t & 1u) {
+          const __m512 c = _mm512_set1_ps(hs[t] * d);
+          acc[t][0] = _mm512_add_ps(acc[t][0], _mm512_mul_ps(c, lo));
+          acc[t][1] = _mm512_add_ps(acc[t][1], _mm512_mul_ps(c, hi));
+        }
+    }
+    for (int t = 0; t < T; ++t) {
+      float* y = out + size_t(t) * ldo + size_t(b) * kQuantBlock;
+      const int k = std::min(kQuantBlock, len - b * kQuantBlock);
+      if (k == kQuantBlock) {
+        _mm512_storeu_ps(y, acc[t][0]);
+        _mm512_storeu_ps(y + 16, acc[t][1]);
+      } else {
+        alignas(64) float a[32];
+        _mm512_store_ps(a, acc[t][0]);
+        _mm512_store_ps(a + 16, acc[t][1]);
+        std::memcpy(y, a, sizeof(float) * size_t(k));
+      }
+    }
+  }
+}
+template <class B>
+NL_512 void down_tile_blocks_512(float* out, size_t ldo, int len, const float* h, const uint8_t* mask,
+                                 const uint8_t* base, size_t cb, int hidden, int nt) {
+  switch (nt) {
+#define NL_CASE(T) \
+  case T:          \
+    return down_tile_blocks_512_t<B, T>(out, ldo, len, h, mask, base, cb, hidden);
+    NL_CASE(1)
+    NL_CASE(2)
+    NL_CASE(3)
+    NL_CASE(4)
+    NL_CASE(5)
+    NL_CASE(6)
+    NL_CASE(7)
+#undef NL_CASE
+    default:
+      return down_tile_blocks_512_t<B, kDownTokens>(out, ldo, len, h, mask, base, cb, hidden);
+  }
+}
+
 const Table kAvx512 = {dot_h16_512<false>,
                        dot_h16_512<true>,
                        dot_blocks_512<BlockQ8_0, isum_q8>,
@@ -800,7 +869,9 @@ const Table kAvx512 = {dot_h16_512<false>,
                        dot_q8x8_512,
                        tile_q8x8_512,
                        tile_h16_512<false>,
-                       tile_h16_512<true>};
+                       tile_h16_512<true>,
+                       down_tile_blocks_512<BlockQ8_0>,
+                       down_tile_blocks_512<BlockQ4_0>};
 #pragma GCC diagnostic pop
 #endif
 
@@ -1314,6 +1385,48 @@ void down_project(ImageDtype dt, float* out, int dim, const float* h, const uint
     const int nt = omp_get_num_threads(), t = omp_get_thread_num();
     const int c0 = int(long(chunks) * t / nt), c1 = int(long(chunks) * (t + 1) / nt);
     if (c1 > c0) down_accum(dt, out, c0 * kChunk, std::min(dim, c1 * kChunk), h, cols, n_active, accumulate);
+  }
+}
+
+void down_tokens(ImageDtype dt, float* out, size_t out_stride, int len, const float* h, size_t h_stride,
+                 const uint8_t* base, size_t slice_bytes, int hidden, int n) {
+  const DownTileFn tile = dt == ImageDtype::kQ8_0   ? g_table->down_tile_q8
+                          : dt == ImageDtype::kQ4_0 ? g_table->down_tile_q4
+                                                    : nullptr;
+  if (!tile || n == 1) {  // token by token: each token's list of neurons with h != 0, in slot order
+    thread_local std::vector<const uint8_t*> cols;
+    thread_local std::vector<float> hk;
+    cols.resize(size_t(hidden));
+    hk.resize(size_t(hidden));
+    for (int t = 0; t < n; ++t) {
+      const float* ht = h + size_t(t) * h_stride;
+      int k = 0;
+      for (int s = 0; s < hidden; ++s)
+        if (ht[s] != 0.0f) {
+          hk[size_t(k)] = ht[s];
+          cols[size_t(k++)] = base + size_t(s) * slice_bytes;
+        }
+      down_accum(dt, out + size_t(t) * out_stride, 0, len, hk.data(), cols.data(), k);
+    }
+    return;
+  }
+  // Tiles of kDownTokens tokens: h token-minor and each neuron's mask of the tokens that list it (h != 0).
+  thread_local std::vector<float> ht;
+  thread_local std::vector<uint8_t> mask;
+  ht.resize(size_t(hidden) * kDownTokens);
+  mask.resize(size_t(hidden));
+  for (int t0 = 0; t0 < n; t0 += kDownTokens) {
+    const int nt = std::min(kDownTokens, n - t0);
+    for (int s = 0; s < hidden; ++s) {
+      unsigned m = 0;
+      for (int t = 0; t < nt; ++t) {
+        const float v = h[size_t(t0 + t) * h_stride + size_t(s)];
+        ht[size_t(s) * kDownTokens + size_t(t)] = v;
+        if (v != 0.0f) m |= 1u << t;
+      }
+      mask[size_t(s)] = uint8_t(m);
+    }
+    tile(out + size_t(t0) * out_stride, out_stride, len, ht.data(), mask.data(), base, slice_bytes, hidden, nt);
   }
 }
 

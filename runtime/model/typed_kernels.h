@@ -90,6 +90,13 @@ void down_accum(ImageDtype dt, float* out, int o0, int o1, const float* h, const
 void down_project(ImageDtype dt, float* out, int dim, const float* h, const uint8_t* const* cols, int n_active,
                   bool accumulate = false);
 
+// The down projection of n tokens over `hidden` neuron slices of `len` outputs each (down columns cut to one output
+// range, slice s at base + s * slice_bytes; len a multiple of 32 for quantized dtypes, or the range's end): for each
+// token t, out[t * out_stride + o] (o < len) = the sum in slot order over the neurons with h[t * h_stride + s] != 0 of
+// h * slice_s[o], i.e. down_accum over that token's list (overwriting). Several tokens share each weight block's load.
+void down_tokens(ImageDtype dt, float* out, size_t out_stride, int len, const float* h, size_t h_stride,
+                 const uint8_t* base, size_t slice_bytes, int hidden, int n);
+
 // One token's gated FFN over bundles ([gate row | up row | down column], each image_row_bytes(dt, dim) bytes) of the
 // listed neurons, in list order: h_i = g[i] * (up_i . x); when g is null, g_i = relu(gate_i . x) from the bundle's own
 // gate row and neurons with h_i = 0 drop out. out[dim] = sum_i h_i * down_i (down_project). The up dots run in
