@@ -128,6 +128,8 @@ struct Table {
   // mask[s] bit t = token t sums neuron s. Null: down_tokens runs down_accum token by token.
   DownTileFn down_tile_q8 = nullptr;
   DownTileFn down_tile_q4 = nullptr;
+  DownTileFn down_tile_f16 = nullptr;
+  DownTileFn down_tile_bf16 = nullptr;
 };
 
 // Interleaved q8_0 (q8_interleave): a group of 8 blocks is 272 bytes, its 8 scales first, then 8 steps of 32 bytes.
@@ -619,8 +621,7 @@ NL_512 float dot_q8x8_512(const uint8_t* w, const void* x, int n) {
 // into each of T tokens; the two 256-bit halves (even and odd steps) are added as integers (exact), so each lane holds
 // rows_q8x8_512's block sum and every float operation, in order, is its.
 template <int T>
-NL_512 void tile_q8x8_512_t(const uint8_t* w, size_t stride, const uint8_t* x, size_t xs, int n, float* y,
-                            size_t ys) {
+NL_512 void tile_q8x8_512_t(const uint8_t* w, size_t stride, const uint8_t* x, size_t xs, int n, float* y, size_t ys) {
   constexpr int R = kRowBlock;
   const int nb = n / kQuantBlock, ng = nb / 8;
   const __m512i flip = _mm512_set1_epi8(char(0x80));
@@ -637,16 +638,15 @@ NL_512 void tile_q8x8_512_t(const uint8_t* w, size_t stride, const uint8_t* x, s
     for (int r = 0; r < R; ++r) {
       const uint8_t* wg = w + size_t(r) * stride + size_t(g) * kX8Group;
       __m512i wq[4];
-      for (int k = 0; k < 4; ++k)
-        wq[k] = _mm512_xor_si512(_mm512_loadu_si512(wg + kX8Quants + 64 * k), flip);
+      for (int k = 0; k < 4; ++k) wq[k] = _mm512_xor_si512(_mm512_loadu_si512(wg + kX8Quants + 64 * k), flip);
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg)));
       for (int t = 0; t < T; ++t) {
         const uint8_t* xg = x + size_t(t) * xs + size_t(g) * kX8Group + kX8Quants;
         __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[0], _mm512_loadu_si512(xg));
         for (int k = 1; k < 4; ++k) s = _mm512_dpbusd_epi32(s, wq[k], _mm512_loadu_si512(xg + 64 * k));
-        const __m256i isum = _mm256_sub_epi32(
-            _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1)),
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr[t] + 8 * g)));
+        const __m256i isum =
+            _mm256_sub_epi32(_mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1)),
+                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr[t] + 8 * g)));
         const __m256 d = _mm256_mul_ps(dw, _mm256_loadu_ps(sc[t] + 8 * g));
         acc[r][t] = _mm256_add_ps(acc[r][t], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
       }
@@ -833,6 +833,64 @@ NL_512 void down_tile_blocks_512_t(float* out, size_t ldo, int len, const float*
     }
   }
 }
+// The same for f16 / bf16 slices: per 32 outputs each neuron's weights widened once; per token and output
+// down_h16_512's operations (h_t * w, then added) in slot order. len: any; the last partial 32 run element by element.
+template <bool Bf16, int T>
+NL_512 void down_tile_h16_512_t(float* out, size_t ldo, int len, const float* h, const uint8_t* mask,
+                                const uint8_t* base, size_t cb, int hidden) {
+  const int l32 = len / 32 * 32;
+  for (int o = 0; o < l32; o += 32) {
+    __m512 acc[T][2];
+    for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+    for (int s = 0; s < hidden; ++s) {
+      const unsigned m = mask[s];
+      if (!m) continue;
+      const uint8_t* c = base + size_t(s) * cb + 2 * size_t(o);
+      const __m512 lo = cvt16<Bf16>(c), hi = cvt16<Bf16>(c + 32);
+      const float* hs = h + size_t(s) * kDownTokens;
+      for (int t = 0; t < T; ++t)
+        if (m >> t & 1u) {
+          const __m512 hv = _mm512_set1_ps(hs[t]);
+          acc[t][0] = _mm512_add_ps(acc[t][0], _mm512_mul_ps(hv, lo));
+          acc[t][1] = _mm512_add_ps(acc[t][1], _mm512_mul_ps(hv, hi));
+        }
+    }
+    for (int t = 0; t < T; ++t) {
+      _mm512_storeu_ps(out + size_t(t) * ldo + o, acc[t][0]);
+      _mm512_storeu_ps(out + size_t(t) * ldo + o + 16, acc[t][1]);
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int o = l32; o < len; ++o) {
+      float a = 0.0f;
+      for (int s = 0; s < hidden; ++s)
+        if (mask[s] >> t & 1u) {
+          const uint16_t v = ld16(base + size_t(s) * cb, size_t(o));
+          a += h[size_t(s) * kDownTokens + size_t(t)] * (Bf16 ? bf16_to_f32(v) : f16_to_f32(v));
+        }
+      out[size_t(t) * ldo + o] = a;
+    }
+}
+template <bool Bf16>
+NL_512 void down_tile_h16_512(float* out, size_t ldo, int len, const float* h, const uint8_t* mask, const uint8_t* base,
+                              size_t cb, int hidden, int nt) {
+  switch (nt) {
+#define NL_CASE(T) \
+  case T:          \
+    return down_tile_h16_512_t<Bf16, T>(out, ldo, len, h, mask, base, cb, hidden);
+    NL_CASE(1)
+    NL_CASE(2)
+    NL_CASE(3)
+    NL_CASE(4)
+    NL_CASE(5)
+    NL_CASE(6)
+    NL_CASE(7)
+#undef NL_CASE
+    default:
+      return down_tile_h16_512_t<Bf16, kDownTokens>(out, ldo, len, h, mask, base, cb, hidden);
+  }
+}
+
 template <class B>
 NL_512 void down_tile_blocks_512(float* out, size_t ldo, int len, const float* h, const uint8_t* mask,
                                  const uint8_t* base, size_t cb, int hidden, int nt) {
@@ -871,7 +929,9 @@ const Table kAvx512 = {dot_h16_512<false>,
                        tile_h16_512<false>,
                        tile_h16_512<true>,
                        down_tile_blocks_512<BlockQ8_0>,
-                       down_tile_blocks_512<BlockQ4_0>};
+                       down_tile_blocks_512<BlockQ4_0>,
+                       down_tile_h16_512<false>,
+                       down_tile_h16_512<true>};
 #pragma GCC diagnostic pop
 #endif
 
@@ -1218,9 +1278,7 @@ void q8_interleave(WeightView* w) {
   w->q8_x8 = true;
 }
 
-size_t PreparedX::row_bytes() const {
-  return image_dtype_quantized(dtype_) ? rec_ : size_t(cols_) * sizeof(float);
-}
+size_t PreparedX::row_bytes() const { return image_dtype_quantized(dtype_) ? rec_ : size_t(cols_) * sizeof(float); }
 
 const void* PreparedX::row(int t) const {
   if (image_dtype_quantized(dtype_)) return reinterpret_cast<const uint8_t*>(q_.data()) + size_t(t) * rec_;
@@ -1392,6 +1450,8 @@ void down_tokens(ImageDtype dt, float* out, size_t out_stride, int len, const fl
                  const uint8_t* base, size_t slice_bytes, int hidden, int n) {
   const DownTileFn tile = dt == ImageDtype::kQ8_0   ? g_table->down_tile_q8
                           : dt == ImageDtype::kQ4_0 ? g_table->down_tile_q4
+                          : dt == ImageDtype::kF16  ? g_table->down_tile_f16
+                          : dt == ImageDtype::kBF16 ? g_table->down_tile_bf16
                                                     : nullptr;
   if (!tile || n == 1) {  // token by token: each token's list of neurons with h != 0, in slot order
     thread_local std::vector<const uint8_t*> cols;
