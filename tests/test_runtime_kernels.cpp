@@ -277,8 +277,9 @@ TEST_CASE("down_tokens equals down_accum token by token, bit for bit, every path
         for (int n : {1, 2, 7, 8, 9, 17}) {
           CAPTURE(n);
           std::vector<float> got(size_t(n) * len, -1.0f);
-          kernels::down_tokens(dt, got.data(), size_t(len), len, h.data(), size_t(hidden), m.bytes.data(), m.stride,
-                               hidden, n);
+          kernels::DownCoeffs dc;
+          dc.prepare(h.data(), size_t(hidden), hidden, n);
+          kernels::down_tokens(dt, got.data(), size_t(len), len, dc, m.bytes.data(), m.stride);
           CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
         }
       }

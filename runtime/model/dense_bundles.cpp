@@ -52,7 +52,6 @@ void DenseBundles::ffn(const float* x, int n, FfnAct act, float* out) {
   g_.resize(total);
   u_.resize(total);
   h_.resize(total);
-  count_.resize(size_t(n));
   xq_.prepare(dt_, x, n, dim_);
   matmul(g_.data(), xq_, gate(), n);
   matmul(u_.data(), xq_, up(), n);
@@ -62,7 +61,6 @@ void DenseBundles::ffn(const float* x, int n, FfnAct act, float* out) {
     const float* g = g_.data() + size_t(t) * hid;
     const float* u = u_.data() + size_t(t) * hid;
     float* h = h_.data() + size_t(t) * hid;
-    int k = 0;
     for (int s = 0; s < hidden_; ++s) {
       float a;
       h[s] = 0.0f;
@@ -73,20 +71,19 @@ void DenseBundles::ffn(const float* x, int n, FfnAct act, float* out) {
         a = g[s] / (1.0f + std::exp(-g[s]));
       }
       h[s] = a == 0.0f ? 0.0f : a * u[s];
-      k += h[s] != 0.0f;
     }
-    count_[size_t(t)] = k;
   }
+  down_.prepare(h_.data(), hid, hidden_, n);
   // Down: chunks of outputs split over threads, each chunk's slices contiguous; every output summed by one call in
   // slot order over the neurons with h != 0, whatever the split (down_tokens: several tokens per weight load).
   const int chunks = int(chunk_off_.size());
   long work = 0;
-  for (int t = 0; t < n; ++t) work += long(count_[size_t(t)]) * dim_;
+  for (int t = 0; t < n; ++t) work += long(down_.count(t)) * dim_;
 #pragma omp parallel for schedule(static) if (work > kParallelWork)
   for (int c = 0; c < chunks; ++c) {
     const int o0 = c * kDownChunk, o1 = std::min(dim_, o0 + kDownChunk);
-    down_tokens(dt_, out + o0, size_t(dim_), o1 - o0, h_.data(), hid, data_.data() + chunk_off_[size_t(c)],
-                chunk_cb_[size_t(c)], hidden_, n);
+    down_tokens(dt_, out + o0, size_t(dim_), o1 - o0, down_, data_.data() + chunk_off_[size_t(c)],
+                chunk_cb_[size_t(c)]);
   }
 }
 

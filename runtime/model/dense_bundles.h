@@ -40,7 +40,7 @@ class DenseBundles {
   std::vector<size_t> chunk_cb_;   // per down chunk: bytes of one neuron's slice
   PreparedX xq_;
   std::vector<float> g_, u_, h_;  // [n][hidden]; h = 0: the token does not sum the neuron
-  std::vector<int> count_;        // [n]: how many neurons each token sums (h != 0)
+  DownCoeffs down_;               // h prepared for the down projection (shared by every chunk)
 };
 
 }  // namespace nl::kernels

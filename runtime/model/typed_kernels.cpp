@@ -43,7 +43,7 @@ constexpr int kRowBlock = 4;
 // 32 vector registers (one 8-lane accumulator per row and token for q8_0).
 constexpr int kTokenTile = 4;
 // Tokens per down-projection tile (down_tokens): 2 accumulators (32 outputs) each, a weight block converted once.
-constexpr int kDownTokens = 8;
+constexpr int kDownTokens = kDownTokenTile;
 
 // A prepared q8_0 activation row (PreparedX::row): nb blocks, padding to 4 bytes, then nb int32 sums of each block's
 // 32 quants (the VNNI paths' offset correction; exact integers).
@@ -1446,48 +1446,56 @@ void down_project(ImageDtype dt, float* out, int dim, const float* h, const uint
   }
 }
 
-void down_tokens(ImageDtype dt, float* out, size_t out_stride, int len, const float* h, size_t h_stride,
-                 const uint8_t* base, size_t slice_bytes, int hidden, int n) {
+void DownCoeffs::prepare(const float* h, size_t h_stride, int hidden, int n) {
+  n_ = n;
+  hidden_ = hidden;
+  const int tiles = (n + kDownTokens - 1) / kDownTokens;
+  th_.assign(size_t(tiles) * size_t(hidden) * kDownTokens, 0.0f);
+  mask_.assign(size_t(tiles) * size_t(hidden), 0);
+  idx_.resize(size_t(n) * size_t(hidden));
+  hk_.resize(size_t(n) * size_t(hidden));
+  count_.resize(size_t(n));
+  for (int t = 0; t < n; ++t) {
+    const float* ht = h + size_t(t) * h_stride;
+    float* th = th_.data() + size_t(t / kDownTokens) * size_t(hidden) * kDownTokens + size_t(t % kDownTokens);
+    uint8_t* m = mask_.data() + size_t(t / kDownTokens) * size_t(hidden);
+    uint32_t* idx = idx_.data() + size_t(t) * size_t(hidden);
+    float* hk = hk_.data() + size_t(t) * size_t(hidden);
+    int k = 0;
+    for (int s = 0; s < hidden; ++s)
+      if (ht[s] != 0.0f) {
+        th[size_t(s) * kDownTokens] = ht[s];
+        m[s] = uint8_t(m[s] | 1u << (t % kDownTokens));
+        idx[k] = uint32_t(s);
+        hk[k++] = ht[s];
+      }
+    count_[size_t(t)] = k;
+  }
+}
+
+void down_tokens(ImageDtype dt, float* out, size_t out_stride, int len, const DownCoeffs& h, const uint8_t* base,
+                 size_t slice_bytes) {
+  static_assert(kDownTokens == kDownTokenTile);
+  const int n = h.tokens(), hidden = h.hidden();
   const DownTileFn tile = dt == ImageDtype::kQ8_0   ? g_table->down_tile_q8
                           : dt == ImageDtype::kQ4_0 ? g_table->down_tile_q4
                           : dt == ImageDtype::kF16  ? g_table->down_tile_f16
                           : dt == ImageDtype::kBF16 ? g_table->down_tile_bf16
                                                     : nullptr;
-  if (!tile || n == 1) {  // token by token: each token's list of neurons with h != 0, in slot order
+  if (!tile || n == 1) {  // token by token over each token's list
     thread_local std::vector<const uint8_t*> cols;
-    thread_local std::vector<float> hk;
     cols.resize(size_t(hidden));
-    hk.resize(size_t(hidden));
     for (int t = 0; t < n; ++t) {
-      const float* ht = h + size_t(t) * h_stride;
-      int k = 0;
-      for (int s = 0; s < hidden; ++s)
-        if (ht[s] != 0.0f) {
-          hk[size_t(k)] = ht[s];
-          cols[size_t(k++)] = base + size_t(s) * slice_bytes;
-        }
-      down_accum(dt, out + size_t(t) * out_stride, 0, len, hk.data(), cols.data(), k);
+      const int k = h.count(t);
+      const uint32_t* idx = h.idx(t);
+      for (int i = 0; i < k; ++i) cols[size_t(i)] = base + size_t(idx[i]) * slice_bytes;
+      down_accum(dt, out + size_t(t) * out_stride, 0, len, h.hk(t), cols.data(), k);
     }
     return;
   }
-  // Tiles of kDownTokens tokens: h token-minor and each neuron's mask of the tokens that list it (h != 0).
-  thread_local std::vector<float> ht;
-  thread_local std::vector<uint8_t> mask;
-  ht.resize(size_t(hidden) * kDownTokens);
-  mask.resize(size_t(hidden));
-  for (int t0 = 0; t0 < n; t0 += kDownTokens) {
-    const int nt = std::min(kDownTokens, n - t0);
-    for (int s = 0; s < hidden; ++s) {
-      unsigned m = 0;
-      for (int t = 0; t < nt; ++t) {
-        const float v = h[size_t(t0 + t) * h_stride + size_t(s)];
-        ht[size_t(s) * kDownTokens + size_t(t)] = v;
-        if (v != 0.0f) m |= 1u << t;
-      }
-      mask[size_t(s)] = uint8_t(m);
-    }
-    tile(out + size_t(t0) * out_stride, out_stride, len, ht.data(), mask.data(), base, slice_bytes, hidden, nt);
-  }
+  for (int t0 = 0, ti = 0; t0 < n; t0 += kDownTokens, ++ti)
+    tile(out + size_t(t0) * out_stride, out_stride, len, h.tile_h(ti), h.tile_mask(ti), base, slice_bytes, hidden,
+         std::min(kDownTokens, n - t0));
 }
 
 void ffn_bundles(ImageDtype dt, int dim, const PreparedX& x, const float* g, const uint8_t* const* bundles, int n,

@@ -90,12 +90,35 @@ void down_accum(ImageDtype dt, float* out, int o0, int o1, const float* h, const
 void down_project(ImageDtype dt, float* out, int dim, const float* h, const uint8_t* const* cols, int n_active,
                   bool accumulate = false);
 
-// The down projection of n tokens over `hidden` neuron slices of `len` outputs each (down columns cut to one output
-// range, slice s at base + s * slice_bytes; len a multiple of 32 for quantized dtypes, or the range's end): for each
-// token t, out[t * out_stride + o] (o < len) = the sum in slot order over the neurons with h[t * h_stride + s] != 0 of
-// h * slice_s[o], i.e. down_accum over that token's list (overwriting). Several tokens share each weight block's load.
-void down_tokens(ImageDtype dt, float* out, size_t out_stride, int len, const float* h, size_t h_stride,
-                 const uint8_t* base, size_t slice_bytes, int hidden, int n);
+// The down coefficients of n tokens (h [n][hidden], row t at h + t * h_stride), prepared once for down_tokens and
+// shared by every output range of a pass: token t sums the neurons with h != 0, in slot order.
+constexpr int kDownTokenTile = 8;  // tokens per down tile (each weight block widened once for all of them)
+class DownCoeffs {
+ public:
+  void prepare(const float* h, size_t h_stride, int hidden, int n);
+  int tokens() const { return n_; }
+  int hidden() const { return hidden_; }
+  int count(int t) const { return count_[size_t(t)]; }  // neurons token t sums
+  const float* tile_h(int tile) const { return th_.data() + size_t(tile) * size_t(hidden_) * kDownTokenTile; }
+  const uint8_t* tile_mask(int tile) const { return mask_.data() + size_t(tile) * size_t(hidden_); }
+  const uint32_t* idx(int t) const { return idx_.data() + size_t(t) * size_t(hidden_); }
+  const float* hk(int t) const { return hk_.data() + size_t(t) * size_t(hidden_); }
+
+ private:
+  int n_ = 0, hidden_ = 0;
+  std::vector<float> th_;      // per tile of kDownTokenTile tokens: [hidden][kDownTokenTile], token-minor
+  std::vector<uint8_t> mask_;  // per tile: [hidden], bit t = the tile's token t sums the neuron
+  std::vector<uint32_t> idx_;  // [n][hidden]: each token's neurons in slot order (count(t) of them)
+  std::vector<float> hk_;      // [n][hidden]: their h
+  std::vector<int> count_;     // [n]
+};
+
+// The down projection of the prepared tokens over `hidden` neuron slices of `len` outputs each (down columns cut to
+// one output range, slice s at base + s * slice_bytes; len a multiple of 32 for quantized dtypes, or the range's end):
+// out[t * out_stride + o] (o < len) = down_accum over token t's list (overwriting). Several tokens share each weight
+// block's load (kDownTokenTile per tile, on paths with a tile kernel).
+void down_tokens(ImageDtype dt, float* out, size_t out_stride, int len, const DownCoeffs& h, const uint8_t* base,
+                 size_t slice_bytes);
 
 // One token's gated FFN over bundles ([gate row | up row | down column], each image_row_bytes(dt, dim) bytes) of the
 // listed neurons, in list order: h_i = g[i] * (up_i . x); when g is null, g_i = relu(gate_i . x) from the bundle's own
