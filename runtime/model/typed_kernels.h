@@ -14,6 +14,8 @@
 // - down accumulation: out[o] = sum over the listed neurons, in list order, of h_i * w_i[o] (quantized:
 //   (h_i * d_block) * q); each output is its own sum, so any split of the outputs over threads gives the same bits.
 // Thread count never changes a result: matrix products split over output rows, each computed by one thread.
+// Token tiles (prefill: matmul with n > 1, down_tokens) share weight loads between tokens and reorder only the loops:
+// every (row, token) output gets the one-token path's operations in its order.
 #pragma once
 #include <cstddef>
 #include <cstdint>
