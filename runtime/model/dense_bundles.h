@@ -38,9 +38,6 @@ class DenseBundles {
   std::vector<uint8_t> data_;      // gate rows, up rows, then the down chunks
   std::vector<size_t> chunk_off_;  // per down chunk: its offset in data_ ([hidden][its outputs' bytes])
   std::vector<size_t> chunk_cb_;   // per down chunk: bytes of one neuron's slice
-  PreparedX xq_;
-  std::vector<float> g_, u_, h_;  // [n][hidden]; h = 0: the token does not sum the neuron
-  DownCoeffs down_;               // h prepared for the down projection (shared by every chunk)
 };
 
 }  // namespace nl::kernels

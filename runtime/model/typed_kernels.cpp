@@ -1450,7 +1450,7 @@ void DownCoeffs::prepare(const float* h, size_t h_stride, int hidden, int n) {
   n_ = n;
   hidden_ = hidden;
   const int tiles = (n + kDownTokens - 1) / kDownTokens;
-  th_.assign(size_t(tiles) * size_t(hidden) * kDownTokens, 0.0f);
+  th_.resize(size_t(tiles) * size_t(hidden) * kDownTokens);  // read only where the mask says so: no clearing
   mask_.assign(size_t(tiles) * size_t(hidden), 0);
   idx_.resize(size_t(n) * size_t(hidden));
   hk_.resize(size_t(n) * size_t(hidden));
