@@ -96,7 +96,7 @@ void DenseBundles::ffn(const float* x, int n, FfnAct act, float* out) {
   for (int c = 0; c < chunks; ++c) {
     const int o0 = c * kDownChunk, o1 = std::min(dim_, o0 + kDownChunk);
     down_tokens(dt_, out + o0, size_t(dim_), o1 - o0, sc.down, data_.data() + chunk_off_[size_t(c)],
-                  chunk_cb_[size_t(c)]);
+                chunk_cb_[size_t(c)]);
   }
 }
 
