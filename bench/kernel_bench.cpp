@@ -6,7 +6,10 @@
 //    vocab; FFN gated SiLU; --layers of them): main's f32 path (f32 ModelWeights, DenseFfn) against
 //    the typed path (weights in their dtype, runtime/model/typed_kernels.h) for f16, q8_0, q4_0.
 // Variants alternate within each repetition; figures are medians [min-max].
+// 1b. prefill kernels: matmul of P tokens at once (token tiles) against token by token, and the down projection
+//    of P tokens (down_tokens) against one token at a time, per dtype and path;
 // Usage: kernel_bench [--layers N] [--reps R] [--tokens T] [--prefill P] [--threads 1,2] [--skip-matvec] [--skip-model]
+//                     [--skip-prefill]
 #include <omp.h>
 
 #include <algorithm>
@@ -156,6 +159,65 @@ void bench_matvec(int reps, const std::vector<int>& threads) {
     }
   }
   kernels::set_isa(isas.back());
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Part 1b: prefill matmul, n tokens at once (token tiles) against the same n tokens one matmul each (the weights
+// streamed once per token), and the dense FFN's down projection (down_tokens) against down_accum per token.
+
+void bench_prefill(int reps, int n, const std::vector<int>& threads) {
+  const ModelConfig& m = synthetic_models().at("llama-1b").config;
+  const int rows = m.hidden_dim, cols = m.dim;
+  std::printf(
+      "\n== prefill kernels, %d tokens (synthetic random weights): [%d][%d] matmul (gate/up shape; q8_0 interleaved "
+      "where the path has the kernel) and the down projection of %d neurons x %d outputs\n",
+      n, rows, cols, rows, cols);
+  std::printf("%-6s %-13s %3s %-12s %26s %26s %8s\n", "dtype", "path", "thr", "kernel", "batched GFLOP/s [min-max]",
+              "per token GFLOP/s [min-max]", "x");
+  const std::vector<float> src = rand_vec(size_t(rows) * cols, 5, 0.05f), x = rand_vec(size_t(n) * cols, 6, 1.0f);
+  std::vector<float> h = rand_vec(size_t(n) * rows, 8, 1.0f);
+  std::vector<float> y(size_t(n) * std::max(rows, cols));
+  for (ImageDtype dt : {ImageDtype::kF16, ImageDtype::kBF16, ImageDtype::kQ8_0, ImageDtype::kQ4_0})
+    for (kernels::Isa isa : kernels::available_isas()) {
+      kernels::set_isa(isa);
+      const size_t stride = image_row_bytes(dt, size_t(cols));
+      std::vector<uint8_t> bytes(stride * size_t(rows));
+      encode_rows(dt, src.data(), rows, cols, bytes.data(), stride);
+      std::vector<uint8_t> x8 = bytes;  // the matmul's copy (interleaved where the path has the kernel); down: plain
+      WeightView w{dt, x8.data(), rows, cols, stride};
+      if (kernels::q8_interleave_pays() && kernels::q8_interleavable(w)) kernels::q8_interleave(&w);
+      for (int thr : threads) {
+        omp_set_num_threads(thr);
+        Stat mm, mm1, dn, dn1;
+        kernels::DownCoeffs dc;
+        for (int r = 0; r < reps; ++r) {
+          mm.v.push_back(seconds([&] { kernels::matmul(y.data(), x.data(), w, n); }));
+          mm1.v.push_back(seconds([&] {
+            for (int t = 0; t < n; ++t) kernels::matmul(y.data() + size_t(t) * rows, x.data() + size_t(t) * cols, w, 1);
+          }));
+          // Down: the matrix's rows as `rows` neuron slices of `cols` outputs (one chunk: the whole output range).
+          dn.v.push_back(seconds([&] {
+            dc.prepare(h.data(), size_t(rows), rows, n);
+            kernels::down_tokens(dt, y.data(), size_t(cols), cols, dc, bytes.data(), stride);
+          }));
+          dn1.v.push_back(seconds([&] {
+            for (int t = 0; t < n; ++t) {
+              dc.prepare(h.data() + size_t(t) * rows, size_t(rows), rows, 1);
+              kernels::down_tokens(dt, y.data() + size_t(t) * cols, size_t(cols), cols, dc, bytes.data(), stride);
+            }
+          }));
+        }
+        const double fl = 2.0 * n * rows * cols / 1e9;
+        auto row = [&](const char* k, const Stat& a, const Stat& b) {
+          std::printf("%-6s %-13s %3d %-12s %10.2f [%6.2f-%6.2f] %10.2f [%6.2f-%6.2f] %7.2fx\n", image_dtype_name(dt),
+                      kernels::isa_name(isa), thr, k, fl / a.median(), fl / a.max(), fl / a.min(), fl / b.median(),
+                      fl / b.max(), fl / b.min(), b.median() / a.median());
+        };
+        row(w.q8_x8 ? "matmul (x8)" : "matmul", mm, mm1);
+        row("down", dn, dn1);
+      }
+    }
+  kernels::set_isa(kernels::available_isas().back());
 }
 
 // ------------------------------------------------------------------------------------------------------------------
@@ -330,7 +392,7 @@ void bench_model(int layers, int reps, int tokens, int prefill, const std::vecto
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress visible through a pipe
   int layers = 4, reps = 5, tokens = 8, prefill = 16;
-  bool matvec = true, model = true;
+  bool matvec = true, model = true, prefill_k = true;
   std::vector<int> threads = {1, 2};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -353,6 +415,8 @@ int main(int argc, char** argv) {
       matvec = false;
     else if (a == "--skip-model")
       model = false;
+    else if (a == "--skip-prefill")
+      prefill_k = false;
     else if (a == "--threads") {
       threads.clear();
       std::string s = next();
@@ -375,6 +439,7 @@ int main(int argc, char** argv) {
   for (auto isa : kernels::available_isas()) std::printf(" %s", kernels::isa_name(isa));
   std::printf("; %d reps, medians [min-max]\n", reps);
   if (matvec) bench_matvec(reps, threads);
+  if (prefill_k) bench_prefill(reps, prefill, threads);
   if (model) bench_model(layers, reps, tokens, prefill, threads);
   return 0;
 }

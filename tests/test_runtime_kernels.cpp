@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "formats/core/half.h"
@@ -186,6 +187,106 @@ TEST_CASE("every kernel path equals the portable reference bit for bit (row dots
   }
 }
 
+// Prefill's token tiles (several tokens per weight load) change the loop, never a number: every (row, token) of a
+// matmul over n = 1..9 tokens equals that token alone on the same path and on the portable one, for every dtype, the
+// interleaved q8_0 layout, row counts that are not a multiple of the row block and token counts of every remainder.
+TEST_CASE("matmul over n tokens (token tiles) equals each token alone, bit for bit, every path") {
+  IsaGuard guard;
+  struct Case {
+    ImageDtype dt;
+    bool x8;
+    int cols;
+  };
+  const Case cases[] = {
+      {ImageDtype::kQ8_0, true, 256},  {ImageDtype::kQ8_0, true, 768},  {ImageDtype::kQ8_0, false, 288},
+      {ImageDtype::kQ4_0, false, 320}, {ImageDtype::kF16, false, 97},   {ImageDtype::kF16, false, 256},
+      {ImageDtype::kBF16, false, 131}, {ImageDtype::kBF16, false, 512}, {ImageDtype::kF32, false, 75}};
+  for (const Case& c : cases)
+    for (int rows : {4, 13, 37}) {
+      const std::string dtype = image_dtype_name(c.dt);
+      CAPTURE(dtype);
+      CAPTURE(c.x8);
+      CAPTURE(c.cols);
+      CAPTURE(rows);
+      TypedMatrix m = make_matrix(c.dt, rows, c.cols, 41 + uint64_t(rows) + uint64_t(c.cols));
+      WeightView v = m.view();
+      std::vector<uint8_t> copy = m.bytes;
+      if (c.x8) {
+        v.data = copy.data();
+        REQUIRE(kernels::q8_interleavable(v));
+        kernels::q8_interleave(&v);
+      }
+      const int max_n = 9;
+      const std::vector<float> x = random_x(max_n * c.cols, 77 + uint64_t(rows));
+      // The reference: each token alone on the portable path.
+      kernels::set_isa(kernels::Isa::kPortable);
+      std::vector<float> ref(size_t(max_n) * rows);
+      for (int t = 0; t < max_n; ++t)
+        kernels::matmul(ref.data() + size_t(t) * rows, x.data() + size_t(t) * c.cols, v, 1);
+      for (kernels::Isa isa : kernels::available_isas()) {
+        const std::string path = kernels::isa_name(isa);
+        CAPTURE(path);
+        kernels::set_isa(isa);
+        std::vector<float> alone(size_t(max_n) * rows);
+        for (int t = 0; t < max_n; ++t)
+          kernels::matmul(alone.data() + size_t(t) * rows, x.data() + size_t(t) * c.cols, v, 1);
+        CHECK(std::memcmp(alone.data(), ref.data(), alone.size() * sizeof(float)) == 0);
+        for (int n = 1; n <= max_n; ++n) {
+          CAPTURE(n);
+          std::vector<float> y(size_t(n) * rows, -1.0f);
+          kernels::matmul(y.data(), x.data(), v, n);
+          CHECK(std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)) == 0);
+        }
+      }
+    }
+}
+
+// The down projection of several tokens at once (prefill's dense FFN) equals down_accum token by token over each
+// token's own list of neurons (h != 0, slot order), every path, for every token count up to past two tiles.
+TEST_CASE("down_tokens equals down_accum token by token, bit for bit, every path") {
+  IsaGuard guard;
+  for (ImageDtype dt : kDtypes) {
+    const std::string dtype = image_dtype_name(dt);
+    CAPTURE(dtype);
+    const int hidden = 77, max_n = 17;
+    const std::vector<int> lens =
+        image_dtype_quantized(dt) ? std::vector<int>{32, 96, 128} : std::vector<int>{45, 96, 128};
+    for (int len : lens) {
+      CAPTURE(len);
+      TypedMatrix m = make_matrix(dt, hidden, len, 5 + uint64_t(len));
+      std::vector<float> h = random_x(max_n * hidden, 9);
+      for (size_t i = 0; i < h.size(); ++i)
+        if (i % 5 == 1 || i % 7 == 3) h[i] = 0.0f;                        // tokens differ in the neurons they sum
+      for (int s = 0; s < hidden; ++s) h[size_t(4 * hidden + s)] = 0.0f;  // a token summing nothing
+      std::vector<float> want(size_t(max_n) * len);
+      kernels::set_isa(kernels::Isa::kPortable);
+      for (int t = 0; t < max_n; ++t) {
+        std::vector<float> hk;
+        std::vector<const uint8_t*> cols;
+        for (int s = 0; s < hidden; ++s)
+          if (h[size_t(t * hidden + s)] != 0.0f) {
+            hk.push_back(h[size_t(t * hidden + s)]);
+            cols.push_back(m.bytes.data() + size_t(s) * m.stride);
+          }
+        kernels::down_accum(dt, want.data() + size_t(t) * len, 0, len, hk.data(), cols.data(), int(hk.size()));
+      }
+      for (kernels::Isa isa : kernels::available_isas()) {
+        const std::string path = kernels::isa_name(isa);
+        CAPTURE(path);
+        kernels::set_isa(isa);
+        for (int n : {1, 2, 7, 8, 9, 17}) {
+          CAPTURE(n);
+          std::vector<float> got(size_t(n) * len, -1.0f);
+          kernels::DownCoeffs dc;
+          dc.prepare(h.data(), size_t(hidden), hidden, n);
+          kernels::down_tokens(dt, got.data(), size_t(len), len, dc, m.bytes.data(), m.stride);
+          CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("matrix products and the down projection give the same bits for 1, 2, 3 and 4 threads") {
   const int saved = omp_get_max_threads();
   for (ImageDtype dt : kDtypes) {
@@ -250,7 +351,8 @@ TEST_CASE("the dense FFN over re-laid-out bundles equals the gated bundle FFN bi
   for (ImageDtype dt : kDtypes) {
     CAPTURE(image_dtype_name(dt));
     // dim 320: two down chunks of 128 and a partial one; hidden 77: not a multiple of any group.
-    const int dim = 320, hidden = 77, n = 3;
+    // n = 11: a whole down tile of 8 tokens and a partial one.
+    const int dim = 320, hidden = 77, n = 11;
     const size_t rb = image_row_bytes(dt, size_t(dim)), bb = 3 * rb + 64;  // padded bundles, as images may be
     TypedMatrix gate = make_matrix(dt, hidden, dim, 11), up = make_matrix(dt, hidden, dim, 12),
                 down = make_matrix(dt, hidden, dim, 13);

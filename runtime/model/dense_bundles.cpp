@@ -47,60 +47,56 @@ DenseBundles::DenseBundles(ImageDtype dt, int dim, int hidden, const uint8_t* bu
   }
 }
 
+namespace {
+// Scratch of a pass, one per calling thread and shared by every layer: a prefill touches megabytes of it per layer,
+// and fresh pages per layer cost more (page faults, zeroing) than the products that fill them.
+struct Scratch {
+  PreparedX xq;
+  std::vector<float> g, u, h;  // [n][hidden]; h = 0: the token does not sum the neuron
+  DownCoeffs down;             // h prepared for the down projection (shared by every chunk)
+};
+}  // namespace
+
 void DenseBundles::ffn(const float* x, int n, FfnAct act, float* out) {
+  // Used through a plain reference: a thread_local named inside the parallel region below would be each worker's own.
+  thread_local Scratch scratch;
+  Scratch& sc = scratch;
   const size_t hid = size_t(hidden_), total = size_t(n) * hid;
-  g_.resize(total);
-  u_.resize(total);
-  h_.resize(total);
-  idx_.resize(total);
-  count_.resize(size_t(n));
-  xq_.prepare(dt_, x, n, dim_);
-  matmul(g_.data(), xq_, gate(), n);
-  matmul(u_.data(), xq_, up(), n);
+  sc.g.resize(total);
+  sc.u.resize(total);
+  sc.h.resize(total);
+  sc.xq.prepare(dt_, x, n, dim_);
+  matmul(sc.g.data(), sc.xq, gate(), n);
+  matmul(sc.u.data(), sc.xq, up(), n);
   // The gated path's numbers: ReLU lists neurons with gate > 0; SiLU lists every neuron with act = v / (1 + e^-v);
   // h = g * u (0 when g is 0). A neuron with h = 0 adds exactly nothing to a sum, so it is left out.
   for (int t = 0; t < n; ++t) {
-    const float* g = g_.data() + size_t(t) * hid;
-    const float* u = u_.data() + size_t(t) * hid;
-    float* h = h_.data() + size_t(t) * hid;
-    uint32_t* idx = idx_.data() + size_t(t) * hid;
-    int k = 0;
+    const float* g = sc.g.data() + size_t(t) * hid;
+    const float* u = sc.u.data() + size_t(t) * hid;
+    float* h = sc.h.data() + size_t(t) * hid;
     for (int s = 0; s < hidden_; ++s) {
       float a;
+      h[s] = 0.0f;
       if (act == FfnAct::kRelu) {
         if (!(g[s] > 0.0f)) continue;
         a = g[s];
       } else {
         a = g[s] / (1.0f + std::exp(-g[s]));
       }
-      const float hv = a == 0.0f ? 0.0f : a * u[s];
-      if (hv != 0.0f) {
-        h[k] = hv;
-        idx[k++] = uint32_t(s);
-      }
+      h[s] = a == 0.0f ? 0.0f : a * u[s];
     }
-    count_[size_t(t)] = k;
   }
+  sc.down.prepare(sc.h.data(), hid, hidden_, n);
   // Down: chunks of outputs split over threads, each chunk's slices contiguous; every output summed by one call in
-  // slot order, whatever the split.
+  // slot order over the neurons with h != 0, whatever the split (down_tokens: several tokens per weight load).
   const int chunks = int(chunk_off_.size());
   long work = 0;
-  for (int t = 0; t < n; ++t) work += long(count_[size_t(t)]) * dim_;
-#pragma omp parallel if (work > kParallelWork)
-  {
-    std::vector<const uint8_t*> cols(hid);
-#pragma omp for schedule(static)
-    for (int c = 0; c < chunks; ++c) {
-      const int o0 = c * kDownChunk, o1 = std::min(dim_, o0 + kDownChunk);
-      const uint8_t* base = data_.data() + chunk_off_[size_t(c)];
-      const size_t cb = chunk_cb_[size_t(c)];
-      for (int t = 0; t < n; ++t) {
-        const int k = count_[size_t(t)];
-        const uint32_t* idx = idx_.data() + size_t(t) * hid;
-        for (int i = 0; i < k; ++i) cols[size_t(i)] = base + size_t(idx[i]) * cb;
-        down_accum(dt_, out + size_t(t) * dim_ + o0, 0, o1 - o0, h_.data() + size_t(t) * hid, cols.data(), k);
-      }
-    }
+  for (int t = 0; t < n; ++t) work += long(sc.down.count(t)) * dim_;
+#pragma omp parallel for schedule(static) if (work > kParallelWork)
+  for (int c = 0; c < chunks; ++c) {
+    const int o0 = c * kDownChunk, o1 = std::min(dim_, o0 + kDownChunk);
+    down_tokens(dt_, out + o0, size_t(dim_), o1 - o0, sc.down, data_.data() + chunk_off_[size_t(c)],
+                chunk_cb_[size_t(c)]);
   }
 }
 

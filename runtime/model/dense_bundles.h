@@ -38,10 +38,6 @@ class DenseBundles {
   std::vector<uint8_t> data_;      // gate rows, up rows, then the down chunks
   std::vector<size_t> chunk_off_;  // per down chunk: its offset in data_ ([hidden][its outputs' bytes])
   std::vector<size_t> chunk_cb_;   // per down chunk: bytes of one neuron's slice
-  PreparedX xq_;
-  std::vector<float> g_, u_, h_;  // [n][hidden]
-  std::vector<uint32_t> idx_;     // [n][hidden]: the neurons each token sums (h != 0), in slot order
-  std::vector<int> count_;        // [n]: how many
 };
 
 }  // namespace nl::kernels

@@ -159,9 +159,18 @@ void Model::forward_sequence(const int* tokens, int n, int pos0, float* logits) 
     }
     for (int t = 0; t < n; ++t)
       kernels::rmsnorm(xb_.data() + size_t(t) * dim, x_.data() + size_t(t) * dim, L.rms_att, dim, c.norm_eps);
-    kernels::matmul(q_.data(), xb_.data(), L.wq, n);
-    kernels::matmul(k_.data(), xb_.data(), L.wk, n);
-    kernels::matmul(vv_.data(), xb_.data(), L.wv, n);
+    if (image_dtype_quantized(L.wq.dtype) && L.wk.dtype == L.wq.dtype && L.wv.dtype == L.wq.dtype) {
+      // One quantization of the activations for the three products (the numbers matmul(x) would prepare itself).
+      thread_local kernels::PreparedX xq;
+      xq.prepare(L.wq.dtype, xb_.data(), n, dim);
+      kernels::matmul(q_.data(), xq, L.wq, n);
+      kernels::matmul(k_.data(), xq, L.wk, n);
+      kernels::matmul(vv_.data(), xq, L.wv, n);
+    } else {
+      kernels::matmul(q_.data(), xb_.data(), L.wq, n);
+      kernels::matmul(k_.data(), xb_.data(), L.wk, n);
+      kernels::matmul(vv_.data(), xb_.data(), L.wv, n);
+    }
 
     // RoPE on interleaved pairs, then append k and v to the cache.
     float* kc = key_cache_.data() + size_t(l) * max_seq_ * kv_dim;

@@ -39,6 +39,11 @@ constexpr long kParallelWork = 1L << 15;
 constexpr int kChunk = kQuantBlock;
 // Rows per multi-row dot (matmul over f16 / bf16 weights): independent accumulator chains, x loaded once.
 constexpr int kRowBlock = 4;
+// Tokens per token tile (matmul with n > 1): with kRowBlock rows, the tile's accumulators fill half of AVX-512's
+// 32 vector registers (one 8-lane accumulator per row and token for q8_0).
+constexpr int kTokenTile = 4;
+// Tokens per down-projection tile (down_tokens): 2 accumulators (32 outputs) each, a weight block converted once.
+constexpr int kDownTokens = kDownTokenTile;
 
 // A prepared q8_0 activation row (PreparedX::row): nb blocks, padding to 4 bytes, then nb int32 sums of each block's
 // 32 quants (the VNNI paths' offset correction; exact integers).
@@ -46,6 +51,15 @@ inline size_t xq_sums_offset(int nb) { return (size_t(nb) * sizeof(BlockQ8_0) + 
 inline size_t xq_record_bytes(int nb) { return xq_sums_offset(nb) + sizeof(int32_t) * size_t(nb); }
 inline const int32_t* xq_sums(const BlockQ8_0* x, int nb) {
   return reinterpret_cast<const int32_t*>(reinterpret_cast<const uint8_t*>(x) + xq_sums_offset(nb));
+}
+// The interleaved record (PreparedX::row_x8) appends, for the token-tiled kernels, each block's scale as f32 and its
+// sum times 128 (the VNNI offset correction), so a tile converts and shifts them once per token, not once per row.
+inline size_t x8_record_bytes(int nb) { return xq_record_bytes(nb) + 2 * sizeof(int32_t) * size_t(nb); }
+inline const float* x8_scales(const uint8_t* x, int nb) {
+  return reinterpret_cast<const float*>(x + xq_record_bytes(nb));
+}
+inline const int32_t* x8_corr(const uint8_t* x, int nb) {
+  return reinterpret_cast<const int32_t*>(x + xq_record_bytes(nb) + sizeof(float) * size_t(nb));
 }
 
 __attribute__((always_inline)) inline float reduce8(const float* a) {
@@ -79,6 +93,12 @@ inline uint16_t ld16(const uint8_t* p, size_t i) {
   return v;
 }
 
+using TileFn = void (*)(const uint8_t* w, size_t stride, const uint8_t* x, size_t x_stride, int nt, int n, float* y,
+                        size_t y_stride);
+
+using DownTileFn = void (*)(float* out, size_t out_stride, int len, const float* h, const uint8_t* mask,
+                            const uint8_t* base, size_t slice_bytes, int hidden, int nt);
+
 struct Table {
   float (*dot_f16)(const uint8_t* w, const float* x, int n);
   float (*dot_bf16)(const uint8_t* w, const float* x, int n);
@@ -98,6 +118,18 @@ struct Table {
   // The same for interleaved q8_0 rows (q8_interleave) against PreparedX::row_x8. Null: the portable one runs.
   void (*rows_q8x8)(const uint8_t* w, size_t stride, const void* x, int n, float* y) = nullptr;
   float (*dot_q8x8)(const uint8_t* w, const void* x, int n) = nullptr;
+  // Token tiles (prefill): kRowBlock rows (`stride` bytes apart) against nt <= kTokenTile consecutive tokens (token t's
+  // activation row at x + t * x_stride bytes), y[t * y_stride + r] = the one-row dot of row r and token t, bit for
+  // bit; each weight block is loaded (and converted) once for all nt tokens. Null: matmul runs token by token.
+  TileFn tile_q8x8 = nullptr;
+  TileFn tile_f16 = nullptr;
+  TileFn tile_bf16 = nullptr;
+  // Down projection of up to kDownTokens tokens over one slice block (down_tokens): h token-minor ([s][kDownTokens]),
+  // mask[s] bit t = token t sums neuron s. Null: down_tokens runs down_accum token by token.
+  DownTileFn down_tile_q8 = nullptr;
+  DownTileFn down_tile_q4 = nullptr;
+  DownTileFn down_tile_f16 = nullptr;
+  DownTileFn down_tile_bf16 = nullptr;
 };
 
 // Interleaved q8_0 (q8_interleave): a group of 8 blocks is 272 bytes, its 8 scales first, then 8 steps of 32 bytes.
@@ -585,6 +617,116 @@ NL_512 float dot_q8x8_512(const uint8_t* w, const void* x, int n) {
   return y;
 }
 
+// Token tile over interleaved q8_0: a row's 8-block group is 4 zmm (two steps each, xor'ed once) and dpbusd's them
+// into each of T tokens; the two 256-bit halves (even and odd steps) are added as integers (exact), so each lane holds
+// rows_q8x8_512's block sum and every float operation, in order, is its.
+template <int T>
+NL_512 void tile_q8x8_512_t(const uint8_t* w, size_t stride, const uint8_t* x, size_t xs, int n, float* y, size_t ys) {
+  constexpr int R = kRowBlock;
+  const int nb = n / kQuantBlock, ng = nb / 8;
+  const __m512i flip = _mm512_set1_epi8(char(0x80));
+  const float* sc[T];
+  const int32_t* corr[T];
+  for (int t = 0; t < T; ++t) {
+    sc[t] = x8_scales(x + size_t(t) * xs, nb);
+    corr[t] = x8_corr(x + size_t(t) * xs, nb);
+  }
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (int g = 0; g < ng; ++g) {
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* wg = w + size_t(r) * stride + size_t(g) * kX8Group;
+      __m512i wq[4];
+      for (int k = 0; k < 4; ++k) wq[k] = _mm512_xor_si512(_mm512_loadu_si512(wg + kX8Quants + 64 * k), flip);
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg)));
+      for (int t = 0; t < T; ++t) {
+        const uint8_t* xg = x + size_t(t) * xs + size_t(g) * kX8Group + kX8Quants;
+        __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[0], _mm512_loadu_si512(xg));
+        for (int k = 1; k < 4; ++k) s = _mm512_dpbusd_epi32(s, wq[k], _mm512_loadu_si512(xg + 64 * k));
+        const __m256i isum =
+            _mm256_sub_epi32(_mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1)),
+                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr[t] + 8 * g)));
+        const __m256 d = _mm256_mul_ps(dw, _mm256_loadu_ps(sc[t] + 8 * g));
+        acc[r][t] = _mm256_add_ps(acc[r][t], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) {
+      alignas(32) float a[8];
+      _mm256_store_ps(a, acc[r][t]);
+      const float tail = 0.0f;
+      y[size_t(t) * ys + r] = reduce8(a) + tail;
+    }
+}
+NL_512 void tile_q8x8_512(const uint8_t* w, size_t stride, const uint8_t* x, size_t xs, int nt, int n, float* y,
+                          size_t ys) {
+  switch (nt) {
+    case 1:
+      return tile_q8x8_512_t<1>(w, stride, x, xs, n, y, ys);
+    case 2:
+      return tile_q8x8_512_t<2>(w, stride, x, xs, n, y, ys);
+    case 3:
+      return tile_q8x8_512_t<3>(w, stride, x, xs, n, y, ys);
+    default:
+      return tile_q8x8_512_t<4>(w, stride, x, xs, n, y, ys);
+  }
+}
+
+// Token tile over f16 / bf16 rows: 2 rows at a time (their 32-weight step converted once, 4 zmm) against T tokens
+// (2T accumulators each); per (row, token) the operations and their order are dot_h16_512_rows's.
+template <bool Bf16, int T>
+NL_512 void tile_h16_512_t(const uint8_t* w, size_t stride, const uint8_t* x, size_t xs, int n, float* y, size_t ys) {
+  constexpr int R2 = 2;
+  for (int r0 = 0; r0 < kRowBlock; r0 += R2) {
+    __m512 a[R2][T][2];
+    for (int r = 0; r < R2; ++r)
+      for (int t = 0; t < T; ++t) a[r][t][0] = a[r][t][1] = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+      __m512 wv[R2][2];
+      for (int r = 0; r < R2; ++r) {
+        const uint8_t* wr = w + size_t(r0 + r) * stride + 2 * size_t(i);
+        wv[r][0] = cvt16<Bf16>(wr);
+        wv[r][1] = cvt16<Bf16>(wr + 32);
+      }
+      for (int t = 0; t < T; ++t) {
+        const float* xt = reinterpret_cast<const float*>(x + size_t(t) * xs) + i;
+        const __m512 x0 = _mm512_loadu_ps(xt), x1 = _mm512_loadu_ps(xt + 16);
+        for (int r = 0; r < R2; ++r) {
+          a[r][t][0] = _mm512_add_ps(a[r][t][0], _mm512_mul_ps(wv[r][0], x0));
+          a[r][t][1] = _mm512_add_ps(a[r][t][1], _mm512_mul_ps(wv[r][1], x1));
+        }
+      }
+    }
+    for (int r = 0; r < R2; ++r) {
+      const uint8_t* wr = w + size_t(r0 + r) * stride;
+      for (int t = 0; t < T; ++t) {
+        const float* xt = reinterpret_cast<const float*>(x + size_t(t) * xs);
+        float tail = 0.0f;
+        for (int j = i; j < n; ++j)
+          tail += (Bf16 ? bf16_to_f32(ld16(wr, size_t(j))) : f16_to_f32(ld16(wr, size_t(j)))) * xt[j];
+        y[size_t(t) * ys + r0 + r] = fold32(a[r][t][0], a[r][t][1]) + tail;
+      }
+    }
+  }
+}
+template <bool Bf16>
+NL_512 void tile_h16_512(const uint8_t* w, size_t stride, const uint8_t* x, size_t xs, int nt, int n, float* y,
+                         size_t ys) {
+  switch (nt) {
+    case 1:
+      return tile_h16_512_t<Bf16, 1>(w, stride, x, xs, n, y, ys);
+    case 2:
+      return tile_h16_512_t<Bf16, 2>(w, stride, x, xs, n, y, ys);
+    case 3:
+      return tile_h16_512_t<Bf16, 3>(w, stride, x, xs, n, y, ys);
+    default:
+      return tile_h16_512_t<Bf16, 4>(w, stride, x, xs, n, y, ys);
+  }
+}
+
 // Down accumulation: per pass, 8 neurons' columns against 32 outputs held in registers; out[o] still gets
 // h_0 w_0[o], h_1 w_1[o], ... added one at a time in list order.
 constexpr int kDownGroup = 8;
@@ -651,6 +793,124 @@ NL_512 void down_blocks_512(float* out, int o0, int o1, const float* h, const ui
   }
 }
 
+// Down projection of T tokens over one block of neuron slices: per 32 outputs, each neuron's quantization block is
+// widened once and added into the sums of the tokens that list it (mask), h_t * d rounded, then times q, then added:
+// per token and output down_blocks_512's operations in slot order.
+template <class B, int T>
+NL_512 void down_tile_blocks_512_t(float* out, size_t ldo, int len, const float* h, const uint8_t* mask,
+                                   const uint8_t* base, size_t cb, int hidden) {
+  const int nblk = (len + kQuantBlock - 1) / kQuantBlock;
+  for (int b = 0; b < nblk; ++b) {
+    __m512 acc[T][2];
+    for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+    for (int s = 0; s < hidden; ++s) {
+      const unsigned m = mask[s];
+      if (!m) continue;
+      const B& blk = *reinterpret_cast<const B*>(base + size_t(s) * cb + size_t(b) * sizeof(B));
+      __m512 lo, hi;
+      q32_to_f32(blk, &lo, &hi);
+      const float d = f16_to_f32(blk.d);
+      const float* hs = h + size_t(s) * kDownTokens;
+      for (int t = 0; t < T; ++t)
+        if (m >> t & 1u) {
+          const __m512 c = _mm512_set1_ps(hs[t] * d);
+          acc[t][0] = _mm512_add_ps(acc[t][0], _mm512_mul_ps(c, lo));
+          acc[t][1] = _mm512_add_ps(acc[t][1], _mm512_mul_ps(c, hi));
+        }
+    }
+    for (int t = 0; t < T; ++t) {
+      float* y = out + size_t(t) * ldo + size_t(b) * kQuantBlock;
+      const int k = std::min(kQuantBlock, len - b * kQuantBlock);
+      if (k == kQuantBlock) {
+        _mm512_storeu_ps(y, acc[t][0]);
+        _mm512_storeu_ps(y + 16, acc[t][1]);
+      } else {
+        alignas(64) float a[32];
+        _mm512_store_ps(a, acc[t][0]);
+        _mm512_store_ps(a + 16, acc[t][1]);
+        std::memcpy(y, a, sizeof(float) * size_t(k));
+      }
+    }
+  }
+}
+// The same for f16 / bf16 slices: per 32 outputs each neuron's weights widened once; per token and output
+// down_h16_512's operations (h_t * w, then added) in slot order. len: any; the last partial 32 run element by element.
+template <bool Bf16, int T>
+NL_512 void down_tile_h16_512_t(float* out, size_t ldo, int len, const float* h, const uint8_t* mask,
+                                const uint8_t* base, size_t cb, int hidden) {
+  const int l32 = len / 32 * 32;
+  for (int o = 0; o < l32; o += 32) {
+    __m512 acc[T][2];
+    for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+    for (int s = 0; s < hidden; ++s) {
+      const unsigned m = mask[s];
+      if (!m) continue;
+      const uint8_t* c = base + size_t(s) * cb + 2 * size_t(o);
+      const __m512 lo = cvt16<Bf16>(c), hi = cvt16<Bf16>(c + 32);
+      const float* hs = h + size_t(s) * kDownTokens;
+      for (int t = 0; t < T; ++t)
+        if (m >> t & 1u) {
+          const __m512 hv = _mm512_set1_ps(hs[t]);
+          acc[t][0] = _mm512_add_ps(acc[t][0], _mm512_mul_ps(hv, lo));
+          acc[t][1] = _mm512_add_ps(acc[t][1], _mm512_mul_ps(hv, hi));
+        }
+    }
+    for (int t = 0; t < T; ++t) {
+      _mm512_storeu_ps(out + size_t(t) * ldo + o, acc[t][0]);
+      _mm512_storeu_ps(out + size_t(t) * ldo + o + 16, acc[t][1]);
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int o = l32; o < len; ++o) {
+      float a = 0.0f;
+      for (int s = 0; s < hidden; ++s)
+        if (mask[s] >> t & 1u) {
+          const uint16_t v = ld16(base + size_t(s) * cb, size_t(o));
+          a += h[size_t(s) * kDownTokens + size_t(t)] * (Bf16 ? bf16_to_f32(v) : f16_to_f32(v));
+        }
+      out[size_t(t) * ldo + o] = a;
+    }
+}
+template <bool Bf16>
+NL_512 void down_tile_h16_512(float* out, size_t ldo, int len, const float* h, const uint8_t* mask, const uint8_t* base,
+                              size_t cb, int hidden, int nt) {
+  switch (nt) {
+#define NL_CASE(T) \
+  case T:          \
+    return down_tile_h16_512_t<Bf16, T>(out, ldo, len, h, mask, base, cb, hidden);
+    NL_CASE(1)
+    NL_CASE(2)
+    NL_CASE(3)
+    NL_CASE(4)
+    NL_CASE(5)
+    NL_CASE(6)
+    NL_CASE(7)
+#undef NL_CASE
+    default:
+      return down_tile_h16_512_t<Bf16, kDownTokens>(out, ldo, len, h, mask, base, cb, hidden);
+  }
+}
+
+template <class B>
+NL_512 void down_tile_blocks_512(float* out, size_t ldo, int len, const float* h, const uint8_t* mask,
+                                 const uint8_t* base, size_t cb, int hidden, int nt) {
+  switch (nt) {
+#define NL_CASE(T) \
+  case T:          \
+    return down_tile_blocks_512_t<B, T>(out, ldo, len, h, mask, base, cb, hidden);
+    NL_CASE(1)
+    NL_CASE(2)
+    NL_CASE(3)
+    NL_CASE(4)
+    NL_CASE(5)
+    NL_CASE(6)
+    NL_CASE(7)
+#undef NL_CASE
+    default:
+      return down_tile_blocks_512_t<B, kDownTokens>(out, ldo, len, h, mask, base, cb, hidden);
+  }
+}
+
 const Table kAvx512 = {dot_h16_512<false>,
                        dot_h16_512<true>,
                        dot_blocks_512<BlockQ8_0, isum_q8>,
@@ -664,7 +924,14 @@ const Table kAvx512 = {dot_h16_512<false>,
                        rows_blocks_512<BlockQ8_0, isum_q8, kRowBlock>,
                        rows_blocks_512<BlockQ4_0, isum_q4, kRowBlock>,
                        rows_q8x8_512<kRowBlock>,
-                       dot_q8x8_512};
+                       dot_q8x8_512,
+                       tile_q8x8_512,
+                       tile_h16_512<false>,
+                       tile_h16_512<true>,
+                       down_tile_blocks_512<BlockQ8_0>,
+                       down_tile_blocks_512<BlockQ4_0>,
+                       down_tile_h16_512<false>,
+                       down_tile_h16_512<true>};
 #pragma GCC diagnostic pop
 #endif
 
@@ -948,6 +1215,7 @@ void PreparedX::prepare(ImageDtype w_dtype, const float* x, int n, int cols) {
   dtype_ = w_dtype;
   x_ = x;
   cols_ = cols;
+  rec8_ = 0;
   if (!image_dtype_quantized(w_dtype)) return;
   if (cols % kQuantBlock != 0)
     throw InternalError("quantized weights with " + std::to_string(cols) + " columns (not a multiple of 32)");
@@ -965,18 +1233,30 @@ void PreparedX::prepare(ImageDtype w_dtype, const float* x, int n, int cols) {
       sums[b] = s;
     }
   }
-  if (w_dtype == ImageDtype::kQ8_0 && nb % 8 == 0) {  // the interleaved copy (row_x8): same bytes, moved
-    q8_ = q_;
-    for (int t = 0; t < n; ++t)
-      x8_interleave_row(reinterpret_cast<uint8_t*>(q8_.data()) + size_t(t) * rec_,
-                        reinterpret_cast<const uint8_t*>(q_.data()) + size_t(t) * rec_, nb);
+  if (w_dtype == ImageDtype::kQ8_0 && nb % 8 == 0) {  // the interleaved copy (row_x8): same bytes moved, then extras
+    rec8_ = x8_record_bytes(nb);
+    q8_.resize(size_t(n) * rec8_ / sizeof(uint32_t));
+    for (int t = 0; t < n; ++t) {
+      const uint8_t* src = reinterpret_cast<const uint8_t*>(q_.data()) + size_t(t) * rec_;
+      uint8_t* dst = reinterpret_cast<uint8_t*>(q8_.data()) + size_t(t) * rec8_;
+      x8_interleave_row(dst, src, nb);
+      std::memcpy(dst + xq_sums_offset(nb), src + xq_sums_offset(nb), sizeof(int32_t) * size_t(nb));
+      const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(src);
+      const int32_t* sums = xq_sums(blk, nb);
+      float* sc = const_cast<float*>(x8_scales(dst, nb));
+      int32_t* corr = const_cast<int32_t*>(x8_corr(dst, nb));
+      for (int b = 0; b < nb; ++b) {
+        sc[b] = f16_to_f32(blk[b].d);
+        corr[b] = sums[b] * 128;
+      }
+    }
   }
 }
 
 const void* PreparedX::row_x8(int t) const {
   if (dtype_ != ImageDtype::kQ8_0 || cols_ % (8 * kQuantBlock) != 0)
     throw InternalError("PreparedX::row_x8: not a q8_0 record of whole 8-block groups");
-  return reinterpret_cast<const uint8_t*>(q8_.data()) + size_t(t) * rec_;
+  return reinterpret_cast<const uint8_t*>(q8_.data()) + size_t(t) * rec8_;
 }
 
 bool q8_interleave_pays() { return g_table->rows_q8x8 != nullptr; }
@@ -997,6 +1277,8 @@ void q8_interleave(WeightView* w) {
   }
   w->q8_x8 = true;
 }
+
+size_t PreparedX::row_bytes() const { return image_dtype_quantized(dtype_) ? rec_ : size_t(cols_) * sizeof(float); }
 
 const void* PreparedX::row(int t) const {
   if (image_dtype_quantized(dtype_)) return reinterpret_cast<const uint8_t*>(q_.data()) + size_t(t) * rec_;
@@ -1023,9 +1305,11 @@ namespace {
 // kRowBlock rows per pass, the passes split over threads: block(first row, x_t, y[kRowBlock]) for whole blocks when
 // has_block, one(row, x_t) for every other row, where x_t = (x.*row_of)(t). Each output (t, o) is computed by one
 // call, whichever thread runs it; a block's bytes stay in cache across the tokens.
+// With n > 1 and a token-tile kernel, whole row blocks run as tiles of kTokenTile tokens (x_bytes: from one token's
+// row to the next), each (row, token) with the one-row numbers.
 template <class Block, class One>
-void matmul_row_blocks(float* y, const PreparedX& x, const void* (PreparedX::*row_of)(int) const, const WeightView& w,
-                       int n, bool has_block, Block block, One one) {
+void matmul_row_blocks(float* y, const PreparedX& x, const void* (PreparedX::*row_of)(int) const, size_t x_bytes,
+                       TileFn tile, const WeightView& w, int n, bool has_block, Block block, One one) {
   const int rows = w.rows;
   const long work = long(n) * rows * w.cols;
   const size_t rb = image_row_bytes(w.dtype, size_t(w.cols));
@@ -1034,7 +1318,14 @@ void matmul_row_blocks(float* y, const PreparedX& x, const void* (PreparedX::*ro
   for (int gi = 0; gi < groups; ++gi) {
     const int o0 = gi * kRowBlock;
     for (int r = o0 + kRowBlock; r < std::min(rows, o0 + 2 * kRowBlock); ++r) prefetch_bytes(w.row(r), rb);
-    for (int t = 0; t < n; ++t) {
+    int t = 0;
+    if (tile && n > 1 && o0 + kRowBlock <= rows) {
+      const uint8_t* x0 = static_cast<const uint8_t*>((x.*row_of)(0));
+      for (; t < n; t += kTokenTile)
+        tile(w.row(o0), w.row_stride, x0 + size_t(t) * x_bytes, x_bytes, std::min(kTokenTile, n - t), w.cols,
+             y + size_t(t) * rows + o0, size_t(rows));
+    }
+    for (; t < n; ++t) {
       const void* xt = (x.*row_of)(t);
       if (has_block && o0 + kRowBlock <= rows) {
         float yr[kRowBlock];
@@ -1056,7 +1347,7 @@ void matmul(float* y, const PreparedX& x, const WeightView& w, int n) {
     auto rows_x8 = g_table->rows_q8x8;
     auto dot_x8 = g_table->dot_q8x8 ? g_table->dot_q8x8 : dot_q8x8_port;
     matmul_row_blocks(
-        y, x, &PreparedX::row_x8, w, n, rows_x8 != nullptr,
+        y, x, &PreparedX::row_x8, x.row_x8_bytes(), g_table->tile_q8x8, w, n, rows_x8 != nullptr,
         [&](const uint8_t* p, const void* xt, float* yr) { rows_x8(p, stride, xt, cols, yr); },
         [&](const uint8_t* p, const void* xt) { return dot_x8(p, xt, cols); });
     return;
@@ -1068,9 +1359,12 @@ void matmul(float* y, const PreparedX& x, const WeightView& w, int n) {
                 : w.dtype == ImageDtype::kQ4_0 ? g_table->rows_q4
                                                : nullptr;
   auto one = [&](const uint8_t* p, const void* xt) { return row_dot(w.dtype, p, xt, cols); };
+  const TileFn tile = w.dtype == ImageDtype::kF16    ? g_table->tile_f16
+                      : w.dtype == ImageDtype::kBF16 ? g_table->tile_bf16
+                                                     : nullptr;
   if (rows_fn || rows_q) {
     matmul_row_blocks(
-        y, x, &PreparedX::row, w, n, true,
+        y, x, &PreparedX::row, x.row_bytes(), tile, w, n, true,
         [&](const uint8_t* p, const void* xt, float* yr) {
           if (rows_fn)
             rows_fn(p, stride, static_cast<const float*>(xt), cols, yr);
@@ -1150,6 +1444,58 @@ void down_project(ImageDtype dt, float* out, int dim, const float* h, const uint
     const int c0 = int(long(chunks) * t / nt), c1 = int(long(chunks) * (t + 1) / nt);
     if (c1 > c0) down_accum(dt, out, c0 * kChunk, std::min(dim, c1 * kChunk), h, cols, n_active, accumulate);
   }
+}
+
+void DownCoeffs::prepare(const float* h, size_t h_stride, int hidden, int n) {
+  n_ = n;
+  hidden_ = hidden;
+  const int tiles = (n + kDownTokens - 1) / kDownTokens;
+  th_.resize(size_t(tiles) * size_t(hidden) * kDownTokens);  // read only where the mask says so: no clearing
+  mask_.assign(size_t(tiles) * size_t(hidden), 0);
+  idx_.resize(size_t(n) * size_t(hidden));
+  hk_.resize(size_t(n) * size_t(hidden));
+  count_.resize(size_t(n));
+  for (int t = 0; t < n; ++t) {
+    const float* ht = h + size_t(t) * h_stride;
+    float* th = th_.data() + size_t(t / kDownTokens) * size_t(hidden) * kDownTokens + size_t(t % kDownTokens);
+    uint8_t* m = mask_.data() + size_t(t / kDownTokens) * size_t(hidden);
+    uint32_t* idx = idx_.data() + size_t(t) * size_t(hidden);
+    float* hk = hk_.data() + size_t(t) * size_t(hidden);
+    int k = 0;
+    for (int s = 0; s < hidden; ++s)
+      if (ht[s] != 0.0f) {
+        th[size_t(s) * kDownTokens] = ht[s];
+        m[s] = uint8_t(m[s] | 1u << (t % kDownTokens));
+        idx[k] = uint32_t(s);
+        hk[k++] = ht[s];
+      }
+    count_[size_t(t)] = k;
+  }
+}
+
+void down_tokens(ImageDtype dt, float* out, size_t out_stride, int len, const DownCoeffs& h, const uint8_t* base,
+                 size_t slice_bytes) {
+  static_assert(kDownTokens == kDownTokenTile);
+  const int n = h.tokens(), hidden = h.hidden();
+  const DownTileFn tile = dt == ImageDtype::kQ8_0   ? g_table->down_tile_q8
+                          : dt == ImageDtype::kQ4_0 ? g_table->down_tile_q4
+                          : dt == ImageDtype::kF16  ? g_table->down_tile_f16
+                          : dt == ImageDtype::kBF16 ? g_table->down_tile_bf16
+                                                    : nullptr;
+  if (!tile || n == 1) {  // token by token over each token's list
+    thread_local std::vector<const uint8_t*> cols;
+    cols.resize(size_t(hidden));
+    for (int t = 0; t < n; ++t) {
+      const int k = h.count(t);
+      const uint32_t* idx = h.idx(t);
+      for (int i = 0; i < k; ++i) cols[size_t(i)] = base + size_t(idx[i]) * slice_bytes;
+      down_accum(dt, out + size_t(t) * out_stride, 0, len, h.hk(t), cols.data(), k);
+    }
+    return;
+  }
+  for (int t0 = 0, ti = 0; t0 < n; t0 += kDownTokens, ++ti)
+    tile(out + size_t(t0) * out_stride, out_stride, len, h.tile_h(ti), h.tile_mask(ti), base, slice_bytes, hidden,
+         std::min(kDownTokens, n - t0));
 }
 
 void ffn_bundles(ImageDtype dt, int dim, const PreparedX& x, const float* g, const uint8_t* const* bundles, int n,

@@ -14,6 +14,8 @@
 // - down accumulation: out[o] = sum over the listed neurons, in list order, of h_i * w_i[o] (quantized:
 //   (h_i * d_block) * q); each output is its own sum, so any split of the outputs over threads gives the same bits.
 // Thread count never changes a result: matrix products split over output rows, each computed by one thread.
+// Token tiles (prefill: matmul with n > 1, down_tokens) share weight loads between tokens and reorder only the loops:
+// every (row, token) output gets the one-token path's operations in its order.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -41,9 +43,12 @@ class PreparedX {
   void prepare(ImageDtype w_dtype, const float* x, int n, int cols);
   // Token t's row in the form row_dot wants.
   const void* row(int t) const;
-  // Token t's q8_0 record interleaved by 8 blocks (q8_interleave's layout, then the per-block sums), for rows stored
-  // that way; only for q8_0 weights with cols a multiple of 256.
+  // Token t's q8_0 record interleaved by 8 blocks (q8_interleave's layout, then the per-block sums, scales as f32 and
+  // sums times 128), for rows stored that way; only for q8_0 weights with cols a multiple of 256.
   const void* row_x8(int t) const;
+  // Bytes from token t's row (row or row_x8) to token t + 1's.
+  size_t row_bytes() const;
+  size_t row_x8_bytes() const { return rec8_; }
   ImageDtype dtype() const { return dtype_; }
 
  private:
@@ -51,6 +56,8 @@ class PreparedX {
   const float* x_ = nullptr;
   int cols_ = 0;
   size_t rec_ = 0;            // bytes per token's quantized record (blocks, then per-block sums)
+  size_t rec8_ = 0;           // bytes per token's interleaved record (row_x8: rec_'s bytes, then per-block f32 scales
+                              // and sums times 128, for the token-tiled kernels)
   std::vector<uint32_t> q_;   // the records (uint32_t: 4-byte aligned sums)
   std::vector<uint32_t> q8_;  // the interleaved records (row_x8), same size
 };
@@ -84,6 +91,36 @@ void down_accum(ImageDtype dt, float* out, int o0, int o1, const float* h, const
 // down_accum over all `dim` outputs, split over threads in blocks of 32 outputs.
 void down_project(ImageDtype dt, float* out, int dim, const float* h, const uint8_t* const* cols, int n_active,
                   bool accumulate = false);
+
+// The down coefficients of n tokens (h [n][hidden], row t at h + t * h_stride), prepared once for down_tokens and
+// shared by every output range of a pass: token t sums the neurons with h != 0, in slot order.
+constexpr int kDownTokenTile = 8;  // tokens per down tile (each weight block widened once for all of them)
+class DownCoeffs {
+ public:
+  void prepare(const float* h, size_t h_stride, int hidden, int n);
+  int tokens() const { return n_; }
+  int hidden() const { return hidden_; }
+  int count(int t) const { return count_[size_t(t)]; }  // neurons token t sums
+  const float* tile_h(int tile) const { return th_.data() + size_t(tile) * size_t(hidden_) * kDownTokenTile; }
+  const uint8_t* tile_mask(int tile) const { return mask_.data() + size_t(tile) * size_t(hidden_); }
+  const uint32_t* idx(int t) const { return idx_.data() + size_t(t) * size_t(hidden_); }
+  const float* hk(int t) const { return hk_.data() + size_t(t) * size_t(hidden_); }
+
+ private:
+  int n_ = 0, hidden_ = 0;
+  std::vector<float> th_;      // per tile of kDownTokenTile tokens: [hidden][kDownTokenTile], token-minor
+  std::vector<uint8_t> mask_;  // per tile: [hidden], bit t = the tile's token t sums the neuron
+  std::vector<uint32_t> idx_;  // [n][hidden]: each token's neurons in slot order (count(t) of them)
+  std::vector<float> hk_;      // [n][hidden]: their h
+  std::vector<int> count_;     // [n]
+};
+
+// The down projection of the prepared tokens over `hidden` neuron slices of `len` outputs each (down columns cut to
+// one output range, slice s at base + s * slice_bytes; len a multiple of 32 for quantized dtypes, or the range's end):
+// out[t * out_stride + o] (o < len) = down_accum over token t's list (overwriting). Several tokens share each weight
+// block's load (kDownTokenTile per tile, on paths with a tile kernel).
+void down_tokens(ImageDtype dt, float* out, size_t out_stride, int len, const DownCoeffs& h, const uint8_t* base,
+                 size_t slice_bytes);
 
 // One token's gated FFN over bundles ([gate row | up row | down column], each image_row_bytes(dt, dim) bytes) of the
 // listed neurons, in list order: h_i = g[i] * (up_i . x); when g is null, g_i = relu(gate_i . x) from the bundle's own
