@@ -25,7 +25,7 @@ fail() { fails=$((fails + 1)); echo "FAIL $1"; [ -s err ] && sed 's/^/     stder
 expect() {
   local name=$1 code=$2 pat=$3
   shift 3
-  timeout 15 "$@" >out 2>err
+  timeout "$hang_s" "$@" >out 2>err
   local rc=$?
   local lines
   lines=$(wc -l <err)
@@ -44,6 +44,9 @@ same() { cmp -s "$1" "$2"; }  # byte-identical
 # terabytes of address space and cannot start under a cap: there the check runs uncapped and its name says so.
 asan=0
 ldd "$R" 2>/dev/null | grep -q libasan && asan=1
+# A hang is a check that does not finish in hang_s; an instrumented build runs several times slower.
+hang_s=15
+[ "$asan" = 1 ] && hang_s=120
 capped() {
   local kb=$1 name=$2
   shift 2

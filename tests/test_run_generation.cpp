@@ -24,6 +24,12 @@ using nlohmann::json;
 
 namespace {
 
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
 const std::string kBin = std::string(NL_BINARY_DIR) + "/cli/";
 const std::string kTiny = std::string(NL_SOURCE_DIR) + "/datasets/tiny-relu/model";
 const std::string kStories = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/";
@@ -219,15 +225,21 @@ TEST_CASE("--memory-budget: the cache gets what is left; the child's peak RSS st
   Run r;
   const json j = run_json(base + "--memory-budget " + std::to_string(budget) + " --metrics gen_tiny/budget.json", &r);
   const uint32_t cache = j["memory"]["cache_bundles_per_layer"].get<uint32_t>();
-  CHECK(cache >= 40);
   CHECK(cache <= 100);
   CHECK(j["cache_ratio"].get<double>() == doctest::Approx(double(cache) / 512));
   CHECK(j["totals"]["cache_hits"].get<uint64_t>() > 0);  // the cache was used
   const uint64_t peak = j["generation"]["peak_rss_bytes"].get<uint64_t>();
   MESSAGE("budget " << budget << " B, fixed " << fixed << " B, cache " << cache << " bundles/layer, peak RSS (VmHWM) "
                     << peak << " B, child's ru_maxrss " << r.maxrss << " B");
-  CHECK(peak <= budget);
-  CHECK(r.maxrss <= budget);
+  if (kAddressSanitizer) {
+    // ASan's shadow memory and its quarantine of freed blocks are in the RSS and grow over a run, so the fixed part
+    // measured by the first run does not bound the second: the bounds hold for the program, not for its instrument.
+    nl::test::skip_part("--memory-budget peak-RSS bounds: not meaningful in an AddressSanitizer build");
+  } else {
+    CHECK(cache >= 40);
+    CHECK(peak <= budget);
+    CHECK(r.maxrss <= budget);
+  }
   CHECK(json::parse(nl::read_file("gen_tiny/budget.json"))["memory"]["peak_rss_bytes"] == peak);
   // The same tokens as without a budget (a cache never changes them).
   CHECK(j["generated"] == run_json(base)["generated"]);
