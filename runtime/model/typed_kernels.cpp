@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <type_traits>
 
 #include "formats/core/error.h"
 #include "formats/core/half.h"
@@ -871,44 +872,42 @@ NL_512 void down_tile_h16_512_t(float* out, size_t ldo, int len, const float* h,
       out[size_t(t) * ldo + o] = a;
     }
 }
+// f(std::integral_constant<int, nt>{}) for a tile of nt tokens (1..kDownTokens): the down tiles keep their per-token
+// accumulators in registers, so the count is a template argument.
+template <class F>
+inline void with_token_count(int nt, F&& f) {
+  static_assert(kDownTokens == 8, "one case per token count below the full tile");
+  switch (nt) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 5:
+      return f(std::integral_constant<int, 5>{});
+    case 6:
+      return f(std::integral_constant<int, 6>{});
+    case 7:
+      return f(std::integral_constant<int, 7>{});
+    default:
+      return f(std::integral_constant<int, kDownTokens>{});
+  }
+}
 template <bool Bf16>
 NL_512 void down_tile_h16_512(float* out, size_t ldo, int len, const float* h, const uint8_t* mask, const uint8_t* base,
                               size_t cb, int hidden, int nt) {
-  switch (nt) {
-#define NL_CASE(T) \
-  case T:          \
-    return down_tile_h16_512_t<Bf16, T>(out, ldo, len, h, mask, base, cb, hidden);
-    NL_CASE(1)
-    NL_CASE(2)
-    NL_CASE(3)
-    NL_CASE(4)
-    NL_CASE(5)
-    NL_CASE(6)
-    NL_CASE(7)
-#undef NL_CASE
-    default:
-      return down_tile_h16_512_t<Bf16, kDownTokens>(out, ldo, len, h, mask, base, cb, hidden);
-  }
+  with_token_count(
+      nt, [&](auto T) { down_tile_h16_512_t<Bf16, decltype(T)::value>(out, ldo, len, h, mask, base, cb, hidden); });
 }
 
 template <class B>
 NL_512 void down_tile_blocks_512(float* out, size_t ldo, int len, const float* h, const uint8_t* mask,
                                  const uint8_t* base, size_t cb, int hidden, int nt) {
-  switch (nt) {
-#define NL_CASE(T) \
-  case T:          \
-    return down_tile_blocks_512_t<B, T>(out, ldo, len, h, mask, base, cb, hidden);
-    NL_CASE(1)
-    NL_CASE(2)
-    NL_CASE(3)
-    NL_CASE(4)
-    NL_CASE(5)
-    NL_CASE(6)
-    NL_CASE(7)
-#undef NL_CASE
-    default:
-      return down_tile_blocks_512_t<B, kDownTokens>(out, ldo, len, h, mask, base, cb, hidden);
-  }
+  with_token_count(
+      nt, [&](auto T) { down_tile_blocks_512_t<B, decltype(T)::value>(out, ldo, len, h, mask, base, cb, hidden); });
 }
 
 const Table kAvx512 = {dot_h16_512<false>,
