@@ -43,9 +43,8 @@ for res in (smoke, f16):
     print("%s: %d/%d greedy tokens equal between llama.cpp and nl-run" % (res["dtype"], a.get("agree", 0),
                                                                          a.get("of", 0)))
 rows = smoke.get("rows", {})
-want = ["llama.cpp mmap, capped", "llama.cpp mmap, uncapped (warm)", "nl-run identity, capped",
-        "nl-run --select dense, uncapped (warm)",
-        "nl-run greedy, capped", "nl-run greedy+ls, capped"]
+want = ["llama.cpp mmap, capped", "llama.cpp mmap, uncapped (warm)", "nl-run --select dense, uncapped (warm)"] + [
+    "nl-run %s, overlap %s, capped" % (m, o) for m in ("identity", "greedy", "greedy+ls") for o in ("off", "on")]
 for w in want:
     r = rows.get(w)
     if not r or "failed" in r or not r["decode_ms"] or min(r["decode_ms"]) <= 0 or not r["peak_rss_mib"]:

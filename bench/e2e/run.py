@@ -140,6 +140,7 @@ class Bench:
         self.has_trace_select = "trace:" in help_gen
         self.pack_dtypes = [d for d in ("f32", "f16", "bf16", "q8_0", "q4_0") if d in help_pack]
         self.has_synthetic_act = "--synthetic-act" in help_pack
+        self.has_overlap = "--overlap" in help_gen
         self.device = json.load(open(a.device))
         self.results = {"shapes": [], "settings": vars(a).copy(), "llamacpp_dir": self.ldir,
                         "loadavg_start": os.getloadavg(),
@@ -193,10 +194,14 @@ class Bench:
                 model = None
             tok = None
             trace = os.path.join(d, "profile.h5")
-            if not os.path.exists(trace):
+            held_out = os.path.join(d, "test.h5")
+            if not (os.path.exists(trace) and os.path.exists(held_out)):
+                # The layouts are solved on the profile split; nl-run's --select trace: replays the test split's
+                # sequences, which no layout was built from (the layout objective's held-out rule).
                 run(self.nice() + [self.tool("nl-profile"), "synth", "--preset",
                                    os.path.join(SRC, "configs", "workloads", spec["preset"] + ".json"), "--layers",
-                                   str(cfg[2]), "--neurons", str(cfg[1]), "--profile-out", trace, "-q"])
+                                   str(cfg[2]), "--neurons", str(cfg[1]), "--profile-out", trace, "--test-out",
+                                   held_out, "-q"])
             synthetic = True
         images = {}
         for m in (["identity"] if self.a.kernel_row_only else LAYOUTS):  # the kernel row runs the identity image
@@ -233,7 +238,7 @@ class Bench:
                 argv += ["--tokenizer", tok]
             run(self.nice() + argv)
         return {"images": images, "gguf": gg, "synthetic": synthetic, "trace": trace, "notes": notes,
-                "model": model}
+                "model": model, "held_out": held_out if synthetic else None}
 
     # -----------------------------------------------------------------------------------------------------------
     # Runs
@@ -404,9 +409,10 @@ class Bench:
         # Timed rows, alternated: for each rep, every variant once.
         variants = []
         if self.llama_ok:
-            variants += [("llama.cpp mmap, capped", "llama", True), ("llama.cpp mmap, uncapped (warm)", "llama", False)]
-        if self.has_trace_select:
-            sel = "trace:" + p["trace"]
+            variants += [("llama.cpp mmap, capped", "llama", True, []),
+                         ("llama.cpp mmap, uncapped (warm)", "llama", False, [])]
+        if self.has_trace_select and p["held_out"]:
+            sel = "trace:" + p["held_out"]
         elif p["synthetic"]:
             sel = "gate"
             res["unavailable"]["nl-run --select trace:"] = ("not on this checkout (issue 18): random SiLU weights "
@@ -415,13 +421,18 @@ class Bench:
             sel = "gate"
         res["select"] = sel
         for m in LAYOUTS:
-            variants.append(("nl-run %s, capped" % m, m, True))
-        variants.append((DENSE_ROW, "dense", False))
-        res["unavailable"]["nl-run overlap on/off"] = "no I/O-compute overlap switch on this checkout (issue 18)"
+            if self.has_overlap:  # io_uring either way: "on" is nl-run's default overlap (layer), "off" is none
+                variants.append((nl_row(m, False), m, True, ["--io", "uring", "--overlap", "none"]))
+                variants.append((nl_row(m, True), m, True, ["--io", "uring", "--overlap", "layer"]))
+            else:
+                variants.append((nl_row(m, None), m, True, []))
+        variants.append((DENSE_ROW, "dense", False, []))
+        if not self.has_overlap:
+            res["unavailable"]["nl-run overlap on/off"] = "no I/O-compute overlap switch on this checkout (issue 18)"
         samples = {v[0]: [] for v in variants}
         failures = {}
         for rep in range(self.a.reps):
-            for name, kind, capped in variants:
+            for name, kind, capped, extra in variants:
                 if name in failures:
                     continue
                 if capped:
@@ -443,7 +454,7 @@ class Bench:
                         s, r = self.nl_generate(p["images"]["identity"], "dense", prompt, steps)
                     else:
                         s, r = self.nl_generate(p["images"][kind], sel, prompt, steps, cg,
-                                                ["--cache-ratio", "0.1"])
+                                                ["--cache-ratio", "0.1"] + extra)
                 finally:
                     if cg:
                         cg.close()
@@ -453,11 +464,11 @@ class Bench:
                     log("  %s failed: %s" % (name, failures[name]))
                     continue
                 samples[name].append(s)
-                log("  rep %d %-34s ttft %8.1f ms  decode %8.2f ms/token  read %6.1f MiB  peak RSS %6.1f MiB" %
+                log("  rep %d %-40s ttft %8.1f ms  decode %8.2f ms/token  read %6.1f MiB  peak RSS %6.1f MiB" %
                     (rep, name, s["ttft_ms"], s["decode_ms"], s["read_bytes"] / MIB, s["maxrss_kib"] / 1024))
         n_tok = len(prompt) + steps - 1  # forward passes: the prompt, then every generated token but the last
         rows = {}
-        for name, kind, capped in variants:
+        for name, kind, capped, _extra in variants:
             ss = samples[name]
             if not ss:
                 rows[name] = {"failed": failures.get(name, "no samples")}
@@ -474,13 +485,16 @@ class Bench:
         # The bound: max(compute with everything in DRAM, needed bytes at the device's bandwidth).
         comp = med(rows[DENSE_ROW]["decode_ms"]) if "decode_ms" in rows.get(DENSE_ROW, {}) else None
         bw = self.device["bandwidth_MBps"] * 1e6
-        need = rows.get("nl-run identity, capped", {}).get("bytes_needed_per_token")
+        need = next((rows[n]["bytes_needed_per_token"] for n in (nl_row("identity", True), nl_row("identity", None))
+                     if "bytes_needed_per_token" in rows.get(n, {})), None)
         if need is not None and comp is not None:
             io_ms = need / bw * 1e3
             res["bound"] = {"compute_ms": comp, "io_ms": io_ms, "bound_ms": max(comp, io_ms),
                             "device": self.device.get("name"), "bandwidth_MBps": self.device["bandwidth_MBps"]}
         # Kernel row: everything in DRAM, same dtype; llama-bench tg at 1 and the bench's threads.
-        if self.llama_ok and comp is not None and not os.access(self.llama_bench, os.X_OK):
+        if self.a.no_kernel_row:
+            res["unavailable"]["kernel row"] = "skipped (--no-kernel-row)"
+        elif self.llama_ok and comp is not None and not os.access(self.llama_bench, os.X_OK):
             res["unavailable"]["kernel row"] = "llama-bench not built (scripts/llamacpp.sh)"
         elif self.llama_ok and comp is not None:
             # Both engines at the same thread counts: nl-run --select dense (median of the reps) and llama-bench tg.
@@ -511,13 +525,18 @@ class Bench:
                 raise SystemExit("e2e: unknown shape %s (stories260k, %s)" % (shape, ", ".join(SYNTH)))
             d = os.path.join(self.work, shape)
             for dtype in self.a.dtypes.split(","):
+                if self.a.prepare_only:  # images, layouts, traces and GGUF only (kept), e.g. while the machine is busy
+                    log("== %s %s: prepare only" % (shape, dtype))
+                    self.prepare(shape, dtype, d)
+                    continue
                 res = self.shape(shape, dtype)
                 self.results["shapes"].append(res)
                 print_shape(res)
                 sys.stdout.flush()
                 self.write_json()  # after every shape: a cut-off run keeps what it measured
                 self.clean(d, shape, (".nlw", ".gguf", ".nlw.json"))  # disk: one shape and dtype at a time
-            self.clean(d, shape, (".bin",))
+            if not self.a.prepare_only:
+                self.clean(d, shape, (".bin",))
 
     def clean(self, d, shape, suffixes):
         if self.a.keep or shape == "stories260k" or not os.path.isdir(d):
@@ -532,6 +551,19 @@ class Bench:
             with open(tmp, "w") as f:
                 json.dump(self.results, f, indent=1)
             os.replace(tmp, self.a.json)
+
+
+def nl_row(method, overlap):
+    """The row name of nl-run with a layout: overlap True (on), False (off) or None (no overlap switch)."""
+    return "nl-run %s%s, capped" % (method, {True: ", overlap on", False: ", overlap off", None: ""}[overlap])
+
+
+def identity_row(rows, name):
+    """The identity row a row is compared with: the same overlap setting (overlap on for llama.cpp and dense)."""
+    for on in ((False,) if "overlap off" in name else (True,)) + (None,):
+        if nl_row("identity", on) in rows:
+            return rows[nl_row("identity", on)]
+    return {}
 
 
 def params(cfg):
@@ -592,20 +624,20 @@ def print_shape(res):
     print("nl-run selection: --select %s; load average at the end %s" % (
         res.get("select", "?"), " ".join("%.1f" % x for x in res.get("loadavg_end", ()))))
     base = rows.get("llama.cpp mmap, capped", {})
-    ident = rows.get("nl-run identity, capped", {})
     bound = res.get("bound")
-    print("%-34s %-26s %-26s %-22s %-14s %-14s %-9s %-9s %-7s" % (
+    print("%-40s %-26s %-26s %-22s %-14s %-14s %-9s %-9s %-7s" % (
         "row", "TTFT ms", "decode ms/token", "tok/s", "read B/token", "peak RSS MiB", "x llama", "x ident",
         "bound%"))
     for name, r in rows.items():
         if "failed" in r:
-            print("%-34s failed: %s" % (name, r["failed"]))
+            print("%-40s failed: %s" % (name, r["failed"]))
             continue
         dm = med(r["decode_ms"])
         vs_l = "%.3f" % trunc(med(base["decode_ms"]) / dm, 3) if base.get("decode_ms") else "-"
+        ident = identity_row(rows, name)
         vs_i = "%.3f" % trunc(med(ident["decode_ms"]) / dm, 3) if ident.get("decode_ms") else "-"
         share = "%.3f" % trunc(bound["bound_ms"] / dm, 3) if bound else "-"
-        print("%-34s %-26s %-26s %-22s %-14.0f %-14.1f %-9s %-9s %-7s" % (
+        print("%-40s %-26s %-26s %-22s %-14.0f %-14.1f %-9s %-9s %-7s" % (
             name, fr(r["ttft_ms"], "%.1f"), fr(r["decode_ms"]), fr(r["tok_s"], "%.1f"),
             med(r["read_bytes_per_token"]), med(r["peak_rss_mib"]), vs_l, vs_i, share))
     if bound:
@@ -651,6 +683,10 @@ def main():
                     help="only the kernel row (everything in DRAM: nl-run --select dense vs llama-bench, alternated)")
     ap.add_argument("--kernel-prompt", type=int, default=64, help="kernel row: prompt tokens (llama-bench pp)")
     ap.add_argument("--base-build", help="kernel row: also run this build's nl-run, alternated (before/after)")
+    ap.add_argument("--no-kernel-row", action="store_true",
+                    help="skip the kernel row (llama-bench and nl-run --select dense, all in DRAM) after the rows")
+    ap.add_argument("--prepare-only", action="store_true",
+                    help="write the traces, layouts, images and GGUF files (kept for a later run) and stop")
     a = ap.parse_args()
     if a.smoke:
         a.shapes, a.dtypes, a.reps, a.steps, a.profile_tokens = "stories260k", "f32", 1, 8, 2048
