@@ -141,23 +141,31 @@ def structure(run, test, layout, extra):
     return {k: e["trace_structure"][k] for k in STATS}
 
 
-def synthetic_point(run, pt, work):
-    w = os.path.join(work, pt["name"])
+def cached_result(w):
+    """A point's folder: (path of its result.json, the result kept from an earlier run or None, whether that result
+    has every statistic of STATS)."""
     os.makedirs(w, exist_ok=True)
     res = os.path.join(w, "result.json")
+    if not os.path.exists(res):
+        return res, None, False
+    with open(res) as f:
+        r = json.load(f)
+    return res, r, all(x in r["stats"] for x in STATS)
+
+
+def synthetic_point(run, pt, work):
+    w = os.path.join(work, pt["name"])
+    res, r, complete = cached_result(w)
     p, t = os.path.join(w, "p.h5"), os.path.join(w, "t.h5")
-    if os.path.exists(res):
-        with open(res) as f:
-            r = json.load(f)
-        if all(x in r["stats"] for x in STATS):
-            return r
+    if complete:
+        return r
     k = pt["knobs"]
     once(t, lambda: run(["nl-profile", "synth", "--preset", os.path.join(SRC, "configs", "workloads",
                                                                          pt["preset"] + ".json"),
                          "--fire-probability", str(k["fire"]), "--background-share", str(k["bg"]),
                          "--stay-group", str(k["stay"]), "--stay-neuron", str(k["stay"]),
                          "--profile-out", p, "--test-out", t, "--quiet"] + pt["shape"]))
-    if os.path.exists(res):  # a result from before a statistic was added: measure the statistics again
+    if r:  # a result from before a statistic was added: measure the statistics again
         r["stats"] = structure(run, t, os.path.join(w, "identity.json"), [])
     else:
         r = dict(pt, synthetic=True, **measure(run, p, t, w, []))
@@ -184,13 +192,10 @@ def real_models(models):
 
 def real_point(run, label, model, tok, dim, work, max_tokens):
     w = os.path.join(work, label)
-    os.makedirs(w, exist_ok=True)
-    res = os.path.join(w, "result.json")
+    res, r, complete = cached_result(w)
     p, t = os.path.join(w, "p.h5"), os.path.join(w, "t.h5")
-    if os.path.exists(res):
-        with open(res) as f:
-            r = json.load(f)
-        if not all(x in r["stats"] for x in STATS):  # from before a statistic was added
+    if r:
+        if not complete:  # from before a statistic was added
             r["stats"] = structure(run, t, os.path.join(w, "identity.json"), ["--bundle-bytes", r["bundle_bytes"]])
         return r
     once(t, lambda: run(["nl-profile", "run", "--model", model, "--tokenizer", tok, "--text", FORTUNES,
@@ -319,8 +324,12 @@ def main():
     only = [x for x in a.only.split(",") if x]
     run = Runner(a.build, a.nice)
     os.makedirs(a.work, exist_ok=True)
+    points = sweep_points(only)
+    if len(points) < 3:  # the fit and its leave-one-out errors need two points left when one is out
+        ap.error("--only %s selects %d synthetic point(s); the fits need at least 3 (name a preset too)" %
+                 (a.only, len(points)))
     syn = []
-    for pt in sweep_points(only):
+    for pt in points:
         log("structure_sweep: %s" % pt["name"])
         syn.append(synthetic_point(run, pt, a.work))
     real = []
