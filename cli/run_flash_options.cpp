@@ -20,7 +20,9 @@ void add_flash_image_options(CLI::App* c, FlashArgs& a) {
 }
 
 void add_flash_io_options(CLI::App* c, FlashArgs& a) {
-  c->add_option("--io", a.io, "I/O engine")->check(CLI::IsMember({"pread", "preadv", "uring", "mmap"}))->group("I/O");
+  c->add_option("--io", a.io, "I/O engine; auto (default): uring where the kernel and this build have it, else pread")
+      ->check(CLI::IsMember({"auto", "pread", "preadv", "uring", "mmap"}))
+      ->group("I/O");
   c->add_flag("--no-direct", a.buffered, "Buffered reads instead of O_DIRECT")->group("I/O");
   c->add_option("--queue-depth", a.queue_depth, "uring: reads in flight at most")
       ->check(CLI::Range(1, 4096))
@@ -73,7 +75,10 @@ std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& 
   inputs.push_back({"--device", a.device});
   check_paths(inputs, {{"--metrics", a.metrics}});
   IoOptions io;
-  if (!io_kind_parse(a.io, &io.kind)) throw UsageError("unknown --io " + a.io);
+  if (a.io == "auto")
+    io.kind = io_uring_available() ? IoKind::kUring : IoKind::kPread;
+  else if (!io_kind_parse(a.io, &io.kind))
+    throw UsageError("unknown --io " + a.io);
   io.direct = !a.buffered;
   io.queue_depth = a.queue_depth;
   io.warn = [&g](const std::string& s) { info(g, s); };
