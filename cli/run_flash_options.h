@@ -15,7 +15,7 @@ struct FlashArgs {
   std::string image;
   bool verify = false;
   std::string io = "auto";  // uring where this kernel and build have it (overlap is real there), else pread
-  bool buffered = false;  // --no-direct
+  bool buffered = false;    // --no-direct
   uint32_t queue_depth = 32;
   std::string gap = "off";
   std::string device;  // device profile for --gap auto
