@@ -17,6 +17,8 @@ namespace {
 constexpr int kDownChunk = 128;
 // Multiply-adds below which a pass stays on the calling thread (as the typed kernels' rule: shape only).
 constexpr long kParallelWork = 1L << 15;
+// Activations (one exp each for SiLU) below which the gating stays on the calling thread.
+constexpr int kParallelAct = 4096;
 
 }  // namespace
 
@@ -70,21 +72,16 @@ void DenseBundles::ffn(const float* x, int n, FfnAct act, float* out) {
   matmul(sc.u.data(), sc.xq, up(), n);
   // The gated path's numbers: ReLU lists neurons with gate > 0; SiLU lists every neuron with act = v / (1 + e^-v);
   // h = g * u (0 when g is 0). A neuron with h = 0 adds exactly nothing to a sum, so it is left out.
-  for (int t = 0; t < n; ++t) {
-    const float* g = sc.g.data() + size_t(t) * hid;
-    const float* u = sc.u.data() + size_t(t) * hid;
-    float* h = sc.h.data() + size_t(t) * hid;
-    for (int s = 0; s < hidden_; ++s) {
-      float a;
-      h[s] = 0.0f;
-      if (act == FfnAct::kRelu) {
-        if (!(g[s] > 0.0f)) continue;
-        a = g[s];
-      } else {
-        a = g[s] / (1.0f + std::exp(-g[s]));
-      }
-      h[s] = a == 0.0f ? 0.0f : a * u[s];
-    }
+  // Element-wise, so any split gives the same numbers; in parallel once there is enough of it (SiLU's exp per neuron).
+#pragma omp parallel for schedule(static) if (total >= size_t(kParallelAct))
+  for (long i = 0; i < long(total); ++i) {  // [n][hidden] flat: decode's one token splits too
+    const float g = sc.g[size_t(i)], u = sc.u[size_t(i)];
+    float a = 0.0f;
+    if (act == FfnAct::kRelu)
+      a = g > 0.0f ? g : 0.0f;
+    else
+      a = g / (1.0f + std::exp(-g));
+    sc.h[size_t(i)] = a == 0.0f ? 0.0f : a * u;
   }
   sc.down.prepare(sc.h.data(), hid, hidden_, n);
   // Down: chunks of outputs split over threads, each chunk's slices contiguous; every output summed by one call in

@@ -131,6 +131,8 @@ struct Table {
   DownTileFn down_tile_q4 = nullptr;
   DownTileFn down_tile_f16 = nullptr;
   DownTileFn down_tile_bf16 = nullptr;
+  // The multi-row kernels prefetch the next row block themselves (prefetch_ahead): matmul adds no burst of its own.
+  bool rows_prefetch = false;
 };
 
 // Interleaved q8_0 (q8_interleave): a group of 8 blocks is 272 bytes, its 8 scales first, then 8 steps of 32 bytes.
@@ -276,6 +278,9 @@ const Table kPortable = {dot_h16_port<f16_to_f32>,
 #if defined(__x86_64__)
 #define NL_AVX2 __attribute__((target("avx2,f16c")))
 #define NL_VNNI __attribute__((target("avx2,f16c,avxvnni")))
+// One f16 scale widened by F16C (exact, so f16_to_f32's value): the software conversion's branches cost more than
+// the 32 products it scales in the down loops.
+NL_AVX2 inline float f16c_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 
 template <bool Bf16>
 NL_AVX2 inline __m256 cvt8(const uint8_t* p) {
@@ -390,11 +395,11 @@ NL_AVX2 void down_blocks_avx2(float* out, int o0, int o1, const float* h, const 
       if constexpr (Q4) {
         const BlockQ4_0& blk = reinterpret_cast<const BlockQ4_0*>(cols[i])[b];
         q = q4_unpack(blk);
-        d = f16_to_f32(blk.d);
+        d = f16c_to_f32(blk.d);
       } else {
         const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(cols[i])[b];
         q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
-        d = f16_to_f32(blk.d);
+        d = f16c_to_f32(blk.d);
       }
       const __m256 c = _mm256_set1_ps(h[i] * d);
       float* y = out + size_t(b) * kQuantBlock;
@@ -433,6 +438,14 @@ const Table kAvxVnni = {dot_h16_avx2<false>,
 // give independent add chains), VNNI block dots with an offset instead of sign fix-ups, and down accumulations that
 // keep 8 neurons' columns in flight per pass over the outputs. Same canonical orders as above.
 #define NL_512 __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+// Decode's multi-row kernels request the next row block's bytes (`ahead` = kRowBlock rows further) while they compute
+// this one, a few lines per step: spread over the compute, the requests keep memory busy without stalling on full
+// miss buffers, as one burst of the whole next block before the compute did. A prefetch never faults, so the block
+// after the last one needs no check (the address is formed as an integer).
+inline void prefetch_ahead(const uint8_t* p, size_t ahead, int bytes) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p) + ahead;
+  for (int o = 0; o < bytes; o += 64) __builtin_prefetch(reinterpret_cast<const void*>(a + uintptr_t(o)));
+}
 // GCC 12's AVX-512 headers build conversions from _mm512_undefined_*() and warn about them (false positives).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -467,6 +480,7 @@ NL_512 inline void dot_h16_512_rows(const uint8_t* w, size_t stride, const float
     const __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
     for (int r = 0; r < R; ++r) {
       const uint8_t* wr = w + size_t(r) * stride + 2 * size_t(i);
+      if constexpr (R > 1) prefetch_ahead(wr, R * stride, 64);
       a[r][0] = _mm512_add_ps(a[r][0], _mm512_mul_ps(cvt16<Bf16>(wr), x0));
       a[r][1] = _mm512_add_ps(a[r][1], _mm512_mul_ps(cvt16<Bf16>(wr + 32), x1));
     }
@@ -554,6 +568,7 @@ NL_512 void rows_blocks_512(const uint8_t* w, size_t stride, const void* xv, int
     const __m256 dx = scales8(x + b);
     for (int r = 0; r < R; ++r) {
       const B* wr = reinterpret_cast<const B*>(w + size_t(r) * stride);
+      prefetch_ahead(reinterpret_cast<const uint8_t*>(wr + b), R * stride, 8 * int(sizeof(B)));
       __m256i s[8];
       for (int k = 0; k < 8; ++k) s[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu32(wr[b + k]), xq[k]);
       const __m256i isum = _mm256_sub_epi32(hsum8x8(s), corr);
@@ -590,6 +605,7 @@ NL_512 void rows_q8x8_512(const uint8_t* w, size_t stride, const void* xv, int n
     for (int k = 0; k < 8; ++k) xq[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + kX8Quants + 32 * k));
     for (int r = 0; r < R; ++r) {
       const uint8_t* wg = w + size_t(r) * stride + size_t(g) * kX8Group;
+      if constexpr (R > 1) prefetch_ahead(wg, R * stride, kX8Group);
       __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
       for (int k = 0; k < 8; k += 2) {
         a0 = _mm256_dpbusd_epi32(
@@ -782,7 +798,7 @@ NL_512 void down_blocks_512(float* out, int o0, int o1, const float* h, const ui
       __m512 a0 = _mm512_loadu_ps(y), a1 = _mm512_loadu_ps(y + 16);
       for (int k = 0; k < k1; ++k) {
         const B& blk = reinterpret_cast<const B*>(cols[i0 + k])[b];
-        const __m512 c = _mm512_set1_ps(h[i0 + k] * f16_to_f32(blk.d));
+        const __m512 c = _mm512_set1_ps(h[i0 + k] * f16c_to_f32(blk.d));
         __m512 lo, hi;
         q32_to_f32(blk, &lo, &hi);
         a0 = _mm512_add_ps(a0, _mm512_mul_ps(c, lo));
@@ -810,7 +826,7 @@ NL_512 void down_tile_blocks_512_t(float* out, size_t ldo, int len, const float*
       const B& blk = *reinterpret_cast<const B*>(base + size_t(s) * cb + size_t(b) * sizeof(B));
       __m512 lo, hi;
       q32_to_f32(blk, &lo, &hi);
-      const float d = f16_to_f32(blk.d);
+      const float d = f16c_to_f32(blk.d);
       const float* hs = h + size_t(s) * kDownTokens;
       for (int t = 0; t < T; ++t)
         if (m >> t & 1u) {
@@ -930,7 +946,8 @@ const Table kAvx512 = {dot_h16_512<false>,
                        down_tile_blocks_512<BlockQ8_0>,
                        down_tile_blocks_512<BlockQ4_0>,
                        down_tile_h16_512<false>,
-                       down_tile_h16_512<true>};
+                       down_tile_h16_512<true>,
+                       true};
 #pragma GCC diagnostic pop
 #endif
 
@@ -969,6 +986,8 @@ float dot_h16_neon(const uint8_t* w, const float* x, int n) {
   return reduce8(s) + tail;
 }
 
+// One f16 scale widened by the FP16 conversion instruction (exact, so f16_to_f32's value; base ARMv8).
+inline float f16n_to_f32(uint16_t h) { return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0); }
 inline int8x16x2_t wq32(const BlockQ8_0& b) { return {vld1q_s8(b.qs), vld1q_s8(b.qs + 16)}; }
 inline int8x16x2_t wq32(const BlockQ4_0& b) {
   const uint8x16_t v = vld1q_u8(b.qs);
@@ -1082,7 +1101,7 @@ void down_blocks_neon(float* out, int o0, int o1, const float* h, const uint8_t*
     for (int i = 0; i < na; ++i) {
       const B& blk = reinterpret_cast<const B*>(cols[i])[b];
       const int8x16x2_t q = wq32(blk);
-      const float32x4_t c = vdupq_n_f32(h[i] * f16_to_f32(blk.d));
+      const float32x4_t c = vdupq_n_f32(h[i] * f16n_to_f32(blk.d));
       for (int k = 0; k < 2; ++k) {
         const int16x8_t lo = vmovl_s8(vget_low_s8(q.val[k])), hi = vmovl_s8(vget_high_s8(q.val[k]));
         a[4 * k + 0] = vaddq_f32(a[4 * k + 0], vmulq_f32(c, vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)))));
@@ -1316,7 +1335,8 @@ void matmul_row_blocks(float* y, const PreparedX& x, const void* (PreparedX::*ro
 #pragma omp parallel for schedule(static) if (work > kParallelWork)
   for (int gi = 0; gi < groups; ++gi) {
     const int o0 = gi * kRowBlock;
-    for (int r = o0 + kRowBlock; r < std::min(rows, o0 + 2 * kRowBlock); ++r) prefetch_bytes(w.row(r), rb);
+    if (!(has_block && n == 1 && g_table->rows_prefetch))  // else the row kernels prefetch as they go
+      for (int r = o0 + kRowBlock; r < std::min(rows, o0 + 2 * kRowBlock); ++r) prefetch_bytes(w.row(r), rb);
     int t = 0;
     if (tile && n > 1 && o0 + kRowBlock <= rows) {
       const uint8_t* x0 = static_cast<const uint8_t*>((x.*row_of)(0));
