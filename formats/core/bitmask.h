@@ -26,8 +26,7 @@ struct LayerMask {
   std::vector<uint64_t> bits;  // n_neurons * words
 
   LayerMask() = default;
-  LayerMask(uint32_t neurons, uint64_t tokens)
-      : n_neurons(neurons), n_tokens(tokens), words(words_for_tokens(tokens)) {
+  LayerMask(uint32_t neurons, uint64_t tokens) : n_neurons(neurons), n_tokens(tokens), words(words_for_tokens(tokens)) {
     assign_huge(bits, size_t(neurons) * words, uint64_t(0));
   }
 
