@@ -220,7 +220,7 @@ void sparse_vertical_chunk(const uint64_t* bits, uint32_t n, uint64_t stride, ui
     for (int64_t cb = int64_t(ncb) - 1; cb >= 0; --cb) {
       const uint32_t j0 = uint32_t(cb) * kColBlock, nj = std::min(kColBlock, n - j0);
       const uint32_t rows = j0 + nj - 1;  // rows i < j0 + nj - 1 have some j > i in the block
-      assign_huge(acc, size_t(rows) * kColBlock, 0u);
+      acc.assign(size_t(rows) * kColBlock, 0);
       for (uint64_t b = 0; b < tl.nb; ++b) {
         const uint64_t w0 = b * kTokBlockWords, nwb = std::min(kTokBlockWords, nw - w0);
         transpose_block(bits, j0, nj, stride, w0, nwb, tt.data());
@@ -231,9 +231,7 @@ void sparse_vertical_chunk(const uint64_t* bits, uint32_t n, uint64_t stride, ui
       }
       if (rows > 0) sink(tid, 0, rows, j0, nj, acc.data(), kColBlock);
     }
-    release_huge(acc);  // the next count on this thread takes it again
   }
-  release_huge(tl.list);
 }
 
 }  // namespace nl::detail

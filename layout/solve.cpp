@@ -12,7 +12,6 @@
 #include <mutex>
 
 #include "formats/core/error.h"
-#include "formats/core/huge_pages.h"
 #include "formats/sha256.h"
 #include "formats/trace.h"
 #include "layout/pins.h"
@@ -601,10 +600,6 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
   const Order& path = r.replicas ? primary : r.order;
   r.objective = graph_covers(g, m) ? path_weight(g, m, path) : path_weight(m, path);
   if (in_place) r.objective += path_weight(m_val_own, path);
-  // The layer's large buffers become this thread's spares for its next layer (no fresh pages to fault and zero).
-  release_huge(counted.upper);
-  release_huge(m_val_own.bits);
-  if (own) release_huge(own->bits);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

@@ -1,12 +1,10 @@
-// Large per-layer buffers (a layer's 512 MiB count matrix, its 268 MB mask): on transparent huge pages where the
-// kernel grants them (THP "madvise" mode), so that they take a few hundred page faults instead of a hundred thousand
-// (each a trap into the kernel, on a virtual machine into the hypervisor too), and reused from one layer to the next
-// on the same thread (release_huge), so that the kernel does not zero fresh pages for every layer. Contents and
-// results are unchanged; without THP (or off Linux) the buffers are ordinary.
+// Large buffers on transparent huge pages where the kernel grants them (THP "madvise" mode): a layer's 512 MiB
+// count matrix or 268 MB mask then takes a few hundred page faults instead of a hundred thousand (each a trap into
+// the kernel, and on a virtual machine into the hypervisor too). A hint only: contents and results are unchanged,
+// and without THP (or off Linux) the buffers are ordinary.
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #if defined(__linux__)
@@ -15,7 +13,7 @@
 
 namespace nl {
 
-// Below this a buffer holds too few 2 MiB pages to be worth the system call or a spare slot.
+// Below this a buffer holds too few 2 MiB pages to be worth the system call.
 inline constexpr size_t kHugePageMinBytes = size_t(8) << 20;
 
 // Asks for huge pages on the whole 2 MiB pages inside [p, p + bytes) (before they are first touched).
@@ -30,60 +28,28 @@ inline void advise_huge_pages(void* p, size_t bytes) {
 #endif
 }
 
-namespace detail {
-// The calling thread's spare buffers of element type T (OpenMP threads persist across layers). At most two are
-// kept: a layer releases its mask and its count matrix, the next layer on that thread takes them again.
-template <class T>
-std::vector<std::vector<T>>& huge_spares() {
-  thread_local std::vector<std::vector<T>> spares;
-  return spares;
-}
-}  // namespace detail
-
-// Gives v's storage to the calling thread's spares when it is large (v is left empty either way).
-template <class T>
-void release_huge(std::vector<T>& v) {
-  std::vector<T> old;
-  old.swap(v);
-  if (old.capacity() * sizeof(T) < kHugePageMinBytes) return;
-  auto& spares = detail::huge_spares<T>();
-  old.clear();
-  if (spares.size() >= 2) spares.erase(spares.begin());  // the oldest goes back to the system
-  spares.push_back(std::move(old));
-}
-
-// Empty storage for n elements in v (whose old contents are dropped), when n elements are large: a spare of the calling
-// thread that holds n and is at most twice as large, else fresh storage advised onto huge pages. Small: unchanged.
-template <class T>
-void reserve_huge(std::vector<T>& v, size_t n) {
-  if (n * sizeof(T) < kHugePageMinBytes || v.capacity() >= n) return;
-  std::vector<T>().swap(v);
-  auto& spares = detail::huge_spares<T>();
-  size_t best = spares.size();
-  for (size_t i = 0; i < spares.size(); ++i)
-    if (spares[i].capacity() >= n && spares[i].capacity() / 2 <= n &&
-        (best == spares.size() || spares[i].capacity() < spares[best].capacity()))
-      best = i;
-  if (best < spares.size()) {
-    v.swap(spares[best]);
-    spares.erase(spares.begin() + std::ptrdiff_t(best));
-    return;
-  }
-  v.reserve(n);
-  advise_huge_pages(v.data(), n * sizeof(T));
-}
-
-// v.assign(n, value) on storage from reserve_huge.
+// v.assign(n, value), with fresh storage advised onto huge pages before it is written when it is large.
 template <class T>
 void assign_huge(std::vector<T>& v, size_t n, const T& value) {
-  if (v.capacity() < n) reserve_huge(v, n);
+  if (n * sizeof(T) >= kHugePageMinBytes && v.capacity() < n) {
+    std::vector<T>().swap(v);  // no copy of the old contents into the new storage
+    v.reserve(n);
+    advise_huge_pages(v.data(), n * sizeof(T));
+  }
   v.assign(n, value);
 }
 
-// v.resize(n) (new elements value-initialised) for an empty v, on storage from reserve_huge.
+// v.resize(n) for a vector whose new elements are written next (value-initialised like resize), on huge pages
+// when large.
 template <class T>
 void resize_huge(std::vector<T>& v, size_t n) {
-  if (v.empty()) reserve_huge(v, n);
+  if (n * sizeof(T) >= kHugePageMinBytes && v.capacity() < n) {
+    std::vector<T> fresh;
+    fresh.reserve(n);
+    advise_huge_pages(fresh.data(), n * sizeof(T));
+    fresh.assign(v.begin(), v.end());
+    v.swap(fresh);
+  }
   v.resize(n);
 }
 
