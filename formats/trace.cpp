@@ -13,6 +13,7 @@
 
 #include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
+#include "formats/core/huge_pages.h"
 #include "formats/hdf5_util.h"
 
 namespace nl {
@@ -407,7 +408,8 @@ std::vector<uint64_t> TraceReader::read_layer_words(uint32_t layer, uint64_t wor
   if (word_begin > words || word_count > words - word_begin)
     throw InternalError("read_layer_words: range out of bounds");
   uint64_t n = info_.n_neurons[layer];
-  std::vector<uint64_t> out(n * word_count);
+  std::vector<uint64_t> out;
+  resize_huge(out, size_t(n * word_count));
   if (out.empty()) return out;
   hid_t ds = impl_->masks[layer];
   bool done = false;

@@ -12,6 +12,7 @@
 #include <numeric>
 
 #include "formats/core/error.h"
+#include "formats/core/huge_pages.h"
 #include "formats/trace.h"
 #include "graph/popcount_kernels.h"
 
@@ -388,7 +389,7 @@ LayerGraph coactivation_count(const LayerMask& m, const CoactivationOptions& opt
   g.freq.assign(n, 0);
   row_freq(m.bits.data(), n, m.words, m.words, g.freq);
   const CountMethod method = count_method_resolve(opt.method, active_fraction(g.freq, n, m.n_tokens));
-  if (opt.full_matrix && n >= 2) g.upper.assign(uint64_t(n) * (n - 1) / 2, 0);
+  if (opt.full_matrix && n >= 2) assign_huge(g.upper, size_t(uint64_t(n) * (n - 1) / 2), 0u);
   std::vector<TopKHeaps> heaps;
   if (g.k > 0) heaps = make_heaps(n, g.k, popcount_kernel_resolve(opt.kernel));
   count_chunk(m.bits.data(), n, m.words, m.words, method, fn, g.upper.empty() ? nullptr : g.upper.data(),
@@ -420,7 +421,7 @@ LayerGraph coactivation_count_trace(const TraceReader& trace, uint32_t layer, co
   g.k = opt.top_k;
   g.freq.assign(n, 0);
   const bool need_upper = opt.full_matrix || (g.k > 0 && !one_chunk);
-  if (need_upper && n >= 2) g.upper.assign(uint64_t(n) * (n - 1) / 2, 0);
+  if (need_upper && n >= 2) assign_huge(g.upper, size_t(uint64_t(n) * (n - 1) / 2), 0u);
   std::vector<TopKHeaps> heaps;
   const bool direct_topk = g.k > 0 && one_chunk;
   if (direct_topk) heaps = make_heaps(n, g.k, popcount_kernel_resolve(opt.kernel));

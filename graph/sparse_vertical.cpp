@@ -19,6 +19,7 @@
 #include <new>
 #include <vector>
 
+#include "formats/core/huge_pages.h"
 #include "graph/popcount_kernels.h"
 
 namespace nl::detail {
@@ -66,7 +67,7 @@ NL_SPARSE void build_lists(const uint64_t* bits, uint32_t n, uint64_t stride, ui
     }
   }
   for (size_t i = 1; i < tl.start.size(); ++i) tl.start[i] += tl.start[i - 1];
-  tl.list.resize(tl.start.back());
+  resize_huge(tl.list, size_t(tl.start.back()));
   const __m512i iota = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12,
                                         11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)

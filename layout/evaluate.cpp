@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "formats/core/error.h"
+#include "formats/core/huge_pages.h"
 #include "formats/core/progress.h"
 #include "formats/layout.h"
 #include "formats/trace.h"
@@ -38,7 +39,7 @@ TokenMajorMask::TokenMajorMask(const LayerMask& m, uint64_t b, uint64_t e)
       end(std::min(e, m.n_tokens)),
       words(words_for_tokens(m.n_neurons)) {
   if (end < begin) end = begin;
-  bits.assign(size_t(end - begin) * words, 0);
+  assign_huge(bits, size_t(end - begin) * words, uint64_t(0));
   // 512 tokens (8 words of every row) at a time: rows are read in order (prefetchable) and the 512 token rows
   // written stay in cache.
   constexpr uint64_t kBlockWords = 8;

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "formats/core/huge_pages.h"
+
 // The portable x86-64 baseline has no popcnt instruction (libgcc's bit-twiddling __popcountdi2 instead): hot
 // popcount loops outside the dispatched kernels carry this attribute, which adds a popcnt clone picked at load time.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__POPCNT__)
@@ -24,8 +26,9 @@ struct LayerMask {
   std::vector<uint64_t> bits;  // n_neurons * words
 
   LayerMask() = default;
-  LayerMask(uint32_t neurons, uint64_t tokens)
-      : n_neurons(neurons), n_tokens(tokens), words(words_for_tokens(tokens)), bits(size_t(neurons) * words, 0) {}
+  LayerMask(uint32_t neurons, uint64_t tokens) : n_neurons(neurons), n_tokens(tokens), words(words_for_tokens(tokens)) {
+    assign_huge(bits, size_t(neurons) * words, uint64_t(0));
+  }
 
   const uint64_t* row(uint32_t n) const { return bits.data() + size_t(n) * words; }
   uint64_t* row(uint32_t n) { return bits.data() + size_t(n) * words; }
