@@ -443,8 +443,7 @@ const Table kAvxVnni = {dot_h16_avx2<false>,
 // miss buffers, as one burst of the whole next block before the compute did. A prefetch never faults, so the block
 // after the last one needs no check (the address is formed as an integer).
 inline void prefetch_ahead(const uint8_t* p, size_t ahead, int bytes) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p) + ahead;
-  for (int o = 0; o < bytes; o += 64) __builtin_prefetch(reinterpret_cast<const void*>(a + uintptr_t(o)));
+  prefetch_bytes(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) + ahead), size_t(bytes));
 }
 // GCC 12's AVX-512 headers build conversions from _mm512_undefined_*() and warn about them (false positives).
 #pragma GCC diagnostic push
