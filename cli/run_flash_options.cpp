@@ -167,11 +167,8 @@ void flash_report(const FlashArgs& a, const GlobalOptions& g, const FlashImage& 
   j["wall_seconds"] = wall_seconds;
   j["tokens_per_second"] = wall_seconds > 0 ? double(tokens) / wall_seconds : 0.0;
   j["totals"] = counters_json(t);
-  if (img.manifest().replicated()) {  // flash replication (format 1.2): copies in the image, tokens served by one
-    uint64_t copies = 0;
-    for (uint32_t r : img.manifest().replicas) copies += r;
-    j["replication"] = {{"replicas", copies}, {"second_copy_reads", t.replica_reads}};
-  }
+  if (img.manifest().replicated())  // flash replication (format 1.2): copies in the image, tokens served by one
+    j["replication"] = {{"replicas", img.manifest().total_replicas()}, {"second_copy_reads", t.replica_reads}};
   const double per = tokens ? 1.0 / double(tokens) : 0.0;
   j["per_token_mean"] = {{"reads", double(t.reads) * per},
                          {"bytes_read", double(t.bytes_read) * per},

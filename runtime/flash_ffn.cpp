@@ -580,21 +580,20 @@ void FlashFfn::choose_copies(int layer, const uint32_t* neurons, size_t n) {
   // The cover sees the cache as the planner will (before this token's update), as nl-layout eval's does.
   cover_[size_t(layer)]->choose(neurons, n, caches_[size_t(layer)].get(), active_);
   const ReplicaMap& rm = *rep_[size_t(layer)];
-  for (uint32_t s : active_) token_.replica_reads += rm.first[rm.neuron_of[s]] != s;
+  seconds_ = 0;
+  for (uint32_t s : active_) seconds_ += rm.first_of(s) != s;
+  token_.replica_reads += seconds_;
 }
 
 bool FlashFfn::begin_ordered(int layer) {
   const ReplicaMap* rm = rep_[size_t(layer)].get();
   if (!rm) return false;
   const size_t n = active_.size();
-  bool second = false;
-  for (uint32_t s : active_) second = second || rm->first[rm->neuron_of[s]] != s;
-  if (!second) return false;  // every chosen copy is a first copy: slot order is first-copy order
+  if (seconds_ == 0) return false;  // every chosen copy is a first copy: slot order is first-copy order
   ord_.resize(n);
   for (size_t k = 0; k < n; ++k) ord_[k] = k;
-  std::sort(ord_.begin(), ord_.end(), [&](size_t a, size_t b) {
-    return rm->first[rm->neuron_of[active_[a]]] < rm->first[rm->neuron_of[active_[b]]];
-  });
+  std::sort(ord_.begin(), ord_.end(),
+            [&](size_t a, size_t b) { return rm->first_of(active_[a]) < rm->first_of(active_[b]); });
   ord_pos_.resize(n);
   for (size_t q = 0; q < n; ++q) ord_pos_[ord_[q]] = q;
   down_of_.resize(n);

@@ -308,8 +308,10 @@ class FlashFfn : public FfnProvider {
   uint32_t slab_key(int layer, uint32_t slot) const {
     return alias_[size_t(layer)].empty() ? slot : alias_[size_t(layer)][slot];
   }
-  // active_ = the slots the cover picks for `neurons` of `layer` under its cache now (ascending, one per neuron).
+  // active_ = the slots the cover picks for `neurons` of `layer` under its cache now (ascending, one per neuron);
+  // seconds_ = how many of them are second copies.
   void choose_copies(int layer, const uint32_t* neurons, size_t n);
+  size_t seconds_ = 0;
   // First-copy order of a layer-token that reads some second copies: ord_ (active indices by first copy), each
   // index's place in it, the next place to project, each index's down column (moved to stash_ while it waits).
   std::vector<size_t> ord_, ord_pos_;

@@ -210,7 +210,7 @@ class Bench:
                 run(self.nice() + [self.tool("nl-layout"), "solve", "--trace", trace, "--method", m, "--out", lay,
                                    "-q"])
             img = os.path.join(d, "%s.%s.nlw" % (m, dtype))
-            if not os.path.exists(img + ".json"):
+            if not (os.path.exists(img) and os.path.exists(img + ".json")):  # a run without --keep deletes images
                 src = ["--model", model] if model else ["--synthetic-shape", SYNTH[shape]["pack_shape"]]
                 argv = [self.tool("nl-layout"), "pack"] + src + ["--layout", lay, "--dtype", dtype, "--out", img,
                                                                  "-q"]
@@ -223,7 +223,7 @@ class Bench:
             # llama.cpp and the kernel row run the same weights as a SiLU model (identity order), timing-equivalent
             # for a dense forward; its tokens are compared with nl-run on this image, not on the ReLU ones.
             img = os.path.join(d, "silu.%s.nlw" % dtype)
-            if not os.path.exists(img + ".json"):
+            if not (os.path.exists(img) and os.path.exists(img + ".json")):
                 run(self.nice() + [self.tool("nl-layout"), "pack", "--synthetic-shape", SYNTH[shape]["pack_shape"],
                                    "--synthetic-act", "silu", "--dtype", dtype, "--out", img, "-q"])
             images["silu"] = img

@@ -191,6 +191,24 @@ void image_decode(ImageDtype d, const void* src, size_t n, float* dst) {
 
 // ---- JSON ------------------------------------------------------------------------------------------------
 
+std::string image_order_problem(const std::vector<uint32_t>& o, uint32_t hidden, uint64_t r) {
+  if (o.size() != size_t(hidden) + r)
+    return " has " + std::to_string(o.size()) + " entries, expected " + std::to_string(hidden) +
+           (r ? " neurons + " + std::to_string(r) + " replicas" : "");
+  std::vector<uint8_t> copies(size_t(hidden), 0);
+  for (uint32_t n : o) {
+    if (n >= copies.size())
+      return ": neuron " + std::to_string(n) + " is out of range [0, " + std::to_string(hidden) + ")";
+    if (++copies[n] > (r ? 2 : 1))
+      return r ? " lists neuron " + std::to_string(n) + " more than twice (at most two copies)"
+               : " is not a permutation";
+  }
+  // Lengths add up and no neuron is listed more than allowed, so a missing neuron means some other one is doubled.
+  for (size_t n = 0; n < copies.size(); ++n)
+    if (!copies[n]) return " has no slot for neuron " + std::to_string(n);
+  return "";
+}
+
 std::string manifest_to_json(const ImageManifest& m) {
   const ModelConfig& c = m.config;
   json j;
@@ -387,21 +405,8 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
     if (r > uint64_t(c.hidden_dim))
       bad(path, "replicas[" + std::to_string(l) + "] = " + std::to_string(r) + " exceeds the layer's " +
                     std::to_string(c.hidden_dim) + " neurons (a neuron has at most two copies)");
-    if (o.size() != size_t(c.hidden_dim) + r)
-      bad(path, where + " has " + std::to_string(o.size()) + " entries, expected " + std::to_string(c.hidden_dim) +
-                    (r ? " neurons + " + std::to_string(r) + " replicas" : ""));
-    std::vector<uint8_t> copies(size_t(c.hidden_dim), 0);
-    for (uint32_t n : o) {
-      if (n >= copies.size())
-        bad(path,
-            where + ": neuron " + std::to_string(n) + " is out of range [0, " + std::to_string(c.hidden_dim) + ")");
-      if (++copies[n] > (r ? 2 : 1))
-        bad(path, r ? where + " lists neuron " + std::to_string(n) + " more than twice (at most two copies)"
-                    : where + " is not a permutation");
-    }
-    // Lengths add up and no neuron is listed more than allowed, so a missing neuron means some other one is doubled.
-    for (size_t n = 0; n < copies.size(); ++n)
-      if (!copies[n]) bad(path, where + " has no slot for neuron " + std::to_string(n));
+    const std::string problem = image_order_problem(o, uint32_t(c.hidden_dim), r);
+    if (!problem.empty()) bad(path, where + problem);
   }
   if (!m.act_threshold.empty() && m.act_threshold.size() != size_t(c.n_layers))
     bad(path, "act_threshold has " + std::to_string(m.act_threshold.size()) + " entries, expected one per layer (" +

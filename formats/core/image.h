@@ -169,6 +169,11 @@ struct ImageManifest {
   // Bundle slots of FFN layer `layer`'s region: hidden_dim plus its replicas.
   uint32_t n_slots(int layer) const { return uint32_t(order[size_t(layer)].size()); }
   bool replicated() const { return !replicas.empty(); }
+  uint64_t total_replicas() const {  // second copies over all layers
+    uint64_t t = 0;
+    for (uint32_t r : replicas) t += r;
+    return t;
+  }
 };
 
 // The dense tensors a model with this config stores in an image of dtype `d`, in image order (names as in
@@ -187,6 +192,10 @@ uint64_t image_id_of(const ImageManifest& m);
 
 // JSON text of a manifest: sorted keys, fixed number formatting, so equal manifests are equal bytes.
 std::string manifest_to_json(const ImageManifest& m);
+// Why `order` is not a slot order of a layer with `hidden` neurons and `replicas` second copies (hidden + replicas
+// entries, every neuron once, or at most twice with replicas, none missing), or "" when it is: the one check for pack
+// and for a manifest read. The text continues a subject such as "order of layer 3".
+std::string image_order_problem(const std::vector<uint32_t>& order, uint32_t hidden, uint64_t replicas);
 // Parses and checks a manifest on its own (structure, version, config, sizes, alignment, overlaps, permutations).
 // Throws InputError naming `path` with the first problem found. Unknown keys are ignored.
 ImageManifest manifest_parse(const std::string& text, const std::string& path);

@@ -73,20 +73,14 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
   std::vector<uint32_t> replicas(spec.order.size(), 0);
   for (size_t l = 0; l < spec.order.size(); ++l) {
     const auto& o = spec.order[l];
-    std::vector<uint8_t> copies(size_t(c.hidden_dim), 0);
-    if (o.size() < copies.size() || o.size() > 2 * copies.size())
+    const size_t hidden = size_t(c.hidden_dim);
+    if (o.size() < hidden || o.size() > 2 * hidden)
       throw UsageError("cannot pack: layout layer " + std::to_string(l) + " has " + std::to_string(o.size()) +
                        " slots, the model has " + std::to_string(c.hidden_dim) + " neurons");
-    const bool rep = o.size() != copies.size();
-    for (uint32_t n : o) {
-      if (n >= copies.size() || ++copies[n] > (rep ? 2 : 1))
-        throw UsageError("cannot pack: layout layer " + std::to_string(l) +
-                         (rep ? " lists a neuron out of range or more than twice" : " is not a permutation"));
-    }
-    for (uint8_t k : copies)
-      if (!k) throw UsageError("cannot pack: layout layer " + std::to_string(l) + " leaves a neuron out");
-    replicas[l] = uint32_t(o.size() - copies.size());
-    replicated = replicated || rep;
+    const std::string problem = image_order_problem(o, uint32_t(hidden), o.size() - hidden);
+    if (!problem.empty()) throw UsageError("cannot pack: layout layer " + std::to_string(l) + problem);
+    replicas[l] = uint32_t(o.size() - hidden);
+    replicated = replicated || o.size() != hidden;
   }
   m_.order = std::move(spec.order);
   if (replicated) {

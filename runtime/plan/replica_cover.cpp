@@ -34,7 +34,7 @@ ReplicaMap ReplicaMap::from_order(const std::vector<uint32_t>& order, uint32_t n
 std::vector<uint32_t> ReplicaMap::cache_alias() const {
   if (replicas() == 0) return {};
   std::vector<uint32_t> a(neuron_of.size());
-  for (uint32_t s = 0; s < a.size(); ++s) a[s] = first[neuron_of[s]];
+  for (uint32_t s = 0; s < a.size(); ++s) a[s] = first_of(s);
   return a;
 }
 

@@ -26,6 +26,7 @@ struct ReplicaMap {
   static ReplicaMap from_order(const std::vector<uint32_t>& order, uint32_t n_neurons);
   uint32_t n_slots() const { return uint32_t(neuron_of.size()); }
   uint32_t replicas() const { return n_slots() - n_neurons; }
+  uint32_t first_of(uint32_t slot) const { return first[neuron_of[slot]]; }  // its neuron's first slot
   // slot -> the first slot of its neuron: CacheConfig::alias (empty without replicas).
   std::vector<uint32_t> cache_alias() const;
 };
