@@ -53,7 +53,7 @@ FlashImage::FlashImage(const std::string& path, const IoOptions& io) {
 void FlashImage::read_region(size_t index, AlignedBuffer* buf) {
   const ImageRegion& r = m_.regions.at(index);
   const uint64_t bytes = io_align_up(r.bytes);  // regions are padded to the alignment, so this stays in the file
-  buf->resize(bytes);
+  buf->resize_uninit(bytes);                    // the read below fills every byte (or throws)
   // Large regions in 8 MiB pieces: the engines see reads of a realistic size.
   constexpr uint64_t kPiece = 8u << 20;
   std::vector<ReadSpan> spans;

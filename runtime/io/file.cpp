@@ -14,10 +14,15 @@ namespace nl {
 
 void AlignedBuffer::resize(size_t bytes) {
   if (bytes <= size_ && p_) return;
+  resize_uninit(bytes);
+  std::memset(p_.get(), 0, size_ ? size_ : kIoBlock);
+}
+
+void AlignedBuffer::resize_uninit(size_t bytes) {
+  if (bytes <= size_ && p_) return;
   void* p = nullptr;
   const size_t n = (bytes + kIoBlock - 1) / kIoBlock * kIoBlock;
   if (posix_memalign(&p, kIoBlock, n ? n : kIoBlock) != 0) throw std::bad_alloc();
-  std::memset(p, 0, n ? n : kIoBlock);
   p_.reset(static_cast<uint8_t*>(p));
   size_ = n;
 }

@@ -21,6 +21,9 @@ class AlignedBuffer {
   explicit AlignedBuffer(size_t bytes) { resize(bytes); }
   // Grows (never shrinks); old contents are not kept.
   void resize(size_t bytes);
+  // The same without zeroing (contents undefined), for a buffer the caller overwrites whole: a multi-GB read target
+  // is then faulted in once, by the read, instead of by a memset and again by the read.
+  void resize_uninit(size_t bytes);
   uint8_t* data() { return p_.get(); }
   const uint8_t* data() const { return p_.get(); }
   size_t size() const { return size_; }
