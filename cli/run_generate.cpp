@@ -299,24 +299,31 @@ Generation generate(Model& model, FlashFfn* ffn, const std::vector<int>& prompt,
   const int total = int(prompt.size()) + steps;
   Generation g;
   g.prompt_forwards = int(prompt.size());
+  const bool batched = prompt.size() > 1 && !feed;
+  if (batched) model.reserve(int(prompt.size()));  // the pass's scratch, as llama.cpp sizes its buffers at load
   const auto t0 = Clock::now();
   auto t_first = t0;
   int token = prompt[0], pos = 0;
-  if (prompt.size() > 1 && !feed) {
-    // Batched prefill: all prompt tokens but the last in one pass (matrix-matrix products; per token the same
-    // arithmetic as one at a time, so the tokens are the same), the last one then yields the first logits. A trace
-    // feed names each forward pass's neurons, so it prefills token by token.
+  const float* prompt_logits = nullptr;
+  if (batched) {
+    // Batched prefill: the whole prompt in one pass (matrix-matrix products; per token the same arithmetic as one at
+    // a time, so the tokens are the same), its last token's logits the first token's. A trace feed names each
+    // forward pass's neurons, so it prefills token by token.
     pos = int(prompt.size()) - 1;
-    model.forward_sequence(prompt.data(), pos, 0, nullptr);
+    prompt_logits = model.forward_prompt(prompt.data(), int(prompt.size()), 0);
     if (ffn) ffn->end_token();
     token = prompt[size_t(pos)];
-    if (prog) prog->add(uint64_t(pos));
+    if (prog) prog->add(uint64_t(prompt.size()));
   }
   for (; pos + 1 < total; ++pos) {
-    if (feed) feed->apply(*ffn, uint64_t(pos));
-    const float* logits = model.forward_token(token, pos);
-    if (ffn) ffn->end_token();
-    if (prog) prog->add(1);
+    const float* logits = prompt_logits;
+    if (!logits) {
+      if (feed) feed->apply(*ffn, uint64_t(pos));
+      logits = model.forward_token(token, pos);
+      if (ffn) ffn->end_token();
+      if (prog) prog->add(1);
+    }
+    prompt_logits = nullptr;
     if (pos + 1 < int(prompt.size())) {
       token = prompt[size_t(pos + 1)];
       continue;

@@ -36,6 +36,8 @@ typedef float v8f __attribute__((vector_size(32)));
 // Work (multiply-adds) below which a matrix product stays on the calling thread: a shape-only rule, so the thread
 // count never decides anything but speed.
 constexpr long kParallelWork = 1L << 15;
+// Activations (tokens x cols) below which their quantization stays on the calling thread.
+constexpr long kParallelQuant = 1L << 14;
 // Outputs per down-projection chunk: one quantization block.
 constexpr int kChunk = kQuantBlock;
 // Rows per multi-row dot (matmul over f16 / bf16 weights): independent accumulator chains, x loaded once.
@@ -1239,6 +1241,14 @@ void PreparedX::prepare(ImageDtype w_dtype, const float* x, int n, int cols) {
   const int nb = cols / kQuantBlock;
   rec_ = xq_record_bytes(nb);
   q_.resize(size_t(n) * rec_ / sizeof(uint32_t));
+  const bool x8 = w_dtype == ImageDtype::kQ8_0 && nb % 8 == 0;  // the interleaved copy (row_x8) too
+  if (x8) {
+    rec8_ = x8_record_bytes(nb);
+    q8_.resize(size_t(n) * rec8_ / sizeof(uint32_t));
+  }
+  // Token by token, each token's record its own: any split over threads gives the same bytes (a prefill's
+  // quantization no longer runs on one thread while the others wait).
+#pragma omp parallel for schedule(static) if (long(n) * cols >= kParallelQuant)
   for (int t = 0; t < n; ++t) {
     uint8_t* r = reinterpret_cast<uint8_t*>(q_.data()) + size_t(t) * rec_;
     BlockQ8_0* blk = reinterpret_cast<BlockQ8_0*>(r);
@@ -1249,23 +1259,15 @@ void PreparedX::prepare(ImageDtype w_dtype, const float* x, int n, int cols) {
       for (int j = 0; j < kQuantBlock; ++j) s += blk[b].qs[j];
       sums[b] = s;
     }
-  }
-  if (w_dtype == ImageDtype::kQ8_0 && nb % 8 == 0) {  // the interleaved copy (row_x8): same bytes moved, then extras
-    rec8_ = x8_record_bytes(nb);
-    q8_.resize(size_t(n) * rec8_ / sizeof(uint32_t));
-    for (int t = 0; t < n; ++t) {
-      const uint8_t* src = reinterpret_cast<const uint8_t*>(q_.data()) + size_t(t) * rec_;
-      uint8_t* dst = reinterpret_cast<uint8_t*>(q8_.data()) + size_t(t) * rec8_;
-      x8_interleave_row(dst, src, nb);
-      std::memcpy(dst + xq_sums_offset(nb), src + xq_sums_offset(nb), sizeof(int32_t) * size_t(nb));
-      const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(src);
-      const int32_t* sums = xq_sums(blk, nb);
-      float* sc = const_cast<float*>(x8_scales(dst, nb));
-      int32_t* corr = const_cast<int32_t*>(x8_corr(dst, nb));
-      for (int b = 0; b < nb; ++b) {
-        sc[b] = f16_to_f32(blk[b].d);
-        corr[b] = sums[b] * 128;
-      }
+    if (!x8) continue;
+    uint8_t* dst = reinterpret_cast<uint8_t*>(q8_.data()) + size_t(t) * rec8_;
+    x8_interleave_row(dst, r, nb);  // same bytes moved, then the extras
+    std::memcpy(dst + xq_sums_offset(nb), r + xq_sums_offset(nb), sizeof(int32_t) * size_t(nb));
+    float* sc = const_cast<float*>(x8_scales(dst, nb));
+    int32_t* corr = const_cast<int32_t*>(x8_corr(dst, nb));
+    for (int b = 0; b < nb; ++b) {
+      sc[b] = f16_to_f32(blk[b].d);
+      corr[b] = sums[b] * 128;
     }
   }
 }
