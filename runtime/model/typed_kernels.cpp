@@ -56,7 +56,8 @@ inline const int32_t* xq_sums(const BlockQ8_0* x, int nb) {
   return reinterpret_cast<const int32_t*>(reinterpret_cast<const uint8_t*>(x) + xq_sums_offset(nb));
 }
 // The interleaved record (PreparedX::row_x8) appends, for the token-tiled kernels, each block's scale as f32 and its
-// sum times 128 (the VNNI offset correction), so a tile converts and shifts them once per token, not once per row.
+// sum times -128 (the VNNI offset correction, negated: the tile starts its sums from it), so a tile converts and
+// shifts them once per token, not once per row.
 inline size_t x8_record_bytes(int nb) { return xq_record_bytes(nb) + 2 * sizeof(int32_t) * size_t(nb); }
 inline const float* x8_scales(const uint8_t* x, int nb) {
   return reinterpret_cast<const float*>(x + xq_record_bytes(nb));
@@ -660,11 +661,11 @@ NL_512 void tile_q8x8_512_t(const uint8_t* w, size_t stride, const uint8_t* x, s
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg)));
       for (int t = 0; t < T; ++t) {
         const uint8_t* xg = x + size_t(t) * xs + size_t(g) * kX8Group + kX8Quants;
-        __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[0], _mm512_loadu_si512(xg));
-        for (int k = 1; k < 4; ++k) s = _mm512_dpbusd_epi32(s, wq[k], _mm512_loadu_si512(xg + 64 * k));
-        const __m256i isum =
-            _mm256_sub_epi32(_mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1)),
-                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr[t] + 8 * g)));
+        // The sums start from the negated offset correction in the low half (one load, no separate subtraction):
+        // exact integers, so the same block sums.
+        __m512i s = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr[t] + 8 * g)));
+        for (int k = 0; k < 4; ++k) s = _mm512_dpbusd_epi32(s, wq[k], _mm512_loadu_si512(xg + 64 * k));
+        const __m256i isum = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
         const __m256 d = _mm256_mul_ps(dw, _mm256_loadu_ps(sc[t] + 8 * g));
         acc[r][t] = _mm256_add_ps(acc[r][t], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
       }
@@ -827,14 +828,17 @@ NL_512 void down_tile_blocks_512_t(float* out, size_t ldo, int len, const float*
       const B& blk = *reinterpret_cast<const B*>(base + size_t(s) * cb + size_t(b) * sizeof(B));
       __m512 lo, hi;
       q32_to_f32(blk, &lo, &hi);
-      const float d = f16c_to_f32(blk.d);
-      const float* hs = h + size_t(s) * kDownTokens;
-      for (int t = 0; t < T; ++t)
-        if (m >> t & 1u) {
-          const __m512 c = _mm512_set1_ps(hs[t] * d);
-          acc[t][0] = _mm512_add_ps(acc[t][0], _mm512_mul_ps(c, lo));
-          acc[t][1] = _mm512_add_ps(acc[t][1], _mm512_mul_ps(c, hi));
-        }
+      // h_t * d for all tokens at once (each product rounded as the scalar one), then per token a masked add: the
+      // sum is left untouched where the token does not list the neuron (no data-dependent branch per token).
+      alignas(32) float c8[kDownTokens];
+      _mm256_store_ps(c8,
+                      _mm256_mul_ps(_mm256_loadu_ps(h + size_t(s) * kDownTokens), _mm256_set1_ps(f16c_to_f32(blk.d))));
+      for (int t = 0; t < T; ++t) {
+        const __mmask16 k = __mmask16(-int(m >> t & 1u));
+        const __m512 c = _mm512_set1_ps(c8[t]);
+        acc[t][0] = _mm512_mask_add_ps(acc[t][0], k, acc[t][0], _mm512_mul_ps(c, lo));
+        acc[t][1] = _mm512_mask_add_ps(acc[t][1], k, acc[t][1], _mm512_mul_ps(c, hi));
+      }
     }
     for (int t = 0; t < T; ++t) {
       float* y = out + size_t(t) * ldo + size_t(b) * kQuantBlock;
@@ -866,12 +870,12 @@ NL_512 void down_tile_h16_512_t(float* out, size_t ldo, int len, const float* h,
       const uint8_t* c = base + size_t(s) * cb + 2 * size_t(o);
       const __m512 lo = cvt16<Bf16>(c), hi = cvt16<Bf16>(c + 32);
       const float* hs = h + size_t(s) * kDownTokens;
-      for (int t = 0; t < T; ++t)
-        if (m >> t & 1u) {
-          const __m512 hv = _mm512_set1_ps(hs[t]);
-          acc[t][0] = _mm512_add_ps(acc[t][0], _mm512_mul_ps(hv, lo));
-          acc[t][1] = _mm512_add_ps(acc[t][1], _mm512_mul_ps(hv, hi));
-        }
+      for (int t = 0; t < T; ++t) {  // masked adds, as down_tile_blocks_512_t
+        const __mmask16 k = __mmask16(-int(m >> t & 1u));
+        const __m512 hv = _mm512_set1_ps(hs[t]);
+        acc[t][0] = _mm512_mask_add_ps(acc[t][0], k, acc[t][0], _mm512_mul_ps(hv, lo));
+        acc[t][1] = _mm512_mask_add_ps(acc[t][1], k, acc[t][1], _mm512_mul_ps(hv, hi));
+      }
     }
     for (int t = 0; t < T; ++t) {
       _mm512_storeu_ps(out + size_t(t) * ldo + o, acc[t][0]);
@@ -1267,7 +1271,7 @@ void PreparedX::prepare(ImageDtype w_dtype, const float* x, int n, int cols) {
     int32_t* corr = const_cast<int32_t*>(x8_corr(dst, nb));
     for (int b = 0; b < nb; ++b) {
       sc[b] = f16_to_f32(blk[b].d);
-      corr[b] = sums[b] * 128;
+      corr[b] = -(sums[b] * 128);
     }
   }
 }
@@ -1470,7 +1474,7 @@ void DownCoeffs::prepare(const float* h, size_t h_stride, int hidden, int n) {
   n_ = n;
   hidden_ = hidden;
   const int tiles = (n + kDownTokens - 1) / kDownTokens;
-  th_.resize(size_t(tiles) * size_t(hidden) * kDownTokens);  // read only where the mask says so: no clearing
+  th_.resize(size_t(tiles) * size_t(hidden) * kDownTokens);  // used only where the mask says so: no clearing
   mask_.assign(size_t(tiles) * size_t(hidden), 0);
   idx_.resize(size_t(n) * size_t(hidden));
   hk_.resize(size_t(n) * size_t(hidden));
