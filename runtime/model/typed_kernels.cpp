@@ -818,6 +818,10 @@ NL_512 void down_blocks_512(float* out, int o0, int o1, const float* h, const ui
   }
 }
 
+// A down tile's mask when all of its T tokens list a neuron.
+template <int T>
+constexpr unsigned kAllTokens = (1u << T) - 1u;
+
 // Down projection of T tokens over one block of neuron slices: per 32 outputs, each neuron's quantization block is
 // widened once and added into the sums of the tokens that list it (mask), h_t * d rounded, then times q, then added:
 // per token and output down_blocks_512's operations in slot order.
@@ -834,16 +838,21 @@ NL_512 void down_tile_blocks_512_t(float* out, size_t ldo, int len, const float*
       const B& blk = *reinterpret_cast<const B*>(base + size_t(s) * cb + size_t(b) * sizeof(B));
       __m512 lo, hi;
       q32_to_f32(blk, &lo, &hi);
-      // h_t * d for all tokens at once (each product rounded as the scalar one), then per token a masked add: the
-      // sum is left untouched where the token does not list the neuron (no data-dependent branch per token).
-      alignas(32) float c8[kDownTokens];
-      _mm256_store_ps(c8,
-                      _mm256_mul_ps(_mm256_loadu_ps(h + size_t(s) * kDownTokens), _mm256_set1_ps(f16c_to_f32(blk.d))));
-      for (int t = 0; t < T; ++t) {
-        const __mmask16 k = __mmask16(-int(m >> t & 1u));
-        const __m512 c = _mm512_set1_ps(c8[t]);
-        acc[t][0] = _mm512_mask_add_ps(acc[t][0], k, acc[t][0], _mm512_mul_ps(c, lo));
-        acc[t][1] = _mm512_mask_add_ps(acc[t][1], k, acc[t][1], _mm512_mul_ps(c, hi));
+      const float d = f16c_to_f32(blk.d);
+      const float* hs = h + size_t(s) * kDownTokens;
+      if (m == kAllTokens<T>) {  // every token lists the neuron (a SiLU model: always)
+        for (int t = 0; t < T; ++t) {
+          const __m512 c = _mm512_set1_ps(hs[t] * d);
+          acc[t][0] = _mm512_add_ps(acc[t][0], _mm512_mul_ps(c, lo));
+          acc[t][1] = _mm512_add_ps(acc[t][1], _mm512_mul_ps(c, hi));
+        }
+      } else {  // per token a masked add: no data-dependent branch per (neuron, token) at ReLU densities
+        for (int t = 0; t < T; ++t) {
+          const __mmask16 k = __mmask16(-int(m >> t & 1u));
+          const __m512 c = _mm512_set1_ps(hs[t] * d);
+          acc[t][0] = _mm512_mask_add_ps(acc[t][0], k, acc[t][0], _mm512_mul_ps(c, lo));
+          acc[t][1] = _mm512_mask_add_ps(acc[t][1], k, acc[t][1], _mm512_mul_ps(c, hi));
+        }
       }
     }
     for (int t = 0; t < T; ++t) {
@@ -876,11 +885,19 @@ NL_512 void down_tile_h16_512_t(float* out, size_t ldo, int len, const float* h,
       const uint8_t* c = base + size_t(s) * cb + 2 * size_t(o);
       const __m512 lo = cvt16<Bf16>(c), hi = cvt16<Bf16>(c + 32);
       const float* hs = h + size_t(s) * kDownTokens;
-      for (int t = 0; t < T; ++t) {  // masked adds, as down_tile_blocks_512_t
-        const __mmask16 k = __mmask16(-int(m >> t & 1u));
-        const __m512 hv = _mm512_set1_ps(hs[t]);
-        acc[t][0] = _mm512_mask_add_ps(acc[t][0], k, acc[t][0], _mm512_mul_ps(hv, lo));
-        acc[t][1] = _mm512_mask_add_ps(acc[t][1], k, acc[t][1], _mm512_mul_ps(hv, hi));
+      if (m == kAllTokens<T>) {  // as down_tile_blocks_512_t: plain adds when every token lists the neuron
+        for (int t = 0; t < T; ++t) {
+          const __m512 hv = _mm512_set1_ps(hs[t]);
+          acc[t][0] = _mm512_add_ps(acc[t][0], _mm512_mul_ps(hv, lo));
+          acc[t][1] = _mm512_add_ps(acc[t][1], _mm512_mul_ps(hv, hi));
+        }
+      } else {
+        for (int t = 0; t < T; ++t) {  // masked adds
+          const __mmask16 k = __mmask16(-int(m >> t & 1u));
+          const __m512 hv = _mm512_set1_ps(hs[t]);
+          acc[t][0] = _mm512_mask_add_ps(acc[t][0], k, acc[t][0], _mm512_mul_ps(hv, lo));
+          acc[t][1] = _mm512_mask_add_ps(acc[t][1], k, acc[t][1], _mm512_mul_ps(hv, hi));
+        }
       }
     }
     for (int t = 0; t < T; ++t) {
