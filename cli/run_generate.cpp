@@ -49,6 +49,7 @@ struct GenerateArgs {
   int context = 0;  // 0 = prompt + steps (at most the model's seq_len)
   std::string memory_budget;
   std::string read_batch, read_ahead;  // --read-batch / --read-ahead; empty = memory.h's defaults
+  int prefill_block = kPrefillBlockTokens;
   InvalidUtf8 invalid_utf8 = InvalidUtf8::kReplace;
   std::string overlap = "layer";           // none | layer | cross | both; default measured in docs/runtime.md
   CLI::Option* cache_ratio_opt = nullptr;  // to tell an explicit --cache-ratio from its default
@@ -149,6 +150,12 @@ void add_generate_memory_options(CLI::App* c, GenerateArgs& a) {
   c->add_option("--read-batch", a.read_batch,
                 "FFN read staging: a layer's reads are staged and computed this many bytes at a time (default 4MiB; "
                 "a read longer than this is split at bundle boundaries); the tokens are the same for every size")
+      ->group("Memory");
+  c->add_option("--prefill-block", a.prefill_block,
+                "prompt tokens per prefill pass (default " + std::to_string(kPrefillBlockTokens) +
+                    "; 1 = one at a time): a flash FFN reads the union of a pass's active sets once per layer; the "
+                    "tokens are the same for every size")
+      ->check(CLI::Range(1, 1 << 16))
       ->group("Memory");
   c->add_option("--read-ahead", a.read_ahead,
                 "--overlap cross|both: at most this many bytes of a layer's predicted bundles are read ahead "
@@ -270,15 +277,18 @@ struct TraceFeed {
   uint64_t n_tokens = 0;
   uint64_t wrapped = 0;  // forward passes that used a wrapped-around trace token
   std::vector<uint32_t> active;
-  void apply(FlashFfn& ffn, uint64_t forward) {
-    const uint64_t t = forward % n_tokens;
-    if (forward >= n_tokens) ++wrapped;
-    for (size_t l = 0; l < masks.size(); ++l) {
-      active.clear();
-      const LayerMask& mk = masks[l];
-      for (uint32_t k = 0; k < mk.n_neurons; ++k)
-        if (mk.test(k, t)) active.push_back(k);
-      ffn.set_trace_active(int(l), active);
+  // Forward passes first .. first + n - 1 as tokens 0 .. n - 1 of one pass (a prompt block when n > 1).
+  void apply(FlashFfn& ffn, uint64_t first, int n = 1) {
+    for (int i = 0; i < n; ++i) {
+      const uint64_t forward = first + uint64_t(i), t = forward % n_tokens;
+      if (forward >= n_tokens) ++wrapped;
+      for (size_t l = 0; l < masks.size(); ++l) {
+        active.clear();
+        const LayerMask& mk = masks[l];
+        for (uint32_t k = 0; k < mk.n_neurons; ++k)
+          if (mk.test(k, t)) active.push_back(k);
+        ffn.set_trace_active(int(l), active, i);
+      }
     }
   }
 };
@@ -293,27 +303,37 @@ struct Generation {
 // Feeds the prompt, then up to `steps` tokens from `sampler`, stopping after a token of `stop`. Ends each forward
 // pass on `ffn` (may be null). `stream`, `feed` and `prog` may be null.
 Generation generate(Model& model, FlashFfn* ffn, const std::vector<int>& prompt, int steps, Sampler& sampler,
-                    const std::vector<int>& stop, Streamer* stream = nullptr, TraceFeed* feed = nullptr,
+                    const std::vector<int>& stop, int block, Streamer* stream = nullptr, TraceFeed* feed = nullptr,
                     Progress* prog = nullptr) {
   const int vocab = model.config().vocab_size;
   const int total = int(prompt.size()) + steps;
   Generation g;
   g.prompt_forwards = int(prompt.size());
-  const bool batched = prompt.size() > 1 && !feed;
-  if (batched) model.reserve(int(prompt.size()));  // the pass's scratch, as llama.cpp sizes its buffers at load
+  const bool batched = prompt.size() > 1;
+  if (batched) model.reserve(std::min(block, int(prompt.size())));  // a pass's scratch, as llama.cpp's at load
   const auto t0 = Clock::now();
   auto t_first = t0;
   int token = prompt[0], pos = 0;
   const float* prompt_logits = nullptr;
   if (batched) {
-    // Batched prefill: the whole prompt in one pass (matrix-matrix products; per token the same arithmetic as one at
-    // a time, so the tokens are the same), its last token's logits the first token's. A trace feed names each
-    // forward pass's neurons, so it prefills token by token.
-    pos = int(prompt.size()) - 1;
-    prompt_logits = model.forward_prompt(prompt.data(), int(prompt.size()), 0);
-    if (ffn) ffn->end_token();
+    // Batched prefill: the prompt in passes of up to `block` tokens (matrix-matrix products; per token the same
+    // arithmetic as one at a time, so the tokens are the same; a flash FFN reads the union of a pass's active sets
+    // once per layer); the last pass takes the last token too and runs the classifier on it alone (forward_prompt):
+    // the first token's logits. A trace feed names each token's neurons.
+    const int n = int(prompt.size());
+    for (pos = 0; pos < n;) {
+      const int len = std::min(block, n - pos);
+      if (feed) feed->apply(*ffn, uint64_t(pos), len);
+      if (pos + len == n)
+        prompt_logits = model.forward_prompt(prompt.data() + pos, len, pos);
+      else
+        model.forward_sequence(prompt.data() + pos, len, pos, nullptr);
+      if (ffn) ffn->end_token();
+      if (prog) prog->add(uint64_t(len));
+      pos += len;
+    }
+    pos = n - 1;
     token = prompt[size_t(pos)];
-    if (prog) prog->add(uint64_t(prompt.size()));
   }
   for (; pos + 1 < total; ++pos) {
     const float* logits = prompt_logits;
@@ -449,8 +469,8 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   const uint64_t read_ahead = a.overlap != "cross" && a.overlap != "both" ? 0
                               : a.read_ahead.empty()                      ? kFfnReadAheadBytes
                                                      : parse_memory_size(a.read_ahead, "--read-ahead");
-  MemoryPlan plan =
-      memory_plan(man, context, residency, omp_get_max_threads(), current_rss_bytes(), read_batch, read_ahead);
+  MemoryPlan plan = memory_plan(man, context, residency, omp_get_max_threads(), current_rss_bytes(), read_batch,
+                                read_ahead, a.prefill_block);
   if (rank > 0) plan.ffn_resident += uint64_t(c.n_layers) * uint64_t(c.hidden_dim + c.dim) * uint64_t(rank) * 4;
   const bool ratio_given = a.cache_ratio_opt && a.cache_ratio_opt->count() > 0;
   // The ratio that runs: --cache-ratio, else the manifest's planner setting (effective_cache_ratio); the budget may
@@ -527,7 +547,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
       Model cm(w, cal_total);
       cm.set_ffn(ffn.get());
       Sampler greedy(SamplerConfig{});
-      generate(cm, ffn.get(), cal, a.calibrate_steps, greedy, {});
+      generate(cm, ffn.get(), cal, a.calibrate_steps, greedy, {}, a.prefill_block);
     }
     ffn->set_phase(LowRankPhase::kExact, a.target_recall);
     extra["calibration_samples"] = ffn->calibration_samples();
@@ -537,7 +557,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
     Model rm(w, context);
     rm.set_ffn(ffn.get());
     Sampler s(sc);
-    reference = generate(rm, ffn.get(), prompt, a.steps, s, stop).tokens;
+    reference = generate(rm, ffn.get(), prompt, a.steps, s, stop, a.prefill_block).tokens;
     if (rank > 0) ffn->set_phase(LowRankPhase::kPredict);
     if (threshold) ffn->set_thresholds(thresholds);
   }
@@ -548,7 +568,8 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   Streamer stream(tok.get(), prompt, stream_on);
   Progress prog("generate", uint64_t(total - 1), !g.quiet, "tokens");
   const auto t0 = Clock::now();
-  Generation gen = generate(model, ffn.get(), prompt, a.steps, sampler, stop, &stream, feed.get(), &prog);
+  Generation gen =
+      generate(model, ffn.get(), prompt, a.steps, sampler, stop, a.prefill_block, &stream, feed.get(), &prog);
   const double wall = since(t0);
   const std::vector<int>& out = gen.tokens;
   const uint64_t forwards = uint64_t(gen.prompt_forwards) + (out.empty() ? 0 : out.size() - 1);

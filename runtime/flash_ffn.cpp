@@ -409,9 +409,12 @@ void FlashFfn::set_phase(LowRankPhase p, double target_recall) {
   prev_needed_.assign(prev_needed_.size(), {});
 }
 
-void FlashFfn::set_trace_active(int layer, const std::vector<uint32_t>& neurons) {
+void FlashFfn::set_trace_active(int layer, const std::vector<uint32_t>& neurons, int token) {
   if (opt_.select != SelectMode::kTrace) throw InternalError("set_trace_active outside --select trace");
-  auto& a = trace_active_[size_t(layer)];
+  if (token < 0) throw InternalError("set_trace_active: negative token");
+  auto& per_token = trace_active_[size_t(layer)];
+  if (per_token.size() <= size_t(token)) per_token.resize(size_t(token) + 1);
+  auto& a = per_token[size_t(token)];
   a.clear();
   for (uint32_t n : neurons) {
     if (n >= slot_of_[size_t(layer)].size()) throw InternalError("trace: neuron index out of range");
@@ -453,7 +456,7 @@ float FlashFfn::coefficient(size_t i, GateFrom from) const {
   // kernels::ffn_bundles's first phase, number for number: h_i = g_i * (up_i . x), zero when g_i is zero.
   const int dim = m_.config.dim;
   const ImageDtype dt = m_.dtype;
-  const void* xr = xq_.row(0);
+  const void* xr = xq_.row(xrow_);
   const uint8_t* b = bundles_[i];
   float gi;
   if (from == GateFrom::kGiven) {
@@ -485,7 +488,7 @@ void FlashFfn::compute_range(int layer, size_t k0, size_t k1, GateFrom from, flo
   kernels::down_project(m_.dtype, out, m_.config.dim, hd_.data(), downs_.data(), int(hd_.size()), accumulate);
 }
 
-void FlashFfn::load_compute(int layer, float* out, GateFrom from) {
+void FlashFfn::load_batches(int layer, const std::function<void(uint32_t, bool)>& landed) {
   SlotCache* cache = caches_[size_t(layer)].get();
   auto t0 = Clock::now();
   planners_[size_t(layer)].plan(active_.data(), active_.size(), cache, plan_);
@@ -495,14 +498,9 @@ void FlashFfn::load_compute(int layer, float* out, GateFrom from) {
   const uint64_t cap = ffn_batch_staging_bytes(m_.bundle_bytes, opt_.read_batch_bytes);
   make_pieces(layer, plan_.reads, cap, &pieces_, &batch_end_);
   staging_.resize(cap);
-  const size_t n = active_.size();
-  bundles_.resize(n);
-  h_.resize(n);
   double io = 0;
   uint64_t bytes = 0;
-  size_t p0 = 0, k0 = 0;
-  bool first = true;
-  const bool ordered = out && begin_ordered(layer);
+  size_t p0 = 0;
   for (size_t b = 0; b < batch_end_.size(); ++b) {
     const size_t p1 = batch_end_[b];
     spans_.clear();
@@ -515,35 +513,52 @@ void FlashFfn::load_compute(int layer, float* out, GateFrom from) {
     io += since(ti);
     cur_batch_ = int(b), cur_p0_ = p0, cur_p1_ = p1;
     slab_keep(layer, p0, p1);
-    if (out) {
-      // This batch's neurons and the hits before its last piece, then the next batch into the same buffer.
-      const size_t k1 =
-          size_t(std::lower_bound(active_.begin() + std::ptrdiff_t(k0), active_.end(), pieces_[p1 - 1].slot_end) -
-                 active_.begin());
-      if (ordered)
-        compute_ordered(layer, k0, k1, from, out, false);
-      else
-        compute_range(layer, k0, k1, from, out, !first);
-      first = false;
-      k0 = k1;
-    }
+    if (landed) landed(pieces_[p1 - 1].slot_end, false);
     p0 = p1;
   }
   cur_batch_ = -1;
-  if (ordered)
-    compute_ordered(layer, k0, n, from, out, true);
-  else if (out && (k0 < n || first))
-    compute_range(layer, k0, n, from, out, !first);  // the hits after the last read
+  if (landed) landed(0, true);
   slab_settle(layer);
   token_.io_seconds += io;
   token_.io_busy_seconds += io;
-  if (out) token_.compute_seconds += since(t0) - io;  // planning included, as the overlapped path counts it
+  if (landed) token_.compute_seconds += since(t0) - io;  // planning included, as the overlapped path counts it
   token_.active += plan_.active;
   token_.reads += pieces_.size();
   token_.bytes_read += bytes;
   token_.bytes_needed += uint64_t(plan_.needed) * m_.bundle_bytes;
   token_.cache_hits += plan_.hits.size();
 }
+
+void FlashFfn::load_compute(int layer, float* out, GateFrom from) {
+  if (!out) {
+    load_batches(layer, nullptr);
+    return;
+  }
+  const size_t n = active_.size();
+  bundles_.resize(n);
+  h_.resize(n);
+  size_t k0 = 0;
+  bool first = true;
+  const bool ordered = begin_ordered(layer);
+  load_batches(layer, [&](uint32_t slot_end, bool last) {
+    if (!last) {
+      // This batch's neurons and the hits before its last piece, then the next batch into the same buffer.
+      const size_t k1 =
+          size_t(std::lower_bound(active_.begin() + std::ptrdiff_t(k0), active_.end(), slot_end) - active_.begin());
+      if (ordered)
+        compute_ordered(layer, k0, k1, from, out, false);
+      else
+        compute_range(layer, k0, k1, from, out, !first);
+      first = false;
+      k0 = k1;
+    } else if (ordered) {
+      compute_ordered(layer, k0, n, from, out, true);
+    } else if (k0 < n || first) {
+      compute_range(layer, k0, n, from, out, !first);  // the hits after the last read
+    }
+  });
+}
+
 void FlashFfn::replay_layer(int layer, const std::vector<uint32_t>& neurons) {
   if (rep_[size_t(layer)]) {
     choose_copies(layer, neurons.data(), neurons.size());
@@ -643,6 +658,115 @@ void FlashFfn::end_token() {
   token_ = FlashCounters{};
 }
 
+namespace {
+// Token t of a multi-token pass accounts into its own counters: they stand in for the current token's meanwhile.
+struct CountersSwap {
+  FlashCounters* cur;
+  FlashCounters* other;  // null: a one-token pass, nothing to swap
+  CountersSwap(FlashCounters* c, FlashCounters* o) : cur(c), other(o) {
+    if (other) std::swap(*cur, *other);
+  }
+  ~CountersSwap() {
+    if (other) std::swap(*cur, *other);
+  }
+  CountersSwap(const CountersSwap&) = delete;
+  CountersSwap& operator=(const CountersSwap&) = delete;
+};
+}  // namespace
+
+FlashFfn::GateFrom FlashFfn::select_token(int layer, int t, const float* xt, float* g) {
+  const ModelConfig& c = m_.config;
+  const int hidden = c.hidden_dim;
+  g_by_slot_ = g;
+  if (opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kPredict) {
+    auto t0 = Clock::now();
+    const LowRankFactors& f = lowrank_[size_t(layer)];
+    score_.resize(size_t(hidden));
+    tmp_.resize(size_t(f.rank));
+    f.predict(xt, score_.data(), tmp_.data());
+    const float thr = threshold_[size_t(layer)];
+    active_.clear();
+    for (int s = 0; s < hidden; ++s)
+      if (score_[size_t(s)] >= thr) active_.push_back(uint32_t(s));
+    token_.compute_seconds += since(t0);
+    // Measurement only (untimed): the exact gate `g`, to count which predicted neurons really fire.
+    for (int s = 0; s < hidden; ++s) {
+      const bool fires = g[s] > 0.0f, chosen = score_[size_t(s)] >= thr;
+      pred_.truly_active += fires;
+      pred_.true_positive += fires && chosen;
+    }
+    pred_.predicted += active_.size();
+    prev_needed_[size_t(layer)] = active_;
+    return GateFrom::kBundleRelu;
+  }
+  if (opt_.select == SelectMode::kTrace) {
+    // The given neurons' bundles; each gate from the bundle's own row (no gate rows in DRAM), in the stored dtype.
+    // ReLU: ffn_bundles applies the gate itself (zeros add nothing); SiLU: the gates first, then the same sum.
+    const auto& per_token = trace_active_[size_t(layer)];
+    if (size_t(t) >= per_token.size())
+      throw InternalError("trace: no active set for token " + std::to_string(t) + " of layer " + std::to_string(layer));
+    const auto& given = per_token[size_t(t)];
+    if (rep_[size_t(layer)])
+      choose_copies(layer, given.data(), given.size());
+    else
+      active_ = given;
+    prev_needed_[size_t(layer)] = active_;
+    return c.act == FfnAct::kRelu ? GateFrom::kBundleRelu : GateFrom::kBundleSilu;
+  }
+  auto t0 = Clock::now();
+  active_.clear();
+  for (int s = 0; s < hidden; ++s) {
+    if (c.act == FfnAct::kRelu) {
+      if (g[s] > 0.0f) active_.push_back(uint32_t(s));
+    } else {
+      g[s] = g[s] / (1.0f + std::exp(-g[s]));
+      active_.push_back(uint32_t(s));
+    }
+  }
+  if (opt_.select == SelectMode::kThreshold) {
+    // CATS: keep |act| > t (ReLU: act > max(0, t)); the mass kept is measured on the same activations.
+    const float thr = opt_.act_threshold[size_t(layer)];
+    size_t k = 0;
+    for (int s = 0; s < hidden; ++s)
+      thr_.mass_total += std::fabs(double(c.act == FfnAct::kRelu ? std::max(0.0f, g[s]) : g[s]));
+    for (uint32_t s : active_) {
+      const float a = std::fabs(g[s]);
+      if (a > thr) {
+        active_[k++] = s;
+        thr_.mass_kept += double(a);
+      }
+    }
+    active_.resize(k);
+    thr_.kept += k;
+    thr_.total += uint64_t(hidden);
+  }
+  token_.compute_seconds += since(t0);
+  if (opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kCalibrate) {
+    const LowRankFactors& f = lowrank_[size_t(layer)];
+    score_.resize(size_t(hidden));
+    tmp_.resize(size_t(f.rank));
+    f.predict(xt, score_.data(), tmp_.data());
+    for (uint32_t s : active_) calib_[size_t(layer)].push_back(score_[s]);
+    calib_samples_ += active_.size();
+  }
+  if (const ReplicaMap* rm = rep_[size_t(layer)].get()) {
+    // active_ holds ranks of first copies (the gate rows' order): to neurons, the gates by slot, then the copies.
+    const auto& firsts = first_slots_[size_t(layer)];
+    neurons_.clear();
+    g_slot_.resize(rm->n_slots());
+    for (uint32_t r : active_) {
+      const uint32_t v = rm->neuron_of[firsts[r]];
+      neurons_.push_back(v);
+      g_slot_[rm->first[v]] = g[r];
+      if (rm->second[v] != kNoSlot) g_slot_[rm->second[v]] = g[r];
+    }
+    g_by_slot_ = g_slot_.data();
+    choose_copies(layer, neurons_.data(), neurons_.size());
+  }
+  prev_needed_[size_t(layer)] = active_;
+  return GateFrom::kGiven;
+}
+
 void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out, FfnObserver* observer) {
   (void)pos0;
   (void)observer;
@@ -650,10 +774,9 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
     throw UsageError("the model forward needs --select gate, dense, lowrank, trace or threshold");
   const bool predict = opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kPredict;
   const bool overlapped = opt_.overlap != OverlapMode::kNone && opt_.select != SelectMode::kDense;
+  const bool gates = opt_.select != SelectMode::kTrace;  // gate rows in DRAM: the caller computes the gate
   const ModelConfig& c = m_.config;
   const int dim = c.dim, hidden = c.hidden_dim;
-  g_.resize(size_t(hidden));
-  g_by_slot_ = g_.data();
   if (n_tokens > 1 && batch_.size() < size_t(n_tokens)) batch_.resize(size_t(n_tokens));
   if (opt_.select == SelectMode::kDense) {
     // Every token of the pass at once over the re-laid-out bundles (gate's numbers); the time split evenly.
@@ -663,117 +786,97 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
     for (int t = 0; t < n_tokens; ++t) (n_tokens > 1 ? batch_[size_t(t)] : token_).compute_seconds += each;
     return;
   }
+  if (n_tokens > 1 && !rep_[size_t(layer)]) {
+    ffn_block(layer, n_tokens, x, out);
+    return;
+  }
+  g_.resize(size_t(hidden));
   for (int t = 0; t < n_tokens; ++t) {
-    // Token t of a batch accounts into its own counters (token_ holds them while it runs).
-    struct Swap {
-      FlashFfn* f;
-      FlashCounters* c;
-      ~Swap() {
-        if (c) std::swap(f->token_, *c);
-      }
-    } swap{this, n_tokens > 1 ? &batch_[size_t(t)] : nullptr};
-    if (swap.c) std::swap(token_, *swap.c);
+    CountersSwap swap(&token_, n_tokens > 1 ? &batch_[size_t(t)] : nullptr);
     const float* xt = x + size_t(t) * dim;
     float* ot = out + size_t(t) * dim;
     xq_.prepare(m_.dtype, xt, 1, dim);
-    if (predict) {
-      // Measurement only (untimed): the exact gate, to count which predicted neurons really fire.
-      kernels::matmul(g_.data(), xq_, gate_view_[size_t(layer)], 1);
+    xrow_ = 0;
+    if (gates) {
       auto t0 = Clock::now();
-      const LowRankFactors& f = lowrank_[size_t(layer)];
-      score_.resize(size_t(hidden));
-      tmp_.resize(size_t(f.rank));
-      f.predict(xt, score_.data(), tmp_.data());
-      const float thr = threshold_[size_t(layer)];
-      active_.clear();
-      for (int s = 0; s < hidden; ++s)
-        if (score_[size_t(s)] >= thr) active_.push_back(uint32_t(s));
-      token_.compute_seconds += since(t0);
-      for (int s = 0; s < hidden; ++s) {
-        const bool fires = g_[size_t(s)] > 0.0f, chosen = score_[size_t(s)] >= thr;
-        pred_.truly_active += fires;
-        pred_.true_positive += fires && chosen;
-      }
-      pred_.predicted += active_.size();
-      prev_needed_[size_t(layer)] = active_;
-      if (overlapped) {
-        load_compute_overlapped(layer, ot, GateFrom::kBundleRelu);
-        continue;
-      }
-      load_compute(layer, ot, GateFrom::kBundleRelu);
-      continue;
+      kernels::matmul(g_.data(), xq_, gate_view_[size_t(layer)], 1);
+      if (!predict) token_.compute_seconds += since(t0);  // predict: the exact gate is a measurement (untimed)
     }
-    if (opt_.select == SelectMode::kTrace) {
-      // The given neurons' bundles; each gate from the bundle's own row (no gate rows in DRAM), in the stored dtype.
-      // ReLU: ffn_bundles applies the gate itself (zeros add nothing); SiLU: the gates first, then the same sum.
-      if (rep_[size_t(layer)])
-        choose_copies(layer, trace_active_[size_t(layer)].data(), trace_active_[size_t(layer)].size());
-      else
-        active_ = trace_active_[size_t(layer)];
-      prev_needed_[size_t(layer)] = active_;
-      if (overlapped) {
-        load_compute_overlapped(layer, ot, c.act == FfnAct::kRelu ? GateFrom::kBundleRelu : GateFrom::kBundleSilu);
-        continue;
-      }
-      load_compute(layer, ot, c.act == FfnAct::kRelu ? GateFrom::kBundleRelu : GateFrom::kBundleSilu);
-      continue;
-    }
-    auto t0 = Clock::now();
-    kernels::matmul(g_.data(), xq_, gate_view_[size_t(layer)], 1);
-    active_.clear();
-    for (int s = 0; s < hidden; ++s) {
-      if (c.act == FfnAct::kRelu) {
-        if (g_[size_t(s)] > 0.0f) active_.push_back(uint32_t(s));
-      } else {
-        g_[size_t(s)] = g_[size_t(s)] / (1.0f + std::exp(-g_[size_t(s)]));
-        active_.push_back(uint32_t(s));
-      }
-    }
-    if (opt_.select == SelectMode::kThreshold) {
-      // CATS: keep |act| > t (ReLU: act > max(0, t)); the mass kept is measured on the same activations.
-      const float thr = opt_.act_threshold[size_t(layer)];
-      size_t k = 0;
-      for (int s = 0; s < hidden; ++s)
-        thr_.mass_total += std::fabs(double(c.act == FfnAct::kRelu ? std::max(0.0f, g_[size_t(s)]) : g_[size_t(s)]));
-      for (uint32_t s : active_) {
-        const float a = std::fabs(g_[s]);
-        if (a > thr) {
-          active_[k++] = s;
-          thr_.mass_kept += double(a);
-        }
-      }
-      active_.resize(k);
-      thr_.kept += k;
-      thr_.total += uint64_t(hidden);
-    }
-    token_.compute_seconds += since(t0);
-    if (opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kCalibrate) {
-      const LowRankFactors& f = lowrank_[size_t(layer)];
-      score_.resize(size_t(hidden));
-      tmp_.resize(size_t(f.rank));
-      f.predict(xt, score_.data(), tmp_.data());
-      for (uint32_t s : active_) calib_[size_t(layer)].push_back(score_[s]);
-      calib_samples_ += active_.size();
-    }
-    if (const ReplicaMap* rm = rep_[size_t(layer)].get()) {
-      // active_ holds ranks of first copies (the gate rows' order): to neurons, the gates by slot, then the copies.
-      const auto& firsts = first_slots_[size_t(layer)];
-      neurons_.clear();
-      g_slot_.resize(rm->n_slots());
-      for (uint32_t r : active_) {
-        const uint32_t v = rm->neuron_of[firsts[r]];
-        neurons_.push_back(v);
-        g_slot_[rm->first[v]] = g_[r];
-        if (rm->second[v] != kNoSlot) g_slot_[rm->second[v]] = g_[r];
-      }
-      g_by_slot_ = g_slot_.data();
-      choose_copies(layer, neurons_.data(), neurons_.size());
-    }
-    prev_needed_[size_t(layer)] = active_;
+    const GateFrom from = select_token(layer, t, xt, g_.data());
     if (overlapped)
-      load_compute_overlapped(layer, ot, GateFrom::kGiven);
+      load_compute_overlapped(layer, ot, from);
     else
-      load_compute(layer, ot, GateFrom::kGiven);
+      load_compute(layer, ot, from);
+  }
+}
+
+void FlashFfn::ffn_block(int layer, int n, const float* x, float* out) {
+  const ModelConfig& c = m_.config;
+  const int dim = c.dim, hidden = c.hidden_dim;
+  const bool predict = opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kPredict;
+  const bool gates = opt_.select != SelectMode::kTrace;
+  xq_.prepare(m_.dtype, x, n, dim);
+  if (gates) {
+    // Every token's gate in one matrix product (the same numbers as one token at a time).
+    blk_g_.resize(size_t(n) * size_t(hidden));
+    auto t0 = Clock::now();
+    kernels::matmul(blk_g_.data(), xq_, gate_view_[size_t(layer)], n);
+    const double each = since(t0) / n;
+    if (!predict)
+      for (int t = 0; t < n; ++t) batch_[size_t(t)].compute_seconds += each;
+  }
+  blk_active_.resize(size_t(n));
+  GateFrom from = GateFrom::kGiven;
+  for (int t = 0; t < n; ++t) {
+    CountersSwap swap(&token_, &batch_[size_t(t)]);
+    from = select_token(layer, t, x + size_t(t) * dim, gates ? blk_g_.data() + size_t(t) * size_t(hidden) : nullptr);
+    blk_active_[size_t(t)].swap(active_);
+    token_.active += blk_active_[size_t(t)].size();  // token t's own set (token_ is its counters here)
+  }
+  // The union of the block's sets, read once.
+  active_.clear();
+  for (const auto& a : blk_active_) active_.insert(active_.end(), a.begin(), a.end());
+  std::sort(active_.begin(), active_.end());
+  active_.erase(std::unique(active_.begin(), active_.end()), active_.end());
+  blk_k_.assign(size_t(n), 0);
+  std::vector<uint8_t> started(size_t(n), 0);
+  auto compute = [&](int t, size_t k1) {
+    // Token t's active indices [blk_k_[t], k1) as its own pass computes them (active_ is token t's meanwhile).
+    active_.swap(blk_active_[size_t(t)]);
+    xrow_ = t;
+    g_by_slot_ = gates ? blk_g_.data() + size_t(t) * size_t(hidden) : nullptr;
+    bundles_.resize(active_.size());
+    h_.resize(active_.size());
+    compute_range(layer, blk_k_[size_t(t)], k1, from, out + size_t(t) * dim, started[size_t(t)] != 0);
+    active_.swap(blk_active_[size_t(t)]);
+    blk_k_[size_t(t)] = k1;
+    started[size_t(t)] = 1;
+  };
+  FlashCounters io;  // the union's reads and compute, shared evenly by the block's tokens
+  {
+    CountersSwap swap(&token_, &io);
+    load_batches(layer, [&](uint32_t slot_end, bool last) {
+      for (int t = 0; t < n; ++t) {
+        const auto& a = blk_active_[size_t(t)];
+        const size_t k0 = blk_k_[size_t(t)];
+        const size_t k1 =
+            last ? a.size() : size_t(std::lower_bound(a.begin() + std::ptrdiff_t(k0), a.end(), slot_end) - a.begin());
+        if (k1 > k0 || (last && !started[size_t(t)])) compute(t, k1);
+      }
+    });
+  }
+  xrow_ = 0;
+  for (int t = 0; t < n; ++t) {
+    FlashCounters& b = batch_[size_t(t)];
+    // Whole figures: the remainder goes to the block's first tokens.
+    auto share = [&](uint64_t v) { return v / uint64_t(n) + (uint64_t(t) < v % uint64_t(n) ? 1 : 0); };
+    b.reads += share(io.reads);
+    b.bytes_read += share(io.bytes_read);
+    b.bytes_needed += share(io.bytes_needed);
+    b.cache_hits += share(io.cache_hits);
+    b.io_seconds += io.io_seconds / n;
+    b.io_busy_seconds += io.io_busy_seconds / n;
+    b.compute_seconds += io.compute_seconds / n;
   }
 }
 

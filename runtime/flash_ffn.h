@@ -24,6 +24,7 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -138,8 +139,9 @@ class FlashFfn : public FfnProvider {
 
   // Replay: plans, reads and accounts one layer-token whose active neurons (original indices) are given.
   void replay_layer(int layer, const std::vector<uint32_t>& active_neurons);
-  // Trace: the active neurons (original indices) of `layer` for the next forward pass.
-  void set_trace_active(int layer, const std::vector<uint32_t>& active_neurons);
+  // Trace: the active neurons (original indices) of `layer` for token `token` of the next forward pass (a prompt
+  // block names each of its tokens' sets; a one-token pass uses token 0's).
+  void set_trace_active(int layer, const std::vector<uint32_t>& active_neurons, int token = 0);
   // Threshold: replaces the per-layer thresholds and starts afresh (counters, caches), as set_phase does.
   void set_thresholds(const std::vector<float>& t);
   const ThresholdCounters& threshold_counters() const { return thr_; }
@@ -229,13 +231,28 @@ class FlashFfn : public FfnProvider {
   // Plans and reads `active_` (ascending slots) of `layer` batch by batch and, with `out`, computes the FFN into it as
   // each batch lands (down projection accumulated in slot order: the bits of one sum over the layer).
   void load_compute(int layer, float* out, GateFrom from);
+  // Plans and reads active_ of `layer` batch by batch (one cache access); after each batch lands (its bundles in the
+  // staging until the next), landed(one past its last slot, false); after the last, landed(0, true). The layer-token's
+  // counters go to token_ (compute time only with `landed`).
+  void load_batches(int layer, const std::function<void(uint32_t, bool)>& landed);
   // The bytes of `slot`: in the batch in the staging, else the slab.
   const uint8_t* bundle(int layer, uint32_t slot) const;
   // Active indices [k0, k1): coefficients then down projection into `out` (continuing its sums when `accumulate`).
   void compute_range(int layer, size_t k0, size_t k1, GateFrom from, float* out, bool accumulate);
   float coefficient(size_t i, GateFrom from) const;  // kernels::ffn_bundles's h_i for active index i
-  std::vector<float> hd_;                            // compute_range: the kept coefficients
-  std::vector<const uint8_t*> downs_;                // compute_range: their down columns
+  int xrow_ = 0;                                     // the token of xq_ that coefficient() multiplies
+  // Token `t` of a pass: its exact (or predicted) set into active_ and, for kGiven, g_by_slot_; `g` holds its gate
+  // outputs when the mode has gate rows (computed by the caller; SiLU activations are applied in place).
+  GateFrom select_token(int layer, int t, const float* xt, float* g);
+  // A prompt block (n > 1 tokens, a layer without replicas): each token's set selected as one token's would be, the
+  // union of the sets planned and read once (one cache access), batch by batch; each token's FFN is computed from
+  // the staged and cached bundles in slot order, so its numbers are those of its own token-by-token pass.
+  void ffn_block(int layer, int n, const float* x, float* out);
+  std::vector<std::vector<uint32_t>> blk_active_;  // ffn_block: per token, its ascending slots
+  std::vector<float> blk_g_;                       // ffn_block: per token, its gate outputs (hidden each)
+  std::vector<size_t> blk_k_;                      // ffn_block: per token, its next active index to compute
+  std::vector<float> hd_;                          // compute_range: the kept coefficients
+  std::vector<const uint8_t*> downs_;              // compute_range: their down columns
   // Lowrank predictor.
   LowRankPhase phase_ = LowRankPhase::kExact;
   std::vector<LowRankFactors> lowrank_;    // per layer, rows in slot order
@@ -244,7 +261,8 @@ class FlashFfn : public FfnProvider {
   uint64_t calib_samples_ = 0;
   PredictorCounters pred_;
   std::vector<float> score_, tmp_;
-  std::vector<std::vector<uint32_t>> trace_active_;  // trace: per layer, ascending slots of the next forward pass
+  // trace: per layer and token of the next forward pass, ascending slots
+  std::vector<std::vector<std::vector<uint32_t>>> trace_active_;
   ThresholdCounters thr_;
 
   uint64_t pinned_bundles_ = 0, pinned_reads_ = 0, pinned_bytes_read_ = 0;

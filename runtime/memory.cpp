@@ -127,7 +127,7 @@ uint64_t ffn_batch_staging_bytes(uint64_t bundle_bytes, uint64_t batch) {
 }
 
 MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, int threads, uint64_t baseline,
-                       uint64_t read_batch, uint64_t read_ahead) {
+                       uint64_t read_batch, uint64_t read_ahead, int prefill_block) {
   const ModelConfig& c = m.config;
   const uint64_t dim = uint64_t(c.dim), hid = uint64_t(c.hidden_dim), L = uint64_t(c.n_layers);
   const uint64_t ctx = uint64_t(context), vocab = uint64_t(c.vocab_size);
@@ -146,6 +146,9 @@ MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, in
                       uint64_t(std::max(1, threads)) * ctx + 4 * hid + 3 * dim) +
               16 * vocab + staging + 16 * hid + L * hid * kPerNeuronBookkeeping + ctx * kPerTokenReport +
               kRuntimeAllowance + uint64_t(std::max(1, threads)) * kPerThreadAllowance;
+  // A prefill pass's further tokens: their activations (as above), each one's gate outputs and active list.
+  const uint64_t block = uint64_t(std::min(std::max(1, prefill_block), std::max(1, context)));
+  p.scratch += kF32 * (block - 1) * (5 * dim + 2 * uint64_t(c.kv_dim()) + 2 * hid);
   uint64_t largest_ffn_region = 0;
   for (int l = 0; l < c.n_layers; ++l) largest_ffn_region = std::max(largest_ffn_region, m.ffn(l).bytes);
   // The dense region is read straight into its store (counted in `dense`); gate-row modes read one FFN region at a

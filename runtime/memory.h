@@ -38,6 +38,9 @@ constexpr uint64_t kFfnReadBatchBytes = uint64_t(4) << 20;
 // --overlap cross|both: at most this many bytes of a layer's predicted bundles are read ahead, into one buffer of
 // this size (the rest is read after the exact selection).
 constexpr uint64_t kFfnReadAheadBytes = uint64_t(32) << 20;
+// nl-run generate's prompt is prefilled in passes of at most this many tokens by default (--prefill-block; a flash
+// FFN reads the union of a pass's active sets once per layer); the activations of one pass are in the memory plan.
+constexpr int kPrefillBlockTokens = 64;
 // The staging buffer FlashFfn holds for bundles of `bundle_bytes` bytes and batches of `batch` bytes.
 uint64_t ffn_batch_staging_bytes(uint64_t bundle_bytes, uint64_t batch = kFfnReadBatchBytes);
 
@@ -60,9 +63,10 @@ struct MemoryPlan {
 enum class FfnResidency { kNone, kGateRows, kAll };
 
 // The fixed part for this image, context and threads; the cache left at zero. `read_batch`: the FFN read batch,
-// `read_ahead`: the read-ahead buffer (--overlap cross|both; 0 otherwise).
+// `read_ahead`: the read-ahead buffer (--overlap cross|both; 0 otherwise), `prefill_block`: tokens per prefill pass.
 MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, int threads, uint64_t baseline,
-                       uint64_t read_batch = kFfnReadBatchBytes, uint64_t read_ahead = 0);
+                       uint64_t read_batch = kFfnReadBatchBytes, uint64_t read_ahead = 0,
+                       int prefill_block = kPrefillBlockTokens);
 // Neuron-cache bundles per layer that fit in `budget - plan.fixed()` (0 when nothing is left), at most hidden_dim.
 uint32_t cache_bundles_for_budget(const MemoryPlan& plan, const ImageManifest& m, uint64_t budget);
 

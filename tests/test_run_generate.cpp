@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "cli_test_util.h"
 #include "formats/core/error.h"
@@ -297,4 +298,89 @@ TEST_CASE("batched prefill then decode = token-by-token decode, bitwise (typed d
       CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
     }
   }
+}
+
+TEST_CASE("a prompt block reads the union of its tokens' active sets once per layer: token-by-token logits, bitwise") {
+  // gate, threshold and trace selections, with and without the cache, staging of 4 MiB (one batch) and of a few
+  // bundles (many batches, each token's sums continued across them); SiLU under trace (gates from the bundles).
+  const std::string d = dir("block");
+  for (FfnAct act : {FfnAct::kRelu, FfnAct::kSilu})
+    for (ImageDtype dt : {ImageDtype::kF32, ImageDtype::kF16, ImageDtype::kQ8_0}) {
+      ModelConfig c = test::small_config(64, 256, 2);
+      c.vocab_size = 64;
+      c.seq_len = 40;
+      c.act = act;
+      const ModelWeights w = test::random_weights(c, 41);
+      ImageSpec spec;
+      spec.dtype = dt;
+      spec.order = test::random_order(c, 8);
+      const std::string img = d + "/m_" + std::string(ffn_act_name(act)) + "_" + image_dtype_name(dt) + ".nlw";
+      image_write_model(img, w, spec);
+      const std::vector<int> prompt = {1, 7, 33, 2, 9, 61, 4, 12, 50};
+      const int n = int(prompt.size());
+      // Trace sets: per forward pass and layer, a random half of the neurons (seeded).
+      std::mt19937_64 rng(5);
+      std::vector<std::vector<std::vector<uint32_t>>> sets(size_t(n + 4), std::vector<std::vector<uint32_t>>(2));
+      for (auto& f : sets)
+        for (auto& l : f)
+          for (uint32_t k = 0; k < uint32_t(c.hidden_dim); ++k)
+            if (rng() % 2) l.push_back(k);
+      std::vector<SelectMode> sels = {SelectMode::kTrace};
+      if (act == FfnAct::kRelu) sels = {SelectMode::kGate, SelectMode::kThreshold, SelectMode::kTrace};
+      for (SelectMode sel : sels)
+        for (int variant = 0; variant < 3; ++variant) {
+          CAPTURE(img);
+          CAPTURE(int(sel));
+          CAPTURE(variant);
+          uint64_t bytes[2] = {0, 0}, reads[2] = {0, 0};
+          auto logits_after = [&](bool batched) {
+            FlashImage fi(img, IoOptions{});
+            auto dense = fi.load_dense_store();
+            FlashFfnOptions fo;
+            fo.select = sel;
+            if (sel == SelectMode::kThreshold) fo.act_threshold = {0.05f, 0.02f};
+            if (variant >= 1) fo.cache_ratio = 0.1, fo.gap = {GapMode::Fixed, 2};
+            if (variant == 2) fo.read_batch_bytes = 3 * fi.manifest().bundle_bytes;
+            FlashFfn ffn(fi, fo);
+            Model model(dense->view, 16);
+            model.set_ffn(&ffn);
+            auto feed = [&](int forward, int token) {
+              if (sel == SelectMode::kTrace)
+                for (int l = 0; l < 2; ++l) ffn.set_trace_active(l, sets[size_t(forward)][size_t(l)], token);
+            };
+            if (batched) {
+              for (int p = 0; p + 1 < n; ++p) feed(p, p);
+              model.forward_sequence(prompt.data(), n - 1, 0, nullptr);
+              ffn.end_token();
+            } else {
+              for (int p = 0; p + 1 < n; ++p) {
+                feed(p, 0);
+                model.forward_token(prompt[size_t(p)], p);
+                ffn.end_token();
+              }
+            }
+            bytes[batched] = ffn.totals().bytes_read;
+            reads[batched] = ffn.totals().reads;
+            REQUIRE(ffn.per_token().size() == size_t(n - 1));
+            std::vector<float> out;
+            int tok = prompt.back();
+            for (int p = n - 1; p < n + 3; ++p) {
+              feed(p, 0);
+              const float* lg = model.forward_token(tok, p);
+              ffn.end_token();
+              out.insert(out.end(), lg, lg + c.vocab_size);
+              tok = int(std::max_element(lg, lg + c.vocab_size) - lg);
+            }
+            return out;
+          };
+          const std::vector<float> a = logits_after(true), b = logits_after(false);
+          REQUIRE(a.size() == b.size());
+          CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+          // The block read each needed bundle once: fewer reads and bytes than its tokens one by one.
+          if (variant == 0) {
+            CHECK(bytes[1] < bytes[0]);
+            CHECK(reads[1] < reads[0]);
+          }
+        }
+    }
 }

@@ -269,8 +269,9 @@ TEST_CASE("--memory-budget too small: one line, exit 3, nothing written") {
 TEST_CASE("--select trace: the reads equal replay's for the same trace tokens; shape and synthetic checks") {
   const Tiny& t = tiny();
   const std::string opts = " --gap 2 --cache-ratio 0.1 --metrics gen_tiny/";
-  const json g = run_json("--image " + t.image + " --select trace:" + t.trace + " --prompt-tokens 1,5,9 --steps 20" +
-                          opts + "trace_gen.json");
+  // --prefill-block 1: every forward pass one token, as replay reads them (a prompt block reads its union once).
+  const json g = run_json("--image " + t.image + " --select trace:" + t.trace +
+                          " --prompt-tokens 1,5,9 --steps 20 --prefill-block 1" + opts + "trace_gen.json");
   CHECK(g["trace"]["wrapped_forwards"] == 0);
   CHECK(!g.contains("synthetic"));
   Run rr = run("nl-run", "-q --json replay --image " + t.image + " --trace " + t.trace + " --max-tokens 22" + opts +
@@ -290,6 +291,26 @@ TEST_CASE("--select trace: the reads equal replay's for the same trace tokens; s
   for (size_t i = 0; i < gm["per_token"].size(); ++i)
     for (const char* k : {"active", "reads", "bytes_read", "cache_hits"})
       CHECK(gm["per_token"][i][k] == rm["per_token"][i][k]);
+  // The default prompt block (5 tokens here) reads the union of its tokens' sets once per layer: the same tokens,
+  // fewer bytes and reads over the prompt than one token at a time.
+  const std::string six = " --prompt-tokens 1,5,9,14,3,7 --steps 8 --gap 2 --cache-ratio 0.1 --metrics gen_tiny/";
+  const json b1 =
+      run_json("--image " + t.image + " --select trace:" + t.trace + six + "trace_b1.json --prefill-block 1");
+  const json b5 = run_json("--image " + t.image + " --select trace:" + t.trace + six + "trace_b5.json");
+  CHECK(b5["generated"] == b1["generated"]);
+  {
+    const json m1 = json::parse(nl::read_file("gen_tiny/trace_b1.json"));
+    const json m5 = json::parse(nl::read_file("gen_tiny/trace_b5.json"));
+    uint64_t bytes[2] = {0, 0}, reads[2] = {0, 0};
+    for (size_t i = 0; i < 5; ++i) {
+      bytes[0] += m1["per_token"][i]["bytes_read"].get<uint64_t>();
+      reads[0] += m1["per_token"][i]["reads"].get<uint64_t>();
+      bytes[1] += m5["per_token"][i]["bytes_read"].get<uint64_t>();
+      reads[1] += m5["per_token"][i]["reads"].get<uint64_t>();
+    }
+    CHECK(bytes[1] < bytes[0]);
+    CHECK(reads[1] < reads[0]);
+  }
   // The FFN over the traced neurons is computed: on a ReLU model, a trace that marks every neuron gives gate's tokens
   // (neurons whose gate does not fire add nothing), so the arithmetic path is the exact one.
   nl::TraceWriterOptions o;
