@@ -309,30 +309,41 @@ Generation generate(Model& model, FlashFfn* ffn, const std::vector<int>& prompt,
   const int total = int(prompt.size()) + steps;
   Generation g;
   g.prompt_forwards = int(prompt.size());
+  const bool batched = prompt.size() > 1;
+  if (batched) model.reserve(std::min(block, int(prompt.size())));  // a pass's scratch, as llama.cpp's at load
   const auto t0 = Clock::now();
   auto t_first = t0;
   int token = prompt[0], pos = 0;
-  if (prompt.size() > 1) {
-    // Batched prefill: all prompt tokens but the last in passes of up to `block` tokens (matrix-matrix products;
-    // per token the same arithmetic as one at a time, so the tokens are the same; a flash FFN reads the union of a
-    // pass's active sets once per layer), the last one then yields the first logits. A trace feed names each
-    // token's neurons.
-    const int n = int(prompt.size()) - 1;
+  const float* prompt_logits = nullptr;
+  if (batched) {
+    // Batched prefill: the prompt in passes of up to `block` tokens (matrix-matrix products; per token the same
+    // arithmetic as one at a time, so the tokens are the same; a flash FFN reads the union of a pass's active sets
+    // once per layer); the last pass takes the last token too and runs the classifier on it alone (forward_prompt):
+    // the first token's logits. A trace feed names each token's neurons.
+    const int n = int(prompt.size());
     for (pos = 0; pos < n;) {
       const int len = std::min(block, n - pos);
       if (feed) feed->apply(*ffn, uint64_t(pos), len);
-      model.forward_sequence(prompt.data() + pos, len, pos, nullptr);
+      if (pos + len == n)
+        prompt_logits = model.forward_prompt(prompt.data() + pos, len, pos);
+      else
+        model.forward_sequence(prompt.data() + pos, len, pos, nullptr);
       if (ffn) ffn->end_token();
       if (prog) prog->add(uint64_t(len));
       pos += len;
     }
+    pos = n - 1;
     token = prompt[size_t(pos)];
   }
   for (; pos + 1 < total; ++pos) {
-    if (feed) feed->apply(*ffn, uint64_t(pos));
-    const float* logits = model.forward_token(token, pos);
-    if (ffn) ffn->end_token();
-    if (prog) prog->add(1);
+    const float* logits = prompt_logits;
+    if (!logits) {
+      if (feed) feed->apply(*ffn, uint64_t(pos));
+      logits = model.forward_token(token, pos);
+      if (ffn) ffn->end_token();
+      if (prog) prog->add(1);
+    }
+    prompt_logits = nullptr;
     if (pos + 1 < int(prompt.size())) {
       token = prompt[size_t(pos + 1)];
       continue;

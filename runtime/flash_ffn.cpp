@@ -641,6 +641,10 @@ void FlashFfn::compute_ordered(int layer, size_t k0, size_t k1, GateFrom from, f
     }
 }
 
+void FlashFfn::reserve(int n_tokens) {
+  if (!dense_.empty()) dense_.front().reserve(n_tokens);  // one scratch for every layer (dense_bundles.cpp)
+}
+
 void FlashFfn::end_token() {
   if (batch_.empty()) batch_.push_back(token_);
   for (FlashCounters& t : batch_) {

@@ -134,6 +134,7 @@ class FlashFfn : public FfnProvider {
   void ffn(int layer, int pos0, int n_tokens, const float* x, float* out, FfnObserver* observer) override;
   bool wants_layer_input() const override;
   void layer_start(int layer, int pos0, int n_tokens, const float* x) override;
+  void reserve(int n_tokens) override;
   const OverlapCounters& overlap() const { return ov_; }
 
   // Replay: plans, reads and accounts one layer-token whose active neurons (original indices) are given.

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <random>
 
 #include "formats/core/error.h"
@@ -53,6 +54,11 @@ void check_paths_agree(const ModelWeights& w, const std::vector<int>& tokens) {
   c.forward_sequence(tokens.data() + 1, 7, 1, chunked.data() + vocab);
   c.forward_sequence(tokens.data() + 8, n - 8, 8, chunked.data() + size_t(8) * vocab);
   CHECK(test::max_abs_diff(one, chunked) == 0.0f);
+  // A prompt in one pass (reserved ahead, classifier on its last token only): the last token's logits, bit for bit.
+  Model d(w);
+  d.reserve(n);
+  const float* last = d.forward_prompt(tokens.data(), n, 0);
+  CHECK(std::memcmp(last, one.data() + size_t(n - 1) * vocab, sizeof(float) * size_t(vocab)) == 0);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -396,4 +397,31 @@ TEST_CASE("the dense FFN over re-laid-out bundles equals the gated bundle FFN bi
     }
   }
   omp_set_num_threads(saved);
+}
+
+// quantize_row_q8_0 rounds in integer steps where every |x * id| <= 128 (vectorizable) and with roundf elsewhere:
+// the quants equal roundf's on random rows, exact halves (k + 0.5 after scaling), zeros and a tiny block.
+TEST_CASE("quantize_row_q8_0 rounds half away from zero exactly as roundf") {
+  std::mt19937_64 rng(29);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(size_t(kQuantBlock) * 64);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = nd(rng);
+  for (int j = 0; j < kQuantBlock; ++j) x[size_t(j)] = float(j - 16) + 0.5f;
+  for (int j = 0; j < kQuantBlock; ++j) x[size_t(kQuantBlock + j)] = float(2 * j - 31) / 2.0f * (15.5f / 127.0f);
+  for (int j = 0; j < kQuantBlock; ++j) x[size_t(2 * kQuantBlock + j)] = 0.0f;
+  for (int j = 0; j < kQuantBlock; ++j) x[size_t(3 * kQuantBlock + j)] = 1e-39f * float(j - 16);  // 1/d overflows
+  std::vector<BlockQ8_0> q(x.size() / kQuantBlock);
+  quantize_row_q8_0(x.data(), q.data(), x.size());
+  for (size_t b = 0; b < q.size(); ++b) {
+    const float* xb = x.data() + b * kQuantBlock;
+    float amax = 0.0f;
+    for (int j = 0; j < kQuantBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    CHECK(q[b].d == f32_to_f16(d));
+    for (int j = 0; j < kQuantBlock; ++j) {
+      const float v = xb[j] * id;
+      if (!(std::fabs(v) <= 128.0f)) continue;  // out of int8 range: no defined value to compare
+      CHECK(int(q[b].qs[j]) == int(std::roundf(v)));
+    }
+  }
 }

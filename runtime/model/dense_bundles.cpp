@@ -57,12 +57,28 @@ struct Scratch {
   std::vector<float> g, u, h;  // [n][hidden]; h = 0: the token does not sum the neuron
   DownCoeffs down;             // h prepared for the down projection (shared by every chunk)
 };
+// The calling thread's scratch. Used through a plain reference: a thread_local named inside a parallel region would
+// be each worker's own.
+Scratch& scratch() {
+  thread_local Scratch sc;
+  return sc;
+}
 }  // namespace
 
+void DenseBundles::reserve(int n) const {
+  Scratch& sc = scratch();
+  const size_t total = size_t(n) * size_t(hidden_);
+  if (n <= 0 || sc.h.size() >= total) return;
+  sc.g.assign(total, 0.0f);
+  sc.u.assign(total, 0.0f);
+  sc.h.assign(total, 0.0f);
+  const std::vector<float> x(size_t(n) * size_t(dim_), 0.0f);  // sizes only: zeros
+  sc.xq.prepare(dt_, x.data(), n, dim_);
+  sc.down.prepare(sc.h.data(), size_t(hidden_), hidden_, n);
+}
+
 void DenseBundles::ffn(const float* x, int n, FfnAct act, float* out) {
-  // Used through a plain reference: a thread_local named inside the parallel region below would be each worker's own.
-  thread_local Scratch scratch;
-  Scratch& sc = scratch;
+  Scratch& sc = scratch();
   const size_t hid = size_t(hidden_), total = size_t(n) * hid;
   sc.g.resize(total);
   sc.u.resize(total);

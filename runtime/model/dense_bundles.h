@@ -27,6 +27,8 @@ class DenseBundles {
   // out [n][dim] = the gated FFN of x [n][dim] (f32, normalised), act = SiLU (v / (1 + exp(-v))) or ReLU, for n
   // tokens at once (each token's numbers are those of the same token alone).
   void ffn(const float* x, int n, FfnAct act, float* out);
+  // Sizes and touches the calling thread's scratch (shared by every layer) for passes of up to n tokens.
+  void reserve(int n) const;
 
   size_t bytes() const { return data_.size(); }
 

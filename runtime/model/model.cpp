@@ -88,8 +88,11 @@ Model::Model(const ModelView& v, int max_seq) : v_(v) {
   init(max_seq);
 }
 
+Model::~Model() = default;
+
 void Model::init(int max_seq) {
   const ModelConfig& c = v_.config;
+  xq_ = std::make_unique<kernels::PreparedX>();
   max_seq_ = max_seq > 0 ? std::min(max_seq, c.seq_len) : c.seq_len;
   const size_t kv_total = size_t(c.n_layers) * size_t(max_seq_) * size_t(c.kv_dim());
   key_cache_.assign(kv_total, 0.0f);
@@ -126,13 +129,36 @@ void Model::check_token(int token) const {
                      std::to_string(v_.config.vocab_size - 1) + ")");
 }
 
+void Model::reserve(int n) {
+  if (n <= 0) return;
+  ensure_scratch(n);
+  logits_.resize(size_t(v_.config.vocab_size));
+  // Quantized activation records of n rows (zeros: sizes only), then the provider's own scratch.
+  for (const LayerView& L : v_.layers)
+    if (image_dtype_quantized(L.wq.dtype)) {
+      xq_->prepare(L.wq.dtype, xb_.data(), n, v_.config.dim);
+      break;
+    }
+  if (ffn_) ffn_->reserve(n);
+}
+
 const float* Model::forward_token(int token, int pos) {
   logits_.resize(size_t(v_.config.vocab_size));
-  forward_sequence(&token, 1, pos, logits_.data());
+  pass(&token, 1, pos, logits_.data(), false);
+  return logits_.data();
+}
+
+const float* Model::forward_prompt(const int* tokens, int n, int pos0) {
+  logits_.resize(size_t(v_.config.vocab_size));
+  pass(tokens, n, pos0, logits_.data(), true);
   return logits_.data();
 }
 
 void Model::forward_sequence(const int* tokens, int n, int pos0, float* logits) {
+  pass(tokens, n, pos0, logits, false);
+}
+
+void Model::pass(const int* tokens, int n, int pos0, float* logits, bool last_only) {
   const ModelConfig& c = v_.config;
   if (n <= 0) return;
   if (pos0 < 0 || pos0 + n > max_seq_)
@@ -161,7 +187,7 @@ void Model::forward_sequence(const int* tokens, int n, int pos0, float* logits) 
       kernels::rmsnorm(xb_.data() + size_t(t) * dim, x_.data() + size_t(t) * dim, L.rms_att, dim, c.norm_eps);
     if (image_dtype_quantized(L.wq.dtype) && L.wk.dtype == L.wq.dtype && L.wv.dtype == L.wq.dtype) {
       // One quantization of the activations for the three products (the numbers matmul(x) would prepare itself).
-      thread_local kernels::PreparedX xq;
+      kernels::PreparedX& xq = *xq_;
       xq.prepare(L.wq.dtype, xb_.data(), n, dim);
       kernels::matmul(q_.data(), xq, L.wq, n);
       kernels::matmul(k_.data(), xq, L.wk, n);
@@ -213,7 +239,12 @@ void Model::forward_sequence(const int* tokens, int n, int pos0, float* logits) 
           for (int i = 0; i < hd; ++i) o[i] += a * vr[i];
         }
       }
-    kernels::matmul(tmp_.data(), att_out_.data(), L.wo, n);
+    if (image_dtype_quantized(L.wo.dtype)) {  // the numbers matmul(att_out_) would prepare itself, in reused buffers
+      xq_->prepare(L.wo.dtype, att_out_.data(), n, dim);
+      kernels::matmul(tmp_.data(), *xq_, L.wo, n);
+    } else {
+      kernels::matmul(tmp_.data(), att_out_.data(), L.wo, n);
+    }
     for (size_t i = 0; i < size_t(n) * dim; ++i) x_[i] += tmp_[i];
 
     for (int t = 0; t < n; ++t)
@@ -223,9 +254,10 @@ void Model::forward_sequence(const int* tokens, int n, int pos0, float* logits) 
   }
 
   if (!logits) return;
-  for (int t = 0; t < n; ++t)
+  const int t0 = last_only ? n - 1 : 0;  // a prompt needs only its last token's logits
+  for (int t = t0; t < n; ++t)
     kernels::rmsnorm(xb_.data() + size_t(t) * dim, x_.data() + size_t(t) * dim, v_.rms_final, dim, c.norm_eps);
-  kernels::matmul(logits, xb_.data(), v_.classifier, n);
+  kernels::matmul(logits, xb_.data() + size_t(t0) * dim, v_.classifier, n - t0);
 }
 
 }  // namespace nl

@@ -16,6 +16,9 @@
 #include "runtime/model/weights_view.h"
 
 namespace nl {
+namespace kernels {
+class PreparedX;
+}
 
 // Sees each layer's FFN activations. `gate_act` is act(gate x), `h` is act(gate x) * (up x), both
 // [n_tokens][hidden_dim] row-major; `pos0` is the position of the first token. A neuron with gate_act == 0
@@ -40,6 +43,8 @@ class FfnProvider {
   virtual void layer_start(int layer, int pos0, int n_tokens, const float* x) {
     (void)layer, (void)pos0, (void)n_tokens, (void)x;
   }
+  // Sizes (and touches) the scratch of passes of up to n_tokens tokens ahead of them (Model::reserve).
+  virtual void reserve(int n_tokens) { (void)n_tokens; }
 };
 
 // The dense gated FFN over ModelWeights (w_gate, w_up, w_down of every layer must be present). The down projection
@@ -67,6 +72,7 @@ class Model {
   explicit Model(const ModelWeights& w, int max_seq = 0);
   // Typed weights (an image's dense region): no FFN of its own, set_ffn() must provide one.
   explicit Model(const ModelView& v, int max_seq = 0);
+  ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
@@ -86,6 +92,14 @@ class Model {
   // Arithmetic per token is identical to forward_token(), so both paths give the same numbers.
   void forward_sequence(const int* tokens, int n, int pos0, float* logits);
 
+  // A prompt's `n` tokens in one pass as forward_sequence, with the classifier run for the last token only: returns
+  // its logits [vocab] (valid until the next call), the numbers forward_token() would give it.
+  const float* forward_prompt(const int* tokens, int n, int pos0);
+
+  // Allocates and touches the scratch of passes of up to `n` tokens (and the FFN provider's), so a timed pass pays
+  // no page faults for it; numbers are unchanged.
+  void reserve(int n);
+
  private:
   ModelView v_;
   int max_seq_ = 0;
@@ -96,9 +110,11 @@ class Model {
   std::vector<float> key_cache_, value_cache_;  // [layer][max_seq][kv_dim]
   std::vector<float> x_, xb_, q_, k_, vv_, att_out_, tmp_, logits_;
   std::vector<float> rope_cos_, rope_sin_;  // [max_seq][head_dim/2]
+  std::unique_ptr<kernels::PreparedX> xq_;  // quantized activations of a pass (q / k / v share one, wo another)
 
   void init(int max_seq);
   void ensure_scratch(int n);
+  void pass(const int* tokens, int n, int pos0, float* logits, bool last_only);
   void check_token(int token) const;
 };
 

@@ -36,6 +36,8 @@ typedef float v8f __attribute__((vector_size(32)));
 // Work (multiply-adds) below which a matrix product stays on the calling thread: a shape-only rule, so the thread
 // count never decides anything but speed.
 constexpr long kParallelWork = 1L << 15;
+// Activations (tokens x cols) below which their quantization stays on the calling thread.
+constexpr long kParallelQuant = 1L << 14;
 // Outputs per down-projection chunk: one quantization block.
 constexpr int kChunk = kQuantBlock;
 // Rows per multi-row dot (matmul over f16 / bf16 weights): independent accumulator chains, x loaded once.
@@ -54,7 +56,8 @@ inline const int32_t* xq_sums(const BlockQ8_0* x, int nb) {
   return reinterpret_cast<const int32_t*>(reinterpret_cast<const uint8_t*>(x) + xq_sums_offset(nb));
 }
 // The interleaved record (PreparedX::row_x8) appends, for the token-tiled kernels, each block's scale as f32 and its
-// sum times 128 (the VNNI offset correction), so a tile converts and shifts them once per token, not once per row.
+// sum times -128 (the VNNI offset correction, negated: the tile starts its sums from it), so a tile converts and
+// shifts them once per token, not once per row.
 inline size_t x8_record_bytes(int nb) { return xq_record_bytes(nb) + 2 * sizeof(int32_t) * size_t(nb); }
 inline const float* x8_scales(const uint8_t* x, int nb) {
   return reinterpret_cast<const float*>(x + xq_record_bytes(nb));
@@ -658,11 +661,11 @@ NL_512 void tile_q8x8_512_t(const uint8_t* w, size_t stride, const uint8_t* x, s
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg)));
       for (int t = 0; t < T; ++t) {
         const uint8_t* xg = x + size_t(t) * xs + size_t(g) * kX8Group + kX8Quants;
-        __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[0], _mm512_loadu_si512(xg));
-        for (int k = 1; k < 4; ++k) s = _mm512_dpbusd_epi32(s, wq[k], _mm512_loadu_si512(xg + 64 * k));
-        const __m256i isum =
-            _mm256_sub_epi32(_mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1)),
-                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr[t] + 8 * g)));
+        // The sums start from the negated offset correction in the low half (one load, no separate subtraction):
+        // exact integers, so the same block sums.
+        __m512i s = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr[t] + 8 * g)));
+        for (int k = 0; k < 4; ++k) s = _mm512_dpbusd_epi32(s, wq[k], _mm512_loadu_si512(xg + 64 * k));
+        const __m256i isum = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
         const __m256 d = _mm256_mul_ps(dw, _mm256_loadu_ps(sc[t] + 8 * g));
         acc[r][t] = _mm256_add_ps(acc[r][t], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
       }
@@ -690,43 +693,49 @@ NL_512 void tile_q8x8_512(const uint8_t* w, size_t stride, const uint8_t* x, siz
   }
 }
 
-// Token tile over f16 / bf16 rows: 2 rows at a time (their 32-weight step converted once, 4 zmm) against T tokens
-// (2T accumulators each); per (row, token) the operations and their order are dot_h16_512_rows's.
-template <bool Bf16, int T>
-NL_512 void tile_h16_512_t(const uint8_t* w, size_t stride, const uint8_t* x, size_t xs, int n, float* y, size_t ys) {
-  constexpr int R2 = 2;
-  for (int r0 = 0; r0 < kRowBlock; r0 += R2) {
-    __m512 a[R2][T][2];
-    for (int r = 0; r < R2; ++r)
-      for (int t = 0; t < T; ++t) a[r][t][0] = a[r][t][1] = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-      __m512 wv[R2][2];
-      for (int r = 0; r < R2; ++r) {
-        const uint8_t* wr = w + size_t(r0 + r) * stride + 2 * size_t(i);
-        wv[r][0] = cvt16<Bf16>(wr);
-        wv[r][1] = cvt16<Bf16>(wr + 32);
-      }
-      for (int t = 0; t < T; ++t) {
-        const float* xt = reinterpret_cast<const float*>(x + size_t(t) * xs) + i;
-        const __m512 x0 = _mm512_loadu_ps(xt), x1 = _mm512_loadu_ps(xt + 16);
-        for (int r = 0; r < R2; ++r) {
-          a[r][t][0] = _mm512_add_ps(a[r][t][0], _mm512_mul_ps(wv[r][0], x0));
-          a[r][t][1] = _mm512_add_ps(a[r][t][1], _mm512_mul_ps(wv[r][1], x1));
-        }
-      }
-    }
+// Token tile over f16 / bf16 rows: R2 rows (their 32-weight step converted once, 2 zmm each) against T tokens (2 zmm
+// accumulators per row and token); per (row, token) the operations and their order are dot_h16_512_rows's.
+template <bool Bf16, int R2, int T>
+NL_512 inline void subtile_h16_512(const uint8_t* w, size_t stride, const uint8_t* x, size_t xs, int n, float* y,
+                                   size_t ys) {
+  __m512 a[R2][T][2];
+  for (int r = 0; r < R2; ++r)
+    for (int t = 0; t < T; ++t) a[r][t][0] = a[r][t][1] = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m512 wv[R2][2];
     for (int r = 0; r < R2; ++r) {
-      const uint8_t* wr = w + size_t(r0 + r) * stride;
-      for (int t = 0; t < T; ++t) {
-        const float* xt = reinterpret_cast<const float*>(x + size_t(t) * xs);
-        float tail = 0.0f;
-        for (int j = i; j < n; ++j)
-          tail += (Bf16 ? bf16_to_f32(ld16(wr, size_t(j))) : f16_to_f32(ld16(wr, size_t(j)))) * xt[j];
-        y[size_t(t) * ys + r0 + r] = fold32(a[r][t][0], a[r][t][1]) + tail;
+      const uint8_t* wr = w + size_t(r) * stride + 2 * size_t(i);
+      wv[r][0] = cvt16<Bf16>(wr);
+      wv[r][1] = cvt16<Bf16>(wr + 32);
+    }
+    for (int t = 0; t < T; ++t) {
+      const float* xt = reinterpret_cast<const float*>(x + size_t(t) * xs) + i;
+      const __m512 x0 = _mm512_loadu_ps(xt), x1 = _mm512_loadu_ps(xt + 16);
+      for (int r = 0; r < R2; ++r) {
+        a[r][t][0] = _mm512_add_ps(a[r][t][0], _mm512_mul_ps(wv[r][0], x0));
+        a[r][t][1] = _mm512_add_ps(a[r][t][1], _mm512_mul_ps(wv[r][1], x1));
       }
     }
   }
+  for (int r = 0; r < R2; ++r) {
+    const uint8_t* wr = w + size_t(r) * stride;
+    for (int t = 0; t < T; ++t) {
+      const float* xt = reinterpret_cast<const float*>(x + size_t(t) * xs);
+      float tail = 0.0f;
+      for (int j = i; j < n; ++j)
+        tail += (Bf16 ? bf16_to_f32(ld16(wr, size_t(j))) : f16_to_f32(ld16(wr, size_t(j)))) * xt[j];
+      y[size_t(t) * ys + r] = fold32(a[r][t][0], a[r][t][1]) + tail;
+    }
+  }
+}
+// All kRowBlock rows against 2 tokens at a time: each activation load serves 4 rows (with 2 rows x 4 tokens, the f32
+// activations were loaded twice as often and the kernel waited on them; 1.37x the GFLOP/s at 64 tokens, 1 thread).
+template <bool Bf16, int T>
+NL_512 void tile_h16_512_t(const uint8_t* w, size_t stride, const uint8_t* x, size_t xs, int n, float* y, size_t ys) {
+  constexpr int T2 = T < 2 ? T : 2;
+  subtile_h16_512<Bf16, kRowBlock, T2>(w, stride, x, xs, n, y, ys);
+  if constexpr (T > T2) subtile_h16_512<Bf16, kRowBlock, T - T2>(w, stride, x + T2 * xs, xs, n, y + T2 * ys, ys);
 }
 template <bool Bf16>
 NL_512 void tile_h16_512(const uint8_t* w, size_t stride, const uint8_t* x, size_t xs, int nt, int n, float* y,
@@ -809,6 +818,10 @@ NL_512 void down_blocks_512(float* out, int o0, int o1, const float* h, const ui
   }
 }
 
+// A down tile's mask when all of its T tokens list a neuron.
+template <int T>
+constexpr unsigned kAllTokens = (1u << T) - 1u;
+
 // Down projection of T tokens over one block of neuron slices: per 32 outputs, each neuron's quantization block is
 // widened once and added into the sums of the tokens that list it (mask), h_t * d rounded, then times q, then added:
 // per token and output down_blocks_512's operations in slot order.
@@ -827,12 +840,20 @@ NL_512 void down_tile_blocks_512_t(float* out, size_t ldo, int len, const float*
       q32_to_f32(blk, &lo, &hi);
       const float d = f16c_to_f32(blk.d);
       const float* hs = h + size_t(s) * kDownTokens;
-      for (int t = 0; t < T; ++t)
-        if (m >> t & 1u) {
+      if (m == kAllTokens<T>) {  // every token lists the neuron (a SiLU model: always)
+        for (int t = 0; t < T; ++t) {
           const __m512 c = _mm512_set1_ps(hs[t] * d);
           acc[t][0] = _mm512_add_ps(acc[t][0], _mm512_mul_ps(c, lo));
           acc[t][1] = _mm512_add_ps(acc[t][1], _mm512_mul_ps(c, hi));
         }
+      } else {  // per token a masked add: no data-dependent branch per (neuron, token) at ReLU densities
+        for (int t = 0; t < T; ++t) {
+          const __mmask16 k = __mmask16(-int(m >> t & 1u));
+          const __m512 c = _mm512_set1_ps(hs[t] * d);
+          acc[t][0] = _mm512_mask_add_ps(acc[t][0], k, acc[t][0], _mm512_mul_ps(c, lo));
+          acc[t][1] = _mm512_mask_add_ps(acc[t][1], k, acc[t][1], _mm512_mul_ps(c, hi));
+        }
+      }
     }
     for (int t = 0; t < T; ++t) {
       float* y = out + size_t(t) * ldo + size_t(b) * kQuantBlock;
@@ -864,12 +885,20 @@ NL_512 void down_tile_h16_512_t(float* out, size_t ldo, int len, const float* h,
       const uint8_t* c = base + size_t(s) * cb + 2 * size_t(o);
       const __m512 lo = cvt16<Bf16>(c), hi = cvt16<Bf16>(c + 32);
       const float* hs = h + size_t(s) * kDownTokens;
-      for (int t = 0; t < T; ++t)
-        if (m >> t & 1u) {
+      if (m == kAllTokens<T>) {  // as down_tile_blocks_512_t: plain adds when every token lists the neuron
+        for (int t = 0; t < T; ++t) {
           const __m512 hv = _mm512_set1_ps(hs[t]);
           acc[t][0] = _mm512_add_ps(acc[t][0], _mm512_mul_ps(hv, lo));
           acc[t][1] = _mm512_add_ps(acc[t][1], _mm512_mul_ps(hv, hi));
         }
+      } else {
+        for (int t = 0; t < T; ++t) {  // masked adds
+          const __mmask16 k = __mmask16(-int(m >> t & 1u));
+          const __m512 hv = _mm512_set1_ps(hs[t]);
+          acc[t][0] = _mm512_mask_add_ps(acc[t][0], k, acc[t][0], _mm512_mul_ps(hv, lo));
+          acc[t][1] = _mm512_mask_add_ps(acc[t][1], k, acc[t][1], _mm512_mul_ps(hv, hi));
+        }
+      }
     }
     for (int t = 0; t < T; ++t) {
       _mm512_storeu_ps(out + size_t(t) * ldo + o, acc[t][0]);
@@ -1239,6 +1268,14 @@ void PreparedX::prepare(ImageDtype w_dtype, const float* x, int n, int cols) {
   const int nb = cols / kQuantBlock;
   rec_ = xq_record_bytes(nb);
   q_.resize(size_t(n) * rec_ / sizeof(uint32_t));
+  const bool x8 = w_dtype == ImageDtype::kQ8_0 && nb % 8 == 0;  // the interleaved copy (row_x8) too
+  if (x8) {
+    rec8_ = x8_record_bytes(nb);
+    q8_.resize(size_t(n) * rec8_ / sizeof(uint32_t));
+  }
+  // Token by token, each token's record its own: any split over threads gives the same bytes (a prefill's
+  // quantization no longer runs on one thread while the others wait).
+#pragma omp parallel for schedule(static) if (long(n) * cols >= kParallelQuant)
   for (int t = 0; t < n; ++t) {
     uint8_t* r = reinterpret_cast<uint8_t*>(q_.data()) + size_t(t) * rec_;
     BlockQ8_0* blk = reinterpret_cast<BlockQ8_0*>(r);
@@ -1249,23 +1286,15 @@ void PreparedX::prepare(ImageDtype w_dtype, const float* x, int n, int cols) {
       for (int j = 0; j < kQuantBlock; ++j) s += blk[b].qs[j];
       sums[b] = s;
     }
-  }
-  if (w_dtype == ImageDtype::kQ8_0 && nb % 8 == 0) {  // the interleaved copy (row_x8): same bytes moved, then extras
-    rec8_ = x8_record_bytes(nb);
-    q8_.resize(size_t(n) * rec8_ / sizeof(uint32_t));
-    for (int t = 0; t < n; ++t) {
-      const uint8_t* src = reinterpret_cast<const uint8_t*>(q_.data()) + size_t(t) * rec_;
-      uint8_t* dst = reinterpret_cast<uint8_t*>(q8_.data()) + size_t(t) * rec8_;
-      x8_interleave_row(dst, src, nb);
-      std::memcpy(dst + xq_sums_offset(nb), src + xq_sums_offset(nb), sizeof(int32_t) * size_t(nb));
-      const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(src);
-      const int32_t* sums = xq_sums(blk, nb);
-      float* sc = const_cast<float*>(x8_scales(dst, nb));
-      int32_t* corr = const_cast<int32_t*>(x8_corr(dst, nb));
-      for (int b = 0; b < nb; ++b) {
-        sc[b] = f16_to_f32(blk[b].d);
-        corr[b] = sums[b] * 128;
-      }
+    if (!x8) continue;
+    uint8_t* dst = reinterpret_cast<uint8_t*>(q8_.data()) + size_t(t) * rec8_;
+    x8_interleave_row(dst, r, nb);  // same bytes moved, then the extras
+    std::memcpy(dst + xq_sums_offset(nb), r + xq_sums_offset(nb), sizeof(int32_t) * size_t(nb));
+    float* sc = const_cast<float*>(x8_scales(dst, nb));
+    int32_t* corr = const_cast<int32_t*>(x8_corr(dst, nb));
+    for (int b = 0; b < nb; ++b) {
+      sc[b] = f16_to_f32(blk[b].d);
+      corr[b] = -(sums[b] * 128);
     }
   }
 }
@@ -1468,7 +1497,7 @@ void DownCoeffs::prepare(const float* h, size_t h_stride, int hidden, int n) {
   n_ = n;
   hidden_ = hidden;
   const int tiles = (n + kDownTokens - 1) / kDownTokens;
-  th_.resize(size_t(tiles) * size_t(hidden) * kDownTokens);  // read only where the mask says so: no clearing
+  th_.resize(size_t(tiles) * size_t(hidden) * kDownTokens);  // used only where the mask says so: no clearing
   mask_.assign(size_t(tiles) * size_t(hidden), 0);
   idx_.resize(size_t(n) * size_t(hidden));
   hk_.resize(size_t(n) * size_t(hidden));

@@ -44,7 +44,7 @@ class PreparedX {
   // Token t's row in the form row_dot wants.
   const void* row(int t) const;
   // Token t's q8_0 record interleaved by 8 blocks (q8_interleave's layout, then the per-block sums, scales as f32 and
-  // sums times 128), for rows stored that way; only for q8_0 weights with cols a multiple of 256.
+  // sums times -128), for rows stored that way; only for q8_0 weights with cols a multiple of 256.
   const void* row_x8(int t) const;
   // Bytes from token t's row (row or row_x8) to token t + 1's.
   size_t row_bytes() const;
@@ -57,7 +57,7 @@ class PreparedX {
   int cols_ = 0;
   size_t rec_ = 0;            // bytes per token's quantized record (blocks, then per-block sums)
   size_t rec8_ = 0;           // bytes per token's interleaved record (row_x8: rec_'s bytes, then per-block f32 scales
-                              // and sums times 128, for the token-tiled kernels)
+                              // and sums times -128, for the token-tiled kernels)
   std::vector<uint32_t> q_;   // the records (uint32_t: 4-byte aligned sums)
   std::vector<uint32_t> q8_;  // the interleaved records (row_x8), same size
 };
