@@ -152,6 +152,7 @@ void greedy_every_pair(const LayerGraph& g, const In& in, uint32_t n_in, PathBui
     // The first band of an earlier run on g: its pairs with both ends included, already in order.
     lo1 = fb->lo;
     band.clear();
+    band.reserve(fb->edges.size());  // at most the whole band: no growth copies
     for (const Edge& e : fb->edges)
       if (in(e.u) && in(e.v)) band.push_back(e);
     try_band(1, 0);
@@ -169,9 +170,13 @@ void greedy_every_pair(const LayerGraph& g, const In& in, uint32_t n_in, PathBui
     lo1 = hist.size();
     for (uint64_t acc = 0; lo1 > 1 && (acc + hist[lo1 - 1]) * kSample <= kBandPairs;) acc += hist[--lo1];
     if (lo1 == hist.size()) lo1 = std::max<uint64_t>(1, hist.size() - 1);  // at least the top sampled count
+    // Room for the sampled estimate and a margin up front: growing by doubling copied and faulted the band again.
+    uint64_t sampled = 0;
+    for (uint64_t c = lo1; c < hist.size(); ++c) sampled += hist[c];
+    band.clear();
+    band.reserve(size_t(sampled * kSample + sampled * kSample / 4 + 1024));
     // Collected with no upper bound: the sample may have missed the largest counts.
     uint64_t hi1 = lo1;
-    band.clear();
     // Every included neuron is free here: whole rows are scanned (at_least), the included test made on the hits.
     std::vector<uint32_t> hits(n);
     for (size_t p = 0; p + 1 < fr.size(); ++p) {
@@ -187,7 +192,8 @@ void greedy_every_pair(const LayerGraph& g, const In& in, uint32_t n_in, PathBui
     if (fb && n_in == n) {  // only a band over every neuron serves every subset
       fb->graph = &g;
       fb->lo = lo1;
-      fb->edges = band;
+      fb->edges = std::move(band);  // the later bands start a vector of their own
+      band = std::vector<Edge>();
     }
   }
 
@@ -207,6 +213,7 @@ void greedy_every_pair(const LayerGraph& g, const In& in, uint32_t n_in, PathBui
     while (lo > 1 && acc + hist[lo - 1] <= kBandPairs) acc += hist[--lo];
     collect_free();
     band.clear();
+    band.reserve(size_t(acc));  // at most the histogram's count in [lo, hi]: ends only leave the free set
     for (size_t p = 0; p + 1 < fr.size(); ++p) {
       const uint32_t i = fr[p], *r = row(i);
       for (size_t q = p + 1; q < fr.size(); ++q) {

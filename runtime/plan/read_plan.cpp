@@ -88,7 +88,7 @@ uint64_t ReadPlanner::aligned_end(uint32_t slot_end) const {
   return (e + cfg_.block_bytes - 1) & ~uint64_t(cfg_.block_bytes - 1);
 }
 
-bool ReadPlanner::should_merge(uint32_t prev_end, uint32_t next_begin) const {
+inline bool ReadPlanner::should_merge(uint32_t prev_end, uint32_t next_begin) const {
   switch (cfg_.gap.mode) {
     case GapMode::Off:
       return false;
@@ -121,15 +121,29 @@ void ReadPlanner::plan(const uint32_t* active, size_t n, SlotCache* cache, Token
   if (cfg_.gap.mode == GapMode::Auto && cfg_.gap.resident_gaps && cache) {
     // Cost-based: a resident slot is not needed, so resident slots inside a run are a gap like inactive ones, and
     // the run is split around them exactly when skipping their bytes saves more than the extra read costs.
+    // Classified in the same pass: every non-resident active slot is in a read; the resident ones met since the
+    // last read's end are hits unless the next read is merged over them (then they are read anyway).
+    size_t pending = 0;  // out.hits[pending..] lie after the last read's end
     size_t i = 0;
     while (i < n) {
-      if (is_res(active[i])) {
+      if (cache->resident(active[i])) {
+        out.hits.push_back(active[i]);
         ++i;
         continue;
       }
       size_t j = i + 1;
-      while (j < n && active[j] == active[j - 1] + 1 && !is_res(active[j])) ++j;
-      add_read(active[i], active[j - 1] + 1);
+      while (j < n && active[j] == active[j - 1] + 1 && !cache->resident(active[j])) ++j;
+      const uint32_t sb = active[i], se = active[j - 1] + 1;
+      if (!out.reads.empty() && should_merge(out.reads.back().slot_end, sb)) {
+        out.cached_in_reads += uint32_t(out.hits.size() - pending);
+        out.hits.resize(pending);
+        out.reads.back().slot_end = se;
+        out.reads.back().needed += se - sb;
+      } else {
+        out.reads.push_back(ReadOp{sb, se, se - sb, 0, 0});
+      }
+      out.needed += se - sb;
+      pending = out.hits.size();
       i = j;
     }
   } else {
@@ -145,21 +159,20 @@ void ReadPlanner::plan(const uint32_t* active, size_t n, SlotCache* cache, Token
       if (b < e) add_read(active[b], active[e - 1] + 1);
       i = j;
     }
-  }
-
-  // Classify every active slot against the final reads (merging can swallow trimmed hits into a gap).
-  size_t r = 0;
-  for (size_t k = 0; k < n; ++k) {
-    uint32_t s = active[k];
-    while (r < out.reads.size() && out.reads[r].slot_end <= s) ++r;
-    bool inside = r < out.reads.size() && out.reads[r].slot_begin <= s;
-    if (!inside) {
-      out.hits.push_back(s);
-    } else if (is_res(s)) {
-      ++out.cached_in_reads;
-    } else {
-      ++out.reads[r].needed;
-      ++out.needed;
+    // Classify every active slot against the final reads (merging can swallow trimmed hits into a gap).
+    size_t r = 0;
+    for (size_t k = 0; k < n; ++k) {
+      uint32_t s = active[k];
+      while (r < out.reads.size() && out.reads[r].slot_end <= s) ++r;
+      bool inside = r < out.reads.size() && out.reads[r].slot_begin <= s;
+      if (!inside) {
+        out.hits.push_back(s);
+      } else if (is_res(s)) {
+        ++out.cached_in_reads;
+      } else {
+        ++out.reads[r].needed;
+        ++out.needed;
+      }
     }
   }
   for (ReadOp& op : out.reads) {

@@ -65,6 +65,9 @@ SlotCache::SlotCache(uint32_t n_slots, const CacheConfig& cfg)
   small_cap_ = rest ? std::max<uint32_t>(1, uint32_t(std::lround(cfg_.small_fraction * rest))) : 0;
   if (small_cap_ > rest) small_cap_ = rest;
   main_cap_ = rest - small_cap_;
+  small_.reserve(small_cap_ + 1);
+  main_.reserve(main_cap_ + 2);
+  ghost_.reserve(main_cap_ + 2);
 }
 
 double SlotCache::next_uniform() { return unit_double(splitmix64_next(rng_)); }
@@ -80,7 +83,7 @@ uint32_t SlotCache::window_resident() const {
 void SlotCache::ghost_add(uint32_t slot) {
   if (main_cap_ == 0) return;
   ghost_stamp_[slot] = ++ghost_clock_;
-  ghost_.emplace_back(slot, ghost_clock_);
+  ghost_.push_back({slot, ghost_clock_});
   while (ghost_.size() > main_cap_) {
     auto [s, st] = ghost_.front();
     ghost_.pop_front();

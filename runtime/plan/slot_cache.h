@@ -6,8 +6,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "formats/core/cache_admission.h"
@@ -44,6 +44,38 @@ void cache_apply_policy(CacheConfig& cc, CacheAdmission admission, const std::ve
 // Capacity in bundles for a cache holding `ratio` of the layer's FFN bytes.
 uint32_t cache_capacity_for_ratio(double ratio, uint32_t n_slots);
 
+// A FIFO on a power-of-two ring that grows by doubling: what the S3-FIFO queues need (push at the back, pop at the
+// front) without std::deque's block bookkeeping on every operation (the solve runs the cache for every candidate).
+template <class T>
+class RingFifo {
+ public:
+  void reserve(size_t n) {
+    while (buf_.size() < n) grow();
+  }
+  bool empty() const { return head_ == tail_; }
+  size_t size() const { return size_t(tail_ - head_); }
+  const T& front() const { return buf_[size_t(head_) & mask_]; }
+  void pop_front() { ++head_; }
+  void push_back(const T& x) {
+    if (size() == buf_.size()) grow();
+    buf_[size_t(tail_++) & mask_] = x;
+  }
+
+ private:
+  std::vector<T> buf_;
+  uint64_t head_ = 0, tail_ = 0;
+  size_t mask_ = 0;
+  void grow() {
+    const size_t n = size(), cap = buf_.empty() ? 16 : 2 * buf_.size();
+    std::vector<T> nb(cap);
+    for (size_t i = 0; i < n; ++i) nb[i] = buf_[size_t(head_ + i) & mask_];
+    buf_.swap(nb);
+    head_ = 0;
+    tail_ = n;
+    mask_ = cap - 1;
+  }
+};
+
 // Not thread-safe: one cache per layer per runtime thread.
 class SlotCache {
  public:
@@ -72,8 +104,8 @@ class SlotCache {
   uint32_t small_size_ = 0, main_size_ = 0;
   std::vector<uint8_t> state_, freq_;
   std::vector<uint64_t> ghost_stamp_;  // insertion stamp of the slot's live ghost entry, 0 = not a ghost
-  std::deque<uint32_t> small_, main_;
-  std::deque<std::pair<uint32_t, uint64_t>> ghost_;
+  RingFifo<uint32_t> small_, main_;
+  RingFifo<std::pair<uint32_t, uint64_t>> ghost_;
   uint64_t ghost_clock_ = 0;
   std::vector<uint64_t> last_active_;  // window: value of now_ at the slot's last activity (0 = never)
   uint64_t now_ = 1;                   // 1 + tokens seen so far (the current token's index + 1)
