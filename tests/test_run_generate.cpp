@@ -40,6 +40,23 @@ std::string dir(const std::string& n) {
   return d;
 }
 
+// Greedy decoding from `tok` at positions [p0, p1) through `pass(token, pos)` (the logits): every step's logits.
+template <class Pass>
+std::vector<float> greedy_logits(int tok, int p0, int p1, int vocab, Pass&& pass) {
+  std::vector<float> out;
+  for (int p = p0; p < p1; ++p) {
+    const float* lg = pass(tok, p);
+    out.insert(out.end(), lg, lg + vocab);
+    tok = int(std::max_element(lg, lg + vocab) - lg);
+  }
+  return out;
+}
+
+void check_same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
 }  // namespace
 
 TEST_CASE("generate --select gate equals dense for every layout, dtype and engine (ReLU-gated model)") {
@@ -279,23 +296,15 @@ TEST_CASE("batched prefill then decode = token-by-token decode, bitwise (typed d
         Model model(dense->view, 16);
         model.set_ffn(&ffn);
         const int n = int(prompt.size());
-        std::vector<float> out;
         if (batched) {
           model.forward_sequence(prompt.data(), n - 1, 0, nullptr);
         } else {
           for (int p = 0; p + 1 < n; ++p) model.forward_token(prompt[size_t(p)], p);
         }
-        int tok = prompt.back();
-        for (int p = n - 1; p < n + 4; ++p) {
-          const float* lg = model.forward_token(tok, p);
-          out.insert(out.end(), lg, lg + c.vocab_size);
-          tok = int(std::max_element(lg, lg + c.vocab_size) - lg);
-        }
-        return out;
+        return greedy_logits(prompt.back(), n - 1, n + 4, c.vocab_size,
+                             [&](int t, int p) { return model.forward_token(t, p); });
       };
-      const std::vector<float> a = logits_after(true), b = logits_after(false);
-      REQUIRE(a.size() == b.size());
-      CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+      check_same_bits(logits_after(true), logits_after(false));
     }
   }
 }
@@ -362,20 +371,14 @@ TEST_CASE("a prompt block reads the union of its tokens' active sets once per la
             bytes[batched] = ffn.totals().bytes_read;
             reads[batched] = ffn.totals().reads;
             REQUIRE(ffn.per_token().size() == size_t(n - 1));
-            std::vector<float> out;
-            int tok = prompt.back();
-            for (int p = n - 1; p < n + 3; ++p) {
+            return greedy_logits(prompt.back(), n - 1, n + 3, c.vocab_size, [&](int t, int p) {
               feed(p, 0);
-              const float* lg = model.forward_token(tok, p);
+              const float* lg = model.forward_token(t, p);
               ffn.end_token();
-              out.insert(out.end(), lg, lg + c.vocab_size);
-              tok = int(std::max_element(lg, lg + c.vocab_size) - lg);
-            }
-            return out;
+              return lg;
+            });
           };
-          const std::vector<float> a = logits_after(true), b = logits_after(false);
-          REQUIRE(a.size() == b.size());
-          CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+          check_same_bits(logits_after(true), logits_after(false));
           // The block read each needed bundle once: fewer reads and bytes than its tokens one by one.
           if (variant == 0) {
             CHECK(bytes[1] < bytes[0]);
