@@ -838,20 +838,21 @@ void FlashFfn::ffn_block(int layer, int n, const float* x, float* out) {
   std::sort(active_.begin(), active_.end());
   active_.erase(std::unique(active_.begin(), active_.end()), active_.end());
   blk_k_.assign(size_t(n), 0);
-  std::vector<uint8_t> started(size_t(n), 0);
   auto compute = [&](int t, size_t k1) {
-    // Token t's active indices [blk_k_[t], k1) as its own pass computes them (active_ is token t's meanwhile).
+    // Token t's active indices [blk_k_[t], k1) as its own pass computes them (active_ is token t's meanwhile); its
+    // first call starts at index 0 and overwrites its output, later ones continue the sums.
     active_.swap(blk_active_[size_t(t)]);
     xrow_ = t;
     g_by_slot_ = gates ? blk_g_.data() + size_t(t) * size_t(hidden) : nullptr;
     bundles_.resize(active_.size());
     h_.resize(active_.size());
-    compute_range(layer, blk_k_[size_t(t)], k1, from, out + size_t(t) * dim, started[size_t(t)] != 0);
+    compute_range(layer, blk_k_[size_t(t)], k1, from, out + size_t(t) * dim, blk_k_[size_t(t)] > 0);
     active_.swap(blk_active_[size_t(t)]);
     blk_k_[size_t(t)] = k1;
-    started[size_t(t)] = 1;
   };
-  FlashCounters io;  // the union's reads and compute, shared evenly by the block's tokens
+  // The union's reads and compute, shared evenly by the block's tokens (its active count is not: each token counted
+  // its own set above).
+  FlashCounters io;
   {
     CountersSwap swap(&token_, &io);
     load_batches(layer, [&](uint32_t slot_end, bool last) {
@@ -860,7 +861,7 @@ void FlashFfn::ffn_block(int layer, int n, const float* x, float* out) {
         const size_t k0 = blk_k_[size_t(t)];
         const size_t k1 =
             last ? a.size() : size_t(std::lower_bound(a.begin() + std::ptrdiff_t(k0), a.end(), slot_end) - a.begin());
-        if (k1 > k0 || (last && !started[size_t(t)])) compute(t, k1);
+        if (k1 > k0 || (last && k0 == 0)) compute(t, k1);  // a token with no neuron still gets its zero output
       }
     });
   }
