@@ -15,6 +15,7 @@
 #include "formats/core/image.h"
 #include "formats/core/quant.h"
 #include "runtime/model/dense_bundles.h"
+#include "runtime/model/model.h"
 #include "runtime/model/typed_kernels.h"
 
 using namespace nl;
@@ -424,4 +425,42 @@ TEST_CASE("quantize_row_q8_0 rounds half away from zero exactly as roundf") {
       CHECK(int(q[b].qs[j]) == int(std::roundf(v)));
     }
   }
+}
+
+// The attention kernel (built for the machine's widest vectors) against its definition written out in scalars:
+// dot()'s order (8 lane sums, the fixed reduction tree, the tail), the softmax, then the values summed position by
+// position from zero. Widths with and without a tail, positions with and without a remainder of 4.
+TEST_CASE("attend equals the scalar definition bit for bit") {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  for (int hd : {8, 12, 16, 48, 64, 128})
+    for (int n_pos : {1, 3, 4, 7, 33}) {
+      const size_t stride = size_t(hd) * 3;  // heads side by side in a cache row
+      std::vector<float> q(static_cast<size_t>(hd)), k(size_t(n_pos) * stride), v(size_t(n_pos) * stride);
+      for (float& f : q) f = u(rng);
+      for (float& f : k) f = u(rng);
+      for (float& f : v) f = u(rng);
+      const float scale = 1.0f / std::sqrt(float(hd));
+      const size_t np = static_cast<size_t>(n_pos), nh = static_cast<size_t>(hd);
+      std::vector<float> att(np), o(nh), ref_att(np), ref(nh, 0.0f);
+      kernels::attend(o.data(), q.data(), k.data(), v.data(), stride, n_pos, hd, scale, att.data());
+      for (int p = 0; p < n_pos; ++p) {
+        const float* kr = k.data() + size_t(p) * stride;
+        float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int i = 0;
+        for (; i + 8 <= hd; i += 8)
+          for (int l = 0; l < 8; ++l) lane[l] = lane[l] + q[size_t(i + l)] * kr[i + l];
+        float tail = 0.0f;
+        for (; i < hd; ++i) tail = tail + q[size_t(i)] * kr[i];
+        const float s0 = lane[0] + lane[4], s1 = lane[1] + lane[5], s2 = lane[2] + lane[6], s3 = lane[3] + lane[7];
+        ref_att[size_t(p)] = (((s0 + s2) + (s1 + s3)) + tail) * scale;
+      }
+      kernels::softmax(ref_att.data(), n_pos);
+      for (int p = 0; p < n_pos; ++p)
+        for (int i = 0; i < hd; ++i) ref[size_t(i)] = ref[size_t(i)] + ref_att[size_t(p)] * v[size_t(p) * stride + i];
+      CAPTURE(hd);
+      CAPTURE(n_pos);
+      CHECK(std::memcmp(att.data(), ref_att.data(), sizeof(float) * att.size()) == 0);
+      CHECK(std::memcmp(o.data(), ref.data(), sizeof(float) * o.size()) == 0);
+    }
 }

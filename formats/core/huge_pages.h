@@ -15,11 +15,12 @@ namespace nl {
 
 // Below this a buffer holds too few 2 MiB pages to be worth the system call.
 inline constexpr size_t kHugePageMinBytes = size_t(8) << 20;
+inline constexpr size_t kHugePageBytes = size_t(2) << 20;  // x86-64 and aarch64 (4 KiB granule) PMD size
 
 // Asks for huge pages on the whole 2 MiB pages inside [p, p + bytes) (before they are first touched).
 inline void advise_huge_pages(void* p, size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  constexpr uintptr_t kHuge = kHugePageBytes;
   const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
   const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHuge - 1);
   if (e > b) madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);

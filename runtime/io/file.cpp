@@ -9,6 +9,7 @@
 
 #include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
+#include "formats/core/huge_pages.h"
 
 namespace nl {
 
@@ -22,7 +23,11 @@ void AlignedBuffer::resize_uninit(size_t bytes) {
   if (bytes <= size_ && p_) return;
   void* p = nullptr;
   const size_t n = (bytes + kIoBlock - 1) / kIoBlock * kIoBlock;
-  if (posix_memalign(&p, kIoBlock, n ? n : kIoBlock) != 0) throw std::bad_alloc();
+  // Large buffers (the dense weights, read staging) on 2 MiB boundaries and huge pages where the kernel grants them:
+  // fewer page faults when they are first filled, fewer TLB misses when kernels stream through them.
+  const bool huge = n >= kHugePageMinBytes;
+  if (posix_memalign(&p, huge ? kHugePageBytes : kIoBlock, n ? n : kIoBlock) != 0) throw std::bad_alloc();
+  if (huge) advise_huge_pages(p, n);
   p_.reset(static_cast<uint8_t*>(p));
   size_ = n;
 }

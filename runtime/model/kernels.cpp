@@ -268,6 +268,55 @@ float dot(const float* a, const float* b, int n) {
   return y;
 }
 
+namespace {
+// Scores of positions p0 .. p0+P-1 against one query: P independent 8-lane chains side by side (each in dot()'s
+// order), so the adds of different positions overlap instead of waiting on one chain.
+template <int P>
+__attribute__((always_inline)) inline void scores(float* att, const float* q, const float* k, size_t stride, int p0,
+                                                  int hd, float scale) {
+  v8f acc[P];
+  for (int j = 0; j < P; ++j) acc[j] = v8f{0, 0, 0, 0, 0, 0, 0, 0};
+  int i = 0;
+  for (; i + 8 <= hd; i += 8) {
+    const v8f qv = load8(q + i);
+    for (int j = 0; j < P; ++j) acc[j] += qv * load8(k + size_t(p0 + j) * stride + i);
+  }
+  for (int j = 0; j < P; ++j) {
+    const float* kr = k + size_t(p0 + j) * stride;
+    float tail = 0.0f;
+    for (int l = i; l < hd; ++l) tail += q[l] * kr[l];
+    att[p0 + j] = (reduce8(acc[j]) + tail) * scale;
+  }
+}
+}  // namespace
+
+NL_KERNEL_CLONES
+void attend(float* o, const float* q, const float* k, const float* v, size_t stride, int n_pos, int hd, float scale,
+            float* att) {
+  int p = 0;
+  for (; p + 4 <= n_pos; p += 4) scores<4>(att, q, k, stride, p, hd, scale);
+  for (; p < n_pos; ++p) scores<1>(att, q, k, stride, p, hd, scale);
+  softmax(att, n_pos);
+  // o = sum_p att[p] * v[p], position by position from zero: element-wise, so any vector width gives these bits.
+  int i = 0;
+  for (; i + 16 <= hd; i += 16) {
+    v8f a0 = v8f{0, 0, 0, 0, 0, 0, 0, 0}, a1 = a0;
+    for (int j = 0; j < n_pos; ++j) {
+      const float* vr = v + size_t(j) * stride + i;
+      const float w = att[j];
+      a0 += w * load8(vr);
+      a1 += w * load8(vr + 8);
+    }
+    std::memcpy(o + i, &a0, sizeof a0);
+    std::memcpy(o + i + 8, &a1, sizeof a1);
+  }
+  for (; i < hd; ++i) {
+    float a = 0.0f;
+    for (int j = 0; j < n_pos; ++j) a += att[j] * v[size_t(j) * stride + i];
+    o[i] = a;
+  }
+}
+
 void rmsnorm(float* out, const float* x, const float* g, int n, float eps) {
   float ss = 0.0f;
   for (int i = 0; i < n; ++i) ss += x[i] * x[i];

@@ -227,17 +227,9 @@ void Model::pass(const int* tokens, int n, int pos0, float* logits, bool last_on
       for (int h = 0; h < c.n_heads; ++h) {
         float* att = att_.data() + size_t(omp_get_thread_num()) * att_stride;
         const float* q = q_.data() + size_t(t) * dim + size_t(h) * hd;
-        const int kvh = h / group, n_pos = pos0 + t + 1;
-        for (int p = 0; p < n_pos; ++p)
-          att[p] = kernels::dot(q, kc + size_t(p) * kv_dim + size_t(kvh) * hd, hd) * att_scale;
-        kernels::softmax(att, n_pos);
-        float* o = att_out_.data() + size_t(t) * dim + size_t(h) * hd;
-        std::fill_n(o, hd, 0.0f);
-        for (int p = 0; p < n_pos; ++p) {
-          const float* vr = vc + size_t(p) * kv_dim + size_t(kvh) * hd;
-          const float a = att[p];
-          for (int i = 0; i < hd; ++i) o[i] += a * vr[i];
-        }
+        const int kvh = h / group;
+        kernels::attend(att_out_.data() + size_t(t) * dim + size_t(h) * hd, q, kc + size_t(kvh) * hd,
+                        vc + size_t(kvh) * hd, size_t(kv_dim), pos0 + t + 1, hd, att_scale, att);
       }
     if (image_dtype_quantized(L.wo.dtype)) {  // the numbers matmul(att_out_) would prepare itself, in reused buffers
       xq_->prepare(L.wo.dtype, att_out_.data(), n, dim);

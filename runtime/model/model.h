@@ -134,6 +134,11 @@ float dot(const float* a, const float* b, int n);
 // out[i] = x[i] / rms(x) * g[i].
 void rmsnorm(float* out, const float* x, const float* g, int n, float eps);
 void softmax(float* x, int n);
+// One query's attention over n_pos cached positions (keys k and values v, row p at p * stride): att[p] =
+// dot(q, k[p], hd) * scale, softmax(att), o = sum_p att[p] * v[p] accumulated position by position from zero.
+// `att` holds n_pos floats of scratch.
+void attend(float* o, const float* q, const float* k, const float* v, size_t stride, int n_pos, int hd, float scale,
+            float* att);
 }  // namespace kernels
 
 }  // namespace nl
