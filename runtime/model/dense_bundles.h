@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "formats/core/model_weights.h"
+#include "runtime/io/file.h"
 #include "runtime/model/typed_kernels.h"
 
 namespace nl::kernels {
@@ -30,14 +31,15 @@ class DenseBundles {
   // Sizes and touches the calling thread's scratch (shared by every layer) for passes of up to n tokens.
   void reserve(int n) const;
 
-  size_t bytes() const { return data_.size(); }
+  size_t bytes() const { return bytes_; }
 
  private:
   ImageDtype dt_;
   int dim_, hidden_;
   size_t rb_;                      // bytes of one gate / up row (= one whole down column)
   bool x8_ = false;                // gate and up rows interleaved (q8_interleave)
-  std::vector<uint8_t> data_;      // gate rows, up rows, then the down chunks
+  AlignedBuffer data_;             // gate rows, up rows, then the down chunks (every byte copied in: not zeroed)
+  size_t bytes_ = 0;
   std::vector<size_t> chunk_off_;  // per down chunk: its offset in data_ ([hidden][its outputs' bytes])
   std::vector<size_t> chunk_cb_;   // per down chunk: bytes of one neuron's slice
 };
