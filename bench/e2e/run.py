@@ -293,8 +293,9 @@ class Bench:
 
     def kernel_row(self, p, vocab):
         """The kernel row: everything in DRAM, same dtype and threads. Per repetition and thread count, alternated:
-        llama-bench (pp of --kernel-prompt tokens and tg of --steps, one run each), nl-run --select dense (its own
-        prefill and decode clocks) and, with --base-build, the same nl-run command of that build. Medians [min-max]."""
+        llama-bench (pp of --kernel-prompt tokens; tg of --steps at that depth, -d, as nl-run decodes after its prompt;
+        one run each), nl-run --select dense (its own prefill and decode clocks) and, with --base-build, the same
+        nl-run command of that build. Medians [min-max]."""
         prompt_ids = self.prompt_n(vocab, self.a.kernel_prompt)
         k = {"threads": {}, "prompt": self.a.kernel_prompt, "steps": self.a.steps}
         engines = [("nl", self.cli)] + ([("base", os.path.join(os.path.abspath(self.a.base_build), "cli"))]
@@ -305,10 +306,14 @@ class Bench:
         for _ in range(self.a.reps):
             for t in ts:
                 cell = k["threads"][str(t)]
-                argv = self.nice() + [self.llama_bench, "-m", p["gguf"], "-p", str(self.a.kernel_prompt), "-n",
-                                      str(self.a.steps), "-t", str(t), "-r", "1", "-o", "json"]
-                for e in json.loads(run(argv)["out"]):
-                    cell["llama"]["pp" if e.get("n_prompt", 0) > 0 else "tg"].append(e["avg_ts"])
+                # pp from an empty cache; tg at the prompt's depth (-d), where nl-run's decode runs (after its
+                # prompt): attention over the same number of cached positions on both sides.
+                base = self.nice() + [self.llama_bench, "-m", p["gguf"], "-t", str(t), "-r", "1", "-o", "json"]
+                for e in json.loads(run(base + ["-p", str(self.a.kernel_prompt), "-n", "0"])["out"]):
+                    cell["llama"]["pp"].append(e["avg_ts"])
+                for e in json.loads(run(base + ["-p", "0", "-n", str(self.a.steps), "-d",
+                                                str(self.a.kernel_prompt)])["out"]):
+                    cell["llama"]["tg"].append(e["avg_ts"])
                 for name, cli in engines:
                     argv = self.nice() + [os.path.join(cli, "nl-run"), "--threads", str(t), "generate", "--image",
                                           p["images"].get("silu", p["images"]["identity"]), "--select", "dense",
