@@ -1,9 +1,5 @@
 #include "layout/evaluate.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <exception>
 #include <memory>
@@ -64,8 +60,8 @@ TokenMajorMask::TokenMajorMask(const LayerMask& m, uint64_t b, uint64_t e)
   }
 }
 
-void TokenMajorMask::append_slots_portable(uint64_t t, const std::vector<uint32_t>& slot_of,
-                                           std::vector<uint64_t>& slot_bits, std::vector<uint32_t>& out) const {
+void TokenMajorMask::append_slots(uint64_t t, const std::vector<uint32_t>& slot_of, std::vector<uint64_t>& slot_bits,
+                                  std::vector<uint32_t>& out) const {
   for_each_active(t, [&](uint32_t v) {
     const uint32_t s = slot_of[v];
     slot_bits[s >> 6] |= uint64_t(1) << (s & 63);
@@ -74,63 +70,6 @@ void TokenMajorMask::append_slots_portable(uint64_t t, const std::vector<uint32_
     for (uint64_t x = slot_bits[w]; x; x &= x - 1) out.push_back(uint32_t(w * 64 + uint64_t(__builtin_ctzll(x))));
     slot_bits[w] = 0;
   }
-}
-
-#if defined(__x86_64__)
-namespace {
-
-// The set bits of words[0..nw) as ascending indices into out[0..): 16 bits at a time through a register compress,
-// with no branch on the bits (the scalar bit loop mispredicts about once per word). out needs 16 entries of slack.
-// Returns the count.
-__attribute__((target("avx512f,popcnt"))) size_t bits_to_indices_avx512(const uint64_t* words, uint64_t nw,
-                                                                        uint32_t* out) {
-  const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  const __m512i step = _mm512_set1_epi32(16);
-  __m512i base = iota;
-  size_t k = 0;
-  for (uint64_t w = 0; w < nw; ++w) {
-    const uint64_t x = words[w];
-    for (int q = 0; q < 4; ++q) {
-      const __mmask16 m = static_cast<__mmask16>(x >> (16 * q));
-      _mm512_storeu_si512(out + k, _mm512_maskz_compress_epi32(m, base));
-      k += static_cast<size_t>(__builtin_popcount(m));
-      base = _mm512_add_epi32(base, step);
-    }
-  }
-  return k;
-}
-
-bool append_slots_fast() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("popcnt");
-  return ok;
-}
-
-}  // namespace
-#endif
-
-void TokenMajorMask::append_slots(uint64_t t, const std::vector<uint32_t>& slot_of, std::vector<uint64_t>& slot_bits,
-                                  std::vector<uint32_t>& out) const {
-#if defined(__x86_64__)
-  if (append_slots_fast()) {
-    // The token's neurons, then their slots' bits, then the slots in ascending order, in out's new tail.
-    const uint64_t* r = row(t);
-    size_t cnt = 0;
-    for (uint64_t w = 0; w < words; ++w) cnt += size_t(__builtin_popcountll(r[w]));
-    const size_t at = out.size();
-    out.resize(at + cnt + 16);
-    uint32_t* p = out.data() + at;
-    bits_to_indices_avx512(r, words, p);
-    for (size_t i = 0; i < cnt; ++i) {
-      const uint32_t s = slot_of[p[i]];
-      slot_bits[s >> 6] |= uint64_t(1) << (s & 63);
-    }
-    bits_to_indices_avx512(slot_bits.data(), slot_bits.size(), p);
-    std::fill(slot_bits.begin(), slot_bits.end(), uint64_t(0));
-    out.resize(at + cnt);
-    return;
-  }
-#endif
-  append_slots_portable(t, slot_of, slot_bits, out);
 }
 
 namespace {

@@ -74,11 +74,8 @@ struct TokenMajorMask {
   }
   // Appends token t's active neurons as slots of an order, ascending (what the planner takes): slot_of[v] is
   // neuron v's slot; slot_bits is scratch of words_for_tokens(n_neurons) zero words, left zero.
-  // AVX-512 where the CPU has it (run-time check), else append_slots_portable: the same slots either way.
   void append_slots(uint64_t t, const std::vector<uint32_t>& slot_of, std::vector<uint64_t>& slot_bits,
                     std::vector<uint32_t>& out) const;
-  void append_slots_portable(uint64_t t, const std::vector<uint32_t>& slot_of, std::vector<uint64_t>& slot_bits,
-                             std::vector<uint32_t>& out) const;
 };
 
 // order: slot -> neuron; longer than the layer when it holds replicas (a neuron at most twice: each token reads one
