@@ -199,8 +199,9 @@ void dense_chunk(const uint64_t* bits, uint32_t n, uint64_t stride, uint64_t nw,
   }
 }
 
-// A sink that adds blocks into the packed upper triangle and/or offers them to per-thread heaps.
-detail::TileSink make_sink(uint32_t n, uint32_t* upper, std::vector<TopKHeaps>* heaps) {
+// A sink that adds blocks into the packed upper triangle (or stores them: `store`, for a single chunk, whose blocks
+// cover every pair exactly once, so the triangle needs no zeroing first) and/or offers them to per-thread heaps.
+detail::TileSink make_sink(uint32_t n, uint32_t* upper, std::vector<TopKHeaps>* heaps, bool store) {
   return [=](int tid, uint32_t i0, uint32_t ni, uint32_t j0, uint32_t nj, const uint32_t* cnt, uint64_t ld) {
     if (upper)
       for (uint32_t r = 0; r < ni; ++r) {
@@ -209,7 +210,10 @@ detail::TileSink make_sink(uint32_t n, uint32_t* upper, std::vector<TopKHeaps>* 
         if (cstart >= nj) continue;
         uint32_t* dst = upper + LayerGraph::upper_index(n, i, j0 + cstart);
         const uint32_t* src = cnt + size_t(r) * ld + cstart;
-        for (uint32_t c = 0; c < nj - cstart; ++c) dst[c] += src[c];
+        if (store)
+          std::copy(src, src + (nj - cstart), dst);
+        else
+          for (uint32_t c = 0; c < nj - cstart; ++c) dst[c] += src[c];
       }
     if (heaps) offer_tile((*heaps)[size_t(tid)], i0, ni, j0, nj, cnt, ld);
   };
@@ -217,9 +221,9 @@ detail::TileSink make_sink(uint32_t n, uint32_t* upper, std::vector<TopKHeaps>* 
 
 // Counts one chunk with the resolved method.
 void count_chunk(const uint64_t* bits, uint32_t n, uint64_t stride, uint64_t nw, CountMethod method,
-                 detail::DenseTileFn fn, uint32_t* upper, std::vector<TopKHeaps>* heaps) {
+                 detail::DenseTileFn fn, uint32_t* upper, std::vector<TopKHeaps>* heaps, bool store = false) {
   if (!upper && !heaps) return;
-  const auto sink = make_sink(n, upper, heaps);
+  const auto sink = make_sink(n, upper, heaps, store);
   if (method == CountMethod::Sparse)
     detail::sparse_vertical_chunk(bits, n, stride, nw, sink);
   else
@@ -378,7 +382,7 @@ void coactivation_build_topk(LayerGraph& g, uint32_t k) {
   merge_topk(g, heaps);
 }
 
-LayerGraph coactivation_count(const LayerMask& m, const CoactivationOptions& opt) {
+LayerGraph coactivation_count(const LayerMask& m, const CoactivationOptions& opt, std::vector<uint32_t>* reuse) {
   check_tokens(m.n_tokens);
   const auto fn = detail::dense_tile_kernel(popcount_kernel_resolve(opt.kernel));
   const uint32_t n = m.n_neurons;
@@ -389,11 +393,22 @@ LayerGraph coactivation_count(const LayerMask& m, const CoactivationOptions& opt
   g.freq.assign(n, 0);
   row_freq(m.bits.data(), n, m.words, m.words, g.freq);
   const CountMethod method = count_method_resolve(opt.method, active_fraction(g.freq, n, m.n_tokens));
-  if (opt.full_matrix && n >= 2) assign_huge(g.upper, size_t(uint64_t(n) * (n - 1) / 2), 0u);
+  // One chunk writes every pair once: a triangle of the right size from `reuse` is overwritten as it stands (no
+  // zeroing, no fresh pages to fault in); a fresh one is zeroed and added to.
+  bool store = false;
+  if (opt.full_matrix && n >= 2) {
+    const size_t pairs = size_t(uint64_t(n) * (n - 1) / 2);
+    if (reuse && reuse->size() == pairs && m.words > 0) {
+      g.upper.swap(*reuse);
+      store = true;
+    } else {
+      assign_huge(g.upper, pairs, 0u);
+    }
+  }
   std::vector<TopKHeaps> heaps;
   if (g.k > 0) heaps = make_heaps(n, g.k, popcount_kernel_resolve(opt.kernel));
   count_chunk(m.bits.data(), n, m.words, m.words, method, fn, g.upper.empty() ? nullptr : g.upper.data(),
-              g.k > 0 ? &heaps : nullptr);
+              g.k > 0 ? &heaps : nullptr, store);
   if (g.k > 0) merge_topk(g, heaps);
   return g;
 }

@@ -59,8 +59,11 @@ struct LayerGraph {
   }
 };
 
-// Counts one in-memory layer.
-LayerGraph coactivation_count(const LayerMask& mask, const CoactivationOptions& opt);
+// Counts one in-memory layer. reuse (optional): the full matrix of an earlier count of as many neurons (any contents),
+// given up to hold this one's when opt.full_matrix (saves zeroing and faulting in 4 bytes per pair); left empty
+// then, else untouched.
+LayerGraph coactivation_count(const LayerMask& mask, const CoactivationOptions& opt,
+                              std::vector<uint32_t>* reuse = nullptr);
 // Counts one layer of a trace, streaming tokens in chunks so memory stays bounded.
 LayerGraph coactivation_count_trace(const TraceReader& trace, uint32_t layer, const CoactivationOptions& opt);
 

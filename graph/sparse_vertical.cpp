@@ -122,14 +122,14 @@ NL_SPARSE inline void add_plane(__m512i c8[8], __m512i plane, int weight) {
   for (int g = 0; g < 8; ++g) c8[g] = _mm512_mask_add_epi8(c8[g], static_cast<__mmask64>(m[g]), c8[g], w);
 }
 
-// Widens the byte counters into acc[0..512) and clears them.
-NL_SPARSE inline void widen(__m512i c8[8], uint32_t* acc) {
+// Widens the byte counters into acc[0..512) (added, or stored when `store`: acc's first write) and clears them.
+NL_SPARSE inline void widen(__m512i c8[8], uint32_t* acc, bool store) {
   // Masked forms: GCC 12's unmasked extract/convert warn about an uninitialised pass-through operand.
 #define NL_WIDEN(q)                                                                                 \
   do {                                                                                              \
     __m512i v = _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm512_maskz_extracti32x4_epi32(0xF, c8[g], q)); \
     uint32_t* p = acc + g * 64 + (q)*16;                                                            \
-    _mm512_storeu_si512(p, _mm512_add_epi32(_mm512_loadu_si512(p), v));                             \
+    _mm512_storeu_si512(p, store ? v : _mm512_add_epi32(_mm512_loadu_si512(p), v));                 \
   } while (0)
   for (int g = 0; g < 8; ++g) {
     NL_WIDEN(0);
@@ -141,9 +141,10 @@ NL_SPARSE inline void widen(__m512i c8[8], uint32_t* acc) {
 #undef NL_WIDEN
 }
 
-// acc[0..512) += sum over offsets o in list[0..len) of the 512-bit row tt[o].
+// acc[0..512) += sum over offsets o in list[0..len) of the 512-bit row tt[o] (acc = that sum when `first`: acc is not
+// read, so the panel needs no zeroing pass).
 NL_SPARSE void accumulate_row(const uint16_t* list, uint64_t len, const uint64_t* tt, const uint64_t* zero,
-                              uint32_t* acc) {
+                              uint32_t* acc, bool first) {
   __m512i ones = _mm512_setzero_si512(), twos = ones, fours = ones, eights = ones;
   __m512i c8[8];
   for (auto& c : c8) c = _mm512_setzero_si512();
@@ -176,7 +177,8 @@ NL_SPARSE void accumulate_row(const uint16_t* list, uint64_t len, const uint64_t
     add_plane(c8, sixteens, 16);
     // Byte counters: 14 groups x 16 + the planes' 15 = 239 <= 255 at the final flush.
     if (++groups == 14) {
-      widen(c8, acc);
+      widen(c8, acc, first);
+      first = false;
       groups = 0;
     }
   }
@@ -184,7 +186,7 @@ NL_SPARSE void accumulate_row(const uint16_t* list, uint64_t len, const uint64_t
   add_plane(c8, twos, 2);
   add_plane(c8, fours, 4);
   add_plane(c8, eights, 8);
-  widen(c8, acc);
+  widen(c8, acc, first);
 }
 
 }  // namespace
@@ -220,13 +222,19 @@ void sparse_vertical_chunk(const uint64_t* bits, uint32_t n, uint64_t stride, ui
     for (int64_t cb = int64_t(ncb) - 1; cb >= 0; --cb) {
       const uint32_t j0 = uint32_t(cb) * kColBlock, nj = std::min(kColBlock, n - j0);
       const uint32_t rows = j0 + nj - 1;  // rows i < j0 + nj - 1 have some j > i in the block
-      acc.assign(size_t(rows) * kColBlock, 0);
+      // Every row's first token block stores its counts (zeros where it has no token there): no zeroing pass over
+      // the panel (up to 32 MiB per column block) before it.
+      if (acc.size() < size_t(rows) * kColBlock) acc.resize(size_t(rows) * kColBlock);
       for (uint64_t b = 0; b < tl.nb; ++b) {
         const uint64_t w0 = b * kTokBlockWords, nwb = std::min(kTokBlockWords, nw - w0);
         transpose_block(bits, j0, nj, stride, w0, nwb, tt.data());
         for (uint32_t i = 0; i < rows; ++i) {
           const uint64_t s = tl.start[size_t(i) * tl.nb + b], e = tl.start[size_t(i) * tl.nb + b + 1];
-          if (s != e) accumulate_row(tl.list.data() + s, e - s, tt.data(), zero, acc.data() + size_t(i) * kColBlock);
+          uint32_t* a = acc.data() + size_t(i) * kColBlock;
+          if (s != e)
+            accumulate_row(tl.list.data() + s, e - s, tt.data(), zero, a, b == 0);
+          else if (b == 0)
+            std::memset(a, 0, kColBlock * sizeof(uint32_t));
         }
       }
       if (rows > 0) sink(tid, 0, rows, j0, nj, acc.data(), kColBlock);

@@ -441,6 +441,11 @@ bool rebuild_recipe(FamilyInput& in, const Selection& sel, LayerSolve& r) {
 
 namespace {
 
+// The count matrix of this thread's last layer (512 MiB for 16,384 neurons), kept for its next layer of as many
+// neurons: overwritten instead of zeroed and faulted in again (graph/coactivation.h). At most one per solving thread,
+// which holds one during each layer anyway.
+thread_local std::vector<uint32_t> t_spare_upper;
+
 // `own` (optional) is m itself, given up by the caller: the build part is then split off in place.
 LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptions& opt, uint32_t layer_index,
                             const std::vector<int64_t>* sequence_starts, const LayerCountsFn& counts) {
@@ -473,7 +478,7 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
   const LayerMask& m_val = in_place ? m_val_own : m;
   const uint64_t val_begin = in_place ? 0 : r.split.build_end;
   LayerGraph counted;  // the build tokens' counts (completed in place below); unused when `counts` gives them
-  if (!counts) counted = coactivation_count(mb, co);
+  if (!counts) counted = coactivation_count(mb, co, &t_spare_upper);
   const LayerGraph& g = counts ? counts(layer_index, co) : counted;
   // Once the candidates are chosen, g becomes every profile token's graph (for the rebuild, the objective and the
   // bound): counts add, so the validation part's counts complete the build part's in place.
@@ -600,6 +605,7 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
   const Order& path = r.replicas ? primary : r.order;
   r.objective = graph_covers(g, m) ? path_weight(g, m, path) : path_weight(m, path);
   if (in_place) r.objective += path_weight(m_val_own, path);
+  if (!counted.upper.empty()) t_spare_upper.swap(counted.upper);  // the older spare, if any, is freed with counted
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

@@ -177,6 +177,31 @@ TEST_CASE("sparse equals dense across column-block (512) and token-block (16,384
   }
 }
 
+TEST_CASE("a reused matrix of any contents is overwritten to the fresh count (dense and sparse)") {
+  for (auto method : {CountMethod::Dense, CountMethod::Sparse}) {
+    if (!count_method_supported(method)) continue;
+    for (auto [n, tokens, p] : {std::tuple<uint32_t, uint64_t, double>{600, 20001, 0.03}, {70, 3001, 0.2}}) {
+      LayerMask m = random_mask(n, tokens, p, n + 1);
+      CoactivationOptions o;
+      o.full_matrix = true;
+      o.top_k = 8;
+      o.method = method;
+      const LayerGraph fresh = coactivation_count(m, o);
+      std::vector<uint32_t> reuse(size_t(n) * (n - 1) / 2, 0xDEADBEEFu);  // garbage, as a spare holds
+      const uint32_t* storage = reuse.data();
+      const LayerGraph again = coactivation_count(m, o, &reuse);
+      CHECK(reuse.empty());
+      CHECK(again.upper.data() == storage);  // the spare's storage was used, not a fresh allocation
+      CHECK(again.upper == fresh.upper);
+      CHECK(again.nbr == fresh.nbr);
+      CHECK(again.nbr_cnt == fresh.nbr_cnt);
+      std::vector<uint32_t> wrong(7, 1);  // another layer width: left alone, a fresh matrix counted
+      CHECK(coactivation_count(m, o, &wrong).upper == fresh.upper);
+      CHECK(wrong.size() == 7);
+    }
+  }
+}
+
 TEST_CASE("method dispatch") {
   for (auto m : {CountMethod::Auto, CountMethod::Dense, CountMethod::Sparse})
     CHECK(count_method_parse(count_method_name(m)) == m);
