@@ -36,9 +36,9 @@ class DenseBundles {
  private:
   ImageDtype dt_;
   int dim_, hidden_;
-  size_t rb_;                      // bytes of one gate / up row (= one whole down column)
-  bool x8_ = false;                // gate and up rows interleaved (q8_interleave)
-  AlignedBuffer data_;             // gate rows, up rows, then the down chunks (every byte copied in: not zeroed)
+  size_t rb_;           // bytes of one gate / up row (= one whole down column)
+  bool x8_ = false;     // gate and up rows interleaved (q8_interleave)
+  AlignedBuffer data_;  // gate rows, up rows, then the down chunks (every byte copied in: not zeroed)
   size_t bytes_ = 0;
   std::vector<size_t> chunk_off_;  // per down chunk: its offset in data_ ([hidden][its outputs' bytes])
   std::vector<size_t> chunk_cb_;   // per down chunk: bytes of one neuron's slice
