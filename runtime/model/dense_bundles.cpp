@@ -25,8 +25,7 @@ constexpr int kParallelAct = 4096;
 
 DenseBundles::DenseBundles(ImageDtype dt, int dim, int hidden, const uint8_t* bundles, size_t bundle_bytes)
     : dt_(dt), dim_(dim), hidden_(hidden), rb_(image_row_bytes(dt, size_t(dim))) {
-  bytes_ = 3 * size_t(hidden) * rb_;
-  data_.resize_uninit(bytes_);  // huge pages when large (streamed whole per token: fewer TLB misses)
+  data_.resize_uninit(bytes());  // huge pages when large (streamed whole per token: fewer TLB misses)
   uint8_t* gate = data_.data();
   uint8_t* up = gate + size_t(hidden) * rb_;
   size_t off = 2 * size_t(hidden) * rb_;
@@ -39,7 +38,7 @@ DenseBundles::DenseBundles(ImageDtype dt, int dim, int hidden, const uint8_t* bu
       std::memcpy(data_.data() + off + size_t(s) * cb, bundles + size_t(s) * bundle_bytes + 2 * rb_ + skip, cb);
     off += size_t(hidden) * cb;
   }
-  if (off != bytes_) throw InternalError("DenseBundles: the down chunks do not fill the buffer");  // it is unzeroed
+  if (off != bytes()) throw InternalError("DenseBundles: the down chunks do not fill the buffer");  // it is unzeroed
   for (int s = 0; s < hidden; ++s) {
     std::memcpy(gate + size_t(s) * rb_, bundles + size_t(s) * bundle_bytes, rb_);
     std::memcpy(up + size_t(s) * rb_, bundles + size_t(s) * bundle_bytes + rb_, rb_);

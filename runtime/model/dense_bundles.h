@@ -31,15 +31,14 @@ class DenseBundles {
   // Sizes and touches the calling thread's scratch (shared by every layer) for passes of up to n tokens.
   void reserve(int n) const;
 
-  size_t bytes() const { return bytes_; }
+  size_t bytes() const { return 3 * size_t(hidden_) * rb_; }
 
  private:
   ImageDtype dt_;
   int dim_, hidden_;
   size_t rb_;           // bytes of one gate / up row (= one whole down column)
   bool x8_ = false;     // gate and up rows interleaved (q8_interleave)
-  AlignedBuffer data_;  // gate rows, up rows, then the down chunks (every byte copied in: not zeroed)
-  size_t bytes_ = 0;
+  AlignedBuffer data_;  // gate rows, up rows, then the down chunks: bytes() (every byte copied in: not zeroed)
   std::vector<size_t> chunk_off_;  // per down chunk: its offset in data_ ([hidden][its outputs' bytes])
   std::vector<size_t> chunk_cb_;   // per down chunk: bytes of one neuron's slice
 };
