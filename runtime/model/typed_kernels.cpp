@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <type_traits>
@@ -163,11 +164,11 @@ float dot_h16_port(const uint8_t* w, const float* x, int n) {
   float acc[32] = {};
   int i = 0;
   for (; i + 32 <= n; i += 32)
-    for (int l = 0; l < 32; ++l) acc[l] += Cvt(ld16(w, size_t(i + l))) * x[i + l];
+    for (int l = 0; l < 32; ++l) acc[l] = std::fma(Cvt(ld16(w, size_t(i + l))), x[i + l], acc[l]);
   float s[8];
   for (int l = 0; l < 8; ++l) s[l] = (acc[l] + acc[l + 8]) + (acc[l + 16] + acc[l + 24]);
   float tail = 0.0f;
-  for (; i < n; ++i) tail += Cvt(ld16(w, size_t(i))) * x[i];
+  for (; i < n; ++i) tail = std::fma(Cvt(ld16(w, size_t(i))), x[i], tail);
   return reduce8(s) + tail;
 }
 
@@ -231,7 +232,7 @@ float dot_q8x8_port(const uint8_t* w, const void* xv, int n) {
 template <float (*Cvt)(uint16_t)>
 void down_h16_port(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
   for (int i = 0; i < na; ++i)
-    for (int o = o0; o < o1; ++o) out[o] += h[i] * Cvt(ld16(cols[i], size_t(o)));
+    for (int o = o0; o < o1; ++o) out[o] = std::fma(h[i], Cvt(ld16(cols[i], size_t(o))), out[o]);
 }
 
 void down_q8_port(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
@@ -279,8 +280,8 @@ const Table kPortable = {dot_h16_port<f16_to_f32>,
 // ---------------------------------------------------------------------------------------------------------------
 // x86: AVX2 + F16C (every x86-64-v3 CPU), and the same with VNNI integer dots (AVX-VNNI or AVX512-VNNI+VL).
 #if defined(__x86_64__)
-#define NL_AVX2 __attribute__((target("avx2,f16c")))
-#define NL_VNNI __attribute__((target("avx2,f16c,avxvnni")))
+#define NL_AVX2 __attribute__((target("avx2,f16c,fma")))
+#define NL_VNNI __attribute__((target("avx2,f16c,fma,avxvnni")))
 // One f16 scale widened by F16C (exact, so f16_to_f32's value): the software conversion's branches cost more than
 // the 32 products it scales in the down loops.
 NL_AVX2 inline float f16c_to_f32(uint16_t h) { return _cvtsh_ss(h); }
@@ -299,15 +300,16 @@ NL_AVX2 float dot_h16_avx2(const uint8_t* w, const float* x, int n) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int i = 0;
   for (; i + 32 <= n; i += 32) {
-    a0 = _mm256_add_ps(a0, _mm256_mul_ps(cvt8<Bf16>(w + 2 * i), _mm256_loadu_ps(x + i)));
-    a1 = _mm256_add_ps(a1, _mm256_mul_ps(cvt8<Bf16>(w + 2 * (i + 8)), _mm256_loadu_ps(x + i + 8)));
-    a2 = _mm256_add_ps(a2, _mm256_mul_ps(cvt8<Bf16>(w + 2 * (i + 16)), _mm256_loadu_ps(x + i + 16)));
-    a3 = _mm256_add_ps(a3, _mm256_mul_ps(cvt8<Bf16>(w + 2 * (i + 24)), _mm256_loadu_ps(x + i + 24)));
+    a0 = _mm256_fmadd_ps(cvt8<Bf16>(w + 2 * i), _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(cvt8<Bf16>(w + 2 * (i + 8)), _mm256_loadu_ps(x + i + 8), a1);
+    a2 = _mm256_fmadd_ps(cvt8<Bf16>(w + 2 * (i + 16)), _mm256_loadu_ps(x + i + 16), a2);
+    a3 = _mm256_fmadd_ps(cvt8<Bf16>(w + 2 * (i + 24)), _mm256_loadu_ps(x + i + 24), a3);
   }
   alignas(32) float s[8];
   _mm256_store_ps(s, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
   float tail = 0.0f;
-  for (; i < n; ++i) tail += (Bf16 ? bf16_to_f32(ld16(w, size_t(i))) : f16_to_f32(ld16(w, size_t(i)))) * x[i];
+  for (; i < n; ++i)
+    tail = std::fma((Bf16 ? bf16_to_f32(ld16(w, size_t(i))) : f16_to_f32(ld16(w, size_t(i)))), x[i], tail);
   return reduce8(s) + tail;
 }
 
@@ -378,10 +380,9 @@ NL_AVX2 void down_h16_avx2(float* out, int o0, int o1, const float* h, const uin
     const __m256 hv = _mm256_set1_ps(h[i]);
     const uint8_t* c = cols[i];
     for (int o = o0; o < o8; o += 8)
-      _mm256_storeu_ps(out + o,
-                       _mm256_add_ps(_mm256_loadu_ps(out + o), _mm256_mul_ps(hv, cvt8<Bf16>(c + 2 * size_t(o)))));
+      _mm256_storeu_ps(out + o, _mm256_fmadd_ps(hv, cvt8<Bf16>(c + 2 * size_t(o)), _mm256_loadu_ps(out + o)));
     for (int o = o8; o < o1; ++o)
-      out[o] += h[i] * (Bf16 ? bf16_to_f32(ld16(c, size_t(o))) : f16_to_f32(ld16(c, size_t(o))));
+      out[o] = std::fma(h[i], Bf16 ? bf16_to_f32(ld16(c, size_t(o))) : f16_to_f32(ld16(c, size_t(o))), out[o]);
   }
 }
 
@@ -440,7 +441,7 @@ const Table kAvxVnni = {dot_h16_avx2<false>,
 // AVX-512 (F, BW, VL) with VNNI: 16-lane f16 / bf16 products, multi-row dots (kRowBlock rows share each x load and
 // give independent add chains), VNNI block dots with an offset instead of sign fix-ups, and down accumulations that
 // keep 8 neurons' columns in flight per pass over the outputs. Same canonical orders as above.
-#define NL_512 __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define NL_512 __attribute__((target("avx2,f16c,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
 // Decode's multi-row kernels request the next row block's bytes (`ahead` = kRowBlock rows further) while they compute
 // this one, a few lines per step: spread over the compute, the requests keep memory busy without stalling on full
 // miss buffers, as one burst of the whole next block before the compute did. A prefetch never faults, so the block
@@ -483,15 +484,15 @@ NL_512 inline void dot_h16_512_rows(const uint8_t* w, size_t stride, const float
     for (int r = 0; r < R; ++r) {
       const uint8_t* wr = w + size_t(r) * stride + 2 * size_t(i);
       if constexpr (R > 1) prefetch_ahead(wr, R * stride, 64);
-      a[r][0] = _mm512_add_ps(a[r][0], _mm512_mul_ps(cvt16<Bf16>(wr), x0));
-      a[r][1] = _mm512_add_ps(a[r][1], _mm512_mul_ps(cvt16<Bf16>(wr + 32), x1));
+      a[r][0] = _mm512_fmadd_ps(cvt16<Bf16>(wr), x0, a[r][0]);
+      a[r][1] = _mm512_fmadd_ps(cvt16<Bf16>(wr + 32), x1, a[r][1]);
     }
   }
   for (int r = 0; r < R; ++r) {
     const uint8_t* wr = w + size_t(r) * stride;
     float tail = 0.0f;
     for (int j = i; j < n; ++j)
-      tail += (Bf16 ? bf16_to_f32(ld16(wr, size_t(j))) : f16_to_f32(ld16(wr, size_t(j)))) * x[j];
+      tail = std::fma((Bf16 ? bf16_to_f32(ld16(wr, size_t(j))) : f16_to_f32(ld16(wr, size_t(j)))), x[j], tail);
     y[r] = fold32(a[r][0], a[r][1]) + tail;
   }
 }
@@ -713,8 +714,8 @@ NL_512 inline void subtile_h16_512(const uint8_t* w, size_t stride, const uint8_
       const float* xt = reinterpret_cast<const float*>(x + size_t(t) * xs) + i;
       const __m512 x0 = _mm512_loadu_ps(xt), x1 = _mm512_loadu_ps(xt + 16);
       for (int r = 0; r < R2; ++r) {
-        a[r][t][0] = _mm512_add_ps(a[r][t][0], _mm512_mul_ps(wv[r][0], x0));
-        a[r][t][1] = _mm512_add_ps(a[r][t][1], _mm512_mul_ps(wv[r][1], x1));
+        a[r][t][0] = _mm512_fmadd_ps(wv[r][0], x0, a[r][t][0]);
+        a[r][t][1] = _mm512_fmadd_ps(wv[r][1], x1, a[r][t][1]);
       }
     }
   }
@@ -724,7 +725,7 @@ NL_512 inline void subtile_h16_512(const uint8_t* w, size_t stride, const uint8_
       const float* xt = reinterpret_cast<const float*>(x + size_t(t) * xs);
       float tail = 0.0f;
       for (int j = i; j < n; ++j)
-        tail += (Bf16 ? bf16_to_f32(ld16(wr, size_t(j))) : f16_to_f32(ld16(wr, size_t(j)))) * xt[j];
+        tail = std::fma((Bf16 ? bf16_to_f32(ld16(wr, size_t(j))) : f16_to_f32(ld16(wr, size_t(j)))), xt[j], tail);
       y[size_t(t) * ys + r] = fold32(a[r][t][0], a[r][t][1]) + tail;
     }
   }
@@ -769,8 +770,8 @@ NL_512 void down_h16_512(float* out, int o0, int o1, const float* h, const uint8
       __m512 a0 = _mm512_loadu_ps(out + o), a1 = _mm512_loadu_ps(out + o + 16);
       for (int k = 0; k < k1; ++k) {
         const uint8_t* c = cols[i0 + k] + 2 * size_t(o);
-        a0 = _mm512_add_ps(a0, _mm512_mul_ps(hv[k], cvt16<Bf16>(c)));
-        a1 = _mm512_add_ps(a1, _mm512_mul_ps(hv[k], cvt16<Bf16>(c + 32)));
+        a0 = _mm512_fmadd_ps(hv[k], cvt16<Bf16>(c), a0);
+        a1 = _mm512_fmadd_ps(hv[k], cvt16<Bf16>(c + 32), a1);
       }
       _mm512_storeu_ps(out + o, a0);
       _mm512_storeu_ps(out + o + 16, a1);
@@ -778,7 +779,7 @@ NL_512 void down_h16_512(float* out, int o0, int o1, const float* h, const uint8
     for (int k = 0; k < k1; ++k)
       for (int o = o32; o < o1; ++o) {
         const uint16_t v = ld16(cols[i0 + k], size_t(o));
-        out[o] += h[i0 + k] * (Bf16 ? bf16_to_f32(v) : f16_to_f32(v));
+        out[o] = std::fma(h[i0 + k], Bf16 ? bf16_to_f32(v) : f16_to_f32(v), out[o]);
       }
   }
 }
@@ -888,15 +889,15 @@ NL_512 void down_tile_h16_512_t(float* out, size_t ldo, int len, const float* h,
       if (m == kAllTokens<T>) {  // as down_tile_blocks_512_t: plain adds when every token lists the neuron
         for (int t = 0; t < T; ++t) {
           const __m512 hv = _mm512_set1_ps(hs[t]);
-          acc[t][0] = _mm512_add_ps(acc[t][0], _mm512_mul_ps(hv, lo));
-          acc[t][1] = _mm512_add_ps(acc[t][1], _mm512_mul_ps(hv, hi));
+          acc[t][0] = _mm512_fmadd_ps(hv, lo, acc[t][0]);
+          acc[t][1] = _mm512_fmadd_ps(hv, hi, acc[t][1]);
         }
       } else {
         for (int t = 0; t < T; ++t) {  // masked adds
           const __mmask16 k = __mmask16(-int(m >> t & 1u));
           const __m512 hv = _mm512_set1_ps(hs[t]);
-          acc[t][0] = _mm512_mask_add_ps(acc[t][0], k, acc[t][0], _mm512_mul_ps(hv, lo));
-          acc[t][1] = _mm512_mask_add_ps(acc[t][1], k, acc[t][1], _mm512_mul_ps(hv, hi));
+          acc[t][0] = _mm512_mask3_fmadd_ps(hv, lo, acc[t][0], k);
+          acc[t][1] = _mm512_mask3_fmadd_ps(hv, hi, acc[t][1], k);
         }
       }
     }
@@ -911,7 +912,7 @@ NL_512 void down_tile_h16_512_t(float* out, size_t ldo, int len, const float* h,
       for (int s = 0; s < hidden; ++s)
         if (mask[s] >> t & 1u) {
           const uint16_t v = ld16(base + size_t(s) * cb, size_t(o));
-          a += h[size_t(s) * kDownTokens + size_t(t)] * (Bf16 ? bf16_to_f32(v) : f16_to_f32(v));
+          a = std::fma(h[size_t(s) * kDownTokens + size_t(t)], Bf16 ? bf16_to_f32(v) : f16_to_f32(v), a);
         }
       out[size_t(t) * ldo + o] = a;
     }
@@ -1003,14 +1004,15 @@ float dot_h16_neon(const uint8_t* w, const float* x, int n) {
     for (int k = 0; k < 4; ++k) {
       float32x4_t lo, hi;
       cvt8<Bf16>(w + 2 * (i + 8 * k), &lo, &hi);
-      a[2 * k] = vaddq_f32(a[2 * k], vmulq_f32(lo, vld1q_f32(x + i + 8 * k)));
-      a[2 * k + 1] = vaddq_f32(a[2 * k + 1], vmulq_f32(hi, vld1q_f32(x + i + 8 * k + 4)));
+      a[2 * k] = vfmaq_f32(a[2 * k], lo, vld1q_f32(x + i + 8 * k));
+      a[2 * k + 1] = vfmaq_f32(a[2 * k + 1], hi, vld1q_f32(x + i + 8 * k + 4));
     }
   float s[8];
   vst1q_f32(s, vaddq_f32(vaddq_f32(a[0], a[2]), vaddq_f32(a[4], a[6])));
   vst1q_f32(s + 4, vaddq_f32(vaddq_f32(a[1], a[3]), vaddq_f32(a[5], a[7])));
   float tail = 0.0f;
-  for (; i < n; ++i) tail += (Bf16 ? bf16_to_f32(ld16(w, size_t(i))) : f16_to_f32(ld16(w, size_t(i)))) * x[i];
+  for (; i < n; ++i)
+    tail = std::fma((Bf16 ? bf16_to_f32(ld16(w, size_t(i))) : f16_to_f32(ld16(w, size_t(i)))), x[i], tail);
   return reduce8(s) + tail;
 }
 
@@ -1111,10 +1113,10 @@ void down_h16_neon(float* out, int o0, int o1, const float* h, const uint8_t* co
       float32x4_t c0, c1, c2, c3;
       cvt8<Bf16>(cols[i] + 2 * size_t(o), &c0, &c1);
       cvt8<Bf16>(cols[i] + 2 * size_t(o + 8), &c2, &c3);
-      a[0] = vaddq_f32(a[0], vmulq_f32(hv, c0));
-      a[1] = vaddq_f32(a[1], vmulq_f32(hv, c1));
-      a[2] = vaddq_f32(a[2], vmulq_f32(hv, c2));
-      a[3] = vaddq_f32(a[3], vmulq_f32(hv, c3));
+      a[0] = vfmaq_f32(a[0], hv, c0);
+      a[1] = vfmaq_f32(a[1], hv, c1);
+      a[2] = vfmaq_f32(a[2], hv, c2);
+      a[3] = vfmaq_f32(a[3], hv, c3);
     }
     for (int k = 0; k < 4; ++k) vst1q_f32(out + o + 4 * k, a[k]);
   }
@@ -1175,7 +1177,7 @@ bool isa_supported(Isa isa) {
       return true;
 #if defined(__x86_64__)
     case Isa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
     case Isa::kAvxVnni:
       return isa_supported(Isa::kAvx2) && __builtin_cpu_supports("avxvnni");
     case Isa::kAvx512:
