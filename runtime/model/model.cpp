@@ -220,9 +220,10 @@ void Model::pass(const int* tokens, int n, int pos0, float* logits, bool last_on
 
     // Causal grouped-query attention: query t sees positions 0 .. pos0+t. Each (token, head) is computed whole by one
     // thread, so the split is free to follow the work: from a few dozen positions on, decode's heads run in parallel
-    // (a serial attention was a growing share of a 2-thread token).
+    // (a serial attention was a growing share of a 2-thread token). Round robin over (token, head): a prompt's later
+    // tokens attend over more positions, and contiguous blocks gave the last thread most of the work.
     const long att_work = long(n) * c.n_heads * (pos0 + n) * hd;
-#pragma omp parallel for collapse(2) schedule(static) if (att_work > (1L << 16))
+#pragma omp parallel for collapse(2) schedule(static, 1) if (att_work > (1L << 16))
     for (int t = 0; t < n; ++t)
       for (int h = 0; h < c.n_heads; ++h) {
         float* att = att_.data() + size_t(omp_get_thread_num()) * att_stride;
