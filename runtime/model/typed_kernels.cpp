@@ -295,22 +295,44 @@ NL_AVX2 inline __m256 cvt8(const uint8_t* p) {
     return _mm256_cvtph_ps(v);
 }
 
-template <bool Bf16>
-NL_AVX2 float dot_h16_avx2(const uint8_t* w, const float* x, int n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+// R rows (`stride` bytes apart) against one x: 4 accumulators per row (lanes 0-7, 8-15, 16-23, 24-31); with R = 2,
+// eight independent FMA chains hide the FMA latency that one row's four wait on.
+template <bool Bf16, int R>
+NL_AVX2 inline void dot_h16_avx2_rows(const uint8_t* w, size_t stride, const float* x, int n, float* y) {
+  __m256 a[R][4];
+  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm256_setzero_ps();
   int i = 0;
   for (; i + 32 <= n; i += 32) {
-    a0 = _mm256_fmadd_ps(cvt8<Bf16>(w + 2 * i), _mm256_loadu_ps(x + i), a0);
-    a1 = _mm256_fmadd_ps(cvt8<Bf16>(w + 2 * (i + 8)), _mm256_loadu_ps(x + i + 8), a1);
-    a2 = _mm256_fmadd_ps(cvt8<Bf16>(w + 2 * (i + 16)), _mm256_loadu_ps(x + i + 16), a2);
-    a3 = _mm256_fmadd_ps(cvt8<Bf16>(w + 2 * (i + 24)), _mm256_loadu_ps(x + i + 24), a3);
+    const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8), x2 = _mm256_loadu_ps(x + i + 16),
+                 x3 = _mm256_loadu_ps(x + i + 24);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* wr = w + size_t(r) * stride + 2 * size_t(i);
+      a[r][0] = _mm256_fmadd_ps(cvt8<Bf16>(wr), x0, a[r][0]);
+      a[r][1] = _mm256_fmadd_ps(cvt8<Bf16>(wr + 16), x1, a[r][1]);
+      a[r][2] = _mm256_fmadd_ps(cvt8<Bf16>(wr + 32), x2, a[r][2]);
+      a[r][3] = _mm256_fmadd_ps(cvt8<Bf16>(wr + 48), x3, a[r][3]);
+    }
   }
-  alignas(32) float s[8];
-  _mm256_store_ps(s, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  float tail = 0.0f;
-  for (; i < n; ++i)
-    tail = std::fma((Bf16 ? bf16_to_f32(ld16(w, size_t(i))) : f16_to_f32(ld16(w, size_t(i)))), x[i], tail);
-  return reduce8(s) + tail;
+  for (int r = 0; r < R; ++r) {
+    const uint8_t* wr = w + size_t(r) * stride;
+    alignas(32) float s[8];
+    _mm256_store_ps(s, _mm256_add_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_add_ps(a[r][2], a[r][3])));
+    float tail = 0.0f;
+    for (int j = i; j < n; ++j)
+      tail = std::fma((Bf16 ? bf16_to_f32(ld16(wr, size_t(j))) : f16_to_f32(ld16(wr, size_t(j)))), x[j], tail);
+    y[r] = reduce8(s) + tail;
+  }
+}
+template <bool Bf16>
+NL_AVX2 float dot_h16_avx2(const uint8_t* w, const float* x, int n) {
+  float y;
+  dot_h16_avx2_rows<Bf16, 1>(w, 0, x, n, &y);
+  return y;
+}
+template <bool Bf16>
+NL_AVX2 void rows_h16_avx2(const uint8_t* w, size_t stride, const float* x, int n, float* y) {
+  static_assert(kRowBlock % 2 == 0);
+  for (int r = 0; r < kRowBlock; r += 2) dot_h16_avx2_rows<Bf16, 2>(w + size_t(r) * stride, stride, x, n, y + r);
 }
 
 // Eight int32x8 vectors to one: lane k = the sum of vector k's lanes (integer: exact in any order).
@@ -422,8 +444,8 @@ const Table kAvx2 = {dot_h16_avx2<false>,
                      dot_h16_avx2<true>,
                      dot_blocks_avx2<BlockQ8_0, isum_q8>,
                      dot_blocks_avx2<BlockQ4_0, isum_q4>,
-                     rows_port<dot_h16_avx2<false>>,
-                     rows_port<dot_h16_avx2<true>>,
+                     rows_h16_avx2<false>,
+                     rows_h16_avx2<true>,
                      down_h16_avx2<false>,
                      down_h16_avx2<true>,
                      down_blocks_avx2<false>,
@@ -432,8 +454,8 @@ const Table kAvxVnni = {dot_h16_avx2<false>,
                         dot_h16_avx2<true>,
                         dot_blocks_vnni<BlockQ8_0, isum_q8>,
                         dot_blocks_vnni<BlockQ4_0, isum_q4>,
-                        rows_port<dot_h16_avx2<false>>,
-                        rows_port<dot_h16_avx2<true>>,
+                        rows_h16_avx2<false>,
+                        rows_h16_avx2<true>,
                         down_h16_avx2<false>,
                         down_h16_avx2<true>,
                         down_blocks_avx2<false>,
