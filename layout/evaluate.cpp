@@ -239,6 +239,10 @@ OrderPass::OrderPass(const LayerMask& m, const std::vector<uint32_t>& order, con
   const ReplicaMap rmap = ReplicaMap::from_order(order, n);
   std::vector<uint64_t> slot_bits(words_for_tokens(n));
   ends_.reserve(t1 > t0 ? t1 - t0 : 0);
+  size_t total = 0;  // sized once: growing tens of MB by doubling cost as much as listing them
+  for (uint64_t t = t0; t < t1; ++t)
+    for (uint64_t w = 0; w < tm->words; ++w) total += size_t(__builtin_popcountll(tm->row(t)[w]));
+  slots_.reserve(total);
   for (uint64_t t = t0; t < t1; ++t) {
     tm->append_slots(t, rmap.first, slot_bits, slots_);
     ends_.push_back(slots_.size());
