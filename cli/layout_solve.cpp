@@ -137,6 +137,7 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   SolveOptions o = a.o;
   o.full_matrix_bytes = a.full_matrix_mib << 20;
   o.eval = eval_config_from(a.dev);
+  o.family_build_figures = !g.quiet;  // only the progress line below shows them
   uint32_t n_layers = 0;
   if (!a.graph.empty()) {
     bool full = true;

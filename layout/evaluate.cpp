@@ -74,6 +74,40 @@ void TokenMajorMask::append_slots(uint64_t t, const std::vector<uint32_t>& slot_
 
 namespace {
 
+// The cache a layer's policy gives under cfg (nullptr: cfg.cache as is), as nl-run applies the manifest's
+// cache_policy.
+CacheConfig policy_cache_config(const EvalConfig& cfg, uint32_t n, uint32_t layer_index, const LayerCachePolicy* policy,
+                                const ReplicaMap& rmap) {
+  CacheConfig cc = cfg.cache;
+  cc.capacity = cache_capacity_for_ratio(cfg.cache_ratio, n);
+  cc.seed = cache_seed_for_layer(cfg.cache.seed, layer_index);
+  if (policy) {
+    std::vector<uint32_t> pinned_slots;
+    for (uint32_t v : policy->pinned) {
+      if (v >= n) throw InternalError("evaluate: pinned neuron out of range");
+      pinned_slots.push_back(rmap.first[v]);
+    }
+    cache_apply_policy(cc, policy->admission, pinned_slots, policy->small_fraction);
+  }
+  cc.alias = rmap.cache_alias();
+  return cc;
+}
+
+bool caches_anything(const CacheConfig& cc) { return cc.capacity > 0 || cc.window_tokens > 0; }
+
+// One token's plan added to a layer's sums.
+void add_plan(LayerEval& ev, const TokenPlan& plan, const EvalConfig& cfg) {
+  ++ev.tokens;
+  ev.active += plan.active;
+  ev.reads += plan.reads.size();
+  ev.bundles_read += plan.bundles_read;
+  for (const ReadOp& r : plan.reads) ev.max_read_bundles = std::max<uint64_t>(ev.max_read_bundles, r.bundles());
+  ev.bytes_read += plan.bytes_read;
+  ev.bytes_needed += uint64_t(plan.needed) * cfg.bundle_bytes;
+  ev.hits += plan.hits.size();
+  ev.io_seconds += plan.io_seconds(cfg.device.cost);
+}
+
 // One order under several cache policies: the token's active slots are listed once and planned once per policy
 // (each with its own cache). misses / read_lengths belong to the first policy.
 std::vector<LayerEval> evaluate_policies(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
@@ -96,20 +130,8 @@ std::vector<LayerEval> evaluate_policies(const LayerMask& m, const std::vector<u
   std::vector<uint8_t> use_cache(np);
   caches.reserve(np);
   for (size_t k = 0; k < np; ++k) {
-    CacheConfig cc = cfg.cache;
-    cc.capacity = cache_capacity_for_ratio(cfg.cache_ratio, n);
-    cc.seed = cache_seed_for_layer(cfg.cache.seed, layer_index);
-    if (const LayerCachePolicy* policy = policies[k]) {
-      std::vector<uint32_t> pinned_slots;
-      for (uint32_t v : policy->pinned) {
-        if (v >= n) throw InternalError("evaluate: pinned neuron out of range");
-        pinned_slots.push_back(slot_of[v]);
-      }
-      // as nl-run applies the manifest's cache_policy
-      cache_apply_policy(cc, policy->admission, pinned_slots, policy->small_fraction);
-    }
-    use_cache[k] = cc.capacity > 0 || cc.window_tokens > 0;
-    cc.alias = rmap.cache_alias();
+    const CacheConfig cc = policy_cache_config(cfg, n, layer_index, policies[k], rmap);
+    use_cache[k] = caches_anything(cc);
     caches.emplace_back(rmap.n_slots(), cc);
   }
   std::vector<LayerEval> evs(np);
@@ -138,21 +160,12 @@ std::vector<LayerEval> evaluate_policies(const LayerMask& m, const std::vector<u
       if (s != a.data()) a.assign(s, s + n_s);
       (*on_plan)(t, a, plan);
     }
-    ++ev.tokens;
-    ev.active += plan.active;
-    ev.reads += plan.reads.size();
-    ev.bundles_read += plan.bundles_read;
-    for (const ReadOp& r : plan.reads) {
-      ev.max_read_bundles = std::max<uint64_t>(ev.max_read_bundles, r.bundles());
-      if (k == 0 && read_lengths) {
+    add_plan(ev, plan, cfg);
+    if (k == 0 && read_lengths)
+      for (const ReadOp& r : plan.reads) {
         if (read_lengths->size() <= r.bundles()) read_lengths->resize(r.bundles() + 1, 0);
         ++(*read_lengths)[r.bundles()];
       }
-    }
-    ev.bytes_read += plan.bytes_read;
-    ev.bytes_needed += uint64_t(plan.needed) * cfg.bundle_bytes;
-    ev.hits += plan.hits.size();
-    ev.io_seconds += plan.io_seconds(cfg.device.cost);
   };
   if (replicated) {  // the cover chooses each policy's copies from its own cache
     for (uint64_t t = t0; t < t1; ++t) {
@@ -210,6 +223,57 @@ LayerEval evaluate_layer_plans(const LayerMask& m, const std::vector<uint32_t>& 
                                uint32_t layer_index, const LayerCachePolicy* policy, const TokenMajorMask* tm,
                                const TokenPlanFn& on_plan) {
   return evaluate_policies(m, order, cfg, layer_index, {policy}, nullptr, nullptr, tm, &on_plan)[0];
+}
+
+OrderPass::OrderPass(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
+                     uint32_t layer_index, const TokenMajorMask* tm)
+    : m_(m), order_(order), cfg_(cfg), layer_(layer_index) {
+  const uint32_t n = m.n_neurons;
+  if (order.size() != n) throw InternalError("evaluate: an order pass takes an order of the layer without replicas");
+  const uint64_t t0 = std::min(cfg.token_begin, m.n_tokens), t1 = std::min(cfg.token_end, m.n_tokens);
+  std::unique_ptr<TokenMajorMask> own;
+  if (!(tm && tm->n_neurons == n && tm->begin <= t0 && tm->end >= t1)) {
+    own = std::make_unique<TokenMajorMask>(m, t0, t1);
+    tm = own.get();
+  }
+  const ReplicaMap rmap = ReplicaMap::from_order(order, n);
+  std::vector<uint64_t> slot_bits(words_for_tokens(n));
+  ends_.reserve(t1 > t0 ? t1 - t0 : 0);
+  size_t total = 0;  // sized once: growing tens of MB by doubling cost as much as listing them
+  for (uint64_t t = t0; t < t1; ++t)
+    for (uint64_t w = 0; w < tm->words; ++w) total += size_t(__builtin_popcountll(tm->row(t)[w]));
+  slots_.reserve(total);
+  for (uint64_t t = t0; t < t1; ++t) {
+    tm->append_slots(t, rmap.first, slot_bits, slots_);
+    ends_.push_back(slots_.size());
+  }
+}
+
+LayerEval OrderPass::run(const LayerCachePolicy* policy, double stop_at, bool* stopped) const {
+  const uint32_t n = m_.n_neurons;
+  const ReplicaMap rmap = ReplicaMap::from_order(order_, n);
+  PlannerConfig pc = planner_config(cfg_, n);
+  pc.n_slots = rmap.n_slots();
+  const ReadPlanner planner(pc);
+  const CacheConfig cc = policy_cache_config(cfg_, n, layer_, policy, rmap);
+  SlotCache cache(rmap.n_slots(), cc);
+  SlotCache* use = caches_anything(cc) ? &cache : nullptr;
+  LayerEval ev;
+  TokenPlan plan;
+  if (stopped) *stopped = false;
+  size_t from = 0;
+  for (size_t i = 0; i < ends_.size(); ++i) {
+    const size_t to = ends_[i];
+    planner.plan(slots_.data() + from, to - from, use, plan);
+    add_plan(ev, plan, cfg_);
+    from = to;
+    // io_seconds only grows (every token adds a non-negative time), so the full pass would end at or above it.
+    if (ev.io_seconds >= stop_at && i + 1 < ends_.size()) {
+      if (stopped) *stopped = true;
+      break;
+    }
+  }
+  return ev;
 }
 
 double io_lower_bound_seconds(const TokenMajorMask& tm, const EvalConfig& cfg) {

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,29 @@ using TokenPlanFn = std::function<void(uint64_t t, const std::vector<uint32_t>& 
 LayerEval evaluate_layer_plans(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
                                uint32_t layer_index, const LayerCachePolicy* policy, const TokenMajorMask* tm,
                                const TokenPlanFn& on_plan);
+
+// One order (without replicas) over cfg's token range, its tokens' slot lists listed once and kept, so that several
+// cache policies can be measured one after another (the selection, layout/solve.cpp), each able to stop early.
+// run(policy) equals evaluate_layer(m, order, cfg, layer_index, policy, nullptr, nullptr, tm) figure for figure.
+// Holds references to m and order; memory: 4 bytes per active neuron of every token in the range.
+class OrderPass {
+ public:
+  OrderPass(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg, uint32_t layer_index,
+            const TokenMajorMask* tm = nullptr);
+  uint64_t tokens() const { return ends_.size(); }
+  // Stops after the first token, short of the last, at which io_seconds reaches stop_at: *stopped (optional) is then
+  // true and the figures are those of the tokens so far (io_seconds a lower bound on the whole pass's).
+  LayerEval run(const LayerCachePolicy* policy, double stop_at = std::numeric_limits<double>::infinity(),
+                bool* stopped = nullptr) const;
+
+ private:
+  const LayerMask& m_;
+  const std::vector<uint32_t>& order_;
+  EvalConfig cfg_;
+  uint32_t layer_ = 0;
+  std::vector<uint32_t> slots_;  // every token's active slots, ascending per token, token after token
+  std::vector<size_t> ends_;     // where each token's slots end in slots_
+};
 
 // A lower bound on the estimated I/O seconds of ANY order, cache policy and read planner with cfg's cache capacity
 // K on tm's tokens: a token with |A_t| active neurons has at least |A_t| - K of

@@ -350,37 +350,51 @@ struct Selection {
         if (seen) seen->push_back({family, b.label, -1.0, hash});
         continue;
       }
-      auto run = [&](const std::vector<LayerCachePolicy>& ps, const std::vector<std::string>& labels) {
-        std::vector<const LayerCachePolicy*> pp;
-        for (const auto& pol : ps) pp.push_back(&pol);
-        const std::vector<LayerEval> es = evaluate_layer_policies(m, b.order, ev, layer, pp, &tm);  // one pass
-        for (size_t k = 0; k < ps.size(); ++k) {
-          const double io = es[k].io_seconds;
-          if (seen) seen->push_back({family, b.label + ", " + labels[k], es[k].io_ms_per_token(), hash});
-          if (io < fig_io)
-            fig_io = io, fig.validation_ms = es[k].io_ms_per_token(), fig.best = b.label + ", " + labels[k];
-          if (io < best_io) {
-            best_io = io, best = b.order, best_policy = ps[k];
-            best_family = family, best_build = b.label, best_policy_label = labels[k];
-          }
+      const OrderPass pass(m, b.order, ev, layer, &tm);  // the order's slot lists, for every policy below
+      // One policy's pass, stopped (opt.early_stop) once its I/O time reaches `bound`: a pass's time only grows, and
+      // the first strictly better candidate wins, so a candidate stopped at a bound that is at least the family's
+      // best so far changes neither the family's figure nor the winner. Returns its time (infinity if stopped).
+      auto measure = [&](const LayerCachePolicy& pol, const std::string& label, double bound) {
+        bool stopped = false;
+        const LayerEval e = pass.run(&pol, opt.early_stop ? bound : std::numeric_limits<double>::infinity(), &stopped);
+        const double io = stopped ? std::numeric_limits<double>::infinity() : e.io_seconds;
+        if (seen) {
+          // Stopped: the time so far over every token, a lower bound on the candidate's figure.
+          const double ms =
+              stopped ? 1e3 * e.io_seconds / double(std::max<uint64_t>(1, pass.tokens())) : e.io_ms_per_token();
+          seen->push_back({family, b.label + ", " + label, ms, hash, stopped});
         }
-        return es;
+        if (io < fig_io) fig_io = io, fig.validation_ms = e.io_ms_per_token(), fig.best = b.label + ", " + label;
+        if (io < best_io) {
+          best_io = io, best = b.order, best_policy = pol;
+          best_family = family, best_build = b.label, best_policy_label = label;
+        }
+        return io;
       };
-      const std::vector<LayerEval> es = run(b.policies, b.policy_labels);
-      if (!small_pass || opt.small_fraction <= 0) continue;
+      // The small-FIFO retry takes the two best policies that leave part of the capacity to S3-FIFO (ties: the
+      // earlier), so such a policy also runs to the end while it may still be one of them: its bound is the larger
+      // of the family's best and the second best of them so far.
+      const bool retry = small_pass && opt.small_fraction > 0;
+      auto eligible = [&](const LayerCachePolicy& p) { return p.pinned.size() < cap; };
+      std::vector<double> ios(b.policies.size());
+      double first = std::numeric_limits<double>::infinity(), second = first;  // the two best eligible so far
+      for (size_t k = 0; k < b.policies.size(); ++k) {
+        const bool el = retry && eligible(b.policies[k]);
+        ios[k] = measure(b.policies[k], b.policy_labels[k], el ? std::max(fig_io, second) : fig_io);
+        if (el && ios[k] < second) (ios[k] < first ? (second = first, first = ios[k]) : second = ios[k]);
+      }
+      if (!retry) continue;
       std::vector<size_t> idx;
       for (size_t k = 0; k < b.policies.size(); ++k)
-        if (b.policies[k].pinned.size() < cap) idx.push_back(k);
-      std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t c) { return es[a].io_seconds < es[c].io_seconds; });
-      std::vector<LayerCachePolicy> more;
-      std::vector<std::string> labels;
+        if (eligible(b.policies[k])) idx.push_back(k);
+      // A stopped policy's time is infinity here: it was no better than two earlier ones, so the two taken are the
+      // same.
+      std::stable_sort(idx.begin(), idx.end(), [&](size_t x, size_t y) { return ios[x] < ios[y]; });
       for (size_t i = 0; i < idx.size() && i < 2; ++i) {
         LayerCachePolicy q = b.policies[idx[i]];
         q.small_fraction = opt.small_fraction;
-        more.push_back(std::move(q));
-        labels.push_back(small_label(b.policy_labels[idx[i]]));
+        measure(q, small_label(b.policy_labels[idx[i]]), fig_io);
       }
-      if (!more.empty()) run(more, labels);
     }
   }
   std::string small_label(const std::string& l) const {
@@ -549,7 +563,9 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
       FamilyFigure fig;
       sel.offer(f, bs, fig, f != "paper");
       if (fig.candidates == 0) continue;
-      if (split && fig.validation_ms > 0) {  // the family's best on the build tokens, for the report
+      if (!opt.family_build_figures) {
+        // not asked for (nobody reads them): no pass over the build tokens
+      } else if (split && fig.validation_ms > 0) {  // the family's best on the build tokens, for the report
         for (const Build& b : bs) {
           for (size_t k = 0; k < b.policies.size(); ++k) {
             const std::string l = b.label + ", " + b.policy_labels[k];

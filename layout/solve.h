@@ -56,6 +56,13 @@ struct SolveOptions {
   uint64_t polish_work = uint64_t(1) << 22;
   // Deterministic search budget when ls.max_evaluations is 0: this many move evaluations per neuron.
   uint32_t evaluations_per_neuron = 4;
+  // The selection stops a candidate's pass over the validation tokens once its I/O time shows it can be neither the
+  // winner, its family's best nor one of the two policies retried with the small FIFO (the same layout; its
+  // CandidateFigure is then a lower bound). false: every candidate's full figure (tests compare the two).
+  bool early_stop = true;
+  // Measure each family's best candidate on the build tokens too (FamilyFigure::build_ms, for the progress line): one
+  // more planner-and-cache pass per family. Off: build_ms stays 0 (nl-layout -q, which prints no progress).
+  bool family_build_figures = true;
 };
 
 // The profile tokens of one layer split by sequences: [0, build_end) builds the candidates, [build_end, n_tokens)
@@ -73,7 +80,8 @@ LayerMask mask_tokens(const LayerMask& m, uint64_t begin, uint64_t end);
 LayerMask split_mask_tokens(LayerMask& m, uint64_t end);
 
 // One candidate family's figures on the layer (I/O ms per token; 0 = not tried or refused by the weight guard):
-// the best of its candidates on the validation tokens, and that candidate on the build tokens.
+// the best of its candidates on the validation tokens, and that candidate on the build tokens (0 when
+// SolveOptions::family_build_figures is off).
 struct FamilyFigure {
   std::string family;  // "paper", "search", "pinned", "ends-in"
   double validation_ms = 0, build_ms = 0;
@@ -86,6 +94,9 @@ struct CandidateFigure {
   std::string family, label;  // label: "<build>, <cache policy>"
   double validation_ms = 0;   // I/O ms per token on the validation tokens; < 0: refused by the weight guard
   uint64_t order_hash = 0;    // order_hash of the candidate's order
+  // Its pass was stopped early (SolveOptions::early_stop): validation_ms is then the time of the tokens measured over
+  // every token, a lower bound on its figure, and at least its family's best figure.
+  bool stopped = false;
 };
 
 // FNV-1a of an order's slots (tests and reports tell candidates apart by it).

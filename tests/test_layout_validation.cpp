@@ -2,6 +2,7 @@
 // tokens, candidates built on the first only, chosen on the second, the paper's pipeline always among them.
 #include <doctest/doctest.h>
 
+#include <limits>
 #include <random>
 
 #include "layout/evaluate.h"
@@ -228,4 +229,105 @@ TEST_CASE("greedy+ls with validation is deterministic, counts every token for it
   // Without the rebuild the bound is the sum of the two parts' bounds: still a bound, at least the exact one.
   CHECK(c.upper_bound >= a.upper_bound);
   CHECK(double(c.objective) <= c.upper_bound);
+}
+
+TEST_CASE("an order pass measures each policy as evaluate_layer does, and a stopped one is a lower bound") {
+  const uint64_t T = 2000;
+  const LayerMask m = test::clustered_layer(300, T, 21);
+  SolveOptions o = ls_options(256);
+  o.eval.token_begin = 500;
+  o.eval.token_end = 1800;
+  std::vector<uint32_t> order(m.n_neurons);
+  for (uint32_t v = 0; v < m.n_neurons; ++v) order[v] = (v * 7) % m.n_neurons;  // 7 is prime to 300
+  std::vector<uint32_t> hot(order.begin(), order.begin() + 5);
+  const std::vector<LayerCachePolicy> policies = {LayerCachePolicy{}, LayerCachePolicy{CacheAdmission::kAll, {}},
+                                                  LayerCachePolicy{CacheAdmission::kAll, hot, 0.5}};
+  const TokenMajorMask tm(m, 400, T);  // covers the range: shared, as the selection does
+  for (const TokenMajorMask* t : {static_cast<const TokenMajorMask*>(nullptr), &tm}) {
+    const OrderPass pass(m, order, o.eval, 3, t);
+    REQUIRE(pass.tokens() == 1300);
+    for (const LayerCachePolicy& p : policies) {
+      const LayerEval want = evaluate_layer(m, order, o.eval, 3, &p);
+      bool stopped = true;
+      const LayerEval got = pass.run(&p, std::numeric_limits<double>::infinity(), &stopped);
+      CHECK(!stopped);
+      CHECK(got.tokens == want.tokens);
+      CHECK(got.reads == want.reads);
+      CHECK(got.bytes_read == want.bytes_read);
+      CHECK(got.hits == want.hits);
+      CHECK(got.max_read_bundles == want.max_read_bundles);
+      CHECK(got.io_seconds == want.io_seconds);  // the same sum in the same order: equal, not close
+      REQUIRE(want.io_seconds > 0);
+      const double bound = want.io_seconds / 2;
+      const LayerEval part = pass.run(&p, bound, &stopped);
+      CHECK(stopped);
+      CHECK(part.tokens < want.tokens);
+      CHECK(part.io_seconds >= bound);
+      CHECK(part.io_seconds <= want.io_seconds);
+      const LayerEval at_end = pass.run(&p, want.io_seconds, &stopped);  // reached at the last token only
+      CHECK(!stopped);
+      CHECK(at_end.io_seconds == want.io_seconds);
+    }
+  }
+}
+
+TEST_CASE("stopping losing candidates early keeps the choice, every family's figure and the small-FIFO retries") {
+  struct Case {
+    uint32_t n;
+    uint64_t bundle;
+    bool guard;
+    double cache;
+  };
+  const std::vector<Case> cases = {
+      {300, 16384, false, 0.05}, {300, 256, false, 0.05}, {500, 16384, true, 0.05}, {200, 256, true, 0.10}};
+  uint64_t seed = 31, stopped = 0, compared = 0;
+  for (const Case& cs : cases) {
+    const uint64_t T = 2000;
+    const LayerMask m = test::clustered_layer(cs.n, T, seed++);
+    const std::vector<int64_t> seq = sequences(T, 50);
+    SolveOptions o = ls_options(cs.bundle);
+    o.guard_weight = cs.guard;
+    o.eval.cache_ratio = cs.cache;
+    CAPTURE(cs.n);
+    CAPTURE(cs.bundle);
+    o.early_stop = false;
+    const LayerSolve full = solve_layer(m, o, 0, &seq);
+    o.early_stop = true;
+    const LayerSolve fast = solve_layer(m, o, 0, &seq);
+    CHECK(fast.order == full.order);
+    CHECK(fast.cache.admission == full.cache.admission);
+    CHECK(fast.cache.pinned == full.cache.pinned);
+    CHECK(fast.cache.small_fraction == full.cache.small_fraction);
+    CHECK(fast.chosen_family == full.chosen_family);
+    CHECK(fast.chosen == full.chosen);
+    CHECK(fast.chosen_validation_ms == full.chosen_validation_ms);
+    REQUIRE(fast.families.size() == full.families.size());
+    for (size_t f = 0; f < full.families.size(); ++f) {
+      CHECK(fast.families[f].best == full.families[f].best);
+      CHECK(fast.families[f].validation_ms == full.families[f].validation_ms);
+      CHECK(fast.families[f].build_ms == full.families[f].build_ms);
+      CHECK(fast.families[f].candidates == full.families[f].candidates);
+    }
+    // The same candidates (so the same two policies retried with the small FIFO), full figures where not stopped.
+    REQUIRE(fast.candidates.size() == full.candidates.size());
+    for (size_t k = 0; k < full.candidates.size(); ++k) {
+      const CandidateFigure &a = full.candidates[k], &b = fast.candidates[k];
+      CAPTURE(a.label);
+      CHECK(!a.stopped);
+      CHECK(b.label == a.label);
+      CHECK(b.order_hash == a.order_hash);
+      if (a.validation_ms < 0) continue;  // refused by the weight guard
+      ++compared;
+      if (!b.stopped) {
+        CHECK(b.validation_ms == a.validation_ms);
+        continue;
+      }
+      ++stopped;
+      CHECK(b.validation_ms <= a.validation_ms);  // a lower bound
+      for (const FamilyFigure& f : fast.families)
+        if (f.family == b.family) CHECK(b.validation_ms >= f.validation_ms);  // and no better than its family's best
+    }
+  }
+  MESSAGE(stopped << " of " << compared << " candidate passes stopped early");
+  CHECK(stopped > 0);  // the comparison above saw some stopped passes
 }
