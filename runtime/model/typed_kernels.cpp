@@ -97,6 +97,14 @@ inline uint16_t ld16(const uint8_t* p, size_t i) {
   std::memcpy(&v, p + 2 * i, 2);
   return v;
 }
+// The scalar tail of an f16 / bf16 row dot, elements [i, n): fma(w_j, x_j, tail) in order (every path's own tail).
+template <bool Bf16>
+inline float h16_tail(const uint8_t* w, const float* x, int i, int n) {
+  float tail = 0.0f;
+  for (; i < n; ++i)
+    tail = std::fma(Bf16 ? bf16_to_f32(ld16(w, size_t(i))) : f16_to_f32(ld16(w, size_t(i))), x[i], tail);
+  return tail;
+}
 
 using TileFn = void (*)(const uint8_t* w, size_t stride, const uint8_t* x, size_t x_stride, int nt, int n, float* y,
                         size_t y_stride);
@@ -317,9 +325,7 @@ NL_AVX2 inline void dot_h16_avx2_rows(const uint8_t* w, size_t stride, const flo
     const uint8_t* wr = w + size_t(r) * stride;
     alignas(32) float s[8];
     _mm256_store_ps(s, _mm256_add_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_add_ps(a[r][2], a[r][3])));
-    float tail = 0.0f;
-    for (int j = i; j < n; ++j)
-      tail = std::fma((Bf16 ? bf16_to_f32(ld16(wr, size_t(j))) : f16_to_f32(ld16(wr, size_t(j)))), x[j], tail);
+    const float tail = h16_tail<Bf16>(wr, x, i, n);
     y[r] = reduce8(s) + tail;
   }
 }
@@ -512,9 +518,7 @@ NL_512 inline void dot_h16_512_rows(const uint8_t* w, size_t stride, const float
   }
   for (int r = 0; r < R; ++r) {
     const uint8_t* wr = w + size_t(r) * stride;
-    float tail = 0.0f;
-    for (int j = i; j < n; ++j)
-      tail = std::fma((Bf16 ? bf16_to_f32(ld16(wr, size_t(j))) : f16_to_f32(ld16(wr, size_t(j)))), x[j], tail);
+    const float tail = h16_tail<Bf16>(wr, x, i, n);
     y[r] = fold32(a[r][0], a[r][1]) + tail;
   }
 }
@@ -745,9 +749,7 @@ NL_512 inline void subtile_h16_512(const uint8_t* w, size_t stride, const uint8_
     const uint8_t* wr = w + size_t(r) * stride;
     for (int t = 0; t < T; ++t) {
       const float* xt = reinterpret_cast<const float*>(x + size_t(t) * xs);
-      float tail = 0.0f;
-      for (int j = i; j < n; ++j)
-        tail = std::fma((Bf16 ? bf16_to_f32(ld16(wr, size_t(j))) : f16_to_f32(ld16(wr, size_t(j)))), xt[j], tail);
+      const float tail = h16_tail<Bf16>(wr, xt, i, n);
       y[size_t(t) * ys + r] = fold32(a[r][t][0], a[r][t][1]) + tail;
     }
   }
@@ -1032,9 +1034,7 @@ float dot_h16_neon(const uint8_t* w, const float* x, int n) {
   float s[8];
   vst1q_f32(s, vaddq_f32(vaddq_f32(a[0], a[2]), vaddq_f32(a[4], a[6])));
   vst1q_f32(s + 4, vaddq_f32(vaddq_f32(a[1], a[3]), vaddq_f32(a[5], a[7])));
-  float tail = 0.0f;
-  for (; i < n; ++i)
-    tail = std::fma((Bf16 ? bf16_to_f32(ld16(w, size_t(i))) : f16_to_f32(ld16(w, size_t(i)))), x[i], tail);
+  const float tail = h16_tail<Bf16>(w, x, i, n);
   return reduce8(s) + tail;
 }
 
