@@ -97,12 +97,16 @@ inline uint16_t ld16(const uint8_t* p, size_t i) {
   std::memcpy(&v, p + 2 * i, 2);
   return v;
 }
+// An f16 (Bf16 false) or bf16 value widened to f32 (exact).
+template <bool Bf16>
+inline float h16_to_f32(uint16_t v) {
+  return Bf16 ? bf16_to_f32(v) : f16_to_f32(v);
+}
 // The scalar tail of an f16 / bf16 row dot, elements [i, n): fma(w_j, x_j, tail) in order (every path's own tail).
 template <bool Bf16>
 inline float h16_tail(const uint8_t* w, const float* x, int i, int n) {
   float tail = 0.0f;
-  for (; i < n; ++i)
-    tail = std::fma(Bf16 ? bf16_to_f32(ld16(w, size_t(i))) : f16_to_f32(ld16(w, size_t(i))), x[i], tail);
+  for (; i < n; ++i) tail = std::fma(h16_to_f32<Bf16>(ld16(w, size_t(i))), x[i], tail);
   return tail;
 }
 
@@ -409,9 +413,9 @@ NL_AVX2 void down_h16_avx2(float* out, int o0, int o1, const float* h, const uin
     const uint8_t* c = cols[i];
     for (int o = o0; o < o8; o += 8)
       _mm256_storeu_ps(out + o, _mm256_fmadd_ps(hv, cvt8<Bf16>(c + 2 * size_t(o)), _mm256_loadu_ps(out + o)));
-    for (int o = o8; o < o1; ++o)
-      out[o] = std::fma(h[i], Bf16 ? bf16_to_f32(ld16(c, size_t(o))) : f16_to_f32(ld16(c, size_t(o))), out[o]);
   }
+  // The last outputs, neuron after neuron as well (each output is its own sum: the same order).
+  if (o8 < o1) down_h16_port<h16_to_f32<Bf16>>(out, o8, o1, h, cols, na);
 }
 
 NL_AVX2 inline __m256 i8x8_to_f32(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
@@ -800,12 +804,9 @@ NL_512 void down_h16_512(float* out, int o0, int o1, const float* h, const uint8
       _mm512_storeu_ps(out + o, a0);
       _mm512_storeu_ps(out + o + 16, a1);
     }
-    for (int k = 0; k < k1; ++k)
-      for (int o = o32; o < o1; ++o) {
-        const uint16_t v = ld16(cols[i0 + k], size_t(o));
-        out[o] = std::fma(h[i0 + k], Bf16 ? bf16_to_f32(v) : f16_to_f32(v), out[o]);
-      }
   }
+  // The last outputs, neuron after neuron as well (each output is its own sum: the same order).
+  if (o32 < o1) down_h16_port<h16_to_f32<Bf16>>(out, o32, o1, h, cols, na);
 }
 
 NL_512 inline void q32_to_f32(const BlockQ8_0& b, __m512* lo, __m512* hi) {
@@ -936,7 +937,7 @@ NL_512 void down_tile_h16_512_t(float* out, size_t ldo, int len, const float* h,
       for (int s = 0; s < hidden; ++s)
         if (mask[s] >> t & 1u) {
           const uint16_t v = ld16(base + size_t(s) * cb, size_t(o));
-          a = std::fma(h[size_t(s) * kDownTokens + size_t(t)], Bf16 ? bf16_to_f32(v) : f16_to_f32(v), a);
+          a = std::fma(h[size_t(s) * kDownTokens + size_t(t)], h16_to_f32<Bf16>(v), a);
         }
       out[size_t(t) * ldo + o] = a;
     }
@@ -1142,7 +1143,7 @@ void down_h16_neon(float* out, int o0, int o1, const float* h, const uint8_t* co
     }
     for (int k = 0; k < 4; ++k) vst1q_f32(out + o + 4 * k, a[k]);
   }
-  if (o < o1) down_h16_port<Bf16 ? bf16_to_f32 : f16_to_f32>(out, o, o1, h, cols, na);
+  if (o < o1) down_h16_port<h16_to_f32<Bf16>>(out, o, o1, h, cols, na);
 }
 
 template <class B>
