@@ -227,16 +227,16 @@ LayerEval evaluate_layer_plans(const LayerMask& m, const std::vector<uint32_t>& 
 
 OrderPass::OrderPass(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg,
                      uint32_t layer_index, const TokenMajorMask* tm)
-    : m_(m), order_(order), cfg_(cfg), layer_(layer_index) {
+    : n_(m.n_neurons), cfg_(cfg), layer_(layer_index) {
   const uint32_t n = m.n_neurons;
   if (order.size() != n) throw InternalError("evaluate: an order pass takes an order of the layer without replicas");
+  rmap_ = ReplicaMap::from_order(order, n);
   const uint64_t t0 = std::min(cfg.token_begin, m.n_tokens), t1 = std::min(cfg.token_end, m.n_tokens);
   std::unique_ptr<TokenMajorMask> own;
   if (!(tm && tm->n_neurons == n && tm->begin <= t0 && tm->end >= t1)) {
     own = std::make_unique<TokenMajorMask>(m, t0, t1);
     tm = own.get();
   }
-  const ReplicaMap rmap = ReplicaMap::from_order(order, n);
   std::vector<uint64_t> slot_bits(words_for_tokens(n));
   ends_.reserve(t1 > t0 ? t1 - t0 : 0);
   size_t total = 0;  // sized once: growing tens of MB by doubling cost as much as listing them
@@ -244,19 +244,17 @@ OrderPass::OrderPass(const LayerMask& m, const std::vector<uint32_t>& order, con
     for (uint64_t w = 0; w < tm->words; ++w) total += size_t(__builtin_popcountll(tm->row(t)[w]));
   slots_.reserve(total);
   for (uint64_t t = t0; t < t1; ++t) {
-    tm->append_slots(t, rmap.first, slot_bits, slots_);
+    tm->append_slots(t, rmap_.first, slot_bits, slots_);
     ends_.push_back(slots_.size());
   }
 }
 
 LayerEval OrderPass::run(const LayerCachePolicy* policy, double stop_at, bool* stopped) const {
-  const uint32_t n = m_.n_neurons;
-  const ReplicaMap rmap = ReplicaMap::from_order(order_, n);
-  PlannerConfig pc = planner_config(cfg_, n);
-  pc.n_slots = rmap.n_slots();
+  PlannerConfig pc = planner_config(cfg_, n_);
+  pc.n_slots = rmap_.n_slots();
   const ReadPlanner planner(pc);
-  const CacheConfig cc = policy_cache_config(cfg_, n, layer_, policy, rmap);
-  SlotCache cache(rmap.n_slots(), cc);
+  const CacheConfig cc = policy_cache_config(cfg_, n_, layer_, policy, rmap_);
+  SlotCache cache(rmap_.n_slots(), cc);
   SlotCache* use = caches_anything(cc) ? &cache : nullptr;
   LayerEval ev;
   TokenPlan plan;

@@ -10,6 +10,7 @@
 #include "formats/core/bitmask.h"
 #include "runtime/device.h"
 #include "runtime/plan/read_plan.h"
+#include "runtime/plan/replica_cover.h"
 #include "runtime/plan/slot_cache.h"
 
 namespace nl {
@@ -108,7 +109,8 @@ LayerEval evaluate_layer_plans(const LayerMask& m, const std::vector<uint32_t>& 
 // One order (without replicas) over cfg's token range, its tokens' slot lists listed once and kept, so that several
 // cache policies can be measured one after another (the selection, layout/solve.cpp), each able to stop early.
 // run(policy) equals evaluate_layer(m, order, cfg, layer_index, policy, nullptr, nullptr, tm) figure for figure.
-// Holds references to m and order; memory: 4 bytes per active neuron of every token in the range.
+// Keeps no reference to m or order; memory: 4 bytes per active neuron of every token in the range, and the order's
+// slot map.
 class OrderPass {
  public:
   OrderPass(const LayerMask& m, const std::vector<uint32_t>& order, const EvalConfig& cfg, uint32_t layer_index,
@@ -120,10 +122,10 @@ class OrderPass {
                 bool* stopped = nullptr) const;
 
  private:
-  const LayerMask& m_;
-  const std::vector<uint32_t>& order_;
+  uint32_t n_ = 0;  // the layer's neurons
   EvalConfig cfg_;
   uint32_t layer_ = 0;
+  ReplicaMap rmap_;              // the order's slots, built once for every run
   std::vector<uint32_t> slots_;  // every token's active slots, ascending per token, token after token
   std::vector<size_t> ends_;     // where each token's slots end in slots_
 };
