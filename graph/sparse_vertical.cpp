@@ -49,16 +49,18 @@ inline void transpose64(uint64_t a[64]) {
 // the count reads row after row, lie one after another (neuron-major, every row's list began on another page: a
 // TLB miss and a cache miss per row and block).
 struct TokenLists {
-  uint64_t nb = 0;
+  uint64_t n = 0, nb = 0;
   std::vector<uint64_t> start;
   std::vector<uint16_t> list;
+  // Neuron v's list in token block b is list[start[at(v, b)] .. start[at(v, b) + 1]).
+  size_t at(uint64_t v, uint64_t b) const { return size_t(b * n + v); }
 };
 
 NL_SPARSE void build_lists(const uint64_t* bits, uint32_t n, uint64_t stride, uint64_t nw, TokenLists& tl) {
+  tl.n = n;
   tl.nb = (nw + kTokBlockWords - 1) / kTokBlockWords;
   const uint64_t nb = tl.nb;
   tl.start.assign(uint64_t(n) * nb + 1, 0);
-  const auto at = [&](uint64_t v, uint64_t b) { return size_t(b * n + v); };
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t v = 0; v < int64_t(n); ++v) {
     const uint64_t* r = bits + size_t(v) * stride;
@@ -66,7 +68,7 @@ NL_SPARSE void build_lists(const uint64_t* bits, uint32_t n, uint64_t stride, ui
       uint64_t c = 0;
       for (uint64_t w = b * kTokBlockWords; w < std::min(nw, (b + 1) * kTokBlockWords); ++w)
         c += static_cast<uint64_t>(__builtin_popcountll(r[w]));
-      tl.start[at(uint64_t(v), b) + 1] = c;
+      tl.start[tl.at(uint64_t(v), b) + 1] = c;
     }
   }
   for (size_t i = 1; i < tl.start.size(); ++i) tl.start[i] += tl.start[i - 1];
@@ -78,7 +80,7 @@ NL_SPARSE void build_lists(const uint64_t* bits, uint32_t n, uint64_t stride, ui
     const uint64_t* r = bits + size_t(v) * stride;
     uint16_t* out = nullptr;
     for (uint64_t w = 0; w < nw; ++w) {
-      if (w % kTokBlockWords == 0) out = tl.list.data() + tl.start[at(uint64_t(v), w / kTokBlockWords)];
+      if (w % kTokBlockWords == 0) out = tl.list.data() + tl.start[tl.at(uint64_t(v), w / kTokBlockWords)];
       const uint64_t x = r[w];
       if (!x) continue;
       const uint16_t base = static_cast<uint16_t>((w % kTokBlockWords) * 64);
@@ -233,7 +235,7 @@ void sparse_vertical_chunk(const uint64_t* bits, uint32_t n, uint64_t stride, ui
         const uint64_t w0 = b * kTokBlockWords, nwb = std::min(kTokBlockWords, nw - w0);
         transpose_block(bits, j0, nj, stride, w0, nwb, tt.data());
         for (uint32_t i = 0; i < rows; ++i) {
-          const uint64_t s = tl.start[size_t(b * n + i)], e = tl.start[size_t(b * n + i) + 1];
+          const uint64_t s = tl.start[tl.at(i, b)], e = tl.start[tl.at(i, b) + 1];
           uint32_t* a = acc.data() + size_t(i) * kColBlock;
           if (s != e)
             accumulate_row(tl.list.data() + s, e - s, tt.data(), zero, a, b == 0);
