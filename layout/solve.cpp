@@ -557,7 +557,6 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
     sel.ev.token_end = tm_val.end;
     sel.w_greedy = opt.guard_weight ? path_weight(g, mb, in.greedy) : 0;
     sel.seen = &r.candidates;
-    std::vector<Build> winners;  // per family, its best candidate alone (for the build-token figure)
     for (const std::string& f : families()) {
       std::vector<Build> bs = run_family(f, in, nullptr, r);
       FamilyFigure fig;
