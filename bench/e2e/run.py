@@ -142,6 +142,7 @@ class Bench:
         self.has_synthetic_act = "--synthetic-act" in help_pack
         self.has_overlap = "--overlap" in help_gen
         self.device = json.load(open(a.device))
+        self.pack_cmds = {}  # layout image -> the nl-layout pack command that writes it
         self.results = {"shapes": [], "settings": vars(a).copy(), "llamacpp_dir": self.ldir,
                         "loadavg_start": os.getloadavg(),
                         "nl_run_threads_option": self.has_threads, "nl_run_trace_select": self.has_trace_select}
@@ -204,19 +205,20 @@ class Bench:
                                    held_out, "-q"])
             synthetic = True
         images = {}
+        staged = self.a.one_image_at_a_time and not self.a.kernel_row_only
         for m in (["identity"] if self.a.kernel_row_only else LAYOUTS):  # the kernel row runs the identity image
             lay = os.path.join(d, "layout.%s.json" % m)
             if not os.path.exists(lay):
                 run(self.nice() + [self.tool("nl-layout"), "solve", "--trace", trace, "--method", m, "--out", lay,
                                    "-q"])
             img = os.path.join(d, "%s.%s.nlw" % (m, dtype))
-            if not (os.path.exists(img) and os.path.exists(img + ".json")):  # a run without --keep deletes images
-                src = ["--model", model] if model else ["--synthetic-shape", SYNTH[shape]["pack_shape"]]
-                argv = [self.tool("nl-layout"), "pack"] + src + ["--layout", lay, "--dtype", dtype, "--out", img,
-                                                                 "-q"]
-                # No --tokenizer: both engines are driven with ids (nl-run --json with a tokenizer throws on
-                # continuations that decode to invalid UTF-8).
-                run(self.nice() + argv)
+            src = ["--model", model] if model else ["--synthetic-shape", SYNTH[shape]["pack_shape"]]
+            # No --tokenizer: both engines are driven with ids (nl-run --json with a tokenizer throws on
+            # continuations that decode to invalid UTF-8).
+            self.pack_cmds[img] = self.nice() + [self.tool("nl-layout"), "pack"] + src + [
+                "--layout", lay, "--dtype", dtype, "--out", img, "-q"]
+            if not staged:  # staged: shape() packs each layout's image just before its rows and deletes it after
+                self.ensure_image(img)
             images[m] = img
         if synthetic and model is None and self.has_synthetic_act:
             # The whole synthetic shapes are gated ReLU, which llama.cpp's LLaMA arch cannot compute (SiLU only):
@@ -232,13 +234,28 @@ class Bench:
                          "dense forward, different tokens from the ReLU images")
         gg = os.path.join(d, "model.%s.gguf" % dtype)
         if self.llama_ok and not os.path.exists(gg):
+            if "silu" not in images:
+                self.ensure_image(images["identity"])  # staged: the GGUF is written from it
             argv = ["/usr/bin/python3", os.path.join(SRC, "scripts", "gguf_from_image.py"), "--image",
                     images.get("silu", images["identity"]), "--out", gg, "--gguf-py", self.gguf_py]
             if tok:
                 argv += ["--tokenizer", tok]
             run(self.nice() + argv)
         return {"images": images, "gguf": gg, "synthetic": synthetic, "trace": trace, "notes": notes,
-                "model": model, "held_out": held_out if synthetic else None}
+                "model": model, "held_out": held_out if synthetic else None, "staged": staged}
+
+    def kernel_image(self, p):
+        """The image the kernel row runs: the SiLU twin (what llama.cpp runs) or the identity image (packed again
+        when a staged run deleted it)."""
+        if "silu" in p["images"]:
+            return p["images"]["silu"]
+        self.ensure_image(p["images"]["identity"])
+        return p["images"]["identity"]
+
+    def ensure_image(self, img):
+        """Packs a layout's image unless it and its manifest exist (a run without --keep deletes images)."""
+        if not (os.path.exists(img) and os.path.exists(img + ".json")):
+            run(self.pack_cmds[img])
 
     # -----------------------------------------------------------------------------------------------------------
     # Runs
@@ -316,7 +333,7 @@ class Bench:
                     cell["llama"]["tg"].append(e["avg_ts"])
                 for name, cli in engines:
                     argv = self.nice() + [os.path.join(cli, "nl-run"), "--threads", str(t), "generate", "--image",
-                                          p["images"].get("silu", p["images"]["identity"]), "--select", "dense",
+                                          self.kernel_image(p), "--select", "dense",
                                           "--prompt-tokens",
                                           ",".join(map(str, prompt_ids)), "--steps", str(self.a.steps), "--json", "-q"]
                     r = run(argv, check=False)
@@ -358,7 +375,11 @@ class Bench:
             log("  not available: %s" % e)
             return res
         res["synthetic"] = p["synthetic"]
-        man = json.load(open(p["images"]["identity"] + ".json"))
+        staged = p["staged"]
+        if staged and "silu" not in p["images"]:
+            self.ensure_image(p["images"]["identity"])  # the manifest gives the model's shape and region sizes
+        # Staged, the SiLU twin's manifest stands in for the layouts' (same shape, dtype and region sizes).
+        man = json.load(open(p["images"]["silu" if staged and "silu" in p["images"] else "identity"] + ".json"))
         cfg = man["model"]
         prompt = self.prompt(cfg["vocab_size"])
         steps = self.a.steps
@@ -380,19 +401,31 @@ class Bench:
         files = [p["images"][m] for m in LAYOUTS] + ([p["gguf"]] if self.llama_ok else [])
 
         # Agreement (warm, uncapped): nl-run dense and gate vs llama.cpp.
-        dense, r = self.nl_generate(p["images"]["identity"], "dense", prompt, steps)
-        if dense is None:
-            raise SystemExit("e2e: nl-run dense failed: %s" % r["err"].strip()[-1000:])
-        agree = {"nl_dense": dense["tokens"]}
-        vs_llama = dense
+        agree = {}
+        res["agreement"] = agree
+
+        def agree_identity():  # nl-run dense and gate on the identity image
+            dense, r = self.nl_generate(p["images"]["identity"], "dense", prompt, steps)
+            if dense is None:
+                raise SystemExit("e2e: nl-run dense failed: %s" % r["err"].strip()[-1000:])
+            agree["nl_dense"] = dense["tokens"]
+            gate, _ = self.nl_generate(p["images"]["identity"], "gate", prompt, steps)
+            if gate:
+                agree["nl_gate"] = gate["tokens"]
+            return dense
+
+        vs_llama = None
         if "silu" in p["images"]:  # llama.cpp runs the SiLU variant: compare it with nl-run on that image
             vs_llama, r = self.nl_generate(p["images"]["silu"], "dense", prompt, steps)
             if vs_llama is None:
                 raise SystemExit("e2e: nl-run dense (SiLU variant) failed: %s" % r["err"].strip()[-1000:])
             agree["nl_dense_silu"] = vs_llama["tokens"]
-        gate, _ = self.nl_generate(p["images"]["identity"], "gate", prompt, steps)
-        if gate:
-            agree["nl_gate"] = gate["tokens"]
+        if not staged:
+            dense = agree_identity()
+            vs_llama = vs_llama or dense
+        if self.llama_ok and vs_llama is None:  # staged without a SiLU twin: the identity image is packed first
+            self.ensure_image(p["images"]["identity"])
+            vs_llama = agree_identity()
         if self.llama_ok:
             ll, r = self.llama_generate(p["gguf"], prompt, steps)
             if ll is None:
@@ -407,8 +440,10 @@ class Bench:
                                                                                           prefix))
         else:
             res["unavailable"]["llama.cpp"] = "not built (scripts/llamacpp.sh)"
-        res["agreement"] = agree
         if self.a.agreement_only:
+            if staged and "nl_dense" not in agree:
+                self.ensure_image(p["images"]["identity"])
+                agree_identity()
             return res
 
         # Timed rows, alternated: for each rep, every variant once.
@@ -434,43 +469,61 @@ class Bench:
         variants.append((DENSE_ROW, "dense", False, []))
         if not self.has_overlap:
             res["unavailable"]["nl-run overlap on/off"] = "no I/O-compute overlap switch on this checkout (issue 18)"
+        # Stages: all variants alternated together, or (--one-image-at-a-time, for disks that cannot hold every
+        # image at once) llama.cpp's rows, then per layout its image packed, its rows alternated, the image deleted.
+        if staged:
+            stages = [(None, [v for v in variants if v[1] == "llama"])]
+            for m in LAYOUTS:
+                stages.append((m, [v for v in variants if v[1] == m or (m == "identity" and v[1] == "dense")]))
+            res["staged"] = ("one layout image on disk at a time: repetitions alternate within llama.cpp's rows and "
+                             "within each layout's rows, not across layouts")
+        else:
+            stages = [(None, variants)]
         samples = {v[0]: [] for v in variants}
         failures = {}
-        for rep in range(self.a.reps):
-            for name, kind, capped, extra in variants:
-                if name in failures:
-                    continue
-                if capped:
-                    for f in files:
-                        drop_file_cache(f)
-                else:
-                    warm = p["gguf"] if kind == "llama" else p["images"]["identity"]
-                    with open(warm, "rb") as fh:  # warm: the whole file in page cache
-                        while fh.read(1 << 24):
-                            pass
-                cg = MemoryCgroup(cap) if capped else None
-                if capped and not cg.path:  # 77: the smoke test reports it as skipped, with this reason
-                    print("e2e: cannot cap memory (needs root and a memory cgroup): %s" % cg.reason, file=sys.stderr)
-                    sys.exit(77)
-                try:
-                    if kind == "llama":
-                        s, r = self.llama_generate(p["gguf"], prompt, steps, cg)
-                    elif kind == "dense":
-                        s, r = self.nl_generate(p["images"]["identity"], "dense", prompt, steps)
+        for layout, stage in stages:
+            if layout:
+                self.ensure_image(p["images"][layout])
+                if layout == "identity" and "nl_dense" not in agree:
+                    agree_identity()
+            for rep in range(self.a.reps):
+                for name, kind, capped, extra in stage:
+                    if name in failures:
+                        continue
+                    if capped:
+                        for f in files:
+                            if os.path.exists(f):
+                                drop_file_cache(f)
                     else:
-                        s, r = self.nl_generate(p["images"][kind], sel, prompt, steps, cg,
-                                                ["--cache-ratio", "0.1"] + extra)
-                finally:
-                    if cg:
-                        cg.close()
-                if s is None:
-                    failures[name] = "exit %d%s: %s" % (r["rc"], " (killed: over the memory cap?)" if r["rc"] < 0 or
-                                                        r["rc"] == 137 else "", r["err"].strip()[-300:])
-                    log("  %s failed: %s" % (name, failures[name]))
-                    continue
-                samples[name].append(s)
-                log("  rep %d %-40s ttft %8.1f ms  decode %8.2f ms/token  read %6.1f MiB  peak RSS %6.1f MiB" %
-                    (rep, name, s["ttft_ms"], s["decode_ms"], s["read_bytes"] / MIB, s["maxrss_kib"] / 1024))
+                        warm = p["gguf"] if kind == "llama" else p["images"]["identity"]
+                        with open(warm, "rb") as fh:  # warm: the whole file in page cache
+                            while fh.read(1 << 24):
+                                pass
+                    cg = MemoryCgroup(cap) if capped else None
+                    if capped and not cg.path:  # 77: the smoke test reports it as skipped, with this reason
+                        print("e2e: cannot cap memory (needs root and a memory cgroup): %s" % cg.reason, file=sys.stderr)
+                        sys.exit(77)
+                    try:
+                        if kind == "llama":
+                            s, r = self.llama_generate(p["gguf"], prompt, steps, cg)
+                        elif kind == "dense":
+                            s, r = self.nl_generate(p["images"]["identity"], "dense", prompt, steps)
+                        else:
+                            s, r = self.nl_generate(p["images"][kind], sel, prompt, steps, cg,
+                                                    ["--cache-ratio", "0.1"] + extra)
+                    finally:
+                        if cg:
+                            cg.close()
+                    if s is None:
+                        failures[name] = "exit %d%s: %s" % (r["rc"], " (killed: over the memory cap?)" if r["rc"] < 0
+                                                            or r["rc"] == 137 else "", r["err"].strip()[-300:])
+                        log("  %s failed: %s" % (name, failures[name]))
+                        continue
+                    samples[name].append(s)
+                    log("  rep %d %-40s ttft %8.1f ms  decode %8.2f ms/token  read %6.1f MiB  peak RSS %6.1f MiB" %
+                        (rep, name, s["ttft_ms"], s["decode_ms"], s["read_bytes"] / MIB, s["maxrss_kib"] / 1024))
+            if layout:  # even with --keep: staging is for a disk that cannot hold the next image beside this one
+                os.unlink(p["images"][layout])  # the manifest (small) stays: the run's record of the layout
         n_tok = len(prompt) + steps - 1  # forward passes: the prompt, then every generated token but the last
         rows = {}
         for name, kind, capped, _extra in variants:
@@ -514,7 +567,7 @@ class Bench:
                 elif self.has_threads:
                     ms = []
                     for _ in range(self.a.reps):
-                        g, _r = self.nl_generate(p["images"]["identity"], "dense", prompt, steps, threads=t)
+                        g, _r = self.nl_generate(self.kernel_image(p), "dense", prompt, steps, threads=t)
                         if g:
                             ms.append(g["decode_ms"])
                     if ms:
@@ -690,6 +743,9 @@ def main():
     ap.add_argument("--base-build", help="kernel row: also run this build's nl-run, alternated (before/after)")
     ap.add_argument("--no-kernel-row", action="store_true",
                     help="skip the kernel row (llama-bench and nl-run --select dense, all in DRAM) after the rows")
+    ap.add_argument("--one-image-at-a-time", action="store_true",
+                    help="keep one layout image on disk at a time (pack it before its rows, delete it after; for a "
+                         "7B f16 shape whose images and GGUF do not fit the disk at once)")
     ap.add_argument("--prepare-only", action="store_true",
                     help="write the traces, layouts, images and GGUF files (kept for a later run) and stop")
     a = ap.parse_args()
