@@ -25,6 +25,7 @@ from layouts_bench import MemoryCgroup, drop_file_cache, med, trunc  # noqa: E40
 LAYOUTS = ["identity", "greedy", "greedy+ls"]
 DENSE_ROW = "nl-run --select dense, uncapped (warm)"
 MIB = 1 << 20
+CACHE_RATIO = 0.1  # nl-run's neuron cache in the capped rows, as the cap's "10 % of the FFN bytes"
 
 # Random-weight Llama shapes and the synthetic workload preset whose calibrated activity gives their traces. The
 # whole models are packed by `nl-layout pack --synthetic-shape NAME`, and their shapes are read from the binary
@@ -207,16 +208,19 @@ class Bench:
         images = {}
         staged = self.a.one_image_at_a_time and not self.a.kernel_row_only
         for m in (["identity"] if self.a.kernel_row_only else LAYOUTS):  # the kernel row runs the identity image
-            lay = os.path.join(d, "layout.%s.json" % m)
+            # Every layout is solved for what the rows run: this machine's device profile (--device) and the rows'
+            # cache ratio, and pack records that device for nl-run's gap rule (the layout objective: the I/O time
+            # the runtime pays). The file names carry both, so a layout solved for other settings is never reused.
+            lay = os.path.join(d, "layout.%s.%s-c%g.json" % (m, self.device.get("name", "device"), CACHE_RATIO))
             if not os.path.exists(lay):
-                run(self.nice() + [self.tool("nl-layout"), "solve", "--trace", trace, "--method", m, "--out", lay,
-                                   "-q"])
+                run(self.nice() + [self.tool("nl-layout"), "solve", "--trace", trace, "--method", m, "--device",
+                                   self.a.device, "--cache-ratio", str(CACHE_RATIO), "--out", lay, "-q"])
             img = os.path.join(d, "%s.%s.nlw" % (m, dtype))
             src = ["--model", model] if model else ["--synthetic-shape", SYNTH[shape]["pack_shape"]]
             # No --tokenizer: both engines are driven with ids (nl-run --json with a tokenizer throws on
             # continuations that decode to invalid UTF-8).
             self.pack_cmds[img] = self.nice() + [self.tool("nl-layout"), "pack"] + src + [
-                "--layout", lay, "--dtype", dtype, "--out", img, "-q"]
+                "--layout", lay, "--device", self.a.device, "--dtype", dtype, "--out", img, "-q"]
             if not staged:  # staged: shape() packs each layout's image just before its rows and deletes it after
                 self.ensure_image(img)
             images[m] = img
@@ -394,7 +398,7 @@ class Bench:
         ffn_bytes = sum(r["bytes"] for r in man["regions"][1:])
         dense_bytes = man["regions"][0]["bytes"]
         kv_bytes = 2 * cfg["n_layers"] * (len(prompt) + steps) * (cfg["dim"] // cfg["n_heads"] * cfg["n_kv_heads"]) * 2
-        cap = dense_bytes + ffn_bytes // 10 + kv_bytes + 256 * MIB
+        cap = dense_bytes + int(ffn_bytes * CACHE_RATIO) + kv_bytes + 256 * MIB
         res.update({"ffn_bytes": ffn_bytes, "non_ffn_bytes": dense_bytes, "kv_bytes": kv_bytes, "cap_bytes": cap})
         log("  cap %.1f MiB = non-FFN %.1f + 10%% of FFN %.1f + KV %.2f + 256 MiB" %
             (cap / MIB, dense_bytes / MIB, ffn_bytes / MIB / 10, kv_bytes / MIB))
@@ -510,7 +514,7 @@ class Bench:
                             s, r = self.nl_generate(p["images"]["identity"], "dense", prompt, steps)
                         else:
                             s, r = self.nl_generate(p["images"][kind], sel, prompt, steps, cg,
-                                                    ["--cache-ratio", "0.1"] + extra)
+                                                    ["--cache-ratio", str(CACHE_RATIO)] + extra)
                     finally:
                         if cg:
                             cg.close()
