@@ -111,7 +111,8 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
          a.o.replicate_share = p / 100;
        },
        "Flash replication: up to this share of the FFN bytes (e.g. 10%) holds second copies of neurons beside groups "
-       "they fire with; the amount is chosen on validation tokens (default 0 = off; pack writes the copies, nl-run reads one)")
+       "they fire with; the amount is chosen on validation tokens (default 0 = off; pack writes the copies, nl-run "
+       "reads one)")
       ->default_str("0%")
       ->group(grp);
   c.add_flag("--weight-guard", a.o.guard_weight,
