@@ -505,7 +505,8 @@ class Bench:
                                 pass
                     cg = MemoryCgroup(cap) if capped else None
                     if capped and not cg.path:  # 77: the smoke test reports it as skipped, with this reason
-                        print("e2e: cannot cap memory (needs root and a memory cgroup): %s" % cg.reason, file=sys.stderr)
+                        print("e2e: cannot cap memory (needs root and a memory cgroup): %s" % cg.reason,
+                              file=sys.stderr)
                         sys.exit(77)
                     try:
                         if kind == "llama":
