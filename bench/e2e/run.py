@@ -380,10 +380,13 @@ class Bench:
             return res
         res["synthetic"] = p["synthetic"]
         staged = p["staged"]
-        if staged and "silu" not in p["images"]:
-            self.ensure_image(p["images"]["identity"])  # the manifest gives the model's shape and region sizes
-        # Staged, the SiLU twin's manifest stands in for the layouts' (same shape, dtype and region sizes).
-        man = json.load(open(p["images"]["silu" if staged and "silu" in p["images"] else "identity"] + ".json"))
+        # Staged with a SiLU twin, the identity image is packed only for its own stage: the twin's manifest stands in
+        # for it (same shape, dtype and region sizes) and its dense / gate agreement waits for that stage. Otherwise
+        # (not staged, or no twin) the identity image is there from the start.
+        defer = staged and "silu" in p["images"]
+        if not defer:
+            self.ensure_image(p["images"]["identity"])
+        man = json.load(open(p["images"]["silu" if defer else "identity"] + ".json"))
         cfg = man["model"]
         prompt = self.prompt(cfg["vocab_size"])
         steps = self.a.steps
@@ -400,8 +403,8 @@ class Bench:
         kv_bytes = 2 * cfg["n_layers"] * (len(prompt) + steps) * (cfg["dim"] // cfg["n_heads"] * cfg["n_kv_heads"]) * 2
         cap = dense_bytes + int(ffn_bytes * CACHE_RATIO) + kv_bytes + 256 * MIB
         res.update({"ffn_bytes": ffn_bytes, "non_ffn_bytes": dense_bytes, "kv_bytes": kv_bytes, "cap_bytes": cap})
-        log("  cap %.1f MiB = non-FFN %.1f + 10%% of FFN %.1f + KV %.2f + 256 MiB" %
-            (cap / MIB, dense_bytes / MIB, ffn_bytes / MIB / 10, kv_bytes / MIB))
+        log("  cap %.1f MiB = non-FFN %.1f + %g%% of FFN %.1f + KV %.2f + 256 MiB" %
+            (cap / MIB, dense_bytes / MIB, 100 * CACHE_RATIO, ffn_bytes * CACHE_RATIO / MIB, kv_bytes / MIB))
         files = [p["images"][m] for m in LAYOUTS] + ([p["gguf"]] if self.llama_ok else [])
 
         # Agreement (warm, uncapped): nl-run dense and gate vs llama.cpp.
@@ -424,12 +427,9 @@ class Bench:
             if vs_llama is None:
                 raise SystemExit("e2e: nl-run dense (SiLU variant) failed: %s" % r["err"].strip()[-1000:])
             agree["nl_dense_silu"] = vs_llama["tokens"]
-        if not staged:
+        if not defer:
             dense = agree_identity()
             vs_llama = vs_llama or dense
-        if self.llama_ok and vs_llama is None:  # staged without a SiLU twin: the identity image is packed first
-            self.ensure_image(p["images"]["identity"])
-            vs_llama = agree_identity()
         if self.llama_ok:
             ll, r = self.llama_generate(p["gguf"], prompt, steps)
             if ll is None:
@@ -445,7 +445,7 @@ class Bench:
         else:
             res["unavailable"]["llama.cpp"] = "not built (scripts/llamacpp.sh)"
         if self.a.agreement_only:
-            if staged and "nl_dense" not in agree:
+            if defer:
                 self.ensure_image(p["images"]["identity"])
                 agree_identity()
             return res
@@ -676,8 +676,9 @@ def print_shape(res):
         if "nl_gate" in ag:
             print("nl-run --select gate vs dense: %s" % ("identical" if ag["nl_gate"] == ag["nl_dense"] else "DIFFER"))
     if "cap_bytes" in res:
-        print("cap %.1f MiB = non-FFN %.1f MiB + 10%% of FFN %.1f MiB + KV %.2f MiB + 256 MiB" %
-              (res["cap_bytes"] / MIB, res["non_ffn_bytes"] / MIB, res["ffn_bytes"] / MIB / 10, res["kv_bytes"] / MIB))
+        print("cap %.1f MiB = non-FFN %.1f MiB + %g%% of FFN %.1f MiB + KV %.2f MiB + 256 MiB" %
+              (res["cap_bytes"] / MIB, res["non_ffn_bytes"] / MIB, 100 * CACHE_RATIO,
+               res["ffn_bytes"] * CACHE_RATIO / MIB, res["kv_bytes"] / MIB))
     for k, v in res.get("unavailable", {}).items():
         print("not available: %s: %s" % (k, v))
     rows = res.get("rows", {})
