@@ -191,7 +191,8 @@ TEST_CASE("every kernel path equals the portable reference bit for bit (row dots
 
 // Prefill's token tiles (several tokens per weight load) change the loop, never a number: every (row, token) of a
 // matmul over n = 1..9 tokens equals that token alone on the same path and on the portable one, for every dtype, the
-// interleaved q8_0 layout, row counts that are not a multiple of the row block and token counts of every remainder.
+// interleaved q8_0 layout, row counts that are not a multiple of the row block (or span several panels of blocks) and
+// token counts of every remainder.
 TEST_CASE("matmul over n tokens (token tiles) equals each token alone, bit for bit, every path") {
   IsaGuard guard;
   struct Case {
@@ -204,7 +205,7 @@ TEST_CASE("matmul over n tokens (token tiles) equals each token alone, bit for b
       {ImageDtype::kQ4_0, false, 320}, {ImageDtype::kF16, false, 97},   {ImageDtype::kF16, false, 256},
       {ImageDtype::kBF16, false, 131}, {ImageDtype::kBF16, false, 512}, {ImageDtype::kF32, false, 75}};
   for (const Case& c : cases)
-    for (int rows : {4, 13, 37}) {
+    for (int rows : {4, 13, 37, 133}) {  // 133: three panels of row blocks (the last one short) and a row left over
       const std::string dtype = image_dtype_name(c.dt);
       CAPTURE(dtype);
       CAPTURE(c.x8);
