@@ -10,9 +10,11 @@
 # Not a test (prints figures); tests/e2e_smoke.sh runs --smoke (stories260K, 1 rep, a few tokens) and checks its JSON.
 # Stdlib only; helpers shared with the layouts bench (cgroup, page-cache dropping, medians) are imported from it.
 import argparse
+import hashlib
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -38,6 +40,18 @@ SYNTH = {
     "mistral-7b": {"pack_shape": "mistral-7b", "preset": "mistral-7b-turbosparse"},
 }
 LLAMA2C_ORDER = ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len")
+# Bytes of one weight row of `dim` in each image dtype (docs/formats.md; q8_0 / q4_0: blocks of 32 with an f16 scale).
+ROW_BYTES = {"f32": lambda d: 4 * d, "f16": lambda d: 2 * d, "bf16": lambda d: 2 * d, "q8_0": lambda d: d // 32 * 34,
+             "q4_0": lambda d: d // 32 * 18}
+
+
+def img_path(d, method, dtype):
+    return os.path.join(d, "%s.%s.nlw" % (method, dtype))
+
+
+def bundle_bytes(dim, dtype):
+    """A gated LLaMA FFN bundle (gate row + up row + down column) of `dim` in `dtype`: what nl-run reads per neuron."""
+    return 3 * ROW_BYTES[dtype](dim)
 
 
 def log(msg):
@@ -143,7 +157,10 @@ class Bench:
         self.has_synthetic_act = "--synthetic-act" in help_pack
         self.has_overlap = "--overlap" in help_gen
         self.device = json.load(open(a.device))
+        with open(a.device, "rb") as f:  # the profile's content names the layouts solved for it (a re-probe differs)
+            self.device_tag = "%s-%s" % (self.device.get("name", "device"), hashlib.sha256(f.read()).hexdigest()[:8])
         self.pack_cmds = {}  # layout image -> the nl-layout pack command that writes it
+        self.bundle_bytes = {}  # layout image -> the bundle bytes its layout was solved for
         self.results = {"shapes": [], "settings": vars(a).copy(), "llamacpp_dir": self.ldir,
                         "loadavg_start": os.getloadavg(),
                         "nl_run_threads_option": self.has_threads, "nl_run_trace_select": self.has_trace_select}
@@ -173,6 +190,8 @@ class Bench:
                 run(self.nice() + [self.tool("nl-profile"), "run", "--model", model, "--tokenizer", tok, "--text",
                                    "/usr/share/common-licenses/GPL-3", "--seq-len", "128", "--max-tokens",
                                    str(self.a.profile_tokens), "--out", trace, "-q"])
+            with open(model, "rb") as f:  # llama2.c header: dim first (int32)
+                dim = struct.unpack("<i", f.read(4))[0]
             synthetic = False
         else:
             spec = SYNTH[shape]
@@ -184,6 +203,7 @@ class Bench:
                 cfg = tuple(self.pack_models[spec["pack_shape"]][k] for k in LLAMA2C_ORDER)
             else:
                 cfg = spec["config"]
+            dim = cfg[0]
             model = os.path.join(d, "random.bin")
             if not whole and params(cfg) * 4 > self.a.max_random_gb * 1e9:
                 raise Unavailable("needs nl-layout pack --synthetic-shape %s (issue 18); a random llama2.c file of "
@@ -208,14 +228,18 @@ class Bench:
         images = {}
         staged = self.a.one_image_at_a_time and not self.a.kernel_row_only
         for m in (["identity"] if self.a.kernel_row_only else LAYOUTS):  # the kernel row runs the identity image
-            # Every layout is solved for what the rows run: this machine's device profile (--device) and the rows'
-            # cache ratio, and pack records that device for nl-run's gap rule (the layout objective: the I/O time
-            # the runtime pays). The file names carry both, so a layout solved for other settings is never reused.
-            lay = os.path.join(d, "layout.%s.%s-c%g.json" % (m, self.device.get("name", "device"), CACHE_RATIO))
+            # Every layout is solved for what the rows run: this machine's device profile (--device), the rows'
+            # cache ratio and the image's bundle bytes in this dtype, and pack records that device for nl-run's gap
+            # rule (the layout objective: the I/O time the runtime pays). The file names carry all three (the
+            # profile by its content's digest), so a layout solved for other settings is never reused.
+            bb = bundle_bytes(dim, dtype)
+            lay = os.path.join(d, "layout.%s.%s-b%d-c%g.json" % (m, self.device_tag, bb, CACHE_RATIO))
             if not os.path.exists(lay):
                 run(self.nice() + [self.tool("nl-layout"), "solve", "--trace", trace, "--method", m, "--device",
-                                   self.a.device, "--cache-ratio", str(CACHE_RATIO), "--out", lay, "-q"])
-            img = os.path.join(d, "%s.%s.nlw" % (m, dtype))
+                                   self.a.device, "--cache-ratio", str(CACHE_RATIO), "--bundle-bytes", str(bb),
+                                   "--out", lay, "-q"])
+            self.bundle_bytes[img_path(d, m, dtype)] = bb
+            img = img_path(d, m, dtype)
             src = ["--model", model] if model else ["--synthetic-shape", SYNTH[shape]["pack_shape"]]
             # No --tokenizer: both engines are driven with ids (nl-run --json with a tokenizer throws on
             # continuations that decode to invalid UTF-8).
@@ -260,6 +284,10 @@ class Bench:
         """Packs a layout's image unless it and its manifest exist (a run without --keep deletes images)."""
         if not (os.path.exists(img) and os.path.exists(img + ".json")):
             run(self.pack_cmds[img])
+        got = json.load(open(img + ".json"))["bundle"]["bytes"]
+        if img in self.bundle_bytes and got != self.bundle_bytes[img]:
+            raise SystemExit("e2e: %s.json: bundle of %d bytes, its layout was solved for %d" %
+                             (img, got, self.bundle_bytes[img]))
 
     # -----------------------------------------------------------------------------------------------------------
     # Runs
