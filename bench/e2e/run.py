@@ -161,6 +161,7 @@ class Bench:
             self.device_tag = "%s-%s" % (self.device.get("name", "device"), hashlib.sha256(f.read()).hexdigest()[:8])
         self.pack_cmds = {}  # layout image -> the nl-layout pack command that writes it
         self.bundle_bytes = {}  # layout image -> the bundle bytes its layout was solved for
+        self.image_layout = {}  # layout image -> the layout file it is packed from
         self.results = {"shapes": [], "settings": vars(a).copy(), "llamacpp_dir": self.ldir,
                         "loadavg_start": os.getloadavg(),
                         "nl_run_threads_option": self.has_threads, "nl_run_trace_select": self.has_trace_select}
@@ -239,6 +240,7 @@ class Bench:
                                    self.a.device, "--cache-ratio", str(CACHE_RATIO), "--bundle-bytes", str(bb),
                                    "--out", lay, "-q"])
             self.bundle_bytes[img_path(d, m, dtype)] = bb
+            self.image_layout[img_path(d, m, dtype)] = lay
             img = img_path(d, m, dtype)
             src = ["--model", model] if model else ["--synthetic-shape", SYNTH[shape]["pack_shape"]]
             # No --tokenizer: both engines are driven with ids (nl-run --json with a tokenizer throws on
@@ -281,8 +283,13 @@ class Bench:
         return p["images"]["identity"]
 
     def ensure_image(self, img):
-        """Packs a layout's image unless it and its manifest exist (a run without --keep deletes images)."""
-        if not (os.path.exists(img) and os.path.exists(img + ".json")):
+        """Packs a layout's image unless it and its manifest exist, packed from that layout file (a run without --keep
+        deletes images)."""
+        fresh = os.path.exists(img) and os.path.exists(img + ".json")
+        if fresh and img in self.image_layout:  # an image kept from a run with another layout file is packed again
+            packed_from = json.load(open(img + ".json")).get("layout", {}).get("path") or ""
+            fresh = os.path.realpath(packed_from) == os.path.realpath(self.image_layout[img])
+        if not fresh:
             run(self.pack_cmds[img])
         got = json.load(open(img + ".json"))["bundle"]["bytes"]
         if img in self.bundle_bytes and got != self.bundle_bytes[img]:
