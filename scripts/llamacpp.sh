@@ -35,7 +35,8 @@ same_flags() { [ -f "$DIR/build-flags" ] && [ "$(cat "$DIR/build-flags")" = "$CP
 build_ids() {
   local b=$DIR/build
   # shellcheck disable=SC2086
-  g++ -O2 -std=c++17 -march=native $CPU_FLAGS -I"$DIR/src/include" -I"$DIR/src/ggml/include" "$IDS_SRC" -o "$DIR/bin/llama-ids.tmp" \
+  g++ -O2 -std=c++17 -march=native $CPU_FLAGS -I"$DIR/src/include" -I"$DIR/src/ggml/include" "$IDS_SRC" \
+    -o "$DIR/bin/llama-ids.tmp" \
     "$b/src/libllama.a" "$b/ggml/src/libggml.a" "$b/ggml/src/libggml-cpu.a" "$b/ggml/src/libggml-base.a" \
     -fopenmp -lpthread -ldl -lm
   mv "$DIR/bin/llama-ids.tmp" "$DIR/bin/llama-ids"
@@ -84,7 +85,8 @@ gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 rm -f build-flags
 cmake -S src -B build "${gen[@]}" "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_OPENMP=ON \
-  "-DCMAKE_C_FLAGS=$CPU_FLAGS" "-DCMAKE_CXX_FLAGS=$CPU_FLAGS" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF \
+  "-DCMAKE_C_FLAGS=$CPU_FLAGS" "-DCMAKE_CXX_FLAGS=$CPU_FLAGS" \
+  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF \
   >build.log
 # libllama and the token-id driver first: an interrupted build already serves the agreement check and the rows.
 nice -n 5 cmake --build build -j "$(nproc)" --target llama >>build.log

@@ -156,9 +156,11 @@ class Bench:
         self.pack_dtypes = [d for d in ("f32", "f16", "bf16", "q8_0", "q4_0") if d in help_pack]
         self.has_synthetic_act = "--synthetic-act" in help_pack
         self.has_overlap = "--overlap" in help_gen
-        self.device = json.load(open(a.device))
-        with open(a.device, "rb") as f:  # the profile's content names the layouts solved for it (a re-probe differs)
-            self.device_tag = "%s-%s" % (self.device.get("name", "device"), hashlib.sha256(f.read()).hexdigest()[:8])
+        with open(a.device, "rb") as f:
+            device_bytes = f.read()
+        self.device = json.loads(device_bytes)
+        # The profile's content names the layouts solved for it (a re-probe differs).
+        self.device_tag = "%s-%s" % (self.device.get("name", "device"), hashlib.sha256(device_bytes).hexdigest()[:8])
         self.pack_cmds = {}  # layout image -> the nl-layout pack command that writes it
         self.bundle_bytes = {}  # layout image -> the bundle bytes its layout was solved for
         self.image_layout = {}  # layout image -> the layout file it is packed from
@@ -239,9 +241,9 @@ class Bench:
                 run(self.nice() + [self.tool("nl-layout"), "solve", "--trace", trace, "--method", m, "--device",
                                    self.a.device, "--cache-ratio", str(CACHE_RATIO), "--bundle-bytes", str(bb),
                                    "--out", lay, "-q"])
-            self.bundle_bytes[img_path(d, m, dtype)] = bb
-            self.image_layout[img_path(d, m, dtype)] = lay
             img = img_path(d, m, dtype)
+            self.bundle_bytes[img] = bb
+            self.image_layout[img] = lay
             src = ["--model", model] if model else ["--synthetic-shape", SYNTH[shape]["pack_shape"]]
             # No --tokenizer: both engines are driven with ids (nl-run --json with a tokenizer throws on
             # continuations that decode to invalid UTF-8).
@@ -285,13 +287,15 @@ class Bench:
     def ensure_image(self, img):
         """Packs a layout's image unless it and its manifest exist, packed from that layout file (a run without --keep
         deletes images)."""
-        fresh = os.path.exists(img) and os.path.exists(img + ".json")
-        if fresh and img in self.image_layout:  # an image kept from a run with another layout file is packed again
-            packed_from = json.load(open(img + ".json")).get("layout", {}).get("path") or ""
-            fresh = os.path.realpath(packed_from) == os.path.realpath(self.image_layout[img])
-        if not fresh:
+        man = json.load(open(img + ".json")) if os.path.exists(img) and os.path.exists(img + ".json") else None
+        if man and img in self.image_layout:  # an image kept from a run with another layout file is packed again
+            packed_from = man.get("layout", {}).get("path") or ""
+            if os.path.realpath(packed_from) != os.path.realpath(self.image_layout[img]):
+                man = None
+        if man is None:
             run(self.pack_cmds[img])
-        got = json.load(open(img + ".json"))["bundle"]["bytes"]
+            man = json.load(open(img + ".json"))
+        got = man["bundle"]["bytes"]
         if img in self.bundle_bytes and got != self.bundle_bytes[img]:
             raise SystemExit("e2e: %s.json: bundle of %d bytes, its layout was solved for %d" %
                              (img, got, self.bundle_bytes[img]))

@@ -724,13 +724,12 @@ NL_512 void tile_q8x8_512(const uint8_t* w, size_t stride, const uint8_t* x, siz
   }
 }
 
-// Token tile over f16 / bf16 rows: kRowBlock rows against T <= kTokenTile tokens.
-// The tile in two passes, one per 16-lane half of each 32-weight step: the two halves' accumulator chains are
-// independent (fold32 joins them only at the end), so each pass holds R2 x T accumulators, converts each row's half
-// step once for all T tokens and loads each token's half step once for all R2 rows. Per (row, token) the operations
-// and their order stay dot_h16_512_rows's. One accumulator per (row, token) instead of two lets all kTokenTile tokens
-// share a conversion: 4 conversions (2 uops each on the FMA ports of Intel cores) per 16 FMAs instead of 8 per 16
-// with the two-half tile of 4 rows x 2 tokens.
+// One pass of the f16 / bf16 token tile, over the 16-lane half H of each 32-weight step: the two halves' accumulator
+// chains are independent (fold32 joins them only at the end), so each pass holds R2 x T accumulators, converts each
+// row's half step once for all T tokens and loads each token's half step once for all R2 rows. Per (row, token) the
+// operations and their order stay dot_h16_512_rows's. One accumulator per (row, token) instead of two lets all
+// kTokenTile tokens share a conversion: 4 conversions (2 uops each on the FMA ports of Intel cores) per 16 FMAs instead
+// of 8 per 16 with the two-half tile of 4 rows x 2 tokens.
 template <bool Bf16, int R2, int T, int H>
 NL_512 inline void half_h16_512(const uint8_t* w, size_t stride, const uint8_t* x, size_t xs, int n,
                                 __m512 (&a)[R2][T]) {
@@ -745,6 +744,7 @@ NL_512 inline void half_h16_512(const uint8_t* w, size_t stride, const uint8_t* 
     }
   }
 }
+// Token tile over f16 / bf16 rows: kRowBlock rows against T <= kTokenTile tokens, its two halves in two passes.
 template <bool Bf16, int T>
 NL_512 void tile_h16_512_t(const uint8_t* w, size_t stride, const uint8_t* x, size_t xs, int n, float* y, size_t ys) {
   __m512 a0[kRowBlock][T], a1[kRowBlock][T];
