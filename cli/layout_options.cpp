@@ -1,9 +1,13 @@
 #include "cli/layout_options.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <stdexcept>
 
 #include "formats/core/error.h"
+#include "formats/core/image_writer.h"
+#include "formats/core/synthetic_models.h"
+#include "formats/model_source.h"
 
 namespace nl::cli {
 
@@ -51,9 +55,20 @@ void add_device_objective_options(CLI::App& c, DeviceObjectiveArgs& a) {
   c.add_option("--cache-ratio", a.cache_ratio, "Cache size as a fraction of each layer's FFN bytes")
       ->check(CLI::Range(0.0, 1.0))
       ->group(grp);
-  c.add_option("--bundle-bytes", a.bundle_bytes, "Bytes per neuron bundle (default: from the layer width)")
-      ->check(CLI::Range(uint64_t(1), uint64_t(1) << 30))
+  auto* bytes =
+      c.add_option("--bundle-bytes", a.bundle_bytes,
+                   "Bytes per neuron bundle (default: --bundle-for's, else from the layer width assuming f16)")
+          ->check(CLI::Range(uint64_t(1), uint64_t(1) << 30))
+          ->group(grp);
+  auto* bfor =
+      c.add_option("--bundle-for", a.bundle_for,
+                   "Price bundles as nl-layout pack stores this model: a llama2.c / Hugging Face model path, a "
+                   "--synthetic-shape name or DIMxHIDDEN[xplain|xgated] (with --dtype)")
+          ->group(grp);
+  c.add_option("--dtype", a.dtype, "With --bundle-for: the image dtype the layout is for (default f16)")
+      ->needs(bfor)
       ->group(grp);
+  bytes->excludes(bfor);
   c.add_option("--window", a.window, "Sliding window: neurons active in the last K tokens stay resident")
       ->check(CLI::Range(0u, 1000000u))
       ->group(grp);
@@ -71,12 +86,45 @@ EvalConfig eval_config_from(const DeviceObjectiveArgs& a) {
   e.device = a.device.empty() ? default_device() : device_load(a.device);
   e.gap = GapPolicy::parse(a.gap);
   e.cache_ratio = a.cache_ratio;
-  e.bundle_bytes = a.bundle_bytes;
+  e.bundle_bytes = a.bundle_for.empty() ? a.bundle_bytes : bundle_for_resolve(a).bytes;
   e.cache.window_tokens = a.window;
   e.cache.run_admit_prob = a.run_admit_prob;
   e.cache.isolated_max_bundles = a.isolated_max;
   e.cache.linking_aligned = !a.plain_s3fifo;
   return e;
+}
+
+BundleFor bundle_for_resolve(const DeviceObjectiveArgs& a) {
+  if (a.bundle_for.empty()) return {};
+  ImageDtype dt = ImageDtype::kF16;
+  if (!a.dtype.empty() && !image_dtype_parse(a.dtype, &dt)) throw UsageError("unknown --dtype " + a.dtype);
+  ModelConfig c;
+  BundleKind kind = BundleKind::kGated;  // a real model's FFN (pack's ImageSpec default)
+  SyntheticFfnShape s;
+  if (synthetic_ffn_shape_parse(a.bundle_for, &s)) {
+    c.dim = s.dim;
+    c.hidden_dim = s.hidden;
+    kind = s.kind;
+  } else if (std::error_code ec; std::filesystem::exists(a.bundle_for, ec)) {
+    c = open_model_source(a.bundle_for)->config();  // the header only
+  } else {
+    throw UsageError("--bundle-for " + a.bundle_for + ": no such model file or folder, and not " +
+                     synthetic_shape_names() + " or DIMxHIDDEN[xplain|xgated]");
+  }
+  if (!image_row_len_ok(dt, size_t(c.dim)))
+    throw UsageError("--dtype " + std::string(image_dtype_name(dt)) + " cannot store " + a.bundle_for + ": dim " +
+                     std::to_string(c.dim) + " is not a multiple of " + std::to_string(kImageQuantBlock));
+  return {image_bundle_bytes(dt, kind, size_t(c.dim)), uint32_t(c.hidden_dim)};
+}
+
+void bundle_for_check(const DeviceObjectiveArgs& a, const std::vector<uint32_t>& n_neurons, const std::string& trace) {
+  const BundleFor b = bundle_for_resolve(a);
+  if (!b.bytes) return;
+  for (size_t l = 0; l < n_neurons.size(); ++l)
+    if (n_neurons[l] != b.hidden)
+      throw UsageError("--bundle-for " + a.bundle_for + " has " + std::to_string(b.hidden) +
+                       " FFN neurons per layer, " + trace + " layer " + std::to_string(l) + " has " +
+                       std::to_string(n_neurons[l]));
 }
 
 }  // namespace nl::cli

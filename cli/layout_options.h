@@ -13,6 +13,8 @@ struct DeviceObjectiveArgs {
   std::string gap = GapPolicy{}.to_string();      // auto
   double cache_ratio = 0.05;                      // the CLI's default cache (EvalConfig's own is none)
   uint64_t bundle_bytes = 0;                      // 0 = from the layer width
+  std::string bundle_for;                         // a shape or model: bundle bytes as pack stores them
+  std::string dtype;                              // with bundle_for: the image dtype (empty = f16)
   uint32_t window = CacheConfig{}.window_tokens;  // cache defaults: runtime/plan/slot_cache.h, not copies
   double run_admit_prob = CacheConfig{}.run_admit_prob;
   uint32_t isolated_max = CacheConfig{}.isolated_max_bundles;
@@ -22,6 +24,16 @@ struct DeviceObjectiveArgs {
 void add_device_objective_options(CLI::App& c, DeviceObjectiveArgs& a);
 // Fills eval config from the options (loads the device profile).
 EvalConfig eval_config_from(const DeviceObjectiveArgs& a);
+// --bundle-for / --dtype: the bundle bytes and FFN neurons per layer of that model in that dtype (the one formula,
+// image_bundle_bytes); {0, 0} when --bundle-for is not given. UsageError for an unknown shape or dtype, or a dtype
+// the model's width cannot store.
+struct BundleFor {
+  uint64_t bytes = 0;
+  uint32_t hidden = 0;
+};
+BundleFor bundle_for_resolve(const DeviceObjectiveArgs& a);
+// UsageError when --bundle-for names a model whose FFN width differs from the trace's layers (n_neurons).
+void bundle_for_check(const DeviceObjectiveArgs& a, const std::vector<uint32_t>& n_neurons, const std::string& trace);
 
 // --layers: "all" or a comma list of indices and ranges ("0,3,5-7"), sorted, unique; UsageError when out of range.
 std::vector<uint32_t> parse_layers(const std::string& spec, uint32_t n_layers);

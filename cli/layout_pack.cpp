@@ -42,21 +42,8 @@ struct PackArgs {
 // Whole synthetic models: formats/core/synthetic_models.h.
 constexpr const char* kSyntheticNote = kSyntheticWeightsNote;
 
-// FFN shapes of the paper's models (Neuralink, ASPLOS 2025): width, neurons per layer, bundle kind. Keys are the
-// workload preset names (configs/workloads/*.json), so a synthetic trace and a synthetic image pair up by name.
-struct SyntheticShape {
-  int dim = 0, hidden = 0;
-  BundleKind kind = BundleKind::kPlain;
-};
-const std::map<std::string, SyntheticShape>& synthetic_shapes() {
-  static const std::map<std::string, SyntheticShape> m = {
-      {"opt-350m", {1024, 4096, BundleKind::kPlain}},                 // 4 KiB f16 bundles
-      {"opt-6.7b", {4096, 16384, BundleKind::kPlain}},                // 16 KiB
-      {"llama2-7b-prosparse", {4096, 11008, BundleKind::kGated}},     // 24 KiB
-      {"mistral-7b-turbosparse", {4096, 14336, BundleKind::kGated}},  // 24 KiB
-  };
-  return m;
-}
+// FFN-only shapes: formats/core/synthetic_models.h.
+using SyntheticShape = SyntheticFfnShape;
 
 // Per-layer CATS thresholds of a trace: its `threshold` layer attributes (calibrated rules), or X of an `abs>X` rule
 // for every layer. InputError naming the trace when it has neither or another layer count.
@@ -78,25 +65,12 @@ std::vector<double> trace_act_thresholds(const std::string& path, int n_layers) 
                              "'; profile with --activation calibrated:F or abs>X)");
 }
 
-// "NAME" from the table, or "DIMxHIDDEN" / "DIMxHIDDENxplain|gated" (plain when omitted).
+// "NAME" from the tables, or "DIMxHIDDEN" / "DIMxHIDDENxplain|gated" (plain when omitted).
 SyntheticShape synthetic_shape_parse(const std::string& s) {
-  if (auto it = synthetic_shapes().find(s); it != synthetic_shapes().end()) return it->second;
   SyntheticShape r;
-  char kind[16] = {0};
-  int used = 0;
-  const int got = std::sscanf(s.c_str(), "%dx%d%n", &r.dim, &r.hidden, &used);
-  if (got == 2 && size_t(used) < s.size()) {
-    if (std::sscanf(s.c_str() + used, "x%15s", kind) != 1) r.dim = 0;
-  }
-  const std::string k = kind;
-  if (got != 2 || r.dim <= 0 || r.hidden <= 0 || (!k.empty() && k != "plain" && k != "gated")) {
-    std::string names, models;
-    for (const auto& [n, v] : synthetic_shapes()) names += (names.empty() ? "" : ", ") + n;
-    for (const auto& [n, v] : synthetic_models()) models += (models.empty() ? "" : ", ") + n;
-    throw UsageError("--synthetic-shape " + s + ": expected a whole model (" + models + "), an FFN-only shape (" +
-                     names + "), or DIMxHIDDEN[xplain|xgated]");
-  }
-  r.kind = k == "gated" ? BundleKind::kGated : BundleKind::kPlain;
+  if (!synthetic_ffn_shape_parse(s, &r))
+    throw UsageError("--synthetic-shape " + s + ": expected " + synthetic_shape_names() +
+                     ", or DIMxHIDDEN[xplain|xgated]");
   return r;
 }
 
@@ -502,6 +476,20 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
     }
     spec.cache_policy = layout_cache_policy_slots(lay);  // pinned neurons -> slots (docs/formats.md)
     spec.planner = planner_of(lay, a.layout, a.device);
+    // A greedy+ls layout records the bundle bytes its I/O objective priced (0: the solver's f16 default). Packed
+    // into another bundle size it still works, but its cache and order were chosen for other reads: say so.
+    if (const nlohmann::json& p = lay.parameters;
+        p.is_object() && p.contains("bundle_bytes") && p["bundle_bytes"].is_number_unsigned()) {
+      const uint64_t solved = p["bundle_bytes"].get<uint64_t>();
+      const uint64_t here =
+          image_bundle_bytes(spec.dtype, synthetic && !whole ? shape.kind : spec.bundle_kind, size_t(w.config.dim));
+      if (solved != 0 && solved != here)
+        std::fprintf(stderr,
+                     "nl-layout pack: warning: %s was solved for %llu-byte bundles, this %s image has %llu-byte "
+                     "bundles (solve with --bundle-for MODEL --dtype %s for the reads this image pays)\n",
+                     a.layout.c_str(), (unsigned long long)solved, image_dtype_name(spec.dtype),
+                     (unsigned long long)here, image_dtype_name(spec.dtype));
+    }
     spec.layout = a.layout;
     spec.layout_method = lay.method;
   }

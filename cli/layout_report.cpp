@@ -58,6 +58,7 @@ void report_main(const ReportArgs& a, const GlobalOptions& g) {
   {
     TraceReader tr(a.trace);
     o.layers = parse_layers(a.layers, tr.info().n_layers);
+    bundle_for_check(a.dev, tr.info().n_neurons, a.trace);
   }
   Progress prog("report", 1 + o.layers.size(), !g.quiet, "steps");
   std::string html = report_html(o, &prog);

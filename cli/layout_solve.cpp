@@ -151,9 +151,11 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
       info(g, "solve: --graph " + a.graph.front() + (a.graph.size() > 1 ? " ..." : "") +
                   " stores top-k lists only and no --trace is given: greedy joins its fragments in index order and "
                   "the recorded path weights count only the pairs in the lists (lower bounds)");
-  } else {
+  }
+  if (!a.trace.empty()) {
     TraceReader tr(a.trace);
-    n_layers = tr.info().n_layers;
+    if (a.graph.empty()) n_layers = tr.info().n_layers;
+    bundle_for_check(a.dev, tr.info().n_neurons, a.trace);
   }
   Progress prog("solve " + o.method, n_layers, !g.quiet, "layers");
   auto on_layer = [&](uint32_t layer, const LayerSolve& s) {

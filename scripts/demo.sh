@@ -51,7 +51,7 @@ stage "4. layouts: one neuron order per layer, learned from the profile (nl-layo
   "pairs that fire together most often); greedy+ls = ours (greedy, then a search on the estimated read time, with" \
   "the cache designed along). Solved once for the model's real bundle size and once for 16 KiB bundles."
 for m in identity frequency greedy greedy+ls; do
-  run "$BIN/nl-layout" solve --trace "$OUT/profile.h5" --method "$m" --bundle-bytes 768 --out "$OUT/layout-$m.json" --quiet
+  run "$BIN/nl-layout" solve --trace "$OUT/profile.h5" --method "$m" --bundle-for "$MODEL" --dtype f16 --out "$OUT/layout-$m.json" --quiet
 done
 for m in greedy greedy+ls; do
   run "$BIN/nl-layout" solve --trace "$OUT/profile.h5" --method "$m" --bundle-bytes 16384 --out "$OUT/layout16-$m.json" --quiet
@@ -64,10 +64,10 @@ stage "5. evaluate on held-out text at the model's own size: 768-byte bundles (n
   "leave little absolute time to gain (tenths of a millisecond per token). Reads that merge gaps also fetch unneeded bytes, so" \
   "fewer reads is not always faster: compare io_ms/tok, the estimated I/O time per token on the phone profile." \
   "Other columns: reads per token, KiB read, cache hit %, and ratios against identity (idn) and greedy (grd)."
-run "$BIN/nl-layout" eval --trace "$OUT/test.h5" --bundle-bytes 768 \
+run "$BIN/nl-layout" eval --trace "$OUT/test.h5" --bundle-for "$MODEL" --dtype f16 \
   --layout "$OUT/layout-identity.json" --layout "$OUT/layout-frequency.json" \
   --layout "$OUT/layout-greedy.json" --layout "$OUT/layout-greedy+ls.json"
-evaljson --trace "$OUT/test.h5" --bundle-bytes 768 --layout "$OUT/layout-identity.json" \
+evaljson --trace "$OUT/test.h5" --bundle-for "$MODEL" --dtype f16 --layout "$OUT/layout-identity.json" \
   --layout "$OUT/layout-greedy.json" --layout "$OUT/layout-greedy+ls.json" >"$OUT/eval-768.json"
 
 stage "6. the same held-out tokens with paper-sized 16 KiB bundles (OPT-6.7B's neurons are 16 KiB)" \

@@ -1,6 +1,7 @@
 // nl-layout solve / eval end to end on a clustered trace file: byte-identical layouts across runs, the eval
 // table and JSON, gate parsing, and exit 5 when a gate is violated.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -107,6 +108,31 @@ TEST_CASE("solve is byte-identical across runs; eval prints figures and enforces
   CHECK(read_file("cli_err.txt").find("quality gate violated: identity.reads <= 0.5 * greedy.reads") !=
         std::string::npos);
   CHECK(run("eval --trace cli_test.h5 " + layouts + " --require \"identity.nope <= 1\"") == kExitUsage);
+  // --bundle-for MODEL --dtype D: the bytes pack stores for that model (formats/core/image.h), priced by eval and
+  // recorded by greedy+ls; the shape's FFN width must be the trace's.
+  auto eval_bytes = [&](const std::string& opts) {
+    REQUIRE(run("--json eval --trace cli_test.h5 --layout cli_identity.json " + opts, &out) == 0);
+    return nlohmann::json::parse(out)["bundle_bytes"].get<uint64_t>();
+  };
+  CHECK(eval_bytes("--bundle-for 64x256xgated") == 3 * 64 * 2);  // f16 by default
+  CHECK(eval_bytes("--bundle-for 64x256xgated --dtype q8_0") == 3 * 2 * 34);
+  CHECK(eval_bytes("--bundle-for 128x256 --dtype q4_0") == 2 * 4 * 18);
+  CHECK(eval_bytes("--bundle-for 64x256xgated --dtype f32") == 3 * 64 * 4);
+  REQUIRE(run("-q solve --trace cli_prof.h5 --bundle-for 64x256xgated --dtype q8_0 --out cli_ls8.json") == 0);
+  CHECK(nlohmann::json::parse(read_file("cli_ls8.json"))["parameters"]["bundle_bytes"] == 204);
+  CHECK(run("eval --trace cli_test.h5 --layout cli_identity.json --bundle-for llama2-7b") == kExitUsage);
+  CHECK(read_file("cli_err.txt")
+            .find("--bundle-for llama2-7b has 11008 FFN neurons per layer, cli_test.h5 layer 0 "
+                  "has 256") != std::string::npos);
+  CHECK(run("-q solve --trace cli_prof.h5 --bundle-for 48x256 --dtype q4_0 --out cli_x.json") == kExitUsage);
+  CHECK(read_file("cli_err.txt").find("dim 48 is not a multiple of 32") != std::string::npos);
+  CHECK(run("eval --trace cli_test.h5 --layout cli_identity.json --bundle-for no-such-model") == kExitUsage);
+  CHECK(run("eval --trace cli_test.h5 --layout cli_identity.json --bundle-for 64x256 --dtype q9") == kExitUsage);
+  CHECK(run("eval --trace cli_test.h5 --layout cli_identity.json --dtype q8_0") == kExitUsage);  // needs --bundle-for
+  CHECK(run("eval --trace cli_test.h5 --layout cli_identity.json --bundle-for 64x256 --bundle-bytes 9") == kExitUsage);
+  struct stat st {};
+  CHECK(::stat("cli_x.json", &st) != 0);  // nothing written on error
+
   // A layout for another trace shape is refused with the file named.
   write_file_atomic("cli_bad.json",
                     "{\"format\":\"neuralink-layout\",\"version\":1,\"method\":\"identity\",\"layers\":[]}");

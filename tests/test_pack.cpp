@@ -254,6 +254,19 @@ TEST_CASE("pack --synthetic-shape: deterministic random FFN of the shape, layout
     CHECK(hi <= 0.126f);  // uniform in +-1/sqrt(dim)
   }
 
+  // A greedy+ls layout records the bundle bytes its objective priced: pack says when the image's differ (it still
+  // packs: the order is valid, only chosen for other reads), and is silent when they agree.
+  lay.method = "greedy+ls";
+  lay.parameters = {{"bundle_bytes", 204}};  // 3 q8_0 rows of 64: 3 x 2 blocks x 34 bytes
+  layout_write("pack_syn/layout_ls.json", lay);
+  const std::string ls = "--synthetic-shape 64x96xgated --layers 2 --layout pack_syn/layout_ls.json ";
+  REQUIRE_MESSAGE(sh(bin + ls + "--out pack_syn/w16.nlw", &out) == 0, out);
+  CHECK(out.find("warning: pack_syn/layout_ls.json was solved for 204-byte bundles, this f16 image has 384-byte") !=
+        std::string::npos);
+  REQUIRE_MESSAGE(sh(bin + ls + "--dtype q8_0 --out pack_syn/w8.nlw", &out) == 0, out);
+  CHECK(out.find("warning") == std::string::npos);
+  CHECK(FlashImage("pack_syn/w8.nlw", IoOptions{}).manifest().bundle_bytes == 204);
+
   // Named paper shapes (neuron counts seen through the layout check, before anything large is written).
   CHECK(sh(bin + "--synthetic-shape opt-6.7b --layers 2 --layout pack_syn/layout.json --out pack_syn/x.nlw", &out) ==
         3);

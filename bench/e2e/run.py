@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import time
@@ -40,18 +39,9 @@ SYNTH = {
     "mistral-7b": {"pack_shape": "mistral-7b", "preset": "mistral-7b-turbosparse"},
 }
 LLAMA2C_ORDER = ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len")
-# Bytes of one weight row of `dim` in each image dtype (docs/formats.md; q8_0 / q4_0: blocks of 32 with an f16 scale).
-ROW_BYTES = {"f32": lambda d: 4 * d, "f16": lambda d: 2 * d, "bf16": lambda d: 2 * d, "q8_0": lambda d: d // 32 * 34,
-             "q4_0": lambda d: d // 32 * 18}
-
 
 def img_path(d, method, dtype):
     return os.path.join(d, "%s.%s.nlw" % (method, dtype))
-
-
-def bundle_bytes(dim, dtype):
-    """A gated LLaMA FFN bundle (gate row + up row + down column) of `dim` in `dtype`: what nl-run reads per neuron."""
-    return 3 * ROW_BYTES[dtype](dim)
 
 
 def log(msg):
@@ -193,8 +183,6 @@ class Bench:
                 run(self.nice() + [self.tool("nl-profile"), "run", "--model", model, "--tokenizer", tok, "--text",
                                    "/usr/share/common-licenses/GPL-3", "--seq-len", "128", "--max-tokens",
                                    str(self.a.profile_tokens), "--out", trace, "-q"])
-            with open(model, "rb") as f:  # llama2.c header: dim first (int32)
-                dim = struct.unpack("<i", f.read(4))[0]
             synthetic = False
         else:
             spec = SYNTH[shape]
@@ -206,7 +194,6 @@ class Bench:
                 cfg = tuple(self.pack_models[spec["pack_shape"]][k] for k in LLAMA2C_ORDER)
             else:
                 cfg = spec["config"]
-            dim = cfg[0]
             model = os.path.join(d, "random.bin")
             if not whole and params(cfg) * 4 > self.a.max_random_gb * 1e9:
                 raise Unavailable("needs nl-layout pack --synthetic-shape %s (issue 18); a random llama2.c file of "
@@ -235,14 +222,18 @@ class Bench:
             # cache ratio and the image's bundle bytes in this dtype, and pack records that device for nl-run's gap
             # rule (the layout objective: the I/O time the runtime pays). The file names carry all three (the
             # profile by its content's digest), so a layout solved for other settings is never reused.
-            bb = bundle_bytes(dim, dtype)
-            lay = os.path.join(d, "layout.%s.%s-b%d-c%g.json" % (m, self.device_tag, bb, CACHE_RATIO))
+            # The bundle bytes come from nl-layout itself (--bundle-for the model or shape pack writes, --dtype):
+            # one formula, formats/core/image.h.
+            lay = os.path.join(d, "layout.%s.%s-%s-c%g.json" % (m, self.device_tag, dtype, CACHE_RATIO))
             if not os.path.exists(lay):
                 run(self.nice() + [self.tool("nl-layout"), "solve", "--trace", trace, "--method", m, "--device",
-                                   self.a.device, "--cache-ratio", str(CACHE_RATIO), "--bundle-bytes", str(bb),
-                                   "--out", lay, "-q"])
+                                   self.a.device, "--cache-ratio", str(CACHE_RATIO), "--bundle-for",
+                                   model or SYNTH[shape]["pack_shape"], "--dtype", dtype, "--out", lay, "-q"])
             img = img_path(d, m, dtype)
-            self.bundle_bytes[img] = bb
+            # greedy+ls records the bundle bytes its objective priced; the image's manifest must have the same
+            solved_for = json.load(open(lay)).get("parameters", {}).get("bundle_bytes")
+            if solved_for:
+                self.bundle_bytes[img] = solved_for
             self.image_layout[img] = lay
             src = ["--model", model] if model else ["--synthetic-shape", SYNTH[shape]["pack_shape"]]
             # No --tokenizer: both engines are driven with ids (nl-run --json with a tokenizer throws on

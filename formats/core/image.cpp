@@ -322,7 +322,7 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
     bad(path, std::string(image_dtype_name(m.dtype)) + " needs dim to be a multiple of 32, the model has dim " +
                   std::to_string(c.dim));
   const uint64_t part = image_row_bytes(m.dtype, size_t(c.dim));
-  const uint64_t want_bundle = uint64_t(bundle_parts(m.bundle_kind)) * part;
+  const uint64_t want_bundle = image_bundle_bytes(m.dtype, m.bundle_kind, size_t(c.dim));
   if (m.bundle_bytes != want_bundle)
     bad(path, "bundle size " + std::to_string(m.bundle_bytes) + " bytes is inconsistent with the model (" +
                   std::to_string(bundle_parts(m.bundle_kind)) + " x a " + image_dtype_name(m.dtype) + " row of dim " +

@@ -55,6 +55,11 @@ enum class BundleKind : int {
 };
 const char* bundle_kind_name(BundleKind k);
 inline int bundle_parts(BundleKind k) { return k == BundleKind::kGated ? 3 : 2; }
+// Bytes of one neuron bundle of a model of width `dim` stored in `d`: what a flash read of one neuron costs. The one
+// formula (pack writes it into the manifest, the manifest check and nl-layout --bundle-for use it).
+inline uint64_t image_bundle_bytes(ImageDtype d, BundleKind k, size_t dim) {
+  return uint64_t(bundle_parts(k)) * image_row_bytes(d, dim);
+}
 
 // On-disk header, little endian, at offset 0 (the rest of the first 4096 bytes is zero).
 struct ImageHeader {

@@ -54,7 +54,7 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
   m_.config = c;
   m_.dtype = spec.dtype;
   m_.bundle_kind = spec.bundle_kind;
-  m_.bundle_bytes = uint64_t(bundle_parts(spec.bundle_kind)) * image_row_bytes(spec.dtype, size_t(c.dim));
+  m_.bundle_bytes = image_bundle_bytes(spec.dtype, spec.bundle_kind, size_t(c.dim));
   m_.tokenizer = spec.tokenizer;
   m_.source = spec.source;
   m_.source_format = spec.source_format;

@@ -3,9 +3,11 @@
 // --list-synthetic-models). All use a gated ReLU FFN (ProSparse / TurboSparse-like: exact zeros, so --select gate is
 // exact). Header-only.
 #pragma once
+#include <cstdio>
 #include <map>
 #include <string>
 
+#include "formats/core/image.h"
 #include "formats/core/model_weights.h"
 
 namespace nl {
@@ -42,6 +44,56 @@ inline const std::map<std::string, SyntheticModel>& synthetic_models() {
       {"tiny-test", {synthetic_model_config(64, 2, 4, 2, 256, 512, 128, 10000.0f), "tiny shape for tests"}},
   };
   return m;
+}
+
+// FFN-only shapes of the paper's models (Neuralink, ASPLOS 2025): width, neurons per layer, bundle kind
+// (nl-layout pack --synthetic-shape NAME writes their FFN images). Keys are the workload preset names
+// (configs/workloads/*.json), so a synthetic trace and a synthetic image pair up by name.
+struct SyntheticFfnShape {
+  int dim = 0, hidden = 0;
+  BundleKind kind = BundleKind::kPlain;
+};
+inline const std::map<std::string, SyntheticFfnShape>& synthetic_ffn_shapes() {
+  static const std::map<std::string, SyntheticFfnShape> m = {
+      {"opt-350m", {1024, 4096, BundleKind::kPlain}},                 // 4 KiB f16 bundles
+      {"opt-6.7b", {4096, 16384, BundleKind::kPlain}},                // 16 KiB
+      {"llama2-7b-prosparse", {4096, 11008, BundleKind::kGated}},     // 24 KiB
+      {"mistral-7b-turbosparse", {4096, 14336, BundleKind::kGated}},  // 24 KiB
+  };
+  return m;
+}
+
+// The FFN geometry of a shape: a whole synthetic model's name (gated), an FFN-only shape's name, or
+// DIMxHIDDEN[xplain|xgated] (plain when omitted). False when `s` is none of these.
+inline bool synthetic_ffn_shape_parse(const std::string& s, SyntheticFfnShape* out) {
+  if (auto it = synthetic_models().find(s); it != synthetic_models().end()) {
+    *out = {it->second.config.dim, it->second.config.hidden_dim, BundleKind::kGated};
+    return true;
+  }
+  if (auto it = synthetic_ffn_shapes().find(s); it != synthetic_ffn_shapes().end()) {
+    *out = it->second;
+    return true;
+  }
+  SyntheticFfnShape r;
+  char kind[16] = {0};
+  int used = 0;
+  const int got = std::sscanf(s.c_str(), "%dx%d%n", &r.dim, &r.hidden, &used);
+  if (got == 2 && size_t(used) < s.size()) {
+    if (std::sscanf(s.c_str() + used, "x%15s", kind) != 1) r.dim = 0;
+  }
+  const std::string k = kind;
+  if (got != 2 || r.dim <= 0 || r.hidden <= 0 || (!k.empty() && k != "plain" && k != "gated")) return false;
+  r.kind = k == "gated" ? BundleKind::kGated : BundleKind::kPlain;
+  *out = r;
+  return true;
+}
+
+// "whole models (a, b, ...), FFN-only shapes (c, d, ...)": for messages naming what a shape may be.
+inline std::string synthetic_shape_names() {
+  std::string names, models;
+  for (const auto& [n, v] : synthetic_ffn_shapes()) names += (names.empty() ? "" : ", ") + n;
+  for (const auto& [n, v] : synthetic_models()) models += (models.empty() ? "" : ", ") + n;
+  return "a whole model (" + models + "), an FFN-only shape (" + names + ")";
 }
 
 }  // namespace nl
