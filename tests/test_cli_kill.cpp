@@ -148,8 +148,10 @@ TEST_CASE("SIGKILL at any moment of nl-layout solve: the final name holds the ol
     const int rc = reap(pid);
     killed_running += rc == -SIGKILL;
     const std::string now = read_file(out);
-    if (now != before) {  // the run finished before the kill: its layout must be whole and valid
-      CHECK(rc == 0);
+    if (now != before) {
+      // The new layout was renamed into place before the kill: it must be whole and valid. The process may still
+      // have been running (printing its summary, exiting) when the kill came, so rc is 0 or SIGKILL.
+      CHECK((rc == 0 || rc == -SIGKILL));
       CHECK_NOTHROW(layout_load(out));
       break;
     }
