@@ -77,8 +77,7 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
   check_paths(inputs, {});
   TraceReader tr(a.trace);
   const TraceInfo& ti = tr.info();
-  EvalConfig ec = eval_config_from(a.dev);
-  bundle_for_check(a.dev, ti.n_neurons, a.trace);
+  EvalConfig ec = eval_config_from(a.dev, &ti);
   ec.cache.seed = a.seed;
   std::vector<Layout> lays;
   std::vector<Row> rows;

@@ -81,21 +81,14 @@ void add_device_objective_options(CLI::App& c, DeviceObjectiveArgs& a) {
   c.add_flag("--plain-s3fifo", a.plain_s3fifo, "Admit every miss (no linking-aligned admission)")->group(grp);
 }
 
-EvalConfig eval_config_from(const DeviceObjectiveArgs& a) {
-  EvalConfig e;
-  e.device = a.device.empty() ? default_device() : device_load(a.device);
-  e.gap = GapPolicy::parse(a.gap);
-  e.cache_ratio = a.cache_ratio;
-  e.bundle_bytes = a.bundle_for.empty() ? a.bundle_bytes : bundle_for_resolve(a).bytes;
-  e.cache.window_tokens = a.window;
-  e.cache.run_admit_prob = a.run_admit_prob;
-  e.cache.isolated_max_bundles = a.isolated_max;
-  e.cache.linking_aligned = !a.plain_s3fifo;
-  return e;
-}
+namespace {
 
+// --bundle-for / --dtype: the bundle bytes and FFN neurons per layer of that model in that dtype.
+struct BundleFor {
+  uint64_t bytes = 0;
+  uint32_t hidden = 0;
+};
 BundleFor bundle_for_resolve(const DeviceObjectiveArgs& a) {
-  if (a.bundle_for.empty()) return {};
   ImageDtype dt = ImageDtype::kF16;
   if (!a.dtype.empty() && !image_dtype_parse(a.dtype, &dt)) throw UsageError("unknown --dtype " + a.dtype);
   ModelConfig c;
@@ -117,14 +110,28 @@ BundleFor bundle_for_resolve(const DeviceObjectiveArgs& a) {
   return {image_bundle_bytes(dt, kind, size_t(c.dim)), uint32_t(c.hidden_dim)};
 }
 
-void bundle_for_check(const DeviceObjectiveArgs& a, const std::vector<uint32_t>& n_neurons, const std::string& trace) {
-  const BundleFor b = bundle_for_resolve(a);
-  if (!b.bytes) return;
-  for (size_t l = 0; l < n_neurons.size(); ++l)
-    if (n_neurons[l] != b.hidden)
-      throw UsageError("--bundle-for " + a.bundle_for + " has " + std::to_string(b.hidden) +
-                       " FFN neurons per layer, " + trace + " layer " + std::to_string(l) + " has " +
-                       std::to_string(n_neurons[l]));
+}  // namespace
+
+EvalConfig eval_config_from(const DeviceObjectiveArgs& a, const TraceInfo* trace) {
+  EvalConfig e;
+  e.device = a.device.empty() ? default_device() : device_load(a.device);
+  e.gap = GapPolicy::parse(a.gap);
+  e.cache_ratio = a.cache_ratio;
+  e.bundle_bytes = a.bundle_bytes;
+  if (!a.bundle_for.empty()) {
+    const BundleFor b = bundle_for_resolve(a);
+    e.bundle_bytes = b.bytes;
+    for (size_t l = 0; trace && l < trace->n_neurons.size(); ++l)
+      if (trace->n_neurons[l] != b.hidden)
+        throw UsageError("--bundle-for " + a.bundle_for + " has " + std::to_string(b.hidden) +
+                         " FFN neurons per layer, " + trace->path + " layer " + std::to_string(l) + " has " +
+                         std::to_string(trace->n_neurons[l]));
+  }
+  e.cache.window_tokens = a.window;
+  e.cache.run_admit_prob = a.run_admit_prob;
+  e.cache.isolated_max_bundles = a.isolated_max;
+  e.cache.linking_aligned = !a.plain_s3fifo;
+  return e;
 }
 
 }  // namespace nl::cli

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "cli/common.h"
+#include "formats/trace.h"
 #include "layout/evaluate.h"
 
 namespace nl::cli {
@@ -22,18 +23,10 @@ struct DeviceObjectiveArgs {
 };
 
 void add_device_objective_options(CLI::App& c, DeviceObjectiveArgs& a);
-// Fills eval config from the options (loads the device profile).
-EvalConfig eval_config_from(const DeviceObjectiveArgs& a);
-// --bundle-for / --dtype: the bundle bytes and FFN neurons per layer of that model in that dtype (the one formula,
-// image_bundle_bytes); {0, 0} when --bundle-for is not given. UsageError for an unknown shape or dtype, or a dtype
-// the model's width cannot store.
-struct BundleFor {
-  uint64_t bytes = 0;
-  uint32_t hidden = 0;
-};
-BundleFor bundle_for_resolve(const DeviceObjectiveArgs& a);
-// UsageError when --bundle-for names a model whose FFN width differs from the trace's layers (n_neurons).
-void bundle_for_check(const DeviceObjectiveArgs& a, const std::vector<uint32_t>& n_neurons, const std::string& trace);
+// Fills eval config from the options (loads the device profile). --bundle-for / --dtype give the bundle bytes pack
+// stores for that model in that dtype (the one formula, image_bundle_bytes); UsageError for an unknown shape or dtype,
+// a dtype the model's width cannot store, or (when `trace` is given) a model whose FFN width differs from the trace's.
+EvalConfig eval_config_from(const DeviceObjectiveArgs& a, const TraceInfo* trace);
 
 // --layers: "all" or a comma list of indices and ranges ("0,3,5-7"), sorted, unique; UsageError when out of range.
 std::vector<uint32_t> parse_layers(const std::string& spec, uint32_t n_layers);

@@ -42,9 +42,6 @@ struct PackArgs {
 // Whole synthetic models: formats/core/synthetic_models.h.
 constexpr const char* kSyntheticNote = kSyntheticWeightsNote;
 
-// FFN-only shapes: formats/core/synthetic_models.h.
-using SyntheticShape = SyntheticFfnShape;
-
 // Per-layer CATS thresholds of a trace: its `threshold` layer attributes (calibrated rules), or X of an `abs>X` rule
 // for every layer. InputError naming the trace when it has neither or another layer count.
 std::vector<double> trace_act_thresholds(const std::string& path, int n_layers) {
@@ -66,8 +63,8 @@ std::vector<double> trace_act_thresholds(const std::string& path, int n_layers) 
 }
 
 // "NAME" from the tables, or "DIMxHIDDEN" / "DIMxHIDDENxplain|gated" (plain when omitted).
-SyntheticShape synthetic_shape_parse(const std::string& s) {
-  SyntheticShape r;
+SyntheticFfnShape synthetic_shape_parse(const std::string& s) {
+  SyntheticFfnShape r;
   if (!synthetic_ffn_shape_parse(s, &r))
     throw UsageError("--synthetic-shape " + s + ": expected " + synthetic_shape_names() +
                      ", or DIMxHIDDEN[xplain|xgated]");
@@ -166,7 +163,7 @@ bool is_llama2c(const std::string& p) { return p.size() > 4 && p.compare(p.size(
 
 // Only what replay reads has the paper's shape and random values: the FFN bundles. The dense part (never read by
 // nl-run replay) is a small stand-in: vocabulary 256, one KV head, zero attention weights, unit norms.
-ModelConfig synthetic_config(const SyntheticShape& s, int layers) {
+ModelConfig synthetic_config(const SyntheticFfnShape& s, int layers) {
   ModelConfig c;
   c.dim = s.dim;
   c.hidden_dim = s.hidden;
@@ -179,7 +176,7 @@ ModelConfig synthetic_config(const SyntheticShape& s, int layers) {
   return c;
 }
 
-ImageManifest write_synthetic(const std::string& out, const SyntheticShape& s, int layers, uint64_t seed,
+ImageManifest write_synthetic(const std::string& out, const SyntheticFfnShape& s, int layers, uint64_t seed,
                               ImageSpec spec, const ProgressFn& progress, StoredErrors* errors) {
   spec.config = synthetic_config(s, layers);
   spec.bundle_kind = s.kind;
@@ -425,7 +422,7 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
   ImageSpec spec;
   if (!image_dtype_parse(dtype, &spec.dtype)) throw UsageError("unknown --dtype " + dtype);
   ModelWeights w;
-  SyntheticShape shape;
+  SyntheticFfnShape shape;
   const SyntheticModel* whole = nullptr;
   if (synthetic) {
     if (!a.export_permuted.empty()) throw UsageError("--export-permuted needs --model");

@@ -53,13 +53,12 @@ void report_main(const ReportArgs& a, const GlobalOptions& g) {
   o.trace = a.trace;
   o.layouts = a.layouts;
   o.pixels = a.pixels;
-  o.eval = eval_config_from(a.dev);
-  o.eval.cache.seed = a.seed;
   {
     TraceReader tr(a.trace);
     o.layers = parse_layers(a.layers, tr.info().n_layers);
-    bundle_for_check(a.dev, tr.info().n_neurons, a.trace);
+    o.eval = eval_config_from(a.dev, &tr.info());
   }
+  o.eval.cache.seed = a.seed;
   Progress prog("report", 1 + o.layers.size(), !g.quiet, "steps");
   std::string html = report_html(o, &prog);
   write_file_atomic(a.out, html);

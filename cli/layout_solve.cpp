@@ -137,10 +137,17 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   check_paths(ins, {{"--out", a.out}});
   SolveOptions o = a.o;
   o.full_matrix_bytes = a.full_matrix_mib << 20;
-  o.eval = eval_config_from(a.dev);
-  o.family_build_figures = !g.quiet;  // only the progress line below shows them
   uint32_t n_layers = 0;
+  if (a.trace.empty()) {
+    o.eval = eval_config_from(a.dev, nullptr);
+  } else {
+    TraceReader tr(a.trace);
+    n_layers = tr.info().n_layers;
+    o.eval = eval_config_from(a.dev, &tr.info());
+  }
+  o.family_build_figures = !g.quiet;  // only the progress line below shows them
   if (!a.graph.empty()) {
+    n_layers = 0;
     bool full = true;
     for (const auto& p : a.graph) {
       GraphFileReader gr(p);
@@ -151,11 +158,6 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
       info(g, "solve: --graph " + a.graph.front() + (a.graph.size() > 1 ? " ..." : "") +
                   " stores top-k lists only and no --trace is given: greedy joins its fragments in index order and "
                   "the recorded path weights count only the pairs in the lists (lower bounds)");
-  }
-  if (!a.trace.empty()) {
-    TraceReader tr(a.trace);
-    if (a.graph.empty()) n_layers = tr.info().n_layers;
-    bundle_for_check(a.dev, tr.info().n_neurons, a.trace);
   }
   Progress prog("solve " + o.method, n_layers, !g.quiet, "layers");
   auto on_layer = [&](uint32_t layer, const LayerSolve& s) {
