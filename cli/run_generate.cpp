@@ -470,7 +470,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
                               : a.read_ahead.empty()                      ? kFfnReadAheadBytes
                                                      : parse_memory_size(a.read_ahead, "--read-ahead");
   MemoryPlan plan = memory_plan(man, context, residency, omp_get_max_threads(), current_rss_bytes(), read_batch,
-                                read_ahead, a.prefill_block);
+                                read_ahead, a.prefill_block, a.overlap == "none" ? 1 : 2);
   if (rank > 0) plan.ffn_resident += uint64_t(c.n_layers) * uint64_t(c.hidden_dim + c.dim) * uint64_t(rank) * 4;
   const bool ratio_given = a.cache_ratio_opt && a.cache_ratio_opt->count() > 0;
   // The ratio that runs: --cache-ratio, else the manifest's planner setting (effective_cache_ratio); the budget may
@@ -632,6 +632,8 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
                         {"prefetch_used_bytes", o.prefetch_used_bytes},
                         {"extra_bytes", o.extra_bytes()},
                         {"late_bytes", o.late_bytes},
+                        {"batches", o.batches},
+                        {"batches_read_ahead", o.batches_ahead},
                         {"io_busy_seconds", o.io_busy_seconds},
                         {"io_wait_seconds", o.io_wait_seconds},
                         {"overlap_share_of_io", o.overlap_share()}};

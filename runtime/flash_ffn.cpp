@@ -444,7 +444,8 @@ const uint8_t* FlashFfn::bundle(int layer, uint32_t slot) const {
     if (it != pieces_.begin() + std::ptrdiff_t(cur_p0_)) {
       const Piece& p = *(it - 1);
       if (slot < p.slot_end)
-        return staging_.data() + p.pos + (m_.ffn(layer).offset + uint64_t(slot) * m_.bundle_bytes - p.offset);
+        return staging_.data() + cur_off_ + p.pos +
+               (m_.ffn(layer).offset + uint64_t(slot) * m_.bundle_bytes - p.offset);
     }
   }
   if (const uint8_t* b = slab_find(layer, slot)) return b;
@@ -962,7 +963,11 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
   if (cache) slab_drop_evicted(layer, cache, plan_.hits);
   const uint64_t cap = ffn_batch_staging_bytes(m_.bundle_bytes, opt_.read_batch_bytes);
   make_pieces(layer, plan_.reads, cap, &pieces_, &batch_end_);
-  staging_.resize(cap);
+  // Two batch buffers when there is more than one batch: batch b + 1's reads land in one while batch b is computed
+  // from the other, so the device does not idle through each batch's down projection and cache admissions.
+  const bool two = batch_end_.size() > 1;
+  staging_.resize(two ? 2 * cap : cap);
+  auto base = [&](size_t batch) { return staging_.data() + (batch % 2) * cap; };
   const size_t P = pieces_.size();
   // Each piece: parts already read ahead (copied when their read-ahead piece lands) and late parts (read in its
   // batch). Late spans are listed in piece order, so each batch's are contiguous.
@@ -980,7 +985,7 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
     const uint64_t a = pieces_[ri].offset, e = a + pieces_[ri].length, pos = pieces_[ri].pos;
     uint64_t cur = a;
     auto late = [&](uint64_t lo, uint64_t hi) {
-      spans_.push_back({lo, hi - lo, staging_.data() + pos + (lo - a)});
+      spans_.push_back({lo, hi - lo, base(b) + pos + (lo - a)});
       span_read_.push_back(uint32_t(ri));
       ++outstanding_[ri];
       late_bytes += hi - lo;
@@ -1040,13 +1045,25 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
   // then its down projection added in slot order; the staging is then free for the next batch.
   size_t k0 = 0, p0 = 0;
   bool first = true;
-  const bool ordered = begin_ordered(layer);  // a replicated layer-token reading second copies: first-copy order
+  const bool ordered = begin_ordered(layer);
+  batch_id_.assign(batch_end_.size(), 0);
+  size_t submitted = 0;  // batches whose late spans are out
+  auto submit_batch = [&](size_t b) {
+    const size_t s0 = batch_span_[b], s1 = batch_span_[b + 1];
+    if (s1 > s0) {
+      if (!io_started) t_io0 = Clock::now(), io_started = true;
+      batch_id_[b] = io.submit(spans_.data() + s0, s1 - s0);
+      ov_.batches_ahead += cur_batch_ == int(b) - 1;  // while batch b - 1 is read and computed
+    }
+    ++ov_.batches;
+    submitted = b + 1;
+  };  // a replicated layer-token reading second copies: first-copy order
   for (size_t bi = 0; bi < batch_end_.size(); ++bi) {
     const size_t p1 = batch_end_[bi];
     const size_t k1 =
         size_t(std::lower_bound(active_.begin() + std::ptrdiff_t(k0), active_.end(), pieces_[p1 - 1].slot_end) -
                active_.begin());
-    cur_batch_ = int(bi), cur_p0_ = p0, cur_p1_ = p1;
+    cur_batch_ = int(bi), cur_p0_ = p0, cur_p1_ = p1, cur_off_ = two ? (bi % 2) * cap : 0;
     std::atomic<size_t> pub{k0}, claim{k0};
     std::atomic<bool> stop{false};
     size_t left = 0;  // pieces of the batch not yet in place
@@ -1067,14 +1084,16 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
     // Parts already read ahead are copied now; the late spans go out.
     for (const Copy& c : copies_)
       if (c.read >= p0 && c.read < p1 && pf_done_[c.pf_read]) {
-        std::memcpy(staging_.data() + c.dst, pf_staging_.data() + c.src, c.bytes);
+        std::memcpy(base(bi) + c.dst, pf_staging_.data() + c.src, c.bytes);
         --outstanding_[c.read];
       }
+    // This batch's late spans (unless out already) and the next batch's, into the other buffer (free: the batch
+    // before this one is done).
+    if (submitted <= bi) submit_batch(bi);
+    if (two && bi + 1 < batch_end_.size()) submit_batch(bi + 1);
     const size_t s0 = batch_span_[bi], s1 = batch_span_[bi + 1];
-    if (s1 > s0) {
-      if (!io_started) t_io0 = Clock::now(), io_started = true;
-      late_first_id_ = io.submit(spans_.data() + s0, s1 - s0);
-    }
+    const size_t n0 = bi + 1 < batch_end_.size() ? batch_span_[bi + 1] : 0;
+    const size_t n1 = bi + 1 < batch_end_.size() ? batch_span_[bi + 2] : 0;
     if (per_read) {
       // The batch's cache hits, then its pieces already in place.
       size_t i = k0;
@@ -1126,12 +1145,14 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
             auto [c0, c1] = copies_of(k);
             for (auto c = c0; c != c1; ++c) {
               if (c->read < p0 || c->read >= p1) continue;  // a later batch copies it when its turn comes
-              std::memcpy(staging_.data() + c->dst, pf_staging_.data() + c->src, c->bytes);
+              std::memcpy(base(bi) + c->dst, pf_staging_.data() + c->src, c->bytes);
               if (--outstanding_[c->read] == 0) ready(c->read);
             }
-          } else if (s1 > s0 && id >= late_first_id_ && id < late_first_id_ + (s1 - s0)) {
-            const uint32_t ri = span_read_[s0 + size_t(id - late_first_id_)];
+          } else if (s1 > s0 && id >= batch_id_[bi] && id < batch_id_[bi] + (s1 - s0)) {
+            const uint32_t ri = span_read_[s0 + size_t(id - batch_id_[bi])];
             if (--outstanding_[ri] == 0) ready(ri);
+          } else if (n1 > n0 && submitted > bi + 1 && id >= batch_id_[bi + 1] && id < batch_id_[bi + 1] + (n1 - n0)) {
+            --outstanding_[span_read_[n0 + size_t(id - batch_id_[bi + 1])]];  // the next batch's: counted at its turn
           } else {
             throw InternalError("overlap: completion of a read this layer did not issue");
           }
@@ -1182,7 +1203,7 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
     k0 = k1;
     p0 = p1;
   }
-  cur_batch_ = -1;
+  cur_batch_ = -1, cur_off_ = 0;
   if (ordered) {
     if (per_read) ov_.bundles_computed += n - k0;
     compute_ordered(layer, k0, n, from, out, true);

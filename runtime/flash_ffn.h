@@ -74,6 +74,8 @@ struct OverlapCounters {
   uint64_t prefetch_bytes = 0;       // cross: bytes read ahead
   uint64_t prefetch_used_bytes = 0;  // cross: of them, bytes inside the exact plan's reads
   uint64_t late_bytes = 0;           // cross: bytes read after the exact selection (what the prediction missed)
+  uint64_t batches = 0;              // read batches of the overlapped path (--read-batch bytes of staging each)
+  uint64_t batches_ahead = 0;        // of them, read into the second buffer while the batch before was computed
   double io_busy_seconds = 0;        // from a layer's first submit to its last completion
   double io_wait_seconds = 0;        // of that, blocked waiting for completions
   // Share of the I/O time hidden behind compute.
@@ -216,6 +218,7 @@ class FlashFfn : public FfnProvider {
   std::vector<size_t> batch_end_;   // per batch: one past its last piece
   int cur_batch_ = -1;              // the batch in the staging now, -1 = none
   size_t cur_p0_ = 0, cur_p1_ = 0;  // its pieces
+  uint64_t cur_off_ = 0;            // its buffer's offset in staging_ (overlapped reads use two buffers)
   // Splits `reads` of `layer` into pieces of at most `cap` bytes, grouped into batches of at most `cap` bytes.
   void make_pieces(int layer, const std::vector<ReadOp>& reads, uint64_t cap, std::vector<Piece>* pieces,
                    std::vector<size_t>* batch_end) const;
@@ -287,7 +290,7 @@ class FlashFfn : public FfnProvider {
   std::vector<std::pair<size_t, size_t>> read_active_;  // per piece: its range of active_ indices
   std::vector<uint32_t> span_read_;                     // per late span: its piece
   std::vector<size_t> batch_span_;                      // per batch: its first late span (and one past the last)
-  uint64_t late_first_id_ = 0;
+  std::vector<uint64_t> batch_id_;                      // per batch: engine id of its first late span, once submitted
   // Plans the exact reads, serves them from the read-ahead and new reads, and computes the FFN into `out`, batch by
   // batch (per completed read when --overlap has layer, else after the batch's reads).
   void load_compute_overlapped(int layer, float* out, GateFrom from);

@@ -127,7 +127,7 @@ uint64_t ffn_batch_staging_bytes(uint64_t bundle_bytes, uint64_t batch) {
 }
 
 MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, int threads, uint64_t baseline,
-                       uint64_t read_batch, uint64_t read_ahead, int prefill_block) {
+                       uint64_t read_batch, uint64_t read_ahead, int prefill_block, int read_buffers) {
   const ModelConfig& c = m.config;
   const uint64_t dim = uint64_t(c.dim), hid = uint64_t(c.hidden_dim), L = uint64_t(c.n_layers);
   const uint64_t ctx = uint64_t(context), vocab = uint64_t(c.vocab_size);
@@ -139,9 +139,12 @@ MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, in
   p.kv = kv_cache_bytes(c, context);
   // Model activations (x, xb, q, attention out, tmp; k, v), logits, RoPE tables, one attention row per thread,
   // the FFN's gate/up rows, the sampler's candidate list (token, double), the FFN read staging (one batch buffer,
-  // and the read-ahead buffer under --overlap cross|both) and per active neuron its pointer and coefficient.
-  const uint64_t staging =
-      ffn == FfnResidency::kAll ? 0 : ffn_batch_staging_bytes(m.bundle_bytes, read_batch) + io_align_up(read_ahead);
+  // two under --overlap, and the read-ahead buffer under --overlap cross|both) and per active neuron its pointer and
+  // coefficient.
+  const uint64_t staging = ffn == FfnResidency::kAll ? 0
+                                                     : uint64_t(std::max(1, read_buffers)) *
+                                                               ffn_batch_staging_bytes(m.bundle_bytes, read_batch) +
+                                                           io_align_up(read_ahead);
   p.scratch = kF32 * (5 * dim + 2 * uint64_t(c.kv_dim()) + vocab + ctx * uint64_t(c.head_dim()) +
                       uint64_t(std::max(1, threads)) * ctx + 4 * hid + 3 * dim) +
               16 * vocab + staging + 16 * hid + L * hid * kPerNeuronBookkeeping + ctx * kPerTokenReport +

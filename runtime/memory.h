@@ -63,10 +63,11 @@ struct MemoryPlan {
 enum class FfnResidency { kNone, kGateRows, kAll };
 
 // The fixed part for this image, context and threads; the cache left at zero. `read_batch`: the FFN read batch,
-// `read_ahead`: the read-ahead buffer (--overlap cross|both; 0 otherwise), `prefill_block`: tokens per prefill pass.
+// `read_ahead`: the read-ahead buffer (--overlap cross|both; 0 otherwise), `prefill_block`: tokens per prefill pass,
+// `read_buffers`: batch buffers (2 under any --overlap: the next batch is read while one is computed, else 1).
 MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, int threads, uint64_t baseline,
                        uint64_t read_batch = kFfnReadBatchBytes, uint64_t read_ahead = 0,
-                       int prefill_block = kPrefillBlockTokens);
+                       int prefill_block = kPrefillBlockTokens, int read_buffers = 1);
 // Neuron-cache bundles per layer that fit in `budget - plan.fixed()` (0 when nothing is left), at most hidden_dim.
 uint32_t cache_bundles_for_budget(const MemoryPlan& plan, const ImageManifest& m, uint64_t budget);
 

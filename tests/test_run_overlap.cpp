@@ -222,6 +222,19 @@ TEST_CASE("--overlap layer with io_uring computes bundles while the layer's othe
   CHECK(p["overlap"]["bundles_computed"] == computed);
   CHECK(p["overlap"]["bundles_computed_in_flight"] == 0);
   CHECK(p["generated"] == j["generated"]);
+  // One staging batch per layer-token here (the tiny model's reads fit 4 MiB): nothing to read ahead.
+  CHECK(j["overlap"]["batches"].get<uint64_t>() > 0);
+  CHECK(j["overlap"]["batches_read_ahead"] == 0);
+  // Many batches per layer-token: each batch after a layer-token's first is read into the second buffer while the
+  // one before it is read and computed, with the same tokens.
+  const json b =
+      gen("--image " + img + " --prompt-tokens 1,100,200 --steps 16 --io uring --overlap layer --read-batch 1");
+  const uint64_t batches = b["overlap"]["batches"].get<uint64_t>();
+  const uint64_t ahead = b["overlap"]["batches_read_ahead"].get<uint64_t>();
+  MESSAGE("--read-batch 1: batches " << batches << ", read ahead " << ahead);
+  CHECK(ahead > 0);
+  CHECK(ahead < batches);  // every layer-token's first batch has no batch before it
+  CHECK(b["generated"] == j["generated"]);
 }
 
 TEST_CASE("--overlap on stories260K: the same tokens as without, f32 and q8_0, 1 and 2 threads" *
