@@ -51,7 +51,7 @@ struct GenerateArgs {
   std::string read_batch, read_ahead;  // --read-batch / --read-ahead; empty = memory.h's defaults
   int prefill_block = kPrefillBlockTokens;
   InvalidUtf8 invalid_utf8 = InvalidUtf8::kReplace;
-  std::string overlap = "layer";           // none | layer | cross | both; default measured in docs/runtime.md
+  std::string overlap = "auto";            // auto | none | layer | cross | both; default measured in docs/runtime.md
   CLI::Option* cache_ratio_opt = nullptr;  // to tell an explicit --cache-ratio from its default
   CLI::Option* prompt_opt = nullptr;       // to tell --prompt "" from no --prompt
   CLI::Option* queue_depth_opt = nullptr;  // to tell an explicit --queue-depth from its default
@@ -159,15 +159,17 @@ void add_generate_memory_options(CLI::App* c, GenerateArgs& a) {
       ->group("Memory");
   c->add_option("--read-ahead", a.read_ahead,
                 "--overlap cross|both: at most this many bytes of a layer's predicted bundles are read ahead "
-                "(default 32MiB; the rest is read after the exact selection)")
+                "(default 8MiB; the rest is read after the exact selection)")
       ->group("Memory");
 }
 
 void add_generate_overlap_options(CLI::App* c, GenerateArgs& a) {
   c->add_option("--overlap", a.overlap,
                 "I/O-compute overlap: layer = compute each bundle as its read completes (real with --io uring); "
-                "cross = start a layer's FFN reads before its attention from a predictor; both; none (default layer)")
-      ->check(CLI::IsMember({"none", "layer", "cross", "both"}))
+                "cross = start a layer's FFN reads before its attention from a predictor; both; none; auto (default) = "
+                "cross, or "
+                "layer for an image with flash replicas (cross does not read them)")
+      ->check(CLI::IsMember({"auto", "none", "layer", "cross", "both"}))
       ->group("I/O");
 }
 
@@ -386,10 +388,13 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   FlashArgs fa = a.flash;  // the cache ratio may come from the budget
   // Read-ahead runs while nobody collects completions (during attention): only reads already in the kernel's hands
   // progress then, so cross overlap puts a whole layer's reads in flight unless --queue-depth says otherwise.
-  if ((a.overlap == "cross" || a.overlap == "both") && a.queue_depth_opt && a.queue_depth_opt->count() == 0)
+  // (auto: resolved below, once the manifest tells whether the image holds replicas; the depth is set either way.)
+  if ((a.overlap == "cross" || a.overlap == "both" || a.overlap == "auto") && a.queue_depth_opt &&
+      a.queue_depth_opt->count() == 0)
     fa.queue_depth = kReadAheadQueueDepth;
   auto img = flash_open(fa, g);
   const ImageManifest& man = img->manifest();
+  const std::string overlap = a.overlap != "auto" ? a.overlap : man.replicated() ? "layer" : "cross";
   const ModelConfig& c = man.config;
   std::unique_ptr<Tokenizer> tok;
   const std::string tok_path = tokenizer_path(a, *img);
@@ -466,11 +471,11 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
                                                        : FfnResidency::kGateRows;
   const uint64_t read_batch =
       a.read_batch.empty() ? kFfnReadBatchBytes : parse_memory_size(a.read_batch, "--read-batch");
-  const uint64_t read_ahead = a.overlap != "cross" && a.overlap != "both" ? 0
-                              : a.read_ahead.empty()                      ? kFfnReadAheadBytes
-                                                     : parse_memory_size(a.read_ahead, "--read-ahead");
+  const uint64_t read_ahead = overlap != "cross" && overlap != "both" ? 0
+                              : a.read_ahead.empty()                  ? kFfnReadAheadBytes
+                                                                      : parse_memory_size(a.read_ahead, "--read-ahead");
   MemoryPlan plan = memory_plan(man, context, residency, omp_get_max_threads(), current_rss_bytes(), read_batch,
-                                read_ahead, a.prefill_block, a.overlap == "none" ? 1 : 2);
+                                read_ahead, a.prefill_block, overlap == "none" ? 1 : 2);
   if (rank > 0) plan.ffn_resident += uint64_t(c.n_layers) * uint64_t(c.hidden_dim + c.dim) * uint64_t(rank) * 4;
   const bool ratio_given = a.cache_ratio_opt && a.cache_ratio_opt->count() > 0;
   // The ratio that runs: --cache-ratio, else the manifest's planner setting (effective_cache_ratio); the budget may
@@ -528,7 +533,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
                                         : SelectMode::kGate;
     FlashFfnOptions fo = flash_ffn_options(fa, mode);
     fo.lowrank_rank = rank;
-    if (!overlap_mode_parse(a.overlap, &fo.overlap)) throw UsageError("unknown --overlap " + a.overlap);
+    if (!overlap_mode_parse(overlap, &fo.overlap)) throw UsageError("unknown --overlap " + overlap);
     fo.read_batch_bytes = read_batch;
     fo.read_ahead_bytes = read_ahead;
     if (threshold) fo.act_threshold.assign(size_t(c.n_layers), -std::numeric_limits<float>::infinity());
@@ -615,11 +620,11 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
       {"peak_rss_bytes", peak},
       {"sampler", {{"temperature", sc.temperature}, {"top_k", sc.top_k}, {"top_p", sc.top_p}, {"seed", sc.seed}}}};
   if (synthetic) extra["synthetic"] = label;
-  const bool ov_on = ffn && a.select != "dense" && a.overlap != "none";
+  const bool ov_on = ffn && a.select != "dense" && overlap != "none";
   if (ffn && a.select != "dense") {
     // Overlap figures (whole run, prompt included); io_wait is the I/O nobody computed under.
     const OverlapCounters& o = ffn->overlap();
-    extra["overlap"] = {{"mode", a.overlap},
+    extra["overlap"] = {{"mode", overlap},
                         {"engine_async", img->io().async()},
                         {"layer_tokens", o.layer_tokens},
                         {"bundles_computed", o.bundles_computed},
@@ -717,7 +722,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
     std::fprintf(stderr,
                  "overlap %s (%s): I/O busy %.3f s, waited %.3f s (%.1f%% hidden); %llu of %llu bundles computed with "
                  "reads in flight; read-ahead: %llu predicted, %llu needed, %llu both, %s extra, %s late\n",
-                 a.overlap.c_str(),
+                 overlap.c_str(),
                  img->io().async() ? "async engine" : "synchronous engine: reads overlap compute only across threads",
                  o.io_busy_seconds, o.io_wait_seconds, o.overlap_share() * 100,
                  static_cast<unsigned long long>(o.bundles_in_flight),

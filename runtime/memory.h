@@ -36,8 +36,9 @@ uint64_t kv_cache_bytes(const ModelConfig& c, int context);
 // larger than this gets a buffer of its own size).
 constexpr uint64_t kFfnReadBatchBytes = uint64_t(4) << 20;
 // --overlap cross|both: at most this many bytes of a layer's predicted bundles are read ahead, into one buffer of
-// this size (the rest is read after the exact selection).
-constexpr uint64_t kFfnReadAheadBytes = uint64_t(32) << 20;
+// this size (the rest is read after the exact selection). 8 MiB is about what a phone-class device reads during one
+// layer's attention of a 7B model; larger read-aheads delayed the exact reads (docs/runtime.md, "I/O-compute overlap").
+constexpr uint64_t kFfnReadAheadBytes = uint64_t(8) << 20;
 // nl-run generate's prompt is prefilled in passes of at most this many tokens by default (--prefill-block; a flash
 // FFN reads the union of a pass's active sets once per layer); the activations of one pass are in the memory plan.
 constexpr int kPrefillBlockTokens = 64;

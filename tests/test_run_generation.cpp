@@ -270,8 +270,10 @@ TEST_CASE("--select trace: the reads equal replay's for the same trace tokens; s
   const Tiny& t = tiny();
   const std::string opts = " --gap 2 --cache-ratio 0.1 --metrics gen_tiny/";
   // --prefill-block 1: every forward pass one token, as replay reads them (a prompt block reads its union once).
-  const json g = run_json("--image " + t.image + " --select trace:" + t.trace +
-                          " --prompt-tokens 1,5,9 --steps 20 --prefill-block 1" + opts + "trace_gen.json");
+  // --overlap layer: the default (cross) also reads the previous token's set ahead, counted in reads and bytes_read.
+  const json g =
+      run_json("--image " + t.image + " --select trace:" + t.trace +
+               " --prompt-tokens 1,5,9 --steps 20 --prefill-block 1 --overlap layer" + opts + "trace_gen.json");
   CHECK(g["trace"]["wrapped_forwards"] == 0);
   CHECK(!g.contains("synthetic"));
   Run rr = run("nl-run", "-q --json replay --image " + t.image + " --trace " + t.trace + " --max-tokens 22" + opts +

@@ -495,7 +495,7 @@ class Bench:
             sel = "gate"
         res["select"] = sel
         for m in LAYOUTS:
-            if self.has_overlap:  # io_uring either way: "on" is --overlap-on (nl-run's default, layer), "off" is none
+            if self.has_overlap:  # io_uring either way: "on" is --overlap-on (nl-run's default, cross), "off" is none
                 variants.append((nl_row(m, False), m, True, ["--io", "uring", "--overlap", "none"]))
                 on = self.a.overlap_on.split("@")
                 variants.append((nl_row(m, True), m, True, ["--io", "uring", "--overlap", on[0]] +
@@ -779,7 +779,7 @@ def main():
                     help="only the kernel row (everything in DRAM: nl-run --select dense vs llama-bench, alternated)")
     ap.add_argument("--kernel-prompt", type=int, default=64, help="kernel row: prompt tokens (llama-bench pp)")
     ap.add_argument("--base-build", help="kernel row: also run this build's nl-run, alternated (before/after)")
-    ap.add_argument("--overlap-on", default="layer",
+    ap.add_argument("--overlap-on", default="cross",
                     help="the overlap rows' nl-run --overlap mode, MODE or MODE@READ_AHEAD (e.g. cross@8MiB)")
     ap.add_argument("--no-kernel-row", action="store_true",
                     help="skip the kernel row (llama-bench and nl-run --select dense, all in DRAM) after the rows")
