@@ -80,6 +80,33 @@ TEST_CASE("S3-FIFO keeps a reused slot through a scan of one-hit slots") {
   CHECK(p.hits == std::vector<uint32_t>{0});
 }
 
+TEST_CASE("a cache that holds every slot (or every key of a replicated layer) admits every miss") {
+  const uint32_t n = 100;
+  ReadPlanner pl = planner(n);
+  CacheConfig cc;
+  cc.run_admit_prob = 0.0;  // linking-aligned would hold back every miss inside a long read
+  std::vector<uint32_t> run;
+  for (uint32_t s = 20; s < 60; ++s) run.push_back(s);
+  TokenPlan p;
+  cc.capacity = n;
+  SlotCache all(n, cc);
+  pl.plan(run, &all, p);
+  CHECK(all.admissions() == run.size());
+  pl.plan(run, &all, p);
+  CHECK(p.reads.empty());  // every neuron read once, then served from DRAM
+  cc.capacity = n - 1;     // one slot short: linking-aligned as configured
+  SlotCache short_one(n, cc);
+  pl.plan(run, &short_one, p);
+  CHECK(short_one.admissions() == 0);
+  // Replicated: 100 slots, 90 keys (slots 90..99 are second copies of 0..9); 90 entries hold every key.
+  cc.capacity = 90;
+  cc.alias.resize(n);
+  for (uint32_t s = 0; s < n; ++s) cc.alias[s] = s < 90 ? s : s - 90;
+  SlotCache keys(n, cc);
+  pl.plan(run, &keys, p);
+  CHECK(keys.admissions() == run.size());
+}
+
 TEST_CASE("linking-aligned admission: isolated misses admitted, misses inside long reads held back") {
   const uint32_t n = 100;
   ReadPlanner pl = planner(n);

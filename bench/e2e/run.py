@@ -127,6 +127,10 @@ def write_random_llama2c(path, cfg, seed):
 class Bench:
     def __init__(self, a):
         self.a = a
+        self.budget_rows = [m for m in a.budget_rows.split(",") if m]
+        for m in self.budget_rows:
+            if m not in LAYOUTS:
+                raise SystemExit("e2e: --budget-rows: unknown layout '%s' (one of %s)" % (m, ", ".join(LAYOUTS)))
         self.cli = os.path.join(os.path.abspath(a.build), "cli")
         self.work = a.work
         os.makedirs(self.work, exist_ok=True)
@@ -502,6 +506,9 @@ class Bench:
                                  (["--read-ahead", on[1]] if len(on) > 1 else [])))
             else:
                 variants.append((nl_row(m, None), m, True, []))
+            if m in self.budget_rows:  # the user's way: the cap as nl-run's --memory-budget, which sizes the cache
+                variants.append((nl_budget_row(m), m, True, (["--io", "uring"] if self.has_overlap else []) +
+                                 ["--memory-budget", str(cap)]))
         variants.append((DENSE_ROW, "dense", False, []))
         if not self.has_overlap:
             res["unavailable"]["nl-run overlap on/off"] = "no I/O-compute overlap switch on this checkout (issue 18)"
@@ -546,8 +553,8 @@ class Bench:
                         elif kind == "dense":
                             s, r = self.nl_generate(p["images"]["identity"], "dense", prompt, steps)
                         else:
-                            s, r = self.nl_generate(p["images"][kind], sel, prompt, steps, cg,
-                                                    ["--cache-ratio", str(CACHE_RATIO)] + extra)
+                            ratio = [] if "--memory-budget" in extra else ["--cache-ratio", str(CACHE_RATIO)]
+                            s, r = self.nl_generate(p["images"][kind], sel, prompt, steps, cg, ratio + extra)
                     finally:
                         if cg:
                             cg.close()
@@ -653,8 +660,16 @@ def nl_row(method, overlap):
     return "nl-run %s%s, capped" % (method, {True: ", overlap on", False: ", overlap off", None: ""}[overlap])
 
 
+def nl_budget_row(method):
+    """The row name of nl-run with a layout under --memory-budget = the cap (default overlap; the cache it sizes)."""
+    return "nl-run %s, --memory-budget = cap, capped" % method
+
+
 def identity_row(rows, name):
-    """The identity row a row is compared with: the same overlap setting (overlap on for llama.cpp and dense)."""
+    """The identity row a row is compared with: the same overlap setting (overlap on for llama.cpp and dense), or
+    identity's own budget row for a budget row."""
+    if "--memory-budget" in name and nl_budget_row("identity") in rows:
+        return rows[nl_budget_row("identity")]
     for on in ((False,) if "overlap off" in name else (True,)) + (None,):
         if nl_row("identity", on) in rows:
             return rows[nl_row("identity", on)]
@@ -781,6 +796,9 @@ def main():
     ap.add_argument("--base-build", help="kernel row: also run this build's nl-run, alternated (before/after)")
     ap.add_argument("--overlap-on", default="cross",
                     help="the overlap rows' nl-run --overlap mode, MODE or MODE@READ_AHEAD (e.g. cross@8MiB)")
+    ap.add_argument("--budget-rows", default="",
+                    help="comma-separated layouts (identity,greedy,greedy+ls) that also get a row with nl-run's "
+                         "--memory-budget set to the cap (the cache sized from it) instead of --cache-ratio 0.1")
     ap.add_argument("--no-kernel-row", action="store_true",
                     help="skip the kernel row (llama-bench and nl-run --select dense, all in DRAM) after the rows")
     ap.add_argument("--one-image-at-a-time", action="store_true",

@@ -61,6 +61,15 @@ SlotCache::SlotCache(uint32_t n_slots, const CacheConfig& cfg)
     state_[s] = kPinned;
     ++pinned_;
   }
+  // Every key fits: no admission can ever evict, so every miss is admitted (rejecting one only costs a later read;
+  // a model whose FFN fits its cache reads each neuron once).
+  uint32_t n_keys = n_slots;
+  if (!cfg_.alias.empty()) {
+    std::vector<uint8_t> seen(n_slots, 0);
+    n_keys = 0;
+    for (uint32_t s : cfg_.alias) n_keys += !seen[s], seen[s] = 1;
+  }
+  if (cfg_.capacity >= n_keys) cfg_.linking_aligned = false;
   uint32_t rest = cfg_.capacity - pinned_;
   small_cap_ = rest ? std::max<uint32_t>(1, uint32_t(std::lround(cfg_.small_fraction * rest))) : 0;
   if (small_cap_ > rest) small_cap_ = rest;
