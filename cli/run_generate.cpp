@@ -149,7 +149,8 @@ void add_generate_memory_options(CLI::App* c, GenerateArgs& a) {
       ->group("Memory");
   c->add_option("--read-batch", a.read_batch,
                 "FFN read staging: a layer's reads are staged and computed this many bytes at a time (default 4MiB; "
-                "a read longer than this is split at bundle boundaries); the tokens are the same for every size")
+                "a read longer than this is split at bundle boundaries; two such buffers under --overlap other than "
+                "none, the next batch read while one is computed); the tokens are the same for every size")
       ->group("Memory");
   c->add_option("--prefill-block", a.prefill_block,
                 "prompt tokens per prefill pass (default " + std::to_string(kPrefillBlockTokens) +
