@@ -168,8 +168,7 @@ void add_generate_overlap_options(CLI::App* c, GenerateArgs& a) {
   c->add_option("--overlap", a.overlap,
                 "I/O-compute overlap: layer = compute each bundle as its read completes (real with --io uring); "
                 "cross = start a layer's FFN reads before its attention from a predictor; both; none; auto (default) = "
-                "cross, or "
-                "layer for an image with flash replicas (cross does not read them)")
+                "cross, or layer for an image with flash replicas (cross does not read them)")
       ->check(CLI::IsMember({"auto", "none", "layer", "cross", "both"}))
       ->group("I/O");
 }
@@ -476,7 +475,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
                               : a.read_ahead.empty()                  ? kFfnReadAheadBytes
                                                                       : parse_memory_size(a.read_ahead, "--read-ahead");
   MemoryPlan plan = memory_plan(man, context, residency, omp_get_max_threads(), current_rss_bytes(), read_batch,
-                                read_ahead, a.prefill_block, overlap == "none" ? 1 : 2);
+                                read_ahead, a.prefill_block, overlap == "none" ? 1 : kFfnOverlapReadBuffers);
   if (rank > 0) plan.ffn_resident += uint64_t(c.n_layers) * uint64_t(c.hidden_dim + c.dim) * uint64_t(rank) * 4;
   const bool ratio_given = a.cache_ratio_opt && a.cache_ratio_opt->count() > 0;
   // The ratio that runs: --cache-ratio, else the manifest's planner setting (effective_cache_ratio); the budget may

@@ -966,8 +966,8 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
   // Two batch buffers when there is more than one batch: batch b + 1's reads land in one while batch b is computed
   // from the other, so the device does not idle through each batch's down projection and cache admissions.
   const bool two = batch_end_.size() > 1;
-  staging_.resize(two ? 2 * cap : cap);
-  auto base = [&](size_t batch) { return staging_.data() + (batch % 2) * cap; };
+  staging_.resize(two ? kFfnOverlapReadBuffers * cap : cap);
+  auto base = [&](size_t batch) { return staging_.data() + (batch % kFfnOverlapReadBuffers) * cap; };
   const size_t P = pieces_.size();
   // Each piece: parts already read ahead (copied when their read-ahead piece lands) and late parts (read in its
   // batch). Late spans are listed in piece order, so each batch's are contiguous.
@@ -1045,25 +1045,24 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
   // then its down projection added in slot order; the staging is then free for the next batch.
   size_t k0 = 0, p0 = 0;
   bool first = true;
-  const bool ordered = begin_ordered(layer);
+  const bool ordered = begin_ordered(layer);  // a replicated layer-token reading second copies: first-copy order
   batch_id_.assign(batch_end_.size(), 0);
-  size_t submitted = 0;  // batches whose late spans are out
-  auto submit_batch = [&](size_t b) {
+  // Batch b's late spans out; `ahead`: while batch b - 1 is read and computed.
+  auto submit_batch = [&](size_t b, bool ahead) {
     const size_t s0 = batch_span_[b], s1 = batch_span_[b + 1];
     if (s1 > s0) {
       if (!io_started) t_io0 = Clock::now(), io_started = true;
       batch_id_[b] = io.submit(spans_.data() + s0, s1 - s0);
-      ov_.batches_ahead += cur_batch_ == int(b) - 1;  // while batch b - 1 is read and computed
+      ov_.batches_ahead += ahead;
     }
     ++ov_.batches;
-    submitted = b + 1;
-  };  // a replicated layer-token reading second copies: first-copy order
+  };
   for (size_t bi = 0; bi < batch_end_.size(); ++bi) {
     const size_t p1 = batch_end_[bi];
     const size_t k1 =
         size_t(std::lower_bound(active_.begin() + std::ptrdiff_t(k0), active_.end(), pieces_[p1 - 1].slot_end) -
                active_.begin());
-    cur_batch_ = int(bi), cur_p0_ = p0, cur_p1_ = p1, cur_off_ = two ? (bi % 2) * cap : 0;
+    cur_batch_ = int(bi), cur_p0_ = p0, cur_p1_ = p1, cur_off_ = uint64_t(base(bi) - staging_.data());
     std::atomic<size_t> pub{k0}, claim{k0};
     std::atomic<bool> stop{false};
     size_t left = 0;  // pieces of the batch not yet in place
@@ -1089,11 +1088,11 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
       }
     // This batch's late spans (unless out already) and the next batch's, into the other buffer (free: the batch
     // before this one is done).
-    if (submitted <= bi) submit_batch(bi);
-    if (two && bi + 1 < batch_end_.size()) submit_batch(bi + 1);
+    if (bi == 0 || !two) submit_batch(bi, false);
+    const bool next = two && bi + 1 < batch_end_.size();  // the next batch's spans go out now too
+    if (next) submit_batch(bi + 1, true);
     const size_t s0 = batch_span_[bi], s1 = batch_span_[bi + 1];
-    const size_t n0 = bi + 1 < batch_end_.size() ? batch_span_[bi + 1] : 0;
-    const size_t n1 = bi + 1 < batch_end_.size() ? batch_span_[bi + 2] : 0;
+    const size_t n0 = next ? batch_span_[bi + 1] : 0, n1 = next ? batch_span_[bi + 2] : 0;
     if (per_read) {
       // The batch's cache hits, then its pieces already in place.
       size_t i = k0;
@@ -1151,7 +1150,7 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
           } else if (s1 > s0 && id >= batch_id_[bi] && id < batch_id_[bi] + (s1 - s0)) {
             const uint32_t ri = span_read_[s0 + size_t(id - batch_id_[bi])];
             if (--outstanding_[ri] == 0) ready(ri);
-          } else if (n1 > n0 && submitted > bi + 1 && id >= batch_id_[bi + 1] && id < batch_id_[bi + 1] + (n1 - n0)) {
+          } else if (n1 > n0 && id >= batch_id_[bi + 1] && id < batch_id_[bi + 1] + (n1 - n0)) {
             --outstanding_[span_read_[n0 + size_t(id - batch_id_[bi + 1])]];  // the next batch's: counted at its turn
           } else {
             throw InternalError("overlap: completion of a read this layer did not issue");

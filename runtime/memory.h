@@ -35,6 +35,9 @@ uint64_t kv_cache_bytes(const ModelConfig& c, int context);
 // so the staging never grows with a layer's density (a read longer than this is split at bundle boundaries; a bundle
 // larger than this gets a buffer of its own size).
 constexpr uint64_t kFfnReadBatchBytes = uint64_t(4) << 20;
+// Under --overlap (any mode but none) a layer-token of several batches alternates this many batch buffers: the next
+// batch is read while one is computed.
+constexpr int kFfnOverlapReadBuffers = 2;
 // --overlap cross|both: at most this many bytes of a layer's predicted bundles are read ahead, into one buffer of
 // this size (the rest is read after the exact selection). 8 MiB is about what a phone-class device reads during one
 // layer's attention of a 7B model; larger read-aheads delayed the exact reads (docs/runtime.md, "I/O-compute overlap").
@@ -65,7 +68,7 @@ enum class FfnResidency { kNone, kGateRows, kAll };
 
 // The fixed part for this image, context and threads; the cache left at zero. `read_batch`: the FFN read batch,
 // `read_ahead`: the read-ahead buffer (--overlap cross|both; 0 otherwise), `prefill_block`: tokens per prefill pass,
-// `read_buffers`: batch buffers (2 under any --overlap: the next batch is read while one is computed, else 1).
+// `read_buffers`: batch buffers (kFfnOverlapReadBuffers under any --overlap but none, else 1).
 MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, int threads, uint64_t baseline,
                        uint64_t read_batch = kFfnReadBatchBytes, uint64_t read_ahead = 0,
                        int prefill_block = kPrefillBlockTokens, int read_buffers = 1);
