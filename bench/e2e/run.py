@@ -498,14 +498,15 @@ class Bench:
         else:
             sel = "gate"
         res["select"] = sel
+        ratio = ["--cache-ratio", str(CACHE_RATIO)]
         for m in LAYOUTS:
             if self.has_overlap:  # io_uring either way: "on" is --overlap-on (nl-run's default, cross), "off" is none
-                variants.append((nl_row(m, False), m, True, ["--io", "uring", "--overlap", "none"]))
+                variants.append((nl_row(m, False), m, True, ratio + ["--io", "uring", "--overlap", "none"]))
                 on = self.a.overlap_on.split("@")
-                variants.append((nl_row(m, True), m, True, ["--io", "uring", "--overlap", on[0]] +
+                variants.append((nl_row(m, True), m, True, ratio + ["--io", "uring", "--overlap", on[0]] +
                                  (["--read-ahead", on[1]] if len(on) > 1 else [])))
             else:
-                variants.append((nl_row(m, None), m, True, []))
+                variants.append((nl_row(m, None), m, True, ratio))
             if m in self.budget_rows:  # the user's way: the cap as nl-run's --memory-budget, which sizes the cache
                 variants.append((nl_budget_row(m), m, True, (["--io", "uring"] if self.has_overlap else []) +
                                  ["--memory-budget", str(cap)]))
@@ -553,8 +554,7 @@ class Bench:
                         elif kind == "dense":
                             s, r = self.nl_generate(p["images"]["identity"], "dense", prompt, steps)
                         else:
-                            ratio = [] if "--memory-budget" in extra else ["--cache-ratio", str(CACHE_RATIO)]
-                            s, r = self.nl_generate(p["images"][kind], sel, prompt, steps, cg, ratio + extra)
+                            s, r = self.nl_generate(p["images"][kind], sel, prompt, steps, cg, extra)
                     finally:
                         if cg:
                             cg.close()
