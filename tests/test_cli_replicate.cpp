@@ -1,7 +1,8 @@
 // nl-layout with flash replication end to end: solve --replicate-budget (a bad value is a usage error), eval of the
 // layout it writes; on the bundled tiny-relu, pack of a replicated layout, nl-run generate's tokens against the same
 // layout without replicas, nl-run replay's reads against nl-layout eval's, and manifests with a corrupted replica map
-// (exit 3, one line).
+// (exit 3, one line). Its files in the shared test directory start with repl_ (test_cli_report's start with rep_, and
+// ctest -j runs both at once).
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
@@ -26,9 +27,9 @@ using namespace nl;
 namespace {
 
 int run(const std::string& args, std::string* err = nullptr) {
-  std::string cmd = std::string(NL_BINARY_DIR) + "/cli/nl-layout " + args + " > rep_out.txt 2> rep_err.txt";
+  std::string cmd = std::string(NL_BINARY_DIR) + "/cli/nl-layout " + args + " > repl_out.txt 2> repl_err.txt";
   int st = std::system(cmd.c_str());
-  if (err) *err = read_file("rep_err.txt");
+  if (err) *err = read_file("repl_err.txt");
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
@@ -51,13 +52,13 @@ TEST_CASE("solve --replicate-budget writes a layout eval reads; a bad budget is 
   o.n_neurons = {512, 512};
   std::vector<int64_t> seq;
   for (int64_t t = 0; t < 4096; t += 128) seq.push_back(t);
-  trace_write("rep_trace.h5", o, masks, seq);
+  trace_write("repl_trace.h5", o, masks, seq);
   std::string err;
-  CHECK(run("solve --trace rep_trace.h5 --replicate-budget 12x --out rep_bad.json", &err) == 2);
+  CHECK(run("solve --trace repl_trace.h5 --replicate-budget 12x --out repl_bad.json", &err) == 2);
   CHECK(err.find("--replicate-budget") != std::string::npos);
-  CHECK(!std::filesystem::exists("rep_bad.json"));
-  REQUIRE(run("-q solve --trace rep_trace.h5 --bundle-bytes 16384 --replicate-budget 20% --out rep.json") == 0);
-  const Layout l = layout_load("rep.json");
+  CHECK(!std::filesystem::exists("repl_bad.json"));
+  REQUIRE(run("-q solve --trace repl_trace.h5 --bundle-bytes 16384 --replicate-budget 20% --out repl.json") == 0);
+  const Layout l = layout_load("repl.json");
   uint32_t replicas = 0;
   for (const LayoutLayer& L : l.layers) {
     CHECK(L.order.size() == 512 + L.replicas);
@@ -65,7 +66,7 @@ TEST_CASE("solve --replicate-budget writes a layout eval reads; a bad budget is 
   }
   CHECK(replicas > 0);  // on this trace copies win on validation (the unit test's trace, layer 0 keeps 25)
   CHECK(l.parameters.at("replicate_share").get<double>() == doctest::Approx(0.2));
-  CHECK(run("-q eval --trace rep_trace.h5 --layout rep.json --bundle-bytes 16384 --cache-ratio 0.05") == 0);
+  CHECK(run("-q eval --trace repl_trace.h5 --layout repl.json --bundle-bytes 16384 --cache-ratio 0.05") == 0);
 }
 
 namespace {
@@ -98,7 +99,7 @@ std::string tokens_line(const std::string& out) {
 // placed far from its first (the solver keeps no copies on this small model, so the test places them), pack both.
 TEST_CASE("tiny-relu: a replicated image generates the unreplicated layout's tokens; replay reads what eval predicts" *
           nl::test::needs_file("/usr/share/common-licenses/GPL-3", "Debian base-files, the profiling text")) {
-  const std::string d = "rep_tiny_e2e";
+  const std::string d = "repl_tiny_e2e";
   std::filesystem::create_directories(d);
   const std::string model = std::string(NL_SOURCE_DIR) + "/datasets/tiny-relu/model";
   const std::string bin = std::string(NL_BINARY_DIR) + "/cli/";
@@ -197,16 +198,16 @@ TEST_CASE("a manifest with a corrupted replica map is refused with one line and 
   }
   const nlohmann::json j = {
       {"format", "neuralink-layout"}, {"version", 1}, {"method", "greedy+ls"}, {"layers", layers}};
-  write_file_atomic("rep_tiny.json", j.dump());
+  write_file_atomic("repl_tiny.json", j.dump());
   const std::string model = std::string(NL_SOURCE_DIR) + "/datasets/tiny-relu/model";
-  REQUIRE(run("-q pack --model " + model + " --layout rep_tiny.json --out rep_tiny.nlw") == 0);
-  const std::string text = read_file("rep_tiny.nlw.json");
+  REQUIRE(run("-q pack --model " + model + " --layout repl_tiny.json --out repl_tiny.nlw") == 0);
+  const std::string text = read_file("repl_tiny.nlw.json");
   const nlohmann::json good = nlohmann::json::parse(text);
   CHECK(good["version_minor"] == 2);
   CHECK(good["replicas"] == nlohmann::json::array({1, 1, 1, 1}));
   const std::string nlrun = std::string(NL_BINARY_DIR) + "/cli/nl-run";
   std::string out;
-  REQUIRE(sh(nlrun + " generate --no-direct --image rep_tiny.nlw --prompt-tokens 1,5 --steps 3", &out) == 0);
+  REQUIRE(sh(nlrun + " generate --no-direct --image repl_tiny.nlw --prompt-tokens 1,5 --steps 3", &out) == 0);
   struct Edit {
     std::string what, expect;
     std::function<void(nlohmann::json&)> edit;
@@ -227,14 +228,14 @@ TEST_CASE("a manifest with a corrupted replica map is refused with one line and 
     CAPTURE(e.what);
     nlohmann::json m = good;
     e.edit(m);
-    write_file_atomic("rep_tiny.nlw.json", m.dump(1));
-    const int rc = sh(nlrun + " generate --no-direct --image rep_tiny.nlw --prompt-tokens 1,5 --steps 3", &out);
+    write_file_atomic("repl_tiny.nlw.json", m.dump(1));
+    const int rc = sh(nlrun + " generate --no-direct --image repl_tiny.nlw --prompt-tokens 1,5 --steps 3", &out);
     CHECK(rc == 3);
-    CHECK(out.find("rep_tiny.nlw.json") != std::string::npos);
+    CHECK(out.find("repl_tiny.nlw.json") != std::string::npos);
     CHECK(out.find(e.expect) != std::string::npos);
     CHECK(std::count(out.begin(), out.end(), '\n') == 1);  // one line
     CHECK(out.find("tokens:") == std::string::npos);
   }
-  write_file_atomic("rep_tiny.nlw.json", text);
-  CHECK(sh(nlrun + " generate --no-direct --image rep_tiny.nlw --prompt-tokens 1,5 --steps 3", &out) == 0);
+  write_file_atomic("repl_tiny.nlw.json", text);
+  CHECK(sh(nlrun + " generate --no-direct --image repl_tiny.nlw --prompt-tokens 1,5 --steps 3", &out) == 0);
 }
