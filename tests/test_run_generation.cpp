@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -237,7 +238,14 @@ TEST_CASE("--memory-budget: the cache gets what is left; the child's peak RSS st
     nl::test::skip_part("--memory-budget peak-RSS bounds: not meaningful in an AddressSanitizer build");
   } else {
     // The second run measures its own baseline, which moves between runs under load (29 bundles per layer = 233 KB
-    // less than planned in one ctest -j2 run): the bound asks for a quarter of the 64 bundles planned.
+    // less than planned in one ctest -j2 run): its cache is exactly what the budget leaves after its own fixed part
+    // ((budget - fixed) / (layers + 1) per layer, docs/runtime.md "Memory budget"), and at least a quarter of the
+    // 64 bundles planned.
+    REQUIRE(cache > 0);
+    const uint64_t fixed_run = j["memory"]["fixed_bytes"].get<uint64_t>();
+    const uint64_t cost = j["memory"]["cache_bytes"].get<uint64_t>() / (uint64_t(cache) * 4);  // per cached bundle
+    CHECK(cost >= 1536);
+    CHECK(cache == std::min<uint64_t>(512, (budget - fixed_run) / (4 + 1) / cost));
     CHECK(cache >= 16);
     CHECK(peak <= budget);
     CHECK(r.maxrss <= budget);
