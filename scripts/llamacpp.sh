@@ -48,8 +48,10 @@ case "${1:-build}" in
     exit 0
     ;;
   check) # what the e2e smoke needs: the token-id driver and gguf-py (llama-bench only for the kernel row)
-    if [ -x "$DIR/bin/llama-ids" ] && [ -f "$DIR/gguf-py/gguf/__init__.py" ] && same_flags; then exit 0; fi
-    echo "llama.cpp is not built in $DIR for this CPU's flags (run scripts/llamacpp.sh)" >&2
+    if [ -x "$DIR/bin/llama-ids" ] && [ -f "$DIR/gguf-py/gguf/__init__.py" ] && same_flags &&
+      [ ! "$IDS_SRC" -nt "$DIR/bin/llama-ids" ]; then exit 0; fi
+    echo "llama.cpp is not built in $DIR for this CPU's flags, or llama-ids is older than its source (run" \
+      "scripts/llamacpp.sh)" >&2
     exit 77
     ;;
   build) ;;

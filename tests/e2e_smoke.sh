@@ -1,8 +1,9 @@
 #!/bin/sh
 # Smoke of the end-to-end benchmark against the real llama.cpp (bench/e2e/run.py --smoke): stories260K packed by
 # nl-layout, written to GGUF by scripts/gguf_from_image.py, run by llama.cpp (llama-ids) and nl-run under the
-# memory cap. Fails when the two engines' greedy tokens differ (f32 and f16), when nl-run --select gate differs from
-# dense, or when a row of the harness has no figures (the kernel row only once llama-bench is built). Not a
+# memory cap. Fails when the two engines' greedy tokens differ (f32 and f16; f16 also teacher-forced: each of
+# llama.cpp's steps replayed in nl-run from its prefix), when nl-run --select gate differs from dense, or when a row
+# of the harness has no figures (the kernel row only once llama-bench is built). Not a
 # benchmark: 1 repetition, 8 tokens, no figures compared.
 #   e2e_smoke.sh SOURCE_DIR BINARY_DIR MODELS_DIR   exit 77 (CTest: skipped) when llama.cpp is not built
 #   (./run.sh test builds it: scripts/llamacpp.sh) or the model is absent
@@ -26,7 +27,8 @@ if [ $rc -eq 77 ]; then
   exit 77
 fi
 [ $rc -eq 0 ] || exit $rc
-$run --agreement-only --shapes stories260k --dtypes f16 --steps 32 --profile-tokens 2048 --json "$work/f16.json"
+$run --agreement-only --teacher-forced --shapes stories260k --dtypes f16 --steps 32 --profile-tokens 2048 \
+  --json "$work/f16.json"
 /usr/bin/python3 - "$work/smoke.json" "$work/f16.json" <<'PY'
 import json, sys
 smoke, f16 = (json.load(open(p))["shapes"][0] for p in sys.argv[1:3])
@@ -42,6 +44,9 @@ for res in (smoke, f16):
         bad.append("%s: nl-run gate tokens differ from dense" % res["dtype"])
     print("%s: %d/%d greedy tokens equal between llama.cpp and nl-run" % (res["dtype"], a.get("agree", 0),
                                                                          a.get("of", 0)))
+tf = f16.get("agreement", {}).get("teacher_forced")  # each of llama.cpp's steps replayed in nl-run from its prefix
+if not tf or tf["of"] != 32 or len(tf["margins"]) != 32 or tf["agree"] != tf["of"]:
+    bad.append("f16 teacher-forced agreement not 32/32: %s" % tf)
 rows = smoke.get("rows", {})
 want = ["llama.cpp mmap, capped", "llama.cpp mmap, uncapped (warm)", "nl-run --select dense, uncapped (warm)"] + [
     "nl-run %s, overlap %s, capped" % (m, o) for m in ("identity", "greedy", "greedy+ls") for o in ("off", "on")]

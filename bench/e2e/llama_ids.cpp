@@ -2,12 +2,15 @@
 // one JSON line. llama-completion takes text only and prints text, so token agreement with nl-run (which we drive
 // with ids) cannot be read from it exactly; this is examples/simple/simple.cpp with ids in and out.
 // Built by scripts/llamacpp.sh against the cached llama.cpp build (static libraries), not by the project's CMake.
-//   llama-ids -m model.gguf --prompt-tokens 1,2,3 [-n 32] [-t 2] [--no-mmap]
+//   llama-ids -m model.gguf --prompt-tokens 1,2,3 [-n 32] [-t 2] [--no-mmap] [--kv f16|f32] [--margins]
+// --kv: the KV cache's type (default: llama.cpp's, f16; nl-run keeps its KV cache in f32). --margins: each step's
+// gap between the largest and the second largest logit, in the JSON line ("margins").
 // Greedy = the first index of the largest logit (the same tie rule as nl-run's argmax). Prompt in one batch
 // (llama.cpp's default prefill). Timings: load (model + context), prefill, first token (process start to the
 // first generated token), decode (mean per token after the first).
 #include <chrono>
 #include <clocale>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,7 +31,8 @@ int main(int argc, char** argv) {
   std::string model_path;
   std::vector<llama_token> prompt;
   int n_predict = 32, n_threads = 2;
-  bool use_mmap = true, verbose = false;
+  bool use_mmap = true, verbose = false, margins = false;
+  std::string kv;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
     auto next = [&]() -> const char* {
@@ -46,6 +50,14 @@ int main(int argc, char** argv) {
       n_threads = atoi(next());
     } else if (a == "--no-mmap") {
       use_mmap = false;
+    } else if (a == "--kv") {
+      kv = next();
+      if (kv != "f16" && kv != "f32") {
+        fprintf(stderr, "llama-ids: --kv takes f16 or f32, not %s\n", kv.c_str());
+        return 2;
+      }
+    } else if (a == "--margins") {
+      margins = true;
     } else if (a == "-v") {
       verbose = true;
     } else if (a == "--prompt-tokens") {
@@ -62,7 +74,9 @@ int main(int argc, char** argv) {
     }
   }
   if (model_path.empty() || prompt.empty() || n_predict < 1 || n_threads < 1) {
-    fprintf(stderr, "usage: llama-ids -m model.gguf --prompt-tokens 1,2,3 [-n 32] [-t 2] [--no-mmap]\n");
+    fprintf(stderr,
+            "usage: llama-ids -m model.gguf --prompt-tokens 1,2,3 [-n 32] [-t 2] [--no-mmap] [--kv f16|f32] "
+            "[--margins]\n");
     return 2;
   }
   if (!verbose) llama_log_set(silent, nullptr);
@@ -89,6 +103,7 @@ int main(int argc, char** argv) {
   cp.n_threads = n_threads;
   cp.n_threads_batch = n_threads;
   cp.no_perf = true;
+  if (!kv.empty()) cp.type_k = cp.type_v = kv == "f32" ? GGML_TYPE_F32 : GGML_TYPE_F16;
   llama_context* ctx = llama_init_from_model(model, cp);
   if (!ctx) {
     fprintf(stderr, "llama-ids: cannot create the context\n");
@@ -96,7 +111,7 @@ int main(int argc, char** argv) {
   }
   const double t_loaded = now_ms();
   std::vector<llama_token> out;
-  std::vector<double> step_ms;
+  std::vector<double> step_ms, gap;
   llama_batch batch = llama_batch_get_one(prompt.data(), int32_t(prompt.size()));
   llama_token tok = 0;
   double t_first = 0, t_prefill = 0;
@@ -112,6 +127,12 @@ int main(int argc, char** argv) {
       if (logits[v] > logits[best]) best = v;
     tok = best;
     out.push_back(tok);
+    if (margins) {
+      float second = -INFINITY;
+      for (int v = 0; v < n_vocab; v++)
+        if (v != best && logits[v] > second) second = logits[v];
+      gap.push_back(double(logits[best]) - double(second));
+    }
     const double t1 = now_ms();
     if (i == 0) {
       t_prefill = t1 - t0;
@@ -125,8 +146,14 @@ int main(int argc, char** argv) {
   for (double s : step_ms) decode += s;
   printf("{\"prompt_tokens\": %zu, \"tokens\": [", prompt.size());
   for (size_t i = 0; i < out.size(); i++) printf("%s%d", i ? ", " : "", out[i]);
+  printf("]");
+  if (margins) {
+    printf(", \"margins\": [");
+    for (size_t i = 0; i < gap.size(); i++) printf("%s%.6g", i ? ", " : "", gap[i]);
+    printf("]");
+  }
   printf(
-      "], \"load_ms\": %.3f, \"prefill_ms\": %.3f, \"ttft_ms\": %.3f, \"decode_ms_per_token\": %.4f, "
+      ", \"load_ms\": %.3f, \"prefill_ms\": %.3f, \"ttft_ms\": %.3f, \"decode_ms_per_token\": %.4f, "
       "\"threads\": %d, \"mmap\": %s}\n",
       t_loaded - t_start, t_prefill, t_first, step_ms.empty() ? 0.0 : decode / double(step_ms.size()), n_threads,
       use_mmap ? "true" : "false");

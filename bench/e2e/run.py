@@ -371,6 +371,34 @@ class Bench:
                 "read_bytes": r["read_bytes"], "maxrss_kib": r["maxrss_kib"], "cgroup_peak": r["cgroup_peak"],
                 "wall_s": r["wall_s"]}, r
 
+    def teacher_forced(self, image, gguf, prompt, tokens):
+        """Where free-running greedy tokens part, every later token differs for that reason alone. So each of
+        llama.cpp's steps is replayed in nl-run from llama.cpp's own prefix (prompt + its first k tokens, one step),
+        and each differing step is listed with llama.cpp's top-2 logit margin there: differences only at near-ties
+        are rounding-order effects; a difference at a wide margin is a real disagreement."""
+        argv = [os.path.join(self.ldir, "bin", "llama-ids"), "-m", gguf, "--prompt-tokens",
+                ",".join(map(str, prompt)), "-n", str(len(tokens)), "-t", str(self.a.threads), "--margins"]
+        r = run(argv, check=False)
+        if r["rc"] != 0:
+            raise SystemExit("e2e: llama-ids --margins failed (rebuild it: scripts/llamacpp.sh): %s" %
+                             r["err"].strip()[-500:])
+        j = json.loads(r["out"].strip().splitlines()[-1])
+        if j["tokens"] != tokens:
+            raise SystemExit("e2e: llama-ids gave other tokens in a second run: %s against %s" % (j["tokens"], tokens))
+        margins, nl = j["margins"], []
+        for k in range(len(tokens)):
+            t, rr = self.nl_generate(image, "dense", prompt + tokens[:k], 1)
+            if t is None:
+                raise SystemExit("e2e: nl-run dense (teacher-forced step %d) failed: %s" % (k, rr["err"].strip()[-500:]))
+            nl.append(t["tokens"][0])
+        diff = [k for k in range(len(tokens)) if nl[k] != tokens[k]]
+        same = [k for k in range(len(tokens)) if nl[k] == tokens[k]]
+        tf = {"nl": nl, "margins": margins, "agree": len(same), "of": len(tokens), "differ_at": diff,
+              "max_margin_differing": max((margins[k] for k in diff), default=None),
+              "min_margin_agreeing": min((margins[k] for k in same), default=None)}
+        log("  " + teacher_forced_line(tf))
+        return tf
+
     def kernel_row(self, p, vocab):
         """The kernel row: everything in DRAM, same dtype and threads. Per repetition and thread count, alternated:
         llama-bench (pp of --kernel-prompt tokens; tg of --steps at that depth, -d, as nl-run decodes after its prompt;
@@ -501,6 +529,9 @@ class Bench:
             agree.update({"agree": same, "of": len(ll["tokens"]), "prefix": prefix})
             log("  agreement nl-run dense vs llama.cpp: %d/%d tokens, first %d identical" % (same, len(ll["tokens"]),
                                                                                           prefix))
+            if self.a.teacher_forced:
+                agree["teacher_forced"] = self.teacher_forced(p["images"].get("silu", p["images"]["identity"]),
+                                                              p["gguf"], prompt, ll["tokens"])
         else:
             res["unavailable"]["llama.cpp"] = "not built (scripts/llamacpp.sh)"
         if self.a.agreement_only:
@@ -745,6 +776,19 @@ def print_kernel_alt(res):
                 print(line)
 
 
+def teacher_forced_line(tf):
+    s = "teacher-forced (nl-run fed llama.cpp's prefix, one step each): %d/%d next tokens equal" % (tf["agree"],
+                                                                                                  tf["of"])
+    if tf["differ_at"]:
+        s += "; the others at steps %s, where llama.cpp's top-2 logit margin was %s (largest %.4g; smallest margin " \
+             "among the equal steps %s)" % (",".join(map(str, tf["differ_at"])),
+                                             ", ".join("%.4g" % tf["margins"][k] for k in tf["differ_at"]),
+                                             tf["max_margin_differing"],
+                                             "%.4g" % tf["min_margin_agreeing"] if tf["min_margin_agreeing"]
+                                             is not None else "-")
+    return s
+
+
 def print_shape(res):
     tag = " (SYNTHETIC: random weights, meaningless text, real timing)" if res.get("synthetic") else ""
     print("\n== %s %s%s" % (res["shape"], res["dtype"], tag))
@@ -755,6 +799,8 @@ def print_shape(res):
     if "agree" in ag:
         print("greedy tokens, nl-run --select dense vs llama.cpp: %d/%d equal, first %d identical" %
               (ag["agree"], ag["of"], ag["prefix"]))
+        if "teacher_forced" in ag:
+            print(teacher_forced_line(ag["teacher_forced"]))
         if "nl_gate" in ag:
             print("nl-run --select gate vs dense: %s" % ("identical" if ag["nl_gate"] == ag["nl_dense"] else "DIFFER"))
     if "cap_bytes" in res:
@@ -830,6 +876,9 @@ def main():
                     help="write random llama2.c models up to this size (f32) when pack has no whole-model shape")
     ap.add_argument("--keep", action="store_true", help="keep the synthetic shapes' images and GGUF files")
     ap.add_argument("--agreement-only", action="store_true", help="only the greedy-token agreement, no timing")
+    ap.add_argument("--teacher-forced", action="store_true",
+                    help="also replay each of llama.cpp's greedy steps in nl-run from llama.cpp's own prefix (one "
+                         "nl-run run per step) and list llama.cpp's top-2 logit margin at each step that differs")
     ap.add_argument("--smoke", action="store_true", help="stories260k f32, 1 rep, 8 tokens (the test suite's run)")
     ap.add_argument("--json", help="write all figures here")
     ap.add_argument("--kernel-row-only", action="store_true",
