@@ -123,16 +123,17 @@ int main(int argc, char** argv) {
     }
     const float* logits = llama_get_logits_ith(ctx, -1);
     int best = 0;
+    float second = -INFINITY;  // the largest logit but the chosen one (equal to it on a tie)
     for (int v = 1; v < n_vocab; v++)
-      if (logits[v] > logits[best]) best = v;
+      if (logits[v] > logits[best]) {
+        second = logits[best];
+        best = v;
+      } else if (logits[v] > second) {
+        second = logits[v];
+      }
     tok = best;
     out.push_back(tok);
-    if (margins) {
-      float second = -INFINITY;
-      for (int v = 0; v < n_vocab; v++)
-        if (v != best && logits[v] > second) second = logits[v];
-      gap.push_back(double(logits[best]) - double(second));
-    }
+    if (margins) gap.push_back(double(logits[best]) - double(second));
     const double t1 = now_ms();
     if (i == 0) {
       t_prefill = t1 - t0;

@@ -73,7 +73,7 @@ def decode_ffn_bytes(per_pass, prompt_len):
     if not dec or not all("bytes_needed" in t and "bytes_read" in t for t in dec):
         return None
     return {"needed": sum(t["bytes_needed"] for t in dec) / len(dec),
-            "read": sum(t["bytes_read"] for t in dec) / len(dec), "passes": len(dec)}
+            "read": sum(t["bytes_read"] for t in dec) / len(dec)}
 
 
 def run_measured(argv, cgroup=None):
@@ -360,32 +360,26 @@ class Bench:
                 "bytes_read_ffn_per_token": j["per_token_mean"]["bytes_read"],
                 "decode_ffn": decode_ffn_bytes(per_pass, len(prompt))}, r
 
-    def llama_generate(self, gguf, prompt, steps, cgroup=None):
+    def llama_generate(self, gguf, prompt, steps, cgroup=None, margins=False):
         argv = self.nice() + [os.path.join(self.ldir, "bin", "llama-ids"), "-m", gguf, "--prompt-tokens",
-                              ",".join(map(str, prompt)), "-n", str(steps), "-t", str(self.a.threads)]
+                              ",".join(map(str, prompt)), "-n", str(steps), "-t", str(self.a.threads)] + (
+                                  ["--margins"] if margins else [])
         r = run_measured(argv, cgroup)
         if r["rc"] != 0:
             return None, r
         j = json.loads(r["out"].strip().splitlines()[-1])
         return {"tokens": j["tokens"], "ttft_ms": j["ttft_ms"], "decode_ms": j["decode_ms_per_token"],
                 "read_bytes": r["read_bytes"], "maxrss_kib": r["maxrss_kib"], "cgroup_peak": r["cgroup_peak"],
-                "wall_s": r["wall_s"]}, r
+                "wall_s": r["wall_s"], "margins": j.get("margins")}, r
 
-    def teacher_forced(self, image, gguf, prompt, tokens):
+    def teacher_forced(self, image, prompt, tokens, margins):
         """Where free-running greedy tokens part, every later token differs for that reason alone. So each of
         llama.cpp's steps is replayed in nl-run from llama.cpp's own prefix (prompt + its first k tokens, one step),
         and each differing step is listed with llama.cpp's top-2 logit margin there: differences only at near-ties
         are rounding-order effects; a difference at a wide margin is a real disagreement."""
-        argv = [os.path.join(self.ldir, "bin", "llama-ids"), "-m", gguf, "--prompt-tokens",
-                ",".join(map(str, prompt)), "-n", str(len(tokens)), "-t", str(self.a.threads), "--margins"]
-        r = run(argv, check=False)
-        if r["rc"] != 0:
-            raise SystemExit("e2e: llama-ids --margins failed (rebuild it: scripts/llamacpp.sh): %s" %
-                             r["err"].strip()[-500:])
-        j = json.loads(r["out"].strip().splitlines()[-1])
-        if j["tokens"] != tokens:
-            raise SystemExit("e2e: llama-ids gave other tokens in a second run: %s against %s" % (j["tokens"], tokens))
-        margins, nl = j["margins"], []
+        if not margins or len(margins) != len(tokens):
+            raise SystemExit("e2e: llama-ids printed no margins (rebuild it: scripts/llamacpp.sh)")
+        nl = []
         for k in range(len(tokens)):
             t, rr = self.nl_generate(image, "dense", prompt + tokens[:k], 1)
             if t is None:
@@ -518,7 +512,7 @@ class Bench:
             dense = agree_identity()
             vs_llama = vs_llama or dense
         if self.llama_ok:
-            ll, r = self.llama_generate(p["gguf"], prompt, steps)
+            ll, r = self.llama_generate(p["gguf"], prompt, steps, margins=self.a.teacher_forced)
             if ll is None:
                 raise SystemExit("e2e: llama-ids failed: %s" % r["err"].strip()[-1000:])
             agree["llama"] = ll["tokens"]
@@ -531,7 +525,7 @@ class Bench:
                                                                                           prefix))
             if self.a.teacher_forced:
                 agree["teacher_forced"] = self.teacher_forced(p["images"].get("silu", p["images"]["identity"]),
-                                                              p["gguf"], prompt, ll["tokens"])
+                                                              prompt, ll["tokens"], ll["margins"])
         else:
             res["unavailable"]["llama.cpp"] = "not built (scripts/llamacpp.sh)"
         if self.a.agreement_only:
@@ -648,11 +642,9 @@ class Bench:
         # decode passes' own (the prompt's passes read the union of a block once per layer: fewer bytes per pass).
         comp = med(rows[DENSE_ROW]["decode_ms"]) if "decode_ms" in rows.get(DENSE_ROW, {}) else None
         bw = self.device["bandwidth_MBps"] * 1e6
-        need_key = next((k for k in ("decode_ffn_needed_per_token", "bytes_needed_per_token")
-                         if any(k in rows.get(n, {}) for n in (nl_row("identity", True), nl_row("identity", None)))),
-                        None)
-        need = next((rows[n][need_key] for n in (nl_row("identity", True), nl_row("identity", None))
-                     if need_key in rows.get(n, {})), None)
+        ident = [rows[n] for n in (nl_row("identity", True), nl_row("identity", None)) if n in rows]
+        need_key, need = next(((k, r[k]) for k in ("decode_ffn_needed_per_token", "bytes_needed_per_token")
+                               for r in ident if k in r), (None, None))
         if need is not None and comp is not None:
             io_ms = need / bw * 1e3
             res["bound"] = {"compute_ms": comp, "io_ms": io_ms, "bound_ms": max(comp, io_ms),
