@@ -79,11 +79,14 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
       ->check(CLI::Range(0.0, 0.99))
       ->group(grp);
   // Parsed here, once, into the enum (formats/core/cache_admission.h); the names are the ones files record.
+  // The S3-FIFO rules only: the value cache is a candidate of its own in every family (docs/solvers.md).
   std::vector<std::string> admissions;
-  for (CacheAdmission r : kCacheAdmissionRules) admissions.push_back(cache_admission_name(r));
+  for (CacheAdmission r : kCacheAdmissionRules)
+    if (r != CacheAdmission::kValue) admissions.push_back(cache_admission_name(r));
   c.add_option_function<std::string>(
        "--admission", [&a](const std::string& s) { cache_admission_parse(s, &a.o.admission); },
-       "Cache admission the layout is designed for (recorded in the layout; eval uses it)")
+       "S3-FIFO admission rule of the cache candidates (recorded in the layout; eval uses it); the value cache is "
+       "always a candidate too")
       ->check(CLI::IsMember(admissions))
       ->default_str(cache_admission_name(a.o.admission))  // still the default: options are parsed later
       ->group(grp);

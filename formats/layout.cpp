@@ -40,7 +40,8 @@ std::string layout_to_json(const Layout& l) {
         (L.admission == CacheAdmission::kUnset ? std::string()
                                                : ", \"admission\": " + json(cache_admission_name(L.admission)).dump()) +
         (L.pinned.empty() ? std::string() : ", \"pinned\": " + json(L.pinned).dump()) +
-        (L.small_fraction == 0 ? std::string() : ", \"small_fraction\": " + json(L.small_fraction).dump()) + "}";
+        (L.small_fraction == 0 ? std::string() : ", \"small_fraction\": " + json(L.small_fraction).dump()) +
+        (L.hot.empty() ? std::string() : ", \"hot\": " + json(L.hot).dump()) + "}";
     s += i + 1 < l.layers.size() ? ",\n" : "\n";
   }
   s += "  ]\n}\n";
@@ -232,20 +233,23 @@ Layout layout_parse(const std::string& text, const std::string& path, const Trac
       if (!L["admission"].is_string() || !cache_admission_parse(L["admission"].get<std::string>(), &out.admission))
         throw InputError(path, where + "'admission' must be " + kCacheAdmissions);
     }
-    if (L.contains("pinned")) {
-      const json& pj = L["pinned"];
-      if (!pj.is_array()) throw InputError(path, where + "'pinned' must be an array of neuron indices");
-      std::vector<uint8_t> pin_seen(n, 0);
+    auto neuron_list = [&](const char* name, std::vector<uint32_t>& dst) {
+      if (!L.contains(name)) return;
+      const json& pj = L[name];
+      if (!pj.is_array()) throw InputError(path, where + "'" + name + "' must be an array of neuron indices");
+      std::vector<uint8_t> seen_v(n, 0);
       for (size_t k = 0; k < pj.size(); ++k) {
         if (!pj[k].is_number_integer() || pj[k].get<int64_t>() < 0 || pj[k].get<int64_t>() >= int64_t(n))
-          throw InputError(path, where + "pinned[" + std::to_string(k) + "] is not a neuron index in [0, " +
+          throw InputError(path, where + name + "[" + std::to_string(k) + "] is not a neuron index in [0, " +
                                      std::to_string(n) + ")");
         uint32_t v = pj[k].get<uint32_t>();
-        if (pin_seen[v]) throw InputError(path, where + "pinned lists neuron " + std::to_string(v) + " twice");
-        pin_seen[v] = 1;
-        out.pinned.push_back(v);
+        if (seen_v[v]) throw InputError(path, where + name + " lists neuron " + std::to_string(v) + " twice");
+        seen_v[v] = 1;
+        dst.push_back(v);
       }
-    }
+    };
+    neuron_list("pinned", out.pinned);
+    neuron_list("hot", out.hot);
     if (L.contains("small_fraction")) {
       // 0 is how the struct says "not recorded", so a recorded 0 is refused with the other out-of-range values.
       const double f = L["small_fraction"].is_number() ? L["small_fraction"].get<double>() : 0.0;
@@ -269,7 +273,7 @@ Layout layout_load(const std::string& path, const TraceInfo* trace) {
 std::vector<ImageCachePolicy> layout_cache_policy_slots(const Layout& l) {
   bool any = false;
   for (const auto& L : l.layers)
-    any = any || L.admission != CacheAdmission::kUnset || !L.pinned.empty() || L.small_fraction != 0;
+    any = any || L.admission != CacheAdmission::kUnset || !L.pinned.empty() || L.small_fraction != 0 || !L.hot.empty();
   if (!any) return {};
   std::vector<ImageCachePolicy> out(l.layers.size());
   for (size_t i = 0; i < l.layers.size(); ++i) {
@@ -280,6 +284,7 @@ std::vector<ImageCachePolicy> layout_cache_policy_slots(const Layout& l) {
     out[i].admission = L.admission;
     out[i].small_fraction = L.small_fraction;
     for (uint32_t v : L.pinned) out[i].pinned.push_back(slot_of.at(v));
+    for (uint32_t v : L.hot) out[i].hot.push_back(slot_of.at(v));
   }
   return out;
 }

@@ -25,6 +25,7 @@ struct LayoutLayer {
   CacheAdmission admission = CacheAdmission::kUnset;  // kUnset = not specified (the evaluator's setting)
   std::vector<uint32_t> pinned;  // neurons pinned in DRAM (hottest first), part of the capacity; empty = none
   double small_fraction = 0;     // S3-FIFO's small-queue share of the unpinned capacity; 0 = not specified (0.10)
+  std::vector<uint32_t> hot;     // admission "value": neurons hottest first (its order within a class); empty = none
   double objective = 0;          // path weight: sum of co-activation counts of adjacent slots (profile trace)
   double upper_bound = 0;        // 1/2 sum over neurons of their two heaviest co-activation counts
   double gap() const { return upper_bound > 0 ? (upper_bound - objective) / upper_bound : 0.0; }

@@ -87,7 +87,13 @@ CacheConfig policy_cache_config(const EvalConfig& cfg, uint32_t n, uint32_t laye
       if (v >= n) throw InternalError("evaluate: pinned neuron out of range");
       pinned_slots.push_back(rmap.first[v]);
     }
-    cache_apply_policy(cc, policy->admission, pinned_slots, policy->small_fraction);
+    std::vector<uint32_t> hot_slots;
+    hot_slots.reserve(policy->hot.size());
+    for (uint32_t v : policy->hot) {
+      if (v >= n) throw InternalError("evaluate: hot neuron out of range");
+      hot_slots.push_back(rmap.first[v]);
+    }
+    cache_apply_policy(cc, policy->admission, pinned_slots, policy->small_fraction, hot_slots);
   }
   cc.alias = rmap.cache_alias();
   return cc;
@@ -317,7 +323,7 @@ TraceEval evaluate_trace(const TraceReader& trace, const std::vector<Layout>& la
         std::vector<uint64_t>* hist =
             h == hist_layers.end() ? nullptr : &out.read_lengths[k][size_t(h - hist_layers.begin())];
         const LayoutLayer& L = layouts[k].layers[size_t(l)];
-        LayerCachePolicy pol{L.admission, L.pinned, L.small_fraction};
+        LayerCachePolicy pol{L.admission, L.pinned, L.small_fraction, L.hot};
         out.layers[k][size_t(l)] =
             evaluate_layer(m, L.order, e, uint32_t(l), layout_cache ? &pol : nullptr, nullptr, hist, &tm);
       }

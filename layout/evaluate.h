@@ -52,7 +52,8 @@ struct LayerEval {
 struct LayerCachePolicy {
   CacheAdmission admission = CacheAdmission::kUnset;
   std::vector<uint32_t> pinned;
-  double small_fraction = 0;  // S3-FIFO's small-queue share; 0 = cfg's
+  double small_fraction = 0;       // S3-FIFO's small-queue share; 0 = cfg's
+  std::vector<uint32_t> hot = {};  // admission kValue: neurons hottest first
 };
 
 // Tokens [begin, end) of a layer, token-major: bit v of row t - begin is neuron v at token t. Built once (one

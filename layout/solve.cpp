@@ -108,6 +108,7 @@ struct FamilyInput {
   uint32_t cap = 0, n_pin = 0;
   bool can_pin = false;
   std::vector<uint32_t> hot_pins;
+  std::vector<uint32_t> hot_rank;  // every neuron, hottest first (the value cache's order within a class)
   Order greedy;
   GreedyFirstBand band;  // greedy's runs on subsets reuse it
 
@@ -121,6 +122,18 @@ struct FamilyInput {
     n_pin = uint32_t(std::floor(opt.pin_share * cap + 1e-9));
     can_pin = n_pin > 0 && n_pin < m.n_neurons;
     if (can_pin) hot_pins = hottest(g.freq, n_pin);
+    if (cap > 0) hot_rank = hottest(g.freq, m.n_neurons);
+  }
+  // The value cache (runtime/plan/slot_cache.h) with `pins` pinned.
+  LayerCachePolicy value(const std::vector<uint32_t>& pins = {}) const {
+    return LayerCachePolicy{CacheAdmission::kValue, pins, 0, hot_rank};
+  }
+  // Adds the value cache without pins and with half of the hottest set pinned (where there is one).
+  void add_value(Build& b) const {
+    if (cap == 0) return;
+    b.add("value", value());
+    const uint32_t k = n_pin / 2;
+    if (can_pin && k > 0) b.add("value+hot4/8", value(std::vector<uint32_t>(hot_pins.begin(), hot_pins.begin() + k)));
   }
   std::string pol_label(CacheAdmission admission, const std::string& pins) const {
     return cache_admission_name(admission) + (pins.empty() ? "" : "+" + pins);
@@ -168,6 +181,7 @@ std::vector<Build> family_search(FamilyInput& in, LsStats* ls, PinRefineStats* p
     if (st.swaps > 0)
       b.add(in.pol_label(opt.admission, "refined"), LayerCachePolicy{opt.admission, std::move(refined)});
   }
+  in.add_value(b);
   return {b};
 }
 
@@ -203,6 +217,7 @@ std::vector<Build> family_pinned(FamilyInput& in) {
   b.add("paper's cache", LayerCachePolicy{});
   b.add(cache_admission_name(in.opt.admission), LayerCachePolicy{in.opt.admission, {}});
   b.add(in.pol_label(in.opt.admission, "hot"), LayerCachePolicy{in.opt.admission, in.hot_pins});
+  in.add_value(b);
   return {b};
 }
 
@@ -269,6 +284,7 @@ std::vector<Build> family_ends_in(FamilyInput& in, const std::string* only) {
     b.add("paper's cache", LayerCachePolicy{});
     b.add(cache_admission_name(opt.admission), LayerCachePolicy{opt.admission, {}});
     for (const auto& [l, p] : pols) b.add(l, p);
+    in.add_value(b);
     out.push_back(std::move(b));
   };
   auto any_wanted = [&](const std::string& base) { return !only || only->rfind(base, 0) == 0; };
@@ -375,7 +391,9 @@ struct Selection {
       // earlier), so such a policy also runs to the end while it may still be one of them: its bound is the larger
       // of the family's best and the second best of them so far.
       const bool retry = small_pass && opt.small_fraction > 0;
-      auto eligible = [&](const LayerCachePolicy& p) { return p.pinned.size() < cap; };
+      auto eligible = [&](const LayerCachePolicy& p) {
+        return p.admission != CacheAdmission::kValue && p.pinned.size() < cap;  // the value cache has no FIFO
+      };
       std::vector<double> ios(b.policies.size());
       double first = std::numeric_limits<double>::infinity(), second = first;  // the two best eligible so far
       for (size_t k = 0; k < b.policies.size(); ++k) {
@@ -672,6 +690,7 @@ LayoutLayer layout_layer_of(const LayerSolve& s) {
   L.admission = s.cache.admission;
   L.pinned = s.cache.pinned;
   L.small_fraction = s.cache.small_fraction;
+  L.hot = s.cache.hot;
   L.objective = double(s.objective);
   L.upper_bound = s.upper_bound;
   return L;

@@ -202,7 +202,7 @@ void FlashFfn::make_caches() {
       case CachePolicyMode::kManifest:
         if (!m_.cache_policy.empty())
           cache_apply_policy(cc, m_.cache_policy[size_t(l)].admission, m_.cache_policy[size_t(l)].pinned,
-                             m_.cache_policy[size_t(l)].small_fraction);
+                             m_.cache_policy[size_t(l)].small_fraction, m_.cache_policy[size_t(l)].hot);
         break;
       case CachePolicyMode::kLinkingAligned:
         cc.linking_aligned = true;

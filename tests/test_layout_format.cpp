@@ -99,6 +99,15 @@ TEST_CASE("layout JSON round trip; writes are byte-identical") {
   CHECK(layout_parse(layout_to_json(r), "x").layers[1].small_fraction == 0.5);
   CHECK(layout_parse(layout_to_json(r), "x").layers[0].small_fraction == 0.0);
   CHECK(layout_cache_policy_slots(layout_parse(layout_to_json(r), "x"))[1].small_fraction == 0.5);
+  // The value cache's hotness order: written when recorded, read back, turned into slots by the layer's order.
+  CHECK(a.find("\"hot\"") == std::string::npos);
+  r.layers[0].admission = CacheAdmission::kValue;
+  r.layers[0].hot = {1, 2, 0};
+  const Layout rv = layout_parse(layout_to_json(r), "x");
+  CHECK(rv.layers[0].admission == CacheAdmission::kValue);
+  CHECK(rv.layers[0].hot == std::vector<uint32_t>{1, 2, 0});
+  CHECK(rv.layers[1].hot.empty());
+  CHECK(layout_cache_policy_slots(rv)[0].hot == std::vector<uint32_t>{2, 0, 1});  // order {2, 0, 1}: slot of 1 is 2
   layout_write("lay_rt.json", l);
   CHECK(read_file("lay_rt.json") == a);
 }
@@ -122,6 +131,10 @@ TEST_CASE("malformed layouts: one clear error each") {
   expect_error(replace(ok, "\"pinned\": [1]", "\"pinned\": [2]"), "layer 1: pinned[0] is not a neuron index in [0, 2)");
   expect_error(replace(ok, "\"pinned\": [1]", "\"pinned\": [1,1]"), "pinned lists neuron 1 twice");
   expect_error(replace(ok, "\"pinned\": [1]", "\"pinned\": 1"), "'pinned' must be an array");
+  expect_error(replace(ok, "\"pinned\": [1]", "\"pinned\": [1], \"hot\": [0, 2]"),
+               "layer 1: hot[1] is not a neuron index in [0, 2)");
+  expect_error(replace(ok, "\"pinned\": [1]", "\"pinned\": [1], \"hot\": [0, 0]"), "hot lists neuron 0 twice");
+  expect_error(replace(ok, "\"pinned\": [1]", "\"pinned\": [1], \"hot\": {}"), "'hot' must be an array");
   for (const char* bad : {"0", "1", "1.5", "-0.2", "\"x\""})
     expect_error(replace(ok, "\"pinned\": [1]", std::string("\"pinned\": [1], \"small_fraction\": ") + bad),
                  "layer 1: 'small_fraction' must be a number strictly between 0 and 1");

@@ -141,6 +141,53 @@ TEST_CASE("generate --select gate equals dense with the manifest's cache policy 
   CHECK(pinned("--cache-ratio 0") == 0);
 }
 
+TEST_CASE(
+    "generate --select gate equals dense with the value cache (admission value, hot slots, with and without pins)") {
+  // The value cache swaps much of its content every token, and a hit can leave it in the same token: wrong or
+  // dropped bytes would change the tokens.
+  const std::string d = dir("value");
+  ModelConfig c = test::small_config(64, 256, 2);
+  c.vocab_size = 64;
+  c.seq_len = 40;
+  ModelWeights w = test::random_weights(c, 21);
+  ImageSpec spec;
+  spec.dtype = ImageDtype::kF16;
+  spec.order = test::random_order(c, 79);
+  spec.cache_policy.resize(2);
+  spec.cache_policy[0] = {CacheAdmission::kValue, {}, 0, {}};
+  for (uint32_t s = 0; s < 256; s += 3) spec.cache_policy[0].hot.push_back(255 - s);  // a partial hotness order
+  spec.cache_policy[1] = {CacheAdmission::kValue, {7, 8, 9}, 0, {}};                  // pins, no order
+  const std::string img = d + "/m.nlw";
+  image_write_model(img, w, spec);
+  Result dense = run("generate --image " + img + " --select dense --steps 20 --prompt-tokens 3,9");
+  REQUIRE_MESSAGE(dense.rc == 0, dense.out);
+  const std::string want = tokens_line(dense.out);
+  REQUIRE(want.size() > 20);
+  for (std::string io : {"pread", "uring", "mmap"}) {
+    for (std::string extra :
+         {std::string("--gap 3 --cache-ratio 0.1"), std::string("--gap off --cache-ratio 0.3"),
+          "--gap auto --cache-ratio 0.05 --device " + std::string(NL_SOURCE_DIR) + "/configs/devices/ufs40.json",
+          std::string("--gap 3 --cache-ratio 0.1 --overlap none"),
+          std::string("--gap 3 --cache-ratio 0.1 --prefill-block 1")}) {
+      CAPTURE(io);
+      CAPTURE(extra);
+      Result r =
+          run("generate --image " + img + " --select gate --steps 20 --prompt-tokens 3,9 --io " + io + " " + extra);
+      CHECK_MESSAGE(r.rc == 0, r.out);
+      CHECK(tokens_line(r.out) == want);
+    }
+  }
+  // The cache serves hits under the value policy (else the cases above would not test it).
+  Result r =
+      run("--json -q generate --image " + img + " --select gate --steps 20 --prompt-tokens 3,9 --cache-ratio 0.3");
+  REQUIRE_MESSAGE(r.rc == 0, r.out);
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  CHECK(j["cache_policy"] == "manifest");
+  CHECK(j["pinned"]["bundles"].get<uint64_t>() == 3);  // layer 1's pins
+  MESSAGE("value cache, 30 %: " << j["totals"]["cache_hits"] << " hits of " << j["totals"]["active"] << " active");
+  CHECK(j["totals"]["cache_hits"].get<uint64_t>() > 0);
+}
+
 TEST_CASE("stories260K packed as f32 reproduces the reference greedy tokens through the flash image" *
           test::needs_models({"llama2c-stories260K/stories260K.bin", "llama2c-stories260K/reference-greedy.json"})) {
   const std::string model = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/stories260K.bin";

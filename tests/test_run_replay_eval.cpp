@@ -169,6 +169,10 @@ TEST_CASE("tiny-relu end to end: replay equals nl-layout eval for greedy+ls layo
       {"gls-iso", ""},
       // gls-half with half of each S3-FIFO part in its small FIFO (`small_fraction`, 10 % otherwise).
       {"gls-small", ""},
+      // gls-pin's orders with the value cache: without pins, its hotness order gls-pin's pinned set (the rest
+      // unlisted); and with half of each pinned set pinned and every neuron listed, coldest first.
+      {"gls-value", ""},
+      {"gls-value-pin", ""},
   };
   std::string eval_layouts;
   size_t layers_pinned = 0, layers_all = 0;
@@ -179,6 +183,16 @@ TEST_CASE("tiny-relu end to end: replay equals nl-layout eval for greedy+ls layo
       Layout x = layout_load(d + "/gls-pin.json");
       for (auto& ll : x.layers) {
         ll.admission = L.name == "gls-iso" ? CacheAdmission::kIsolated : CacheAdmission::kAll;
+        if (L.name == "gls-value") {
+          ll.admission = CacheAdmission::kValue;
+          ll.hot = ll.pinned;
+          ll.pinned.clear();
+          continue;
+        }
+        if (L.name == "gls-value-pin") {
+          ll.admission = CacheAdmission::kValue;
+          for (uint32_t v = uint32_t(ll.order.size()); v-- > 0;) ll.hot.push_back(v);
+        }
         ll.pinned.resize(ll.pinned.size() / 2);
         if (L.name == "gls-small") ll.small_fraction = 0.5;
       }
@@ -205,6 +219,9 @@ TEST_CASE("tiny-relu end to end: replay equals nl-layout eval for greedy+ls layo
       REQUIRE(m.cache_policy[l].pinned.size() == layout.layers[l].pinned.size());
       for (size_t k = 0; k < m.cache_policy[l].pinned.size(); ++k)
         CHECK(m.order[l][m.cache_policy[l].pinned[k]] == layout.layers[l].pinned[k]);
+      REQUIRE(m.cache_policy[l].hot.size() == layout.layers[l].hot.size());
+      for (size_t k = 0; k < m.cache_policy[l].hot.size(); ++k)
+        CHECK(m.order[l][m.cache_policy[l].hot[k]] == layout.layers[l].hot[k]);
       if (L.name == "gls-pin") {
         layers_pinned += !layout.layers[l].pinned.empty();
         layers_all += layout.layers[l].admission == CacheAdmission::kAll;
@@ -264,6 +281,9 @@ TEST_CASE("tiny-relu end to end: replay equals nl-layout eval for greedy+ls layo
   CHECK(rp["totals"]["cache_hits"].get<uint64_t>() != hits_policy["gls-pin"]);
   CHECK(hits_policy["gls-iso"] != hits_policy["gls-half"]);    // isolated admission is a different cache
   CHECK(hits_policy["gls-small"] != hits_policy["gls-half"]);  // and so is a larger small FIFO
+  CHECK(hits_policy["gls-value"] != hits_policy["gls-pin"]);   // and the value cache
+  CHECK(hits_policy["gls-value-pin"] != hits_policy["gls-half"]);
+  MESSAGE("value cache: " << hits_policy["gls-value"] << " hits, with half pinned " << hits_policy["gls-value-pin"]);
   MESSAGE("half pinned, admission all: small FIFO 10 % " << hits_policy["gls-half"] << " hits, 50 % "
                                                          << hits_policy["gls-small"]);
   MESSAGE("half pinned: hits with admission all " << hits_policy["gls-half"] << ", isolated "

@@ -337,6 +337,14 @@ TEST_CASE("malformed manifests and images are refused with one clear line each")
   expect_refused(img, {"negative pinned slot", false, "pinned_slots entries must be slot indices"});
   with_manifest([](json& j) { j["cache_policy"] = json::array({{{"pinned_slots", 7}}, json::object()}); });
   expect_refused(img, {"pinned slots not an array", false, "pinned_slots must be an array"});
+  with_manifest([](json& j) { j["cache_policy"] = json::array({{{"hot_slots", {3, 96}}}, json::object()}); });
+  expect_refused(img, {"hot slot out of range", false, "cache_policy[0].hot_slots: slot 96 is out of range [0, 96)"});
+  with_manifest([](json& j) { j["cache_policy"] = json::array({json::object(), {{"hot_slots", {2, 2}}}}); });
+  expect_refused(img, {"hot slot twice", false, "cache_policy[1].hot_slots lists slot 2 twice"});
+  with_manifest([](json& j) { j["cache_policy"] = json::array({{{"hot_slots", "x"}}, json::object()}); });
+  expect_refused(img, {"hot slots not an array", false, "hot_slots must be an array"});
+  with_manifest([](json& j) { j["cache_policy"] = json::array({{{"admission", "lru"}}, json::object()}); });
+  expect_refused(img, {"unknown admission", false, "cache_policy[0].admission 'lru' is not \"all\""});
 
   // Image-side problems: the manifest is fine, the image is not the one it describes.
   with_manifest([](json&) {});
@@ -410,7 +418,17 @@ TEST_CASE("the cache policy round-trips through the manifest; images without one
   CHECK(m.cache_policy[1].pinned == std::vector<uint32_t>{0});
   CHECK(m.cache_policy[0].small_fraction == 0.0);
   CHECK(m.cache_policy[1].small_fraction == 0.25);
+  CHECK(m.cache_policy[0].hot.empty());
   CHECK(manifest_to_json(m) == read_file(d + "/pol.nlw.json"));
+  // The value cache and its hotness order (slots, hottest first, kept as given).
+  spec.cache_policy[1] = {CacheAdmission::kValue, {0}, 0, {5, 0, 17}};
+  image_write_model(d + "/val.nlw", w, spec);
+  const ImageManifest mv = manifest_load(d + "/val.nlw.json");
+  CHECK(mv.cache_policy[1].admission == CacheAdmission::kValue);
+  CHECK(mv.cache_policy[1].hot == std::vector<uint32_t>{5, 0, 17});
+  CHECK(manifest_to_json(mv) == read_file(d + "/val.nlw.json"));
+  spec.cache_policy[1] = {CacheAdmission::kValue, {}, 0, {5, 5}};
+  CHECK_THROWS_AS(image_write_model(d + "/bad.nlw", w, spec), UsageError);
   // The image bytes do not depend on the policy (only the manifest does).
   CHECK(read_file(d + "/pol.nlw") == read_file(d + "/plain.nlw"));
   // The writer refuses a policy the reader would refuse (an unknown admission cannot be represented: CacheAdmission).

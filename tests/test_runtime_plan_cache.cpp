@@ -248,3 +248,60 @@ TEST_CASE("sliding window keeps the last k tokens' neurons resident") {
   CHECK_FALSE(c.resident(7));
   CHECK(c.resident(8));
 }
+
+TEST_CASE("value cache: read alone before a read's end before inside a read before idle, hotter first, in capacity") {
+  // Gap off: two active slots are one read exactly when adjacent. Token 1: 5, 50 and 70 are read alone, 20 and 22
+  // end a read, 21 is inside it. Hotness order 50, 20, 21, 22, 5; 70 is not listed (after every listed slot).
+  const uint32_t n = 100;
+  ReadPlanner pl = planner(n);
+  CacheConfig cc;
+  cache_apply_policy(cc, CacheAdmission::kValue, {}, 0, {50, 20, 21, 22, 5});
+  CHECK(cc.value);
+  auto held = [](const SlotCache& c, uint32_t n_slots) {
+    std::vector<uint32_t> r;
+    for (uint32_t s = 0; s < n_slots; ++s)
+      if (c.resident(s)) r.push_back(s);
+    return r;
+  };
+  const std::vector<uint32_t> t1 = {5, 20, 21, 22, 50, 70};
+  TokenPlan p;
+  cc.capacity = 3;
+  SlotCache c3(n, cc);
+  pl.plan(t1, &c3, p);
+  CHECK(held(c3, n) == std::vector<uint32_t>{5, 50, 70});  // the three read alone
+  CHECK(c3.admissions() == 3);
+  CHECK(c3.rejections() == 3);
+  cc.capacity = 4;
+  SlotCache c4(n, cc);
+  pl.plan(t1, &c4, p);
+  CHECK(held(c4, n) == std::vector<uint32_t>{5, 20, 50, 70});  // then the hotter read end
+  // Token 2: 20 and 21 form a read (20 resident at its end: a hit); 5, 50, 70 are held but idle. Kept: 20 and 21
+  // (both at a read's end now), then the hotter idle ones, 50 and 5; 70 goes.
+  pl.plan({20, 21}, &c4, p);
+  CHECK(p.hits == std::vector<uint32_t>{20});
+  CHECK(held(c4, n) == std::vector<uint32_t>{5, 20, 21, 50});
+  CHECK(c4.size() == 4);
+  // Token 3: a hit that falls to the bottom class is dropped after the token (its bytes serve this token only).
+  pl.plan({19, 20, 21, 22, 60, 61, 62, 63}, &c4, p);
+  CHECK(c4.size() == 4);
+  CHECK_FALSE(c4.resident(20));  // inside the read 19-22 now; 50 and 5 (idle) rank below the read ends 19, 22, 60, 63
+  CHECK(held(c4, n) == std::vector<uint32_t>{19, 22, 60, 63});
+  // Pinned slots stay and count against the capacity; the value part gets the rest.
+  SlotCache cp(n, [&] {
+    CacheConfig x = cc;
+    x.pinned = {99};
+    return x;
+  }());
+  pl.plan(t1, &cp, p);
+  CHECK(held(cp, n) == std::vector<uint32_t>{5, 50, 70, 99});
+  pl.plan({1, 3, 7, 9, 11}, &cp, p);  // five read alone, none listed: the lowest slots win the tie
+  CHECK(held(cp, n) == std::vector<uint32_t>{1, 3, 7, 99});
+  // Random tokens: never above capacity, deterministic, and it serves hits.
+  cc.capacity = 40;
+  SlotCache a(400, cc), b(400, cc);
+  ReadPlanner p400 = planner(400, "auto");
+  const uint64_t ha = drive(a, p400, 400, 5, 300), hb = drive(b, p400, 400, 5, 300);
+  CHECK(ha == hb);
+  CHECK(ha > 0);
+  CHECK_THROWS_AS(SlotCache(n, CacheConfig{.capacity = 2, .value = true, .hot = {200}}), UsageError);
+}

@@ -256,6 +256,7 @@ std::string manifest_to_json(const ImageManifest& m) {
       if (p.admission != CacheAdmission::kUnset) e["admission"] = cache_admission_name(p.admission);
       if (!p.pinned.empty()) e["pinned_slots"] = p.pinned;
       if (p.small_fraction != 0) e["small_fraction"] = p.small_fraction;
+      if (!p.hot.empty()) e["hot_slots"] = p.hot;
       pol.push_back(std::move(e));
     }
     j["cache_policy"] = std::move(pol);
@@ -435,6 +436,16 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
         bad(path, where + ".pinned_slots: slot " + std::to_string(s) + " holds a second copy (pin the first)");
       seen[s] = 1;
     }
+    std::vector<char> hot_seen(o.size(), 0);
+    for (uint32_t s : p.hot) {
+      if (s >= o.size())
+        bad(path,
+            where + ".hot_slots: slot " + std::to_string(s) + " is out of range [0, " + std::to_string(o.size()) + ")");
+      if (hot_seen[s]) bad(path, where + ".hot_slots lists slot " + std::to_string(s) + " twice");
+      if (seen[s] == 0)
+        bad(path, where + ".hot_slots: slot " + std::to_string(s) + " holds a second copy (list the first)");
+      hot_seen[s] = 1;
+    }
   }
   if (image_id_of(m) != m.image_id)
     bad(path, "image id " + hex64(m.image_id) +
@@ -590,15 +601,18 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
           if (!cache_admission_parse(a, &p.admission))
             bad(path, where + ".admission '" + a + "' is not " + kCacheAdmissions);
         }
-        if (e.contains("pinned_slots")) {
-          const json& ps = e["pinned_slots"];
-          if (!ps.is_array()) bad(path, where + ".pinned_slots must be an array of slot indices");
+        auto slot_list = [&](const char* name, std::vector<uint32_t>& dst) {
+          if (!e.contains(name)) return;
+          const json& ps = e[name];
+          if (!ps.is_array()) bad(path, where + "." + name + " must be an array of slot indices");
           for (const json& x : ps) {
             if (!x.is_number_unsigned() || x.get<uint64_t>() > 0xffffffffu)
-              bad(path, where + ".pinned_slots entries must be slot indices");
-            p.pinned.push_back(x.get<uint32_t>());
+              bad(path, where + "." + name + " entries must be slot indices");
+            dst.push_back(x.get<uint32_t>());
           }
-        }
+        };
+        slot_list("pinned_slots", p.pinned);
+        slot_list("hot_slots", p.hot);
         if (e.contains("small_fraction")) {
           if (!e["small_fraction"].is_number()) bad(path, where + ".small_fraction must be a number");
           p.small_fraction = e["small_fraction"].get<double>();

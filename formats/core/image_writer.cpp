@@ -99,6 +99,12 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
         throw UsageError("cannot pack: layer " + std::to_string(l) + ": pinned slots out of range or repeated");
       seen[s] = 1;
     }
+    std::vector<char> hot_seen(m_.order[l].size(), 0);
+    for (uint32_t s : p.hot) {
+      if (s >= hot_seen.size() || hot_seen[s])
+        throw UsageError("cannot pack: layer " + std::to_string(l) + ": hot slots out of range or repeated");
+      hot_seen[s] = 1;
+    }
   }
   m_.cache_policy = std::move(spec.cache_policy);
   m_.planner = std::move(spec.planner);

@@ -45,6 +45,7 @@ void TokenPlan::clear() {
   hits.clear();
   active = needed = cached_in_reads = 0;
   bytes_read = bundles_read = 0;
+  planner = nullptr;
 }
 
 double TokenPlan::io_seconds(const CostFit& cost) const {
@@ -103,9 +104,14 @@ inline bool ReadPlanner::should_merge(uint32_t prev_end, uint32_t next_begin) co
   return false;
 }
 
+bool ReadPlanner::merges(uint32_t prev_end, uint32_t next_begin) const {
+  return next_begin <= prev_end || should_merge(prev_end, next_begin);
+}
+
 void ReadPlanner::plan(const uint32_t* active, size_t n, SlotCache* cache, TokenPlan& out) const {
   out.clear();
   out.active = static_cast<uint32_t>(n);
+  out.planner = this;
   for (size_t i = 0; i < n; ++i)
     if (active[i] >= cfg_.n_slots || (i && active[i] <= active[i - 1]))
       throw InternalError("read planner: active slots must be ascending, unique and < " + std::to_string(cfg_.n_slots));

@@ -17,6 +17,7 @@
 namespace nl {
 
 class SlotCache;
+class ReadPlanner;
 
 enum class GapMode : uint8_t {
   Off,    // never merge: one read per maximal run
@@ -57,13 +58,14 @@ struct ReadOp {
 
 // What one token needs from one layer. Reused across calls (plan() clears it) to avoid allocations.
 struct TokenPlan {
-  std::vector<ReadOp> reads;     // ascending, non-overlapping in slots
-  std::vector<uint32_t> hits;    // active slots served from the cache (inside no read), ascending
-  uint32_t active = 0;           // active slots this token
-  uint32_t needed = 0;           // active slots read from flash (= active - hits - cached_in_reads)
-  uint32_t cached_in_reads = 0;  // active slots resident in the cache but read anyway (inside a read)
-  uint64_t bytes_read = 0;       // sum of aligned read lengths
-  uint64_t bundles_read = 0;     // sum of slot spans of the reads (unaligned)
+  std::vector<ReadOp> reads;             // ascending, non-overlapping in slots
+  std::vector<uint32_t> hits;            // active slots served from the cache (inside no read), ascending
+  uint32_t active = 0;                   // active slots this token
+  uint32_t needed = 0;                   // active slots read from flash (= active - hits - cached_in_reads)
+  uint32_t cached_in_reads = 0;          // active slots resident in the cache but read anyway (inside a read)
+  uint64_t bytes_read = 0;               // sum of aligned read lengths
+  uint64_t bundles_read = 0;             // sum of slot spans of the reads (unaligned)
+  const ReadPlanner* planner = nullptr;  // the planner that made it (the value cache asks it what merges)
 
   void clear();
   // Estimated I/O seconds for this plan: reads * a + bytes / B (a and B at the device's queue depth).
@@ -84,6 +86,9 @@ class ReadPlanner {
   }
   // Largest gap (in slots) the policy would merge, ignoring block alignment; for reports and solvers.
   uint32_t merge_gap_bundles() const;
+  // Whether a read ending at slot prev_end (exclusive) and one starting at next_begin > prev_end - 1 would be one
+  // read under this policy (adjacent slots always are).
+  bool merges(uint32_t prev_end, uint32_t next_begin) const;
 
  private:
   PlannerConfig cfg_;

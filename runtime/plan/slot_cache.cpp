@@ -15,7 +15,7 @@ uint32_t cache_capacity_for_ratio(double ratio, uint32_t n_slots) {
 }
 
 void cache_apply_policy(CacheConfig& cc, CacheAdmission admission, const std::vector<uint32_t>& pinned_slots,
-                        double small_fraction) {
+                        double small_fraction, const std::vector<uint32_t>& hot_slots) {
   if (small_fraction != 0) {
     if (!(small_fraction > 0 && small_fraction < 1)) throw UsageError("cache: small_fraction must be in (0, 1)");
     cc.small_fraction = small_fraction;
@@ -32,6 +32,10 @@ void cache_apply_policy(CacheConfig& cc, CacheAdmission admission, const std::ve
     case CacheAdmission::kIsolated:
       cc.linking_aligned = true;
       cc.run_admit_prob = 0;
+      break;
+    case CacheAdmission::kValue:
+      cc.value = true;
+      cc.hot = hot_slots;
       break;
   }
   cc.pinned.insert(cc.pinned.end(), pinned_slots.begin(), pinned_slots.end());
@@ -74,6 +78,19 @@ SlotCache::SlotCache(uint32_t n_slots, const CacheConfig& cfg)
   small_cap_ = rest ? std::max<uint32_t>(1, uint32_t(std::lround(cfg_.small_fraction * rest))) : 0;
   if (small_cap_ > rest) small_cap_ = rest;
   main_cap_ = rest - small_cap_;
+  if (cfg_.value) {
+    small_cap_ = 0;
+    main_cap_ = rest;
+    rank_.assign(n_slots, n_slots);  // unlisted: after every listed key
+    uint32_t r = 0;
+    for (uint32_t s : cfg_.hot) {
+      if (s >= n_slots) throw UsageError("cache: hot slot out of range");
+      if (rank_[key(s)] == n_slots) rank_[key(s)] = r++;
+    }
+    level_.assign(n_slots, 0);
+    members_.reserve(rest);
+    return;
+  }
   small_.reserve(small_cap_ + 1);
   main_.reserve(main_cap_ + 2);
   ghost_.reserve(main_cap_ + 2);
@@ -162,7 +179,62 @@ void SlotCache::admit(uint32_t s) {
   }
 }
 
+void SlotCache::update_value(const uint32_t* active, size_t n, const TokenPlan& plan) {
+  if (!plan.planner) throw InternalError("value cache: the plan does not name its planner");
+  const ReadPlanner& pl = *plan.planner;
+  // This token's active keys that are candidates (held, or fetched by a read), with their class: 3 read alone,
+  // 2 at a read's end, 1 inside a read (what residency would save if the same slots fired again).
+  cand_.clear();
+  size_t r = 0;
+  for (size_t k = 0; k < n; ++k) {
+    const uint32_t slot = active[k], s = key(slot);
+    if (state_[s] == kPinned) continue;
+    if (state_[s] == kNone) {
+      while (r < plan.reads.size() && plan.reads[r].slot_end <= slot) ++r;
+      if (!(r < plan.reads.size() && plan.reads[r].slot_begin <= slot)) continue;  // not fetched: no bytes to keep
+    }
+    const bool left = k > 0 && pl.merges(active[k - 1] + 1, slot);
+    const bool right = k + 1 < n && pl.merges(slot + 1, active[k + 1]);
+    const uint8_t lv = uint8_t(2 + !left + !right);         // level = class + 1
+    if (level_[s] == 0) cand_.push_back({0, rank_[s], s});  // a key active twice (two copies) counts once
+    level_[s] = std::max(level_[s], lv);
+  }
+  for (Candidate& c : cand_) c.level = level_[c.key];
+  for (uint32_t s : members_)
+    if (level_[s] == 0) cand_.push_back({1, rank_[s], s});  // held, not active this token
+  const size_t keep = std::min<size_t>(main_cap_, cand_.size());
+  auto better = [](const Candidate& a, const Candidate& b) {
+    if (a.level != b.level) return a.level > b.level;
+    if (a.rank != b.rank) return a.rank < b.rank;
+    return a.key < b.key;
+  };
+  if (keep < cand_.size()) std::nth_element(cand_.begin(), cand_.begin() + std::ptrdiff_t(keep), cand_.end(), better);
+  constexpr uint8_t kKept = 0xFF;
+  for (size_t i = 0; i < cand_.size(); ++i) {
+    const uint32_t s = cand_[i].key;
+    if (state_[s] == kNone) ++(i < keep ? admissions_ : rejections_);  // its bytes come from this token's reads
+    level_[s] = i < keep ? kKept : 0;
+  }
+  for (uint32_t s : members_)
+    if (level_[s] != kKept) state_[s] = kNone;  // evicted
+  members_.clear();
+  for (size_t i = 0; i < keep; ++i) {
+    const uint32_t s = cand_[i].key;
+    state_[s] = kMain;
+    level_[s] = 0;
+    members_.push_back(s);
+  }
+  main_size_ = uint32_t(members_.size());
+}
+
 void SlotCache::update(const uint32_t* active, size_t n, const TokenPlan& plan) {
+  if (cfg_.value) {
+    update_value(active, n, plan);
+    if (cfg_.window_tokens)
+      for (size_t k = 0; k < n; ++k) last_active_[key(active[k])] = now_;
+    ++now_;
+    return;
+  }
   // Admission first looks at which read fetched each miss (the read's length decides the probability).
   size_t r = 0;
   for (size_t k = 0; k < n; ++k) {

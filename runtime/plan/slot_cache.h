@@ -3,6 +3,14 @@
 // read) is admitted normally, a neuron read inside a long read is admitted only with a lower probability,
 // because caching it would not save a read. Options: a pinned hot set, and a sliding window of the neurons
 // active in the last k tokens (LLM in a flash). Deterministic: admission draws from a seeded generator.
+//
+// Or (CacheConfig::value, the layout's admission "value") the value cache: after each token it holds the unpinned
+// capacity's worth of bundles, among those it held and those the token read, that would save the most of the next
+// token's read plan if the same neurons fired again (token-to-token persistence): an active slot whose neighbours on
+// both sides are too far for the planner to merge (read alone: residency saves a whole read), then one linked on one
+// side only (at a read's end: saves its bundle), then one inside a read (the planner reads through a lone resident
+// slot: saves nothing), then slots not active this token; within a class the hotter first (CacheConfig::hot, the
+// profile's frequency order), then the lower key. No draws; the planner's merge rule comes with the plan.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -28,6 +36,8 @@ struct CacheConfig {
   // slot -> cache key (flash replication: a neuron's first copy, so both copies share one entry; pinned slots are
   // keys); empty = the slot itself (runtime/plan/replica_cover.h)
   std::vector<uint32_t> alias = {};
+  bool value = false;              // the value cache instead of S3-FIFO (admission "value"; small_fraction unused)
+  std::vector<uint32_t> hot = {};  // value cache: slots hottest first (its order within a class); unlisted ones last
 };
 
 // Admission seed of layer `layer` in a run seeded with `seed`: nl-layout eval and nl-run draw the same numbers.
@@ -36,10 +46,10 @@ inline uint64_t cache_seed_for_layer(uint64_t seed, uint32_t layer) { return see
 // Applies a layer's recorded cache policy (layout `admission`/`pinned`, image manifest `cache_policy`) on top of `cc`:
 // admission kAll or kLinkingAligned overrides cc.linking_aligned, kIsolated sets linking-aligned with a run
 // admission probability of 0 (kUnset keeps cc as is), the pinned slots (hottest first) are appended to cc.pinned, and a
-// small_fraction other than 0 replaces cc.small_fraction. The one place nl-layout eval and nl-run turn a policy into a
-// cache configuration.
+// small_fraction other than 0 replaces cc.small_fraction; kValue selects the value cache with `hot_slots` as its
+// hotness order. The one place nl-layout eval and nl-run turn a policy into a cache configuration.
 void cache_apply_policy(CacheConfig& cc, CacheAdmission admission, const std::vector<uint32_t>& pinned_slots,
-                        double small_fraction = 0);
+                        double small_fraction = 0, const std::vector<uint32_t>& hot_slots = {});
 
 // Capacity in bundles for a cache holding `ratio` of the layer's FFN bytes.
 uint32_t cache_capacity_for_ratio(double ratio, uint32_t n_slots);
@@ -90,7 +100,7 @@ class SlotCache {
   // the window advances. `active` is the same ascending slot list given to the planner.
   void update(const uint32_t* active, size_t n, const TokenPlan& plan);
 
-  uint32_t size() const { return small_size_ + main_size_ + pinned_; }  // S3-FIFO + pinned bundles held
+  uint32_t size() const { return small_size_ + main_size_ + pinned_; }  // S3-FIFO (or value) + pinned bundles held
   uint32_t capacity() const { return cfg_.capacity; }
   uint32_t window_resident() const;  // slots resident only through the window (O(n_slots))
   uint64_t admissions() const { return admissions_; }
@@ -111,6 +121,14 @@ class SlotCache {
   uint64_t now_ = 1;                   // 1 + tokens seen so far (the current token's index + 1)
   uint64_t rng_;
   uint64_t admissions_ = 0, rejections_ = 0;
+  // Value cache: the keys it holds (state kMain, main_size_ of them), each key's hotness rank, and scratch.
+  std::vector<uint32_t> members_, rank_;
+  std::vector<uint8_t> level_;  // per key, this token's class + 1 (0 = not active or not a candidate)
+  struct Candidate {
+    uint32_t level, rank, key;
+  };
+  std::vector<Candidate> cand_;
+  void update_value(const uint32_t* active, size_t n, const TokenPlan& plan);
 
   uint32_t key(uint32_t slot) const { return cfg_.alias.empty() ? slot : cfg_.alias[slot]; }
   double next_uniform();
