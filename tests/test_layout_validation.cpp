@@ -360,9 +360,7 @@ TEST_CASE(
   const LayerSolve s = solve_layer(m, o, 0, &seq);
   std::set<std::string> with_value;
   for (const CandidateFigure& c : s.candidates)
-    if (c.label.size() >= 7 &&
-        (c.label.compare(c.label.size() - 7, 7, ", value") == 0 || c.label.find(", value+hot") != std::string::npos))
-      with_value.insert(c.family);
+    if (c.label.size() >= 7 && c.label.compare(c.label.size() - 7, 7, ", value") == 0) with_value.insert(c.family);
   CHECK(with_value == std::set<std::string>{"search", "pinned"});  // ends-in only where bundles are small
   MESSAGE("chosen: " << s.chosen_family << " (" << s.chosen << "), " << s.chosen_validation_ms << " ms/token");
   CHECK(s.cache.admission == CacheAdmission::kValue);
