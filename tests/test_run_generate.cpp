@@ -57,38 +57,62 @@ void check_same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
+// The 2-layer ReLU-gated model of the gate tests (random weights, seed 21).
+ModelConfig gate_config() {
+  ModelConfig c = test::small_config(64, 256, 2);
+  c.vocab_size = 64;
+  c.seq_len = 40;
+  return c;
+}
+
+// Writes that model as `spec` to `img` and checks that --select gate gives --select dense's tokens under every engine
+// and option set. Returns the number of runs checked.
+int check_gate_equals_dense(const std::string& img, const ImageSpec& spec, const std::vector<std::string>& ios,
+                            const std::vector<std::string>& extras) {
+  image_write_model(img, test::random_weights(gate_config(), 21), spec);
+  Result dense = run("generate --image " + img + " --select dense --steps 20 --prompt-tokens 3,9");
+  REQUIRE_MESSAGE(dense.rc == 0, dense.out);
+  const std::string want = tokens_line(dense.out);
+  REQUIRE(want.size() > 20);
+  int checked = 0;
+  for (const std::string& io : ios) {
+    for (const std::string& extra : extras) {
+      CAPTURE(img);
+      CAPTURE(io);
+      CAPTURE(extra);
+      Result r =
+          run("generate --image " + img + " --select gate --steps 20 --prompt-tokens 3,9 --io " + io + " " + extra);
+      CHECK_MESSAGE(r.rc == 0, r.out);
+      CHECK(tokens_line(r.out) == want);
+      ++checked;
+    }
+  }
+  return checked;
+}
+
+// An f16 image of the gate model in a random order (seed `order_seed`) recording `policy` per layer.
+ImageSpec policy_spec(uint64_t order_seed, std::vector<ImageCachePolicy> policy) {
+  ImageSpec spec;
+  spec.dtype = ImageDtype::kF16;
+  spec.order = test::random_order(gate_config(), order_seed);
+  spec.cache_policy = std::move(policy);
+  return spec;
+}
+
 }  // namespace
 
 TEST_CASE("generate --select gate equals dense for every layout, dtype and engine (ReLU-gated model)") {
   const std::string d = dir("gate");
-  ModelConfig c = test::small_config(64, 256, 2);
-  c.vocab_size = 64;
-  c.seq_len = 40;
-  ModelWeights w = test::random_weights(c, 21);
   int checked = 0;
   for (ImageDtype dt : {ImageDtype::kF32, ImageDtype::kF16, ImageDtype::kBF16}) {
     for (int layout = 0; layout < 2; ++layout) {
       ImageSpec spec;
       spec.dtype = dt;
-      if (layout == 1) spec.order = test::random_order(c, 77);
-      const std::string img = d + "/m_" + image_dtype_name(dt) + "_" + std::to_string(layout) + ".nlw";
-      image_write_model(img, w, spec);
-      Result dense = run("generate --image " + img + " --select dense --steps 20 --prompt-tokens 3,9");
-      REQUIRE_MESSAGE(dense.rc == 0, dense.out);
-      const std::string want = tokens_line(dense.out);
-      REQUIRE(want.size() > 20);
-      for (std::string io : {"pread", "preadv", "uring", "mmap"}) {
-        for (std::string extra : {"--gap off", "--gap 3 --cache-ratio 0.1", "--gap 1 --cache-window 2 --no-direct"}) {
-          CAPTURE(img);
-          CAPTURE(io);
-          CAPTURE(extra);
-          Result r =
-              run("generate --image " + img + " --select gate --steps 20 --prompt-tokens 3,9 --io " + io + " " + extra);
-          CHECK_MESSAGE(r.rc == 0, r.out);
-          CHECK(tokens_line(r.out) == want);
-          ++checked;
-        }
-      }
+      if (layout == 1) spec.order = test::random_order(gate_config(), 77);
+      checked +=
+          check_gate_equals_dense(d + "/m_" + image_dtype_name(dt) + "_" + std::to_string(layout) + ".nlw", spec,
+                                  {"pread", "preadv", "uring", "mmap"},
+                                  {"--gap off", "--gap 3 --cache-ratio 0.1", "--gap 1 --cache-window 2 --no-direct"});
     }
   }
   CHECK(checked == 72);
@@ -97,35 +121,14 @@ TEST_CASE("generate --select gate equals dense for every layout, dtype and engin
 TEST_CASE("generate --select gate equals dense with the manifest's cache policy (pinned hot set, admission all)") {
   // The pinned bundles are loaded at start-up and served from DRAM from the first token: wrong bytes there would
   // change the tokens.
-  const std::string d = dir("policy");
-  ModelConfig c = test::small_config(64, 256, 2);
-  c.vocab_size = 64;
-  c.seq_len = 40;
-  ModelWeights w = test::random_weights(c, 21);
-  ImageSpec spec;
-  spec.dtype = ImageDtype::kF16;
-  spec.order = test::random_order(c, 78);
-  spec.cache_policy.resize(2);
-  spec.cache_policy[0] = {CacheAdmission::kAll, {}};
-  for (uint32_t s = 0; s < 256; s += 12) spec.cache_policy[0].pinned.push_back(s);  // 22 slots, apart
-  for (uint32_t s = 100; s < 118; ++s) spec.cache_policy[1].pinned.push_back(s);    // 18 slots, one run
-  const std::string img = d + "/m.nlw";
-  image_write_model(img, w, spec);
-  Result dense = run("generate --image " + img + " --select dense --steps 20 --prompt-tokens 3,9");
-  REQUIRE_MESSAGE(dense.rc == 0, dense.out);
-  const std::string want = tokens_line(dense.out);
-  REQUIRE(want.size() > 20);
-  for (std::string io : {"pread", "preadv", "uring", "mmap"}) {
-    for (std::string extra : {"--gap 3 --cache-ratio 0.1", "--gap off --cache-ratio 0.05 --cache-window 2",
-                              "--gap 3 --cache-ratio 0.1 --cache-policy all"}) {
-      CAPTURE(io);
-      CAPTURE(extra);
-      Result r =
-          run("generate --image " + img + " --select gate --steps 20 --prompt-tokens 3,9 --io " + io + " " + extra);
-      CHECK_MESSAGE(r.rc == 0, r.out);
-      CHECK(tokens_line(r.out) == want);
-    }
-  }
+  std::vector<ImageCachePolicy> pol(2);
+  pol[0] = {CacheAdmission::kAll, {}};
+  for (uint32_t s = 0; s < 256; s += 12) pol[0].pinned.push_back(s);  // 22 slots, apart
+  for (uint32_t s = 100; s < 118; ++s) pol[1].pinned.push_back(s);    // 18 slots, one run
+  const std::string img = dir("policy") + "/m.nlw";
+  check_gate_equals_dense(img, policy_spec(78, pol), {"pread", "preadv", "uring", "mmap"},
+                          {"--gap 3 --cache-ratio 0.1", "--gap off --cache-ratio 0.05 --cache-window 2",
+                           "--gap 3 --cache-ratio 0.1 --cache-policy all"});
   // The hot set is really held: capacity 25 per layer holds all 22 + 18 listed slots; at 0.05 (12 bundles) the
   // first 12 of each list; with --cache-policy all nothing is pinned.
   auto pinned = [&](const std::string& extra) {
@@ -145,38 +148,16 @@ TEST_CASE(
     "generate --select gate equals dense with the value cache (admission value, hot slots, with and without pins)") {
   // The value cache swaps much of its content every token, and a hit can leave it in the same token: wrong or
   // dropped bytes would change the tokens.
-  const std::string d = dir("value");
-  ModelConfig c = test::small_config(64, 256, 2);
-  c.vocab_size = 64;
-  c.seq_len = 40;
-  ModelWeights w = test::random_weights(c, 21);
-  ImageSpec spec;
-  spec.dtype = ImageDtype::kF16;
-  spec.order = test::random_order(c, 79);
-  spec.cache_policy.resize(2);
-  spec.cache_policy[0] = {CacheAdmission::kValue, {}, 0, {}};
-  for (uint32_t s = 0; s < 256; s += 3) spec.cache_policy[0].hot.push_back(255 - s);  // a partial hotness order
-  spec.cache_policy[1] = {CacheAdmission::kValue, {7, 8, 9}, 0, {}};                  // pins, no order
-  const std::string img = d + "/m.nlw";
-  image_write_model(img, w, spec);
-  Result dense = run("generate --image " + img + " --select dense --steps 20 --prompt-tokens 3,9");
-  REQUIRE_MESSAGE(dense.rc == 0, dense.out);
-  const std::string want = tokens_line(dense.out);
-  REQUIRE(want.size() > 20);
-  for (std::string io : {"pread", "uring", "mmap"}) {
-    for (std::string extra :
-         {std::string("--gap 3 --cache-ratio 0.1"), std::string("--gap off --cache-ratio 0.3"),
-          "--gap auto --cache-ratio 0.05 --device " + std::string(NL_SOURCE_DIR) + "/configs/devices/ufs40.json",
-          std::string("--gap 3 --cache-ratio 0.1 --overlap none"),
-          std::string("--gap 3 --cache-ratio 0.1 --prefill-block 1")}) {
-      CAPTURE(io);
-      CAPTURE(extra);
-      Result r =
-          run("generate --image " + img + " --select gate --steps 20 --prompt-tokens 3,9 --io " + io + " " + extra);
-      CHECK_MESSAGE(r.rc == 0, r.out);
-      CHECK(tokens_line(r.out) == want);
-    }
-  }
+  std::vector<ImageCachePolicy> pol(2);
+  pol[0] = {CacheAdmission::kValue, {}, 0, {}};
+  for (uint32_t s = 0; s < 256; s += 3) pol[0].hot.push_back(255 - s);  // a partial hotness order
+  pol[1] = {CacheAdmission::kValue, {7, 8, 9}, 0, {}};                  // pins, no order
+  const std::string img = dir("value") + "/m.nlw";
+  check_gate_equals_dense(
+      img, policy_spec(79, pol), {"pread", "uring", "mmap"},
+      {"--gap 3 --cache-ratio 0.1", "--gap off --cache-ratio 0.3",
+       "--gap auto --cache-ratio 0.05 --device " + std::string(NL_SOURCE_DIR) + "/configs/devices/ufs40.json",
+       "--gap 3 --cache-ratio 0.1 --overlap none", "--gap 3 --cache-ratio 0.1 --prefill-block 1"});
   // The cache serves hits under the value policy (else the cases above would not test it).
   Result r =
       run("--json -q generate --image " + img + " --select gate --steps 20 --prompt-tokens 3,9 --cache-ratio 0.3");
