@@ -82,17 +82,17 @@ CacheConfig policy_cache_config(const EvalConfig& cfg, uint32_t n, uint32_t laye
   cc.capacity = cache_capacity_for_ratio(cfg.cache_ratio, n);
   cc.seed = cache_seed_for_layer(cfg.cache.seed, layer_index);
   if (policy) {
-    std::vector<uint32_t> pinned_slots;
-    for (uint32_t v : policy->pinned) {
-      if (v >= n) throw InternalError("evaluate: pinned neuron out of range");
-      pinned_slots.push_back(rmap.first[v]);
-    }
-    std::vector<uint32_t> hot_slots;
-    hot_slots.reserve(policy->hot.size());
-    for (uint32_t v : policy->hot) {
-      if (v >= n) throw InternalError("evaluate: hot neuron out of range");
-      hot_slots.push_back(rmap.first[v]);
-    }
+    auto slots_of = [&](const std::vector<uint32_t>& neurons, const char* what) {  // a neuron's first copy
+      std::vector<uint32_t> slots;
+      slots.reserve(neurons.size());
+      for (uint32_t v : neurons) {
+        if (v >= n) throw InternalError(std::string("evaluate: ") + what + " neuron out of range");
+        slots.push_back(rmap.first[v]);
+      }
+      return slots;
+    };
+    const std::vector<uint32_t> pinned_slots = slots_of(policy->pinned, "pinned"),
+                                hot_slots = slots_of(policy->hot, "hot");
     cache_apply_policy(cc, policy->admission, pinned_slots, policy->small_fraction, hot_slots);
   }
   cc.alias = rmap.cache_alias();

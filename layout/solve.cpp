@@ -124,7 +124,7 @@ struct FamilyInput {
     if (can_pin) hot_pins = hottest(g.freq, n_pin);
     if (cap > 0) hot_rank = hottest(g.freq, m.n_neurons);
   }
-  // The value cache (runtime/plan/slot_cache.h) with `pins` pinned.
+  // The value cache (runtime/plan/slot_cache.h), nothing pinned.
   LayerCachePolicy value() const { return LayerCachePolicy{CacheAdmission::kValue, {}, 0, hot_rank}; }
   // Adds the value cache (second in every order's list, after the paper's cache: where it wins, the S3-FIFO policies
   // measured after it stop early).

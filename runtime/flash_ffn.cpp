@@ -200,9 +200,10 @@ void FlashFfn::make_caches() {
     cc.seed = cache_seed_for_layer(opt_.cache.seed, uint32_t(l));
     switch (opt_.cache_policy) {
       case CachePolicyMode::kManifest:
-        if (!m_.cache_policy.empty())
-          cache_apply_policy(cc, m_.cache_policy[size_t(l)].admission, m_.cache_policy[size_t(l)].pinned,
-                             m_.cache_policy[size_t(l)].small_fraction, m_.cache_policy[size_t(l)].hot);
+        if (!m_.cache_policy.empty()) {
+          const ImageCachePolicy& p = m_.cache_policy[size_t(l)];
+          cache_apply_policy(cc, p.admission, p.pinned, p.small_fraction, p.hot);
+        }
         break;
       case CachePolicyMode::kLinkingAligned:
         cc.linking_aligned = true;

@@ -303,5 +303,9 @@ TEST_CASE("value cache: read alone before a read's end before inside a read befo
   const uint64_t ha = drive(a, p400, 400, 5, 300), hb = drive(b, p400, 400, 5, 300);
   CHECK(ha == hb);
   CHECK(ha > 0);
-  CHECK_THROWS_AS(SlotCache(n, CacheConfig{.capacity = 2, .value = true, .hot = {200}}), UsageError);
+  CacheConfig bad_hot;
+  bad_hot.capacity = 2;
+  bad_hot.value = true;
+  bad_hot.hot = {200};
+  CHECK_THROWS_AS(SlotCache(n, bad_hot), UsageError);
 }

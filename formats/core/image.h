@@ -115,7 +115,7 @@ struct ImageCachePolicy {
   CacheAdmission admission = CacheAdmission::kUnset;  // kUnset: none recorded
   std::vector<uint32_t> pinned;  // slots (bundle positions in the layer's region) always resident, hottest first
   double small_fraction = 0;     // share of the S3-FIFO part given to its small FIFO; 0 = none recorded, else in (0, 1)
-  std::vector<uint32_t> hot;     // admission "value": slots hottest first (its order within a class)
+  std::vector<uint32_t> hot = {};  // admission "value": slots hottest first (its order within a class)
   bool empty() const {
     return admission == CacheAdmission::kUnset && pinned.empty() && small_fraction == 0 && hot.empty();
   }

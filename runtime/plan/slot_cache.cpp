@@ -75,11 +75,7 @@ SlotCache::SlotCache(uint32_t n_slots, const CacheConfig& cfg)
   }
   if (cfg_.capacity >= n_keys) cfg_.linking_aligned = false;
   uint32_t rest = cfg_.capacity - pinned_;
-  small_cap_ = rest ? std::max<uint32_t>(1, uint32_t(std::lround(cfg_.small_fraction * rest))) : 0;
-  if (small_cap_ > rest) small_cap_ = rest;
-  main_cap_ = rest - small_cap_;
-  if (cfg_.value) {
-    small_cap_ = 0;
+  if (cfg_.value) {  // one set of `rest` bundles, no FIFOs
     main_cap_ = rest;
     rank_.assign(n_slots, n_slots);  // unlisted: after every listed key
     uint32_t r = 0;
@@ -91,6 +87,9 @@ SlotCache::SlotCache(uint32_t n_slots, const CacheConfig& cfg)
     members_.reserve(rest);
     return;
   }
+  small_cap_ = rest ? std::max<uint32_t>(1, uint32_t(std::lround(cfg_.small_fraction * rest))) : 0;
+  if (small_cap_ > rest) small_cap_ = rest;
+  main_cap_ = rest - small_cap_;
   small_.reserve(small_cap_ + 1);
   main_.reserve(main_cap_ + 2);
   ghost_.reserve(main_cap_ + 2);
@@ -179,6 +178,14 @@ void SlotCache::admit(uint32_t s) {
   }
 }
 
+namespace {
+// Whether `slot` lies in one of the plan's reads; `r` walks the reads along ascending slots (start it at 0).
+bool in_read(const TokenPlan& plan, uint32_t slot, size_t& r) {
+  while (r < plan.reads.size() && plan.reads[r].slot_end <= slot) ++r;
+  return r < plan.reads.size() && plan.reads[r].slot_begin <= slot;
+}
+}  // namespace
+
 void SlotCache::update_value(const uint32_t* active, size_t n, const TokenPlan& plan) {
   if (!plan.planner) throw InternalError("value cache: the plan does not name its planner");
   const ReadPlanner& pl = *plan.planner;
@@ -189,10 +196,7 @@ void SlotCache::update_value(const uint32_t* active, size_t n, const TokenPlan& 
   for (size_t k = 0; k < n; ++k) {
     const uint32_t slot = active[k], s = key(slot);
     if (state_[s] == kPinned) continue;
-    if (state_[s] == kNone) {
-      while (r < plan.reads.size() && plan.reads[r].slot_end <= slot) ++r;
-      if (!(r < plan.reads.size() && plan.reads[r].slot_begin <= slot)) continue;  // not fetched: no bytes to keep
-    }
+    if (state_[s] == kNone && !in_read(plan, slot, r)) continue;  // not fetched: no bytes to keep
     const bool left = k > 0 && pl.merges(active[k - 1] + 1, slot);
     const bool right = k + 1 < n && pl.merges(slot + 1, active[k + 1]);
     const uint8_t lv = uint8_t(2 + !left + !right);         // level = class + 1
@@ -228,13 +232,16 @@ void SlotCache::update_value(const uint32_t* active, size_t n, const TokenPlan& 
 }
 
 void SlotCache::update(const uint32_t* active, size_t n, const TokenPlan& plan) {
-  if (cfg_.value) {
+  if (cfg_.value)
     update_value(active, n, plan);
-    if (cfg_.window_tokens)
-      for (size_t k = 0; k < n; ++k) last_active_[key(active[k])] = now_;
-    ++now_;
-    return;
-  }
+  else
+    update_s3fifo(active, n, plan);
+  if (cfg_.window_tokens)
+    for (size_t k = 0; k < n; ++k) last_active_[key(active[k])] = now_;
+  ++now_;
+}
+
+void SlotCache::update_s3fifo(const uint32_t* active, size_t n, const TokenPlan& plan) {
   // Admission first looks at which read fetched each miss (the read's length decides the probability).
   size_t r = 0;
   for (size_t k = 0; k < n; ++k) {
@@ -245,9 +252,7 @@ void SlotCache::update(const uint32_t* active, size_t n, const TokenPlan& plan) 
       continue;
     }
     if (st == kPinned) continue;
-    while (r < plan.reads.size() && plan.reads[r].slot_end <= slot) ++r;
-    bool fetched = r < plan.reads.size() && plan.reads[r].slot_begin <= slot;
-    if (!fetched) continue;  // served by the window: nothing to admit
+    if (!in_read(plan, slot, r)) continue;  // served by the window: nothing to admit
     double p = 1.0;
     if (cfg_.linking_aligned && plan.reads[r].bundles() > cfg_.isolated_max_bundles) p = cfg_.run_admit_prob;
     if (p >= 1.0 || next_uniform() < p) {
@@ -257,9 +262,6 @@ void SlotCache::update(const uint32_t* active, size_t n, const TokenPlan& plan) 
       ++rejections_;
     }
   }
-  if (cfg_.window_tokens)
-    for (size_t k = 0; k < n; ++k) last_active_[key(active[k])] = now_;
-  ++now_;
 }
 
 }  // namespace nl

@@ -129,6 +129,7 @@ class SlotCache {
   };
   std::vector<Candidate> cand_;
   void update_value(const uint32_t* active, size_t n, const TokenPlan& plan);
+  void update_s3fifo(const uint32_t* active, size_t n, const TokenPlan& plan);
 
   uint32_t key(uint32_t slot) const { return cfg_.alias.empty() ? slot : cfg_.alias[slot]; }
   double next_uniform();
