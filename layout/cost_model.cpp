@@ -1,5 +1,6 @@
 #include "layout/cost_model.h"
 
+#include "runtime/memory.h"
 #include "runtime/plan/slot_cache.h"
 
 namespace nl {
@@ -11,6 +12,7 @@ PlannerConfig planner_config(const EvalConfig& cfg, uint32_t n_neurons) {
   pc.block_bytes = cfg.device.block_bytes;
   pc.gap = cfg.gap;
   pc.cost = cfg.device.cost;
+  pc.max_read_bytes = ffn_batch_staging_bytes(pc.bundle_bytes);  // nl-run's default staging: its pieces are reads
   return pc;
 }
 

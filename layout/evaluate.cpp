@@ -105,7 +105,7 @@ bool caches_anything(const CacheConfig& cc) { return cc.capacity > 0 || cc.windo
 void add_plan(LayerEval& ev, const TokenPlan& plan, const EvalConfig& cfg) {
   ++ev.tokens;
   ev.active += plan.active;
-  ev.reads += plan.reads.size();
+  ev.reads += plan.ops;  // device reads: a read longer than the runtime's staging counts as its pieces
   ev.bundles_read += plan.bundles_read;
   for (const ReadOp& r : plan.reads) ev.max_read_bundles = std::max<uint64_t>(ev.max_read_bundles, r.bundles());
   ev.bytes_read += plan.bytes_read;

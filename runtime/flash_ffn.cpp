@@ -111,6 +111,7 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
     pc.block_bytes = uint32_t(kIoBlock);
     pc.gap = o.gap;
     pc.cost = o.cost;
+    pc.max_read_bytes = ffn_batch_staging_bytes(m_.bundle_bytes, o.read_batch_bytes);
     planners_.emplace_back(pc);
     const auto& order = m_.order[size_t(l)];
     if (order.size() != hidden) {  // the manifest was checked: each neuron once or twice
@@ -318,22 +319,12 @@ void FlashFfn::slab_keep(int layer, size_t p0, size_t p1) {
 
 void FlashFfn::make_pieces(int layer, const std::vector<ReadOp>& reads, uint64_t cap, std::vector<Piece>* pieces,
                            std::vector<size_t>* batch_end) const {
-  const uint64_t region = m_.ffn(layer).offset, bb = m_.bundle_bytes;
-  // Bundles per piece of a split read: n bundles span at most n * bb plus a partial block at each end.
-  const uint64_t per = std::max<uint64_t>(1, (cap - 2 * kIoBlock) / bb);
   pieces->clear();
-  for (const ReadOp& r : reads) {
-    if (r.length <= cap) {
-      pieces->push_back({r.slot_begin, r.slot_end, r.offset, r.length, 0});
-      continue;
-    }
-    for (uint64_t s0 = r.slot_begin; s0 < r.slot_end; s0 += per) {
-      const uint64_t s1 = std::min<uint64_t>(r.slot_end, s0 + per);
-      const uint64_t lo = std::max(r.offset, io_align_down(region + s0 * bb));
-      const uint64_t hi = std::min(r.offset + r.length, io_align_up(region + s1 * bb));
-      pieces->push_back({uint32_t(s0), uint32_t(s1), lo, hi - lo, 0});
-    }
-  }
+  for (const ReadOp& r : reads)
+    planners_[size_t(layer)].for_each_piece(r, [&](uint32_t sb, uint32_t se, uint64_t offset, uint64_t length) {
+      if (length > cap) throw InternalError("flash FFN: a read piece is longer than the staging");
+      pieces->push_back({sb, se, offset, length, 0});
+    });
   if (batch_end) batch_end->clear();
   uint64_t pos = 0;
   for (size_t p = 0; p < pieces->size(); ++p) {

@@ -219,7 +219,8 @@ class FlashFfn : public FfnProvider {
   int cur_batch_ = -1;              // the batch in the staging now, -1 = none
   size_t cur_p0_ = 0, cur_p1_ = 0;  // its pieces
   uint64_t cur_off_ = 0;            // its buffer's offset in staging_ (overlapped reads use two buffers)
-  // Splits `reads` of `layer` into pieces of at most `cap` bytes, grouped into batches of at most `cap` bytes.
+  // `reads` of `layer` as the device reads them (ReadPlanner::for_each_piece: the planner's max_read_bytes is the
+  // staging `cap`), grouped into batches of at most `cap` bytes.
   void make_pieces(int layer, const std::vector<ReadOp>& reads, uint64_t cap, std::vector<Piece>* pieces,
                    std::vector<size_t>* batch_end) const;
   AlignedBuffer staging_;

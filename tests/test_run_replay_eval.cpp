@@ -3,7 +3,8 @@
 // several layouts (identity, frequency, greedy, rcm, greedy+ls) and settings (no merging/no cache, gap merging +
 // S3-FIFO, sliding window); and, on the bundled tiny-relu model end to end (nl-profile run -> nl-layout solve ->
 // nl-layout pack -> nl-run replay), for greedy+ls layouts that record a per-layer cache policy (pinned hot neurons,
-// admission "all"), which pack carries into the manifest and nl-run applies.
+// admission "all"), which pack carries into the manifest and nl-run applies; and a read longer than nl-run's staging
+// counts as the pieces the runtime issues, in both.
 #include <doctest/doctest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -117,6 +118,58 @@ TEST_CASE("replay reads/token equals nl-layout eval for the same trace, layout, 
       if (methods[k] == "greedy") greedy_reads = e["reads"].get<double>();
     }
     CHECK(greedy_reads < identity_reads);  // the layouts really differ on this structured trace
+  }
+}
+
+TEST_CASE("a read longer than nl-run's staging counts as its device pieces, in replay and eval alike") {
+  // 12,000-byte bundles (not a block multiple: pieces share a block at each cut) and runs of 700-900 active neurons:
+  // each run is one planned read of 8-11 MB, which nl-run issues as pieces that fit its 4 MiB staging.
+  const std::string d = "replay_eval_pieces_test";
+  ::mkdir(d.c_str(), 0755);
+  const uint32_t n = 1024;
+  ModelConfig c = test::small_config(1000, int(n), 2);
+  ModelWeights w = test::random_weights(c, 9);
+  auto trace = [&](const std::string& path, uint64_t seed) {
+    std::vector<LayerMask> masks;
+    for (uint32_t l = 0; l < 2; ++l) {
+      LayerMask t(n, 40);
+      for (uint64_t k = 0; k < 40; ++k) {
+        const uint32_t b = uint32_t((k * 37 + seed * 11 + l * 5) % 100), len = 700 + uint32_t((k * 53 + seed) % 200);
+        for (uint32_t v = b; v < b + len; ++v) t.set(v, k);
+        t.set(uint32_t(1000 + (k + seed) % 24), k);  // and a short read
+      }
+      masks.push_back(t);
+    }
+    TraceWriterOptions o;
+    o.model = "long-runs";
+    o.activation = "synthetic:long-runs";
+    o.n_neurons = {n, n};
+    trace_write(path, o, masks, {0});
+  };
+  trace(d + "/prof.h5", 1);
+  trace(d + "/test.h5", 2);
+  const std::string bin = std::string(NL_BINARY_DIR) + "/cli/";
+  std::string out;
+  REQUIRE(sh(bin + "nl-layout -q solve --trace " + d + "/prof.h5 --method identity --out " + d + "/id.json", &out) ==
+          0);
+  ImageSpec spec;
+  for (const auto& ll : layout_load(d + "/id.json").layers) spec.order.push_back(ll.order);
+  const uint64_t bundle_bytes = image_write_model(d + "/id.nlw", w, spec).bundle_bytes;
+  REQUIRE(bundle_bytes == 12000);
+  for (const char* cache : {"0", "0.05"}) {
+    CAPTURE(cache);
+    REQUIRE(sh(bin + "nl-layout --json eval --trace " + d + "/test.h5 --layout " + d +
+                   "/id.json --bundle-bytes 12000 --gap 0 --cache-ratio " + cache,
+               &out) == 0);
+    const auto e = nlohmann::json::parse(out)["layouts"][0];
+    REQUIRE(sh(bin + "nl-run --json replay --image " + d + "/id.nlw --trace " + d +
+                   "/test.h5 --gap off --cache-ratio " + cache,
+               &out) == 0);
+    const auto t = nlohmann::json::parse(out)["totals"];
+    CHECK(double(t["reads"].get<uint64_t>()) / 40 == e["reads"].get<double>());
+    CHECK(double(t["bytes_read"].get<uint64_t>()) / 40 == e["bytes_read"].get<double>());
+    // Per layer-token: the short read and at least three pieces of the long one (348 bundles fit 4 MiB).
+    CHECK(e["reads"].get<double>() >= 2 * 4);
   }
 }
 

@@ -238,3 +238,46 @@ TEST_CASE("random plans: every needed slot in exactly one read; gap off gives on
     }
   }
 }
+
+TEST_CASE("a read longer than max_read_bytes is issued as block-aligned pieces of whole bundles that each fit") {
+  for (uint64_t bundle : {uint64_t(12000), uint64_t(8192), uint64_t(1000)}) {
+    CAPTURE(bundle);
+    PlannerConfig c = cfg(4000, bundle, GapPolicy::parse("off"));
+    c.max_read_bytes = 64 * 1024;
+    ReadPlanner p(c);
+    std::vector<uint32_t> active;
+    for (uint32_t s = 3; s < 3000; ++s) active.push_back(s);  // one run: one planned read
+    active.push_back(3500);
+    TokenPlan t;
+    p.plan(active, nullptr, t);
+    REQUIRE(t.reads.size() == 2);
+    uint32_t ops = 0;
+    uint64_t bytes = 0;
+    for (const ReadOp& r : t.reads) {
+      uint32_t next = r.slot_begin;
+      p.for_each_piece(r, [&](uint32_t sb, uint32_t se, uint64_t off, uint64_t len) {
+        CHECK(sb == next);  // consecutive, whole bundles, covering the read
+        CHECK(se > sb);
+        next = se;
+        CHECK(len <= c.max_read_bytes);
+        CHECK(off % 4096 == 0);
+        CHECK(len % 4096 == 0);
+        CHECK(off <= sb * bundle);
+        CHECK(off + len >= se * bundle);
+        CHECK(off >= r.offset);
+        CHECK(off + len <= r.offset + r.length);
+        ++ops;
+        bytes += len;
+      });
+      CHECK(next == r.slot_end);
+    }
+    CHECK(t.ops == ops);
+    CHECK(t.bytes_read == bytes);
+    const uint64_t per = (c.max_read_bytes - 2 * 4096) / bundle;
+    CHECK(ops == 1 + (2997 + per - 1) / per);
+    CHECK(t.io_seconds(c.cost) == doctest::Approx(ops * 8.14e-6 + double(bytes) / 4267e6));
+  }
+  PlannerConfig small = cfg(10, 12000, GapPolicy::parse("off"));
+  small.max_read_bytes = 12000 + 4096;  // cannot hold one bundle and its partial blocks
+  CHECK_THROWS_AS(ReadPlanner{small}, UsageError);
+}

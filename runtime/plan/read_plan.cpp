@@ -43,13 +43,13 @@ std::string GapPolicy::to_string() const {
 void TokenPlan::clear() {
   reads.clear();
   hits.clear();
-  active = needed = cached_in_reads = 0;
+  active = needed = cached_in_reads = ops = 0;
   bytes_read = bundles_read = 0;
   planner = nullptr;
 }
 
 double TokenPlan::io_seconds(const CostFit& cost) const {
-  return double(reads.size()) * cost.read_latency_us * 1e-6 + double(bytes_read) / (cost.bandwidth_MBps * 1e6);
+  return double(ops) * cost.read_latency_us * 1e-6 + double(bytes_read) / (cost.bandwidth_MBps * 1e6);
 }
 
 uint32_t auto_gap_bundles(const CostFit& cost, uint64_t bundle_bytes) {
@@ -64,6 +64,10 @@ ReadPlanner::ReadPlanner(const PlannerConfig& cfg) : cfg_(cfg) {
   if (cfg_.bundle_bytes == 0) throw UsageError("read planner: bundle size must be positive");
   if (cfg_.block_bytes == 0 || (cfg_.block_bytes & (cfg_.block_bytes - 1)))
     throw UsageError("read planner: block size must be a power of two");
+  if (cfg_.max_read_bytes && cfg_.max_read_bytes < cfg_.bundle_bytes + 2 * uint64_t(cfg_.block_bytes))
+    throw UsageError("read planner: a read limit of " + std::to_string(cfg_.max_read_bytes) +
+                     " bytes does not hold one bundle of " + std::to_string(cfg_.bundle_bytes) +
+                     " bytes and its two partial blocks");
   merge_below_bytes_ = cfg_.cost.break_even_bytes();
 }
 
@@ -184,7 +188,10 @@ void ReadPlanner::plan(const uint32_t* active, size_t n, SlotCache* cache, Token
   for (ReadOp& op : out.reads) {
     op.offset = aligned_begin(op.slot_begin);
     op.length = aligned_end(op.slot_end) - op.offset;
-    out.bytes_read += op.length;
+    for_each_piece(op, [&](uint32_t, uint32_t, uint64_t, uint64_t length) {
+      ++out.ops;
+      out.bytes_read += length;
+    });
     out.bundles_read += op.bundles();
   }
   if (cache) cache->update(active, n, out);

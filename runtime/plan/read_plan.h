@@ -8,6 +8,7 @@
 // small gaps (off | at most N bundles | auto from the device cost model) -> byte ranges aligned to the device
 // block.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -45,6 +46,9 @@ struct PlannerConfig {
   uint32_t block_bytes = 4096;  // reads start and end on multiples of this (power of two)
   GapPolicy gap;
   CostFit cost;  // device cost model, used by GapMode::Auto
+  // A read longer than this is issued as several device reads ("pieces") of whole bundles that each fit: the
+  // runtime's staging holds one piece (memory.h ffn_batch_staging_bytes). 0: no limit.
+  uint64_t max_read_bytes = 0;
 };
 
 // One read: slots [slot_begin, slot_end) and the block-aligned byte range that covers them.
@@ -63,12 +67,13 @@ struct TokenPlan {
   uint32_t active = 0;                   // active slots this token
   uint32_t needed = 0;                   // active slots read from flash (= active - hits - cached_in_reads)
   uint32_t cached_in_reads = 0;          // active slots resident in the cache but read anyway (inside a read)
-  uint64_t bytes_read = 0;               // sum of aligned read lengths
+  uint32_t ops = 0;                      // device reads: each read, or its pieces when longer than max_read_bytes
+  uint64_t bytes_read = 0;               // sum of aligned piece lengths (what the device transfers)
   uint64_t bundles_read = 0;             // sum of slot spans of the reads (unaligned)
   const ReadPlanner* planner = nullptr;  // the planner that made it (the value cache asks it what merges)
 
   void clear();
-  // Estimated I/O seconds for this plan: reads * a + bytes / B (a and B at the device's queue depth).
+  // Estimated I/O seconds for this plan: ops * a + bytes / B (a and B at the device's queue depth).
   double io_seconds(const CostFit& cost) const;
 };
 
@@ -89,6 +94,26 @@ class ReadPlanner {
   // Whether a read ending at slot prev_end (exclusive) and one starting at next_begin > prev_end - 1 would be one
   // read under this policy (adjacent slots always are).
   bool merges(uint32_t prev_end, uint32_t next_begin) const;
+  // The device reads that issue r: r itself, or, when it is longer than max_read_bytes, pieces of whole bundles
+  // (each within max_read_bytes, block-aligned, clipped to r). fn(slot_begin, slot_end, offset, length) per piece,
+  // in slot order. nl-run reads these and eval counts them, from this one function.
+  template <class F>
+  void for_each_piece(const ReadOp& r, F&& fn) const {
+    const uint64_t cap = cfg_.max_read_bytes;
+    if (cap == 0 || r.length <= cap) {
+      fn(r.slot_begin, r.slot_end, r.offset, r.length);
+      return;
+    }
+    // n bundles span at most n * bundle_bytes plus a partial block at each end.
+    const uint64_t room = cap > 2 * uint64_t(cfg_.block_bytes) ? cap - 2 * uint64_t(cfg_.block_bytes) : 0;
+    const uint64_t per = std::max<uint64_t>(1, room / cfg_.bundle_bytes);
+    for (uint64_t s0 = r.slot_begin; s0 < r.slot_end; s0 += per) {
+      const uint32_t s1 = uint32_t(std::min<uint64_t>(r.slot_end, s0 + per));
+      const uint64_t lo = std::max(r.offset, aligned_begin(uint32_t(s0)));
+      const uint64_t hi = std::min(r.offset + r.length, aligned_end(s1));
+      fn(uint32_t(s0), s1, lo, hi - lo);
+    }
+  }
 
  private:
   PlannerConfig cfg_;
