@@ -427,8 +427,34 @@ TEST_CASE("the cache policy round-trips through the manifest; images without one
   CHECK(mv.cache_policy[1].admission == CacheAdmission::kValue);
   CHECK(mv.cache_policy[1].hot == std::vector<uint32_t>{5, 0, 17});
   CHECK(manifest_to_json(mv) == read_file(d + "/val.nlw.json"));
+  // The writer refuses, with the reader's words (one check: image_cache_policy_problem), what the reader would.
+  auto refused = [&](const std::string& expect) {
+    std::string what;
+    try {
+      image_write_model(d + "/bad.nlw", w, spec);
+    } catch (const UsageError& e) {
+      what = e.what();
+    }
+    CHECK_MESSAGE(what.find("cannot pack: " + expect) != std::string::npos, what);
+  };
   spec.cache_policy[1] = {CacheAdmission::kValue, {}, 0, {5, 5}};
-  CHECK_THROWS_AS(image_write_model(d + "/bad.nlw", w, spec), UsageError);
+  refused("cache_policy[1].hot_slots lists slot 5 twice");
+  spec.cache_policy[1] = {CacheAdmission::kAll, {4, 4}};
+  refused("cache_policy[1].pinned_slots lists slot 4 twice");
+  {  // a second copy is neither pinned nor ranked: the cache is keyed by a neuron's first copy
+    ImageSpec rep = spec;
+    rep.order[1].push_back(rep.order[1][0]);  // the last slot holds a second copy of slot 0's neuron
+    rep.cache_policy[1] = {CacheAdmission::kValue, {}, 0, {size_t(c.hidden_dim)}};
+    std::string what;
+    try {
+      image_write_model(d + "/bad.nlw", w, rep);
+    } catch (const UsageError& e) {
+      what = e.what();
+    }
+    CHECK_MESSAGE(what.find("cache_policy[1].hot_slots: slot " + std::to_string(c.hidden_dim) +
+                            " holds a second copy (list the first)") != std::string::npos,
+                  what);
+  }
   // The image bytes do not depend on the policy (only the manifest does).
   CHECK(read_file(d + "/pol.nlw") == read_file(d + "/plain.nlw"));
   // The writer refuses a policy the reader would refuse (an unknown admission cannot be represented: CacheAdmission).

@@ -209,6 +209,30 @@ std::string image_order_problem(const std::vector<uint32_t>& o, uint32_t hidden,
   return "";
 }
 
+std::string image_cache_policy_problem(const ImageCachePolicy& p, const std::vector<uint32_t>& o, uint32_t hidden) {
+  if (!cache_small_fraction_valid(p.small_fraction)) return ".small_fraction must be strictly between 0 and 1";
+  std::vector<char> seen(o.size(), 0);
+  std::vector<char> first(size_t(hidden), 0);  // the cache is keyed by a neuron's first copy
+  for (size_t s = 0; s < o.size(); ++s)
+    if (o[s] < hidden && !first[o[s]]) first[o[s]] = 1, seen[s] = 2;  // 2: a first copy, not pinned yet
+  for (uint32_t s : p.pinned) {
+    if (s >= seen.size())
+      return ".pinned_slots: slot " + std::to_string(s) + " is out of range [0, " + std::to_string(seen.size()) + ")";
+    if (seen[s] == 1) return ".pinned_slots lists slot " + std::to_string(s) + " twice";
+    if (seen[s] == 0) return ".pinned_slots: slot " + std::to_string(s) + " holds a second copy (pin the first)";
+    seen[s] = 1;
+  }
+  std::vector<char> hot_seen(o.size(), 0);
+  for (uint32_t s : p.hot) {
+    if (s >= o.size())
+      return ".hot_slots: slot " + std::to_string(s) + " is out of range [0, " + std::to_string(o.size()) + ")";
+    if (hot_seen[s]) return ".hot_slots lists slot " + std::to_string(s) + " twice";
+    if (seen[s] == 0) return ".hot_slots: slot " + std::to_string(s) + " holds a second copy (list the first)";
+    hot_seen[s] = 1;
+  }
+  return "";
+}
+
 std::string manifest_to_json(const ImageManifest& m) {
   const ModelConfig& c = m.config;
   json j;
@@ -418,34 +442,8 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
     bad(path, "cache_policy has " + std::to_string(m.cache_policy.size()) + " entries, expected one per layer (" +
                   std::to_string(c.n_layers) + ")");
   for (size_t l = 0; l < m.cache_policy.size(); ++l) {
-    const ImageCachePolicy& p = m.cache_policy[l];
-    const std::string where = "cache_policy[" + std::to_string(l) + "]";
-    if (!cache_small_fraction_valid(p.small_fraction))
-      bad(path, where + ".small_fraction must be strictly between 0 and 1");
-    const auto& o = m.order[l];
-    std::vector<char> seen(o.size(), 0);
-    std::vector<char> first(size_t(c.hidden_dim), 0);  // the cache is keyed by a neuron's first copy
-    for (size_t s = 0; s < o.size(); ++s)
-      if (!first[o[s]]) first[o[s]] = 1, seen[s] = 2;  // 2: a first copy, not pinned yet
-    for (uint32_t s : p.pinned) {
-      if (s >= seen.size())
-        bad(path, where + ".pinned_slots: slot " + std::to_string(s) + " is out of range [0, " +
-                      std::to_string(seen.size()) + ")");
-      if (seen[s] == 1) bad(path, where + ".pinned_slots lists slot " + std::to_string(s) + " twice");
-      if (seen[s] == 0)
-        bad(path, where + ".pinned_slots: slot " + std::to_string(s) + " holds a second copy (pin the first)");
-      seen[s] = 1;
-    }
-    std::vector<char> hot_seen(o.size(), 0);
-    for (uint32_t s : p.hot) {
-      if (s >= o.size())
-        bad(path,
-            where + ".hot_slots: slot " + std::to_string(s) + " is out of range [0, " + std::to_string(o.size()) + ")");
-      if (hot_seen[s]) bad(path, where + ".hot_slots lists slot " + std::to_string(s) + " twice");
-      if (seen[s] == 0)
-        bad(path, where + ".hot_slots: slot " + std::to_string(s) + " holds a second copy (list the first)");
-      hot_seen[s] = 1;
-    }
+    const std::string problem = image_cache_policy_problem(m.cache_policy[l], m.order[l], uint32_t(c.hidden_dim));
+    if (!problem.empty()) bad(path, "cache_policy[" + std::to_string(l) + "]" + problem);
   }
   if (image_id_of(m) != m.image_id)
     bad(path, "image id " + hex64(m.image_id) +

@@ -204,6 +204,11 @@ std::string manifest_to_json(const ImageManifest& m);
 // entries, every neuron once, or at most twice with replicas, none missing), or "" when it is: the one check for pack
 // and for a manifest read. The text continues a subject such as "order of layer 3".
 std::string image_order_problem(const std::vector<uint32_t>& order, uint32_t hidden, uint64_t replicas);
+// Why `p` is not a cache policy for a layer of slot order `order` (`hidden` neurons; the order passed
+// image_order_problem): small_fraction in (0, 1), pinned and hot slots in range, each listed once, each a neuron's
+// first copy (the cache is keyed by it). "" when it is; the text continues a subject such as "cache_policy[3]". The
+// one check for pack and for a manifest read.
+std::string image_cache_policy_problem(const ImageCachePolicy& p, const std::vector<uint32_t>& order, uint32_t hidden);
 // Parses and checks a manifest on its own (structure, version, config, sizes, alignment, overlaps, permutations).
 // Throws InputError naming `path` with the first problem found. Unknown keys are ignored.
 ImageManifest manifest_parse(const std::string& text, const std::string& path);

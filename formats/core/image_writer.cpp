@@ -90,21 +90,8 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
   if (!spec.cache_policy.empty() && spec.cache_policy.size() != size_t(c.n_layers))
     throw UsageError("cannot pack: the cache policy has a different layer count");
   for (size_t l = 0; l < spec.cache_policy.size(); ++l) {
-    const ImageCachePolicy& p = spec.cache_policy[l];
-    if (!cache_small_fraction_valid(p.small_fraction))
-      throw UsageError("cannot pack: layer " + std::to_string(l) + ": small_fraction must be strictly between 0 and 1");
-    std::vector<char> seen(m_.order[l].size(), 0);
-    for (uint32_t s : p.pinned) {
-      if (s >= seen.size() || seen[s])
-        throw UsageError("cannot pack: layer " + std::to_string(l) + ": pinned slots out of range or repeated");
-      seen[s] = 1;
-    }
-    std::vector<char> hot_seen(m_.order[l].size(), 0);
-    for (uint32_t s : p.hot) {
-      if (s >= hot_seen.size() || hot_seen[s])
-        throw UsageError("cannot pack: layer " + std::to_string(l) + ": hot slots out of range or repeated");
-      hot_seen[s] = 1;
-    }
+    const std::string problem = image_cache_policy_problem(spec.cache_policy[l], m_.order[l], uint32_t(c.hidden_dim));
+    if (!problem.empty()) throw UsageError("cannot pack: cache_policy[" + std::to_string(l) + "]" + problem);
   }
   m_.cache_policy = std::move(spec.cache_policy);
   m_.planner = std::move(spec.planner);
