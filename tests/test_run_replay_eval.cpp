@@ -30,6 +30,15 @@ namespace {
 
 int sh(const std::string& cmd, std::string* out) { return test::sh(cmd, out, test::Stderr::kDrop); }
 
+// A two-layer synthetic trace of `masks` (one sequence), model "<name>", activation "synthetic:<name>".
+void write_masks(const std::string& path, const std::string& name, const std::vector<LayerMask>& masks) {
+  TraceWriterOptions o;
+  o.model = name;
+  o.activation = "synthetic:" + name;
+  for (const LayerMask& m : masks) o.n_neurons.push_back(m.n_neurons);
+  trace_write(path, o, masks, {0});
+}
+
 // Clustered activations; `offset` shifts the token window (profile vs held-out trace of the same structure).
 void write_trace(const std::string& path, uint32_t n_neurons, uint64_t offset, uint64_t n_tokens) {
   std::vector<LayerMask> masks;
@@ -47,11 +56,7 @@ void write_trace(const std::string& path, uint32_t n_neurons, uint64_t offset, u
         if (all.test(n, offset + k)) t.set(n, k);
     masks.push_back(t);
   }
-  TraceWriterOptions o;
-  o.model = "clustered";
-  o.activation = "synthetic:clustered";
-  o.n_neurons = {n_neurons, n_neurons};
-  trace_write(path, o, masks, {0});
+  write_masks(path, "clustered", masks);
 }
 
 }  // namespace
@@ -140,11 +145,7 @@ TEST_CASE("a read longer than nl-run's staging counts as its device pieces, in r
       }
       masks.push_back(t);
     }
-    TraceWriterOptions o;
-    o.model = "long-runs";
-    o.activation = "synthetic:long-runs";
-    o.n_neurons = {n, n};
-    trace_write(path, o, masks, {0});
+    write_masks(path, "long-runs", masks);
   };
   trace(d + "/prof.h5", 1);
   trace(d + "/test.h5", 2);
