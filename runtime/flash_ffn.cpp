@@ -103,6 +103,7 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
       throw UsageError("--overlap " + std::string(overlap_mode_name(o.overlap)) + " does not read replicated images (" +
                        img_.manifest_path() + " holds flash replicas): use --overlap layer or none");
   }
+  staging_cap_ = ffn_batch_staging_bytes(m_.bundle_bytes, o.read_batch_bytes);
   for (int l = 0; l < c.n_layers; ++l) {
     PlannerConfig pc;
     pc.n_slots = m_.n_slots(l);
@@ -111,7 +112,7 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
     pc.block_bytes = uint32_t(kIoBlock);
     pc.gap = o.gap;
     pc.cost = o.cost;
-    pc.max_read_bytes = ffn_batch_staging_bytes(m_.bundle_bytes, o.read_batch_bytes);
+    pc.max_read_bytes = staging_cap_;
     planners_.emplace_back(pc);
     const auto& order = m_.order[size_t(l)];
     if (order.size() != hidden) {  // the manifest was checked: each neuron once or twice
@@ -317,19 +318,19 @@ void FlashFfn::slab_keep(int layer, size_t p0, size_t p1) {
       if (cache->resident(s) && !slab_find(layer, s)) slab_put(layer, s, bundle(layer, s));
 }
 
-void FlashFfn::make_pieces(int layer, const std::vector<ReadOp>& reads, uint64_t cap, std::vector<Piece>* pieces,
+void FlashFfn::make_pieces(int layer, const std::vector<ReadOp>& reads, std::vector<Piece>* pieces,
                            std::vector<size_t>* batch_end) const {
   pieces->clear();
   for (const ReadOp& r : reads)
     planners_[size_t(layer)].for_each_piece(r, [&](uint32_t sb, uint32_t se, uint64_t offset, uint64_t length) {
-      if (length > cap) throw InternalError("flash FFN: a read piece is longer than the staging");
+      if (length > staging_cap_) throw InternalError("flash FFN: a read piece is longer than the staging");
       pieces->push_back({sb, se, offset, length, 0});
     });
   if (batch_end) batch_end->clear();
   uint64_t pos = 0;
   for (size_t p = 0; p < pieces->size(); ++p) {
     Piece& pc = (*pieces)[p];
-    if (pos + pc.length > cap) {
+    if (pos + pc.length > staging_cap_) {
       if (batch_end) batch_end->push_back(p);
       pos = 0;
     }
@@ -350,8 +351,8 @@ void FlashFfn::load_pinned(int layer, const std::vector<uint32_t>& pinned) {
   std::sort(active_.begin(), active_.end());
   active_.erase(std::unique(active_.begin(), active_.end()), active_.end());
   planners_[size_t(layer)].plan(active_.data(), active_.size(), nullptr, plan_);  // no cache: not a token
-  const uint64_t cap = ffn_batch_staging_bytes(m_.bundle_bytes, opt_.read_batch_bytes);
-  make_pieces(layer, plan_.reads, cap, &pieces_, &batch_end_);
+  const uint64_t cap = staging_cap_;
+  make_pieces(layer, plan_.reads, &pieces_, &batch_end_);
   staging_.resize(cap);
   size_t p0 = 0, k = 0;
   for (size_t b = 0; b < batch_end_.size(); ++b) {
@@ -488,8 +489,8 @@ void FlashFfn::load_batches(int layer, const std::function<void(uint32_t, bool)>
   // Bytes of slots the cache no longer holds go (not before this token's plan: the previous token's FFN used them),
   // except this token's hits, served from the slab below.
   if (cache) slab_drop_evicted(layer, cache, plan_.hits);
-  const uint64_t cap = ffn_batch_staging_bytes(m_.bundle_bytes, opt_.read_batch_bytes);
-  make_pieces(layer, plan_.reads, cap, &pieces_, &batch_end_);
+  const uint64_t cap = staging_cap_;
+  make_pieces(layer, plan_.reads, &pieces_, &batch_end_);
   staging_.resize(cap);
   double io = 0;
   uint64_t bytes = 0;
@@ -907,8 +908,7 @@ void FlashFfn::layer_start(int layer, int pos0, int n_tokens, const float* x) {
   if (pf_pred_.empty()) return;
   planners_[size_t(layer)].plan(pf_pred_.data(), pf_pred_.size(), nullptr, pf_plan_);  // no cache: not a token
   // The first read_ahead_bytes of the predicted reads, in slot order (split as the exact reads are).
-  make_pieces(layer, pf_plan_.reads, ffn_batch_staging_bytes(m_.bundle_bytes, opt_.read_batch_bytes), &pf_pieces_,
-              nullptr);
+  make_pieces(layer, pf_plan_.reads, &pf_pieces_, nullptr);
   uint64_t total = 0;
   size_t k = 0;
   for (; k < pf_pieces_.size() && total + pf_pieces_[k].length <= opt_.read_ahead_bytes; ++k) {
@@ -953,8 +953,8 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
   planners_[size_t(layer)].plan(active_.data(), active_.size(), cache, plan_);
   // As load_compute(): bytes of slots the cache no longer holds go, except this token's hits.
   if (cache) slab_drop_evicted(layer, cache, plan_.hits);
-  const uint64_t cap = ffn_batch_staging_bytes(m_.bundle_bytes, opt_.read_batch_bytes);
-  make_pieces(layer, plan_.reads, cap, &pieces_, &batch_end_);
+  const uint64_t cap = staging_cap_;
+  make_pieces(layer, plan_.reads, &pieces_, &batch_end_);
   // Two batch buffers when there is more than one batch: batch b + 1's reads land in one while batch b is computed
   // from the other, so the device does not idle through each batch's down projection and cache admissions.
   const bool two = batch_end_.size() > 1;

@@ -219,9 +219,12 @@ class FlashFfn : public FfnProvider {
   int cur_batch_ = -1;              // the batch in the staging now, -1 = none
   size_t cur_p0_ = 0, cur_p1_ = 0;  // its pieces
   uint64_t cur_off_ = 0;            // its buffer's offset in staging_ (overlapped reads use two buffers)
-  // `reads` of `layer` as the device reads them (ReadPlanner::for_each_piece: the planner's max_read_bytes is the
-  // staging `cap`), grouped into batches of at most `cap` bytes.
-  void make_pieces(int layer, const std::vector<ReadOp>& reads, uint64_t cap, std::vector<Piece>* pieces,
+  // One batch's staging bytes (memory.h ffn_batch_staging_bytes of --read-batch), also every planner's
+  // max_read_bytes: a piece always fits.
+  uint64_t staging_cap_ = 0;
+  // `reads` of `layer` as the device reads them (ReadPlanner::for_each_piece), grouped into batches of at most
+  // staging_cap_ bytes.
+  void make_pieces(int layer, const std::vector<ReadOp>& reads, std::vector<Piece>* pieces,
                    std::vector<size_t>* batch_end) const;
   AlignedBuffer staging_;
   std::vector<ReadSpan> spans_;

@@ -104,9 +104,9 @@ class ReadPlanner {
       fn(r.slot_begin, r.slot_end, r.offset, r.length);
       return;
     }
-    // n bundles span at most n * bundle_bytes plus a partial block at each end.
-    const uint64_t room = cap > 2 * uint64_t(cfg_.block_bytes) ? cap - 2 * uint64_t(cfg_.block_bytes) : 0;
-    const uint64_t per = std::max<uint64_t>(1, room / cfg_.bundle_bytes);
+    // n bundles span at most n * bundle_bytes plus a partial block at each end; the constructor checked that cap
+    // holds one bundle so.
+    const uint64_t per = (cap - 2 * uint64_t(cfg_.block_bytes)) / cfg_.bundle_bytes;
     for (uint64_t s0 = r.slot_begin; s0 < r.slot_end; s0 += per) {
       const uint32_t s1 = uint32_t(std::min<uint64_t>(r.slot_end, s0 + per));
       const uint64_t lo = std::max(r.offset, aligned_begin(uint32_t(s0)));
