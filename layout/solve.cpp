@@ -221,8 +221,9 @@ std::vector<Build> family_pinned(FamilyInput& in) {
 // does to a read's span): the order built from both ends inwards (layout/span.h) with the pinned neurons in a block
 // after it (never read while resident). Where both ends' unions already cover all but a share `eps` of the tokens,
 // the order changes the span little, so the neurons left there, and the pinned block, are ordered by greedy among
-// themselves for the path weight (gap-0 reads). Without the weight guard each peel is also polished by slot swaps on
-// the exact one-read cost (block-aligned span).
+// themselves for the path weight (gap-0 reads). Without the weight guard one peel (the one with the hottest pinned,
+// or the unpinned one where nothing can be pinned) is also polished by slot swaps on the exact one-read cost
+// (block-aligned span); polishing the others too cost time and never won on the real traces.
 std::vector<Build> family_ends_in(FamilyInput& in, const std::string* only) {
   const LayerMask& m = in.m;
   const LayerGraph& g = in.g;
@@ -290,7 +291,7 @@ std::vector<Build> family_ends_in(FamilyInput& in, const std::string* only) {
     const EndsIn all = peel({});
     for (double eps : shares)
       if (wanted(only, eps_label("ends-in", eps))) add(eps_label("ends-in", eps), compose(all, {}, eps), {});
-    if (!opt.guard_weight && wanted(only, "ends-in polish"))
+    if (!opt.guard_weight && !in.can_pin && wanted(only, "ends-in polish"))
       add("ends-in polish", polish(compose(all, {}, 0.0), {}), {});
   }
   if (!in.can_pin || !any_wanted("ends-in+")) return out;
@@ -318,9 +319,6 @@ std::vector<Build> family_ends_in(FamilyInput& in, const std::string* only) {
       if (wanted(only, eps_label("ends-in+refined", eps)))
         add(eps_label("ends-in+refined", eps), compose(rest, refined, eps),
             {{ref_l, LayerCachePolicy{opt.admission, refined}}});
-    if (!opt.guard_weight && wanted(only, "ends-in+refined polish"))
-      add("ends-in+refined polish", polish(compose(rest, refined, 0.0), refined),
-          {{ref_l, LayerCachePolicy{opt.admission, refined}}});
   }
   return out;
 }

@@ -52,8 +52,8 @@ struct SolveOptions {
   bool rebuild = false;
   uint64_t guard_tokens = 16384;  // validation tokens (a prefix of the held-out part) the choice is made on
   bool guard_weight = false;      // a candidate must keep greedy's path weight (gap-0 reads without a cache)
-  // The ends-in family's swap polish (layout/span.h): tokens visited per polish, a deterministic budget.
-  uint64_t polish_work = uint64_t(1) << 22;
+  // The ends-in family's swap polish (layout/span.h): tokens and slots visited per polish, a deterministic budget.
+  uint64_t polish_work = uint64_t(1) << 26;
   // Deterministic search budget when ls.max_evaluations is 0: this many move evaluations per neuron.
   uint32_t evaluations_per_neuron = 4;
   // The selection stops a candidate's pass over the validation tokens once its I/O time shows it can be neither the

@@ -1,6 +1,8 @@
 #include "layout/span.h"
 
+#include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "formats/core/error.h"
 #include "layout/pins.h"
@@ -109,7 +111,16 @@ Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vecto
     tm.for_each_active(t, [&](uint32_t v) {
       if (!pin[v]) toks[v].push_back(uint32_t(t - tm.begin));
     });
-  auto cost = [&](uint32_t count, uint32_t lo, uint32_t hi) { return count == 0 ? 0.0 : c.span_read_us(lo, hi); };
+  // The bytes of one read from slot lo to slot hi are E[hi] - B[lo] (CostModel::span_read_us, precomputed).
+  std::vector<uint64_t> B(n), E(n);
+  for (uint32_t s = 0; s < n; ++s) {
+    B[s] = uint64_t(s) * c.bundle_bytes / c.block_bytes * c.block_bytes;
+    E[s] = ((uint64_t(s) + 1) * c.bundle_bytes + c.block_bytes - 1) / c.block_bytes * c.block_bytes;
+  }
+  const double a = c.read_us, upb = c.us_per_byte();
+  auto cost = [&](uint32_t count, uint32_t lo, uint32_t hi) {
+    return count == 0 ? 0.0 : a + double(E[hi] - B[lo]) * upb;
+  };
   std::vector<TokenSpan> sp(T);
   auto rebuild = [&](uint32_t t) {
     TokenSpan s;
@@ -133,46 +144,117 @@ Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vecto
     sp[t] = s;
   };
   for (uint32_t t = 0; t < T; ++t) rebuild(t);
+  // The other needed slots' span of a token when its needed slot `from` leaves (count > 1).
+  auto rest = [](const TokenSpan& s, uint32_t from) {
+    return std::pair<uint32_t, uint32_t>(s.lo1 == from ? s.lo2 : s.lo1, s.hi1 == from ? s.hi2 : s.hi1);
+  };
   // The cost change of one token when its needed slot `from` moves to `to` (its other needed slots stay).
   auto moved = [&](const TokenSpan& s, uint32_t from, uint32_t to) {
     uint32_t lo = to, hi = to;
     if (s.count > 1) {
-      lo = std::min(to, s.lo1 == from ? s.lo2 : s.lo1);
-      hi = std::max(to, s.hi1 == from ? s.hi2 : s.hi1);
+      const auto [l, h] = rest(s, from);
+      lo = std::min(to, l), hi = std::max(to, h);
     }
     return cost(s.count, lo, hi) - cost(s.count, s.lo1, s.hi1);
   };
+  // The exact change of swapping the neurons at slots i and j.
+  auto swap_delta = [&](uint32_t i, uint32_t j) {
+    const auto& tu = toks[o[i]];
+    const auto& tw = toks[o[j]];
+    double d = 0;
+    size_t x = 0, y = 0;
+    while (x < tu.size() || y < tw.size()) {  // tokens of u only: i -> j; of w only: j -> i; of both: same
+      if (y == tw.size() || (x < tu.size() && tu[x] < tw[y]))
+        d += moved(sp[tu[x++]], i, j);
+      else if (x == tu.size() || tw[y] < tu[x])
+        d += moved(sp[tw[y++]], j, i);
+      else
+        ++x, ++y;
+    }
+    return d;
+  };
+  // For slot i, every swap (i, j) at once, in O(T + n + the tokens of u + the needed slots of the tokens whose change
+  // depends on j) instead of visiting every neuron's tokens:
+  // - M(j), the change if i's neuron u alone moved to slot j (the others staying), from difference arrays over u's
+  //   tokens: per token a constant over j < lo', over [lo', hi'] and over j > hi' ([lo', hi'] spans its other needed
+  //   slots), plus -B[j] / +E[j] bytes below / above it;
+  // - acc[w], the change the other neuron w brings: on a token without u, w moving to slot i changes nothing unless w
+  //   is at an end of the token's span or i lies outside it (then every needed neuron's move matters); on a token
+  //   with u, the swap keeps the needed slots, so M's term is taken back from each w there, which is non-zero only
+  //   where u is at an end of the span.
+  // The best swap for slot i is checked exactly and kept when it lowers the cost.
+  std::vector<double> dc(n + 1), dl(n + 1), dr(n + 1), acc(n);
+  std::vector<uint8_t> mark(T, 0);
   double saved = 0;
   uint64_t work = 0;
   for (uint32_t pass = 0; pass < passes && !(max_work && work >= max_work); ++pass) {
     bool improved = false;
-    for (uint32_t i = 0; i < n; ++i) {
-      if (pin[o[i]]) continue;
-      for (uint32_t j = i + 1; j < n; ++j) {
-        const uint32_t u = o[i], w = o[j];
-        if (pin[w]) continue;
-        const auto& tu = toks[u];
-        const auto& tw = toks[w];
-        if (max_work && work >= max_work) break;
-        work += tu.size() + tw.size();
-        double d = 0;
-        size_t a = 0, b = 0;
-        while (a < tu.size() || b < tw.size()) {  // tokens of u only: i -> j; of w only: j -> i; of both: same
-          if (b == tw.size() || (a < tu.size() && tu[a] < tw[b]))
-            d += moved(sp[tu[a++]], i, j);
-          else if (a == tu.size() || tw[b] < tu[a])
-            d += moved(sp[tw[b++]], j, i);
-          else
-            ++a, ++b;
+    for (uint32_t i = 0; i < n && !(max_work && work >= max_work); ++i) {
+      const uint32_t u = o[i];
+      if (pin[u]) continue;
+      const auto& tu = toks[u];
+      std::fill(dc.begin(), dc.end(), 0.0);
+      std::fill(dl.begin(), dl.end(), 0.0);
+      std::fill(dr.begin(), dr.end(), 0.0);
+      std::fill(acc.begin(), acc.end(), 0.0);
+      double single = 0;  // tokens needing only u: their read moves with it
+      for (uint32_t t : tu) {
+        const TokenSpan& s = sp[t];
+        mark[t] = 1;
+        const double cur = cost(s.count, s.lo1, s.hi1);
+        if (s.count == 1) {
+          dc[0] += a - cur, dc[n] -= a - cur, single += 1;
+          continue;
         }
-        if (d >= -1e-9) continue;
-        std::swap(o[i], o[j]);
-        slot_of[u] = j, slot_of[w] = i;
-        for (uint32_t t : tu) rebuild(t);
-        for (uint32_t t : tw) rebuild(t);
-        saved -= d;
-        improved = true;
+        const auto [l, h] = rest(s, i);
+        const double below = a + double(E[h]) * upb - cur, inside = cost(2, l, h) - cur,
+                     above = a - double(B[l]) * upb - cur;
+        dc[0] += below, dc[l] -= below, dl[0] += 1, dl[l] -= 1;
+        dc[l] += inside, dc[h + 1] -= inside;
+        dc[h + 1] += above, dc[n] -= above, dr[h + 1] += 1, dr[n] -= 1;
+        if (i != s.lo1 && i != s.hi1) continue;
+        work += s.count;
+        tm.for_each_active(tm.begin + t, [&](uint32_t v) {
+          if (v != u && !pin[v]) acc[v] -= inside;
+        });
       }
+      work += T + n + tu.size();
+      for (uint32_t t = 0; t < T; ++t) {
+        const TokenSpan& s = sp[t];
+        if (s.count == 0 || mark[t]) continue;
+        if (s.lo1 <= i && i <= s.hi1) {
+          acc[o[s.lo1]] += moved(s, s.lo1, i);
+          if (s.hi1 != s.lo1) acc[o[s.hi1]] += moved(s, s.hi1, i);
+          continue;
+        }
+        const double outer = cost(s.count, std::min(i, s.lo1), std::max(i, s.hi1)) - cost(s.count, s.lo1, s.hi1);
+        work += s.count;
+        tm.for_each_active(tm.begin + t, [&](uint32_t v) {
+          if (pin[v]) return;
+          const uint32_t q = slot_of[v];
+          acc[v] += q == s.lo1 || q == s.hi1 ? moved(s, q, i) : outer;
+        });
+      }
+      for (uint32_t t : tu) mark[t] = 0;
+      double best = -1e-9, cc = 0, cl = 0, cr = 0;
+      uint32_t best_j = n;
+      for (uint32_t j = 0; j < n; ++j) {
+        cc += dc[j], cl += dl[j], cr += dr[j];
+        if (j == i || pin[o[j]]) continue;
+        const double d = cc + upb * (cr * double(E[j]) - cl * double(B[j]) + single * double(E[j] - B[j])) + acc[o[j]];
+        if (d < best) best = d, best_j = j;
+      }
+      if (best_j == n) continue;
+      work += tu.size() + toks[o[best_j]].size();
+      const double d = swap_delta(i, best_j);
+      if (d >= -1e-9) continue;
+      const uint32_t w = o[best_j];
+      std::swap(o[i], o[best_j]);
+      slot_of[u] = best_j, slot_of[w] = i;
+      for (uint32_t t : toks[u]) rebuild(t);
+      for (uint32_t t : toks[w]) rebuild(t);
+      saved -= d;
+      improved = true;
     }
     if (!improved) break;
   }

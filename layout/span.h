@@ -31,10 +31,12 @@ EndsIn solve_ends_in(const TokenMajorMask& tm, const std::vector<uint8_t>& inclu
 uint64_t span_bundles(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned);
 
 // Swaps of two unpinned neurons' slots, kept while they lower the cost of one read per token from its first to its
-// last needed slot (CostModel::span_read_us) summed over the first `max_tokens` of tm's
-// tokens (0 = all), in at most `passes` passes over all pairs (first improvement, slots in ascending order),
-// stopping once the pairs tried have visited `max_work` tokens (0 = no limit; the budget keeps it deterministic).
-// Pinned neurons keep their slots. `saved_us` (optional) gets the cost saved on those tokens.
+// last needed slot (CostModel::span_read_us) summed over the first `max_tokens` of tm's tokens (0 = all), in at most
+// `passes` passes over the slots in ascending order: for each slot, the best swap with any other slot (best
+// improvement; every swap's change is found at once from per-token span ends, docs/solvers.md "The ends-in family"),
+// kept when its exact change is negative. Stops once the work (tokens and slots visited) reaches `max_work` (0 = no
+// limit; the budget keeps it deterministic). Pinned neurons keep their slots. `saved_us` (optional) gets the cost
+// saved on those tokens.
 Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vector<uint32_t>& pinned, const CostModel& c,
                   uint32_t passes, uint64_t max_tokens = 0, uint64_t max_work = 0, double* saved_us = nullptr);
 

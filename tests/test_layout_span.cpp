@@ -175,6 +175,78 @@ TEST_CASE("span counts and the polish's cost are exact; the polish never raises 
   }
 }
 
+TEST_CASE("the polish stops only where no swap of two unpinned slots lowers the cost (checked by brute force)") {
+  // Every swap's change is computed at once from span ends (not by visiting the pair's tokens); a wrong change would
+  // miss an improving swap here or keep one that does not improve (the first test case).
+  std::mt19937_64 rng(41);
+  for (int iter = 0; iter < 10; ++iter) {
+    const uint32_t n = 5 + uint32_t(rng() % 30);
+    const LayerMask m = random_mask(n, 30 + rng() % 60, rng);
+    const TokenMajorMask tm(m, 0, m.n_tokens);
+    std::vector<uint32_t> pinned;
+    for (uint32_t v = 0; v < n; ++v)
+      if (rng() % 5 == 0) pinned.push_back(v);
+    CostModel c;
+    c.bundle_bytes = (iter % 3 == 0) ? 4096 : (iter % 3 == 1) ? 172 : 1000;
+    const Order got = polish_span(tm, shuffled(n, rng), pinned, c, 1000);
+    const double cost = brute_cost(m, got, pinned, c);
+    const std::set<uint32_t> pin(pinned.begin(), pinned.end());
+    CAPTURE(iter);
+    for (uint32_t i = 0; i < n; ++i)
+      for (uint32_t j = i + 1; j < n; ++j) {
+        if (pin.count(got[i]) || pin.count(got[j])) continue;
+        Order o = got;
+        std::swap(o[i], o[j]);
+        CAPTURE(i);
+        CAPTURE(j);
+        CHECK(brute_cost(m, o, pinned, c) >= cost - 1e-9);
+      }
+  }
+}
+
+TEST_CASE("the polish's first step is the best swap for the first unpinned slot (checked by brute force)") {
+  // A budget of one unit of work stops the polish after its first slot, so its one swap can be compared with every
+  // swap of that slot priced by brute force; sparse and dense layers, so that tokens' spans both contain the slot and
+  // miss it.
+  std::mt19937_64 rng(43);
+  int checked = 0;
+  for (int iter = 0; iter < 60; ++iter) {
+    const uint32_t n = 5 + uint32_t(rng() % 40);
+    const LayerMask m = test::random_mask(n, 20 + rng() % 60, rng, iter % 2 ? 0.6 : 0.15, 0.05);
+    const TokenMajorMask tm(m, 0, m.n_tokens);
+    std::vector<uint32_t> pinned;
+    for (uint32_t v = 0; v < n; ++v)
+      if (rng() % 5 == 0) pinned.push_back(v);
+    const std::set<uint32_t> pin(pinned.begin(), pinned.end());
+    CostModel c;
+    c.bundle_bytes = (iter % 3 == 0) ? 4096 : (iter % 3 == 1) ? 172 : 1000;
+    const Order order = shuffled(n, rng);
+    uint32_t i = 0;
+    while (i < n && pin.count(order[i])) ++i;
+    if (i == n) continue;
+    const double base = brute_cost(m, order, pinned, c);
+    double best = -1e-9, second = 0;
+    uint32_t best_j = n;
+    for (uint32_t j = 0; j < n; ++j) {
+      if (j == i || pin.count(order[j])) continue;
+      Order o = order;
+      std::swap(o[i], o[j]);
+      const double d = brute_cost(m, o, pinned, c) - base;
+      if (d < best)
+        second = best, best = d, best_j = j;
+      else if (d < second)
+        second = d;
+    }
+    if (best_j != n && second - best < 1e-6) continue;  // a near tie: either swap is right
+    Order want = order;
+    if (best_j != n) std::swap(want[i], want[best_j]);
+    CAPTURE(iter);
+    CHECK(polish_span(tm, order, pinned, c, 1, 0, 1) == want);
+    ++checked;
+  }
+  CHECK(checked >= 40);
+}
+
 TEST_CASE("the polish moves a rare neuron out of the middle") {
   // Neuron 0 active at token 0 only, 1 and 2 at every token; order 1, 0, 2 reads three slots at every token.
   LayerMask m(3, 10);
@@ -185,7 +257,8 @@ TEST_CASE("the polish moves a rare neuron out of the middle") {
   c.bundle_bytes = 4096;  // one block each
   double saved = 0;
   const Order got = polish_span(tm, Order{1, 0, 2}, {}, c, 4, 0, 0, &saved);
-  // The first swap tried that helps: slots 0 and 1, giving 0, 1, 2; nine tokens then read two blocks.
+  // The best swap for slot 0 is with slot 1, giving 0, 1, 2 (with slot 2 the two neurons every token needs would
+  // only trade places); nine tokens then read two blocks.
   CHECK(got == Order{0, 1, 2});
   CHECK(saved == doctest::Approx(9 * 4096 * c.us_per_byte()));
   CHECK(brute_cost(m, got, {}, c) == doctest::Approx(10 * c.read_us + (9 * 2 + 3) * 4096 * c.us_per_byte()));
