@@ -3,8 +3,8 @@
 // a - (d-1)*b/B of a separate read), with the neurons the cache will hold treated as not needing reads.
 // Moves: 2-opt (segment reversal, including prefix/suffix), Or-opt (segments of 1-3, both orientations),
 // driven by top-k neighbour lists and don't-look bits. The window saving comes from the layer's cost model
-// (layout/cost_model.h). The path weight (gap-0 reads on the full profile trace) never drops below the seed's: a move
-// that would push it below is refused.
+// (layout/cost_model.h). With keep_weight (solve sets it under --weight-guard) the path weight (gap-0 reads on the
+// full profile trace) never drops below the seed's: a move that would push it below is refused.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -23,7 +23,7 @@ struct LsOptions {
   uint32_t neighbours = 6;        // candidates per neuron from its top-k list
   uint32_t max_window = 4;        // window terms span at most this many slots (caps g + 1; cost grows with it)
   uint32_t hot_count = 0;         // most frequent neurons moved to a block at the end (for the cache); 0 = off
-  bool keep_weight = true;        // refuse moves that push the path weight below the seed's (experiments: false)
+  bool keep_weight = true;        // refuse moves that push the path weight below the seed's (solve: --weight-guard)
   uint64_t max_evaluations = 0;   // move evaluations before the search stops (0 = until a local optimum);
                                   // the deterministic budget (the result depends only on the inputs)
 };

@@ -117,7 +117,12 @@ struct FamilyInput {
       : m(mask), g(graph), tm(t), opt(o), cost(c) {
     lo = opt.ls;
     lo.cost = cost;
-    if (lo.max_evaluations == 0) lo.max_evaluations = uint64_t(opt.evaluations_per_neuron) * m.n_neurons;
+    // Without the weight guard the path weight is a diagnostic, so the search may lower it, and a small layer's
+    // search runs to min_evaluations (with the guard: the earlier pipeline, byte for byte).
+    if (lo.max_evaluations == 0)
+      lo.max_evaluations = std::max<uint64_t>(uint64_t(opt.evaluations_per_neuron) * m.n_neurons,
+                                              opt.guard_weight ? 0 : opt.min_evaluations);
+    if (!opt.guard_weight) lo.keep_weight = false;
     cap = cost.cache_capacity;
     n_pin = uint32_t(std::floor(opt.pin_share * cap + 1e-9));
     can_pin = n_pin > 0 && n_pin < m.n_neurons;
@@ -670,6 +675,7 @@ nlohmann::json solve_parameters(const SolveOptions& opt) {
     p["weight_guard"] = opt.guard_weight;
     p["max_evaluations"] = opt.ls.max_evaluations;
     p["evaluations_per_neuron"] = opt.evaluations_per_neuron;
+    p["min_evaluations"] = opt.min_evaluations;
     p["sample_tokens"] = opt.ls.sample_tokens;
     p["neighbours"] = opt.ls.neighbours;
     if (opt.replicate_share > 0) p["replicate_share"] = opt.replicate_share;

@@ -53,9 +53,13 @@ struct SolveOptions {
   uint64_t guard_tokens = 16384;  // validation tokens (a prefix of the held-out part) the choice is made on
   bool guard_weight = false;      // a candidate must keep greedy's path weight (gap-0 reads without a cache)
   // The ends-in family's swap polish (layout/span.h): tokens and slots visited per polish, a deterministic budget.
-  uint64_t polish_work = uint64_t(1) << 26;
-  // Deterministic search budget when ls.max_evaluations is 0: this many move evaluations per neuron.
+  uint64_t polish_work = uint64_t(1) << 25;
+  // Deterministic search budget when ls.max_evaluations is 0: this many move evaluations per neuron, and at least
+  // min_evaluations per layer without the weight guard, so that small layers reach a local optimum (the real tiny
+  // models' layers at 16 KiB: +0.1-0.3 % held out, docs/benchmarks.md "Layout solver"; layers of 16,384 neurons and
+  // more are not affected).
   uint32_t evaluations_per_neuron = 4;
+  uint64_t min_evaluations = 65536;
   // The selection stops a candidate's pass over the validation tokens once its I/O time shows it can be neither the
   // winner, its family's best nor one of the two policies retried with the small FIFO (the same layout; its
   // CandidateFigure is then a lower bound). false: every candidate's full figure (tests compare the two).
