@@ -20,7 +20,7 @@ namespace nl {
 struct LsOptions {
   CostModel cost;                 // merge gap g, read cost a, bundle cost (solve fills it in: cost_model())
   uint32_t sample_tokens = 8192;  // tokens of the profile trace the objective is measured on (evenly spread)
-  uint32_t neighbours = 6;        // candidates per neuron from its top-k list
+  uint32_t neighbours = 24;       // candidates per neuron from its top-k list (docs/benchmarks.md "Layout solver")
   uint32_t max_window = 4;        // window terms span at most this many slots (caps g + 1; cost grows with it)
   uint32_t hot_count = 0;         // most frequent neurons moved to a block at the end (for the cache); 0 = off
   bool keep_weight = true;        // refuse moves that push the path weight below the seed's (solve: --weight-guard)
