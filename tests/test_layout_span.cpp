@@ -93,6 +93,25 @@ double brute_cost(const LayerMask& m, const Order& order, const std::vector<uint
   return us;
 }
 
+// A random layer for the polish tests: n_min + [0, n_span) neurons, tok_min + [0, tok_span) tokens, about one neuron in
+// `pin_one_in` pinned, and the bundle size by `iter` (whole, many and straddling blocks).
+struct PolishCase {
+  uint32_t n;
+  LayerMask m;
+  std::vector<uint32_t> pinned;
+  CostModel c;
+};
+PolishCase polish_case(std::mt19937_64& rng, int iter, uint32_t n_min, uint32_t n_span, uint64_t tok_min,
+                       uint64_t tok_span, uint32_t pin_one_in, double hot = 0.6) {
+  const uint32_t n = n_min + uint32_t(rng() % n_span);
+  const uint64_t tokens = tok_min + rng() % tok_span;
+  PolishCase p{n, test::random_mask(n, tokens, rng, hot, 0.05), {}, CostModel{}};
+  for (uint32_t v = 0; v < n; ++v)
+    if (rng() % pin_one_in == 0) p.pinned.push_back(v);
+  p.c.bundle_bytes = (iter % 3 == 0) ? 4096 : (iter % 3 == 1) ? 172 : 1000;
+  return p;
+}
+
 }  // namespace
 
 TEST_CASE("the peel puts the rare neurons at the ends: a hand case") {
@@ -145,17 +164,11 @@ TEST_CASE("the peel equals its rule written out, on random layers and subsets") 
 TEST_CASE("span counts and the polish's cost are exact; the polish never raises it and keeps pinned slots") {
   std::mt19937_64 rng(23);
   for (int iter = 0; iter < 12; ++iter) {
-    const uint32_t n = 6 + uint32_t(rng() % 60);
-    const LayerMask m = random_mask(n, 40 + rng() % 80, rng);
+    const auto [n, m, pinned, c] = polish_case(rng, iter, 6, 60, 40, 80, 6);
     const TokenMajorMask tm(m, 0, m.n_tokens);
     const Order order = shuffled(n, rng);
-    std::vector<uint32_t> pinned;
-    for (uint32_t v = 0; v < n; ++v)
-      if (rng() % 6 == 0) pinned.push_back(v);
     CAPTURE(iter);
     CHECK(span_bundles(tm, order, pinned) == brute_span(m, order, pinned));
-    CostModel c;
-    c.bundle_bytes = (iter % 3 == 0) ? 4096 : (iter % 3 == 1) ? 172 : 1000;  // whole, many and straddling blocks
     double saved = -1;
     const Order got = polish_span(tm, order, pinned, c, 4, 0, 0, &saved);
     Order sorted = got;
@@ -180,14 +193,8 @@ TEST_CASE("the polish stops only where no swap of two unpinned slots lowers the 
   // miss an improving swap here or keep one that does not improve (the first test case).
   std::mt19937_64 rng(41);
   for (int iter = 0; iter < 10; ++iter) {
-    const uint32_t n = 5 + uint32_t(rng() % 30);
-    const LayerMask m = random_mask(n, 30 + rng() % 60, rng);
+    const auto [n, m, pinned, c] = polish_case(rng, iter, 5, 30, 30, 60, 5);
     const TokenMajorMask tm(m, 0, m.n_tokens);
-    std::vector<uint32_t> pinned;
-    for (uint32_t v = 0; v < n; ++v)
-      if (rng() % 5 == 0) pinned.push_back(v);
-    CostModel c;
-    c.bundle_bytes = (iter % 3 == 0) ? 4096 : (iter % 3 == 1) ? 172 : 1000;
     const Order got = polish_span(tm, shuffled(n, rng), pinned, c, 1000);
     const double cost = brute_cost(m, got, pinned, c);
     const std::set<uint32_t> pin(pinned.begin(), pinned.end());
@@ -211,15 +218,9 @@ TEST_CASE("the polish's first step is the best swap for the first unpinned slot 
   std::mt19937_64 rng(43);
   int checked = 0;
   for (int iter = 0; iter < 60; ++iter) {
-    const uint32_t n = 5 + uint32_t(rng() % 40);
-    const LayerMask m = test::random_mask(n, 20 + rng() % 60, rng, iter % 2 ? 0.6 : 0.15, 0.05);
+    const auto [n, m, pinned, c] = polish_case(rng, iter, 5, 40, 20, 60, 5, iter % 2 ? 0.6 : 0.15);
     const TokenMajorMask tm(m, 0, m.n_tokens);
-    std::vector<uint32_t> pinned;
-    for (uint32_t v = 0; v < n; ++v)
-      if (rng() % 5 == 0) pinned.push_back(v);
     const std::set<uint32_t> pin(pinned.begin(), pinned.end());
-    CostModel c;
-    c.bundle_bytes = (iter % 3 == 0) ? 4096 : (iter % 3 == 1) ? 172 : 1000;
     const Order order = shuffled(n, rng);
     uint32_t i = 0;
     while (i < n && pin.count(order[i])) ++i;
