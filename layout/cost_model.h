@@ -38,9 +38,12 @@ struct CostModel {
   }
   // One read from slot lo to slot hi (inclusive), block-aligned with slot 0 at a block start. The span estimate.
   double span_read_us(uint32_t lo, uint32_t hi) const {
-    const uint64_t b = lo * bundle_bytes / block_bytes * block_bytes;
-    const uint64_t e = ((hi + 1) * bundle_bytes + block_bytes - 1) / block_bytes * block_bytes;
-    return read_us + double(e - b) * us_per_byte();
+    return read_us + double(span_end_byte(hi) - span_begin_byte(lo)) * us_per_byte();
+  }
+  // Where such a read starts when its first slot is lo, and ends when its last slot is hi.
+  uint64_t span_begin_byte(uint32_t lo) const { return uint64_t(lo) * bundle_bytes / block_bytes * block_bytes; }
+  uint64_t span_end_byte(uint32_t hi) const {
+    return ((uint64_t(hi) + 1) * bundle_bytes + block_bytes - 1) / block_bytes * block_bytes;
   }
 };
 

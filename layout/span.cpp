@@ -113,10 +113,7 @@ Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vecto
     });
   // The bytes of one read from slot lo to slot hi are E[hi] - B[lo] (CostModel::span_read_us, precomputed).
   std::vector<uint64_t> B(n), E(n);
-  for (uint32_t s = 0; s < n; ++s) {
-    B[s] = uint64_t(s) * c.bundle_bytes / c.block_bytes * c.block_bytes;
-    E[s] = ((uint64_t(s) + 1) * c.bundle_bytes + c.block_bytes - 1) / c.block_bytes * c.block_bytes;
-  }
+  for (uint32_t s = 0; s < n; ++s) B[s] = c.span_begin_byte(s), E[s] = c.span_end_byte(s);
   const double a = c.read_us, upb = c.us_per_byte();
   auto cost = [&](uint32_t count, uint32_t lo, uint32_t hi) {
     return count == 0 ? 0.0 : a + double(E[hi] - B[lo]) * upb;

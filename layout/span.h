@@ -33,7 +33,7 @@ uint64_t span_bundles(const TokenMajorMask& tm, const Order& order, const std::v
 // Swaps of two unpinned neurons' slots, kept while they lower the cost of one read per token from its first to its
 // last needed slot (CostModel::span_read_us) summed over the first `max_tokens` of tm's tokens (0 = all), in at most
 // `passes` passes over the slots in ascending order: for each slot, the best swap with any other slot (best
-// improvement; every swap's change is found at once from per-token span ends, docs/solvers.md "The ends-in family"),
+// improvement; every swap's change is found at once from per-token span ends, docs/solvers.md "greedy+ls"),
 // kept when its exact change is negative. Stops once the work (tokens and slots visited) reaches `max_work` (0 = no
 // limit; the budget keeps it deterministic). Pinned neurons keep their slots. `saved_us` (optional) gets the cost
 // saved on those tokens.
