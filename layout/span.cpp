@@ -115,9 +115,8 @@ Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vecto
   std::vector<uint64_t> B(n), E(n);
   for (uint32_t s = 0; s < n; ++s) B[s] = c.span_begin_byte(s), E[s] = c.span_end_byte(s);
   const double a = c.read_us, upb = c.us_per_byte();
-  auto cost = [&](uint32_t count, uint32_t lo, uint32_t hi) {
-    return count == 0 ? 0.0 : a + double(E[hi] - B[lo]) * upb;
-  };
+  auto span_us = [&](uint32_t lo, uint32_t hi) { return a + double(E[hi] - B[lo]) * upb; };
+  auto cost = [&](uint32_t count, uint32_t lo, uint32_t hi) { return count == 0 ? 0.0 : span_us(lo, hi); };
   std::vector<TokenSpan> sp(T);
   auto rebuild = [&](uint32_t t) {
     TokenSpan s;
@@ -204,7 +203,7 @@ Order polish_span(const TokenMajorMask& tm, const Order& order, const std::vecto
           continue;
         }
         const auto [l, h] = rest(s, i);
-        const double below = a + double(E[h]) * upb - cur, inside = cost(2, l, h) - cur,
+        const double below = a + double(E[h]) * upb - cur, inside = span_us(l, h) - cur,
                      above = a - double(B[l]) * upb - cur;
         dc[0] += below, dc[l] -= below, dl[0] += 1, dl[l] -= 1;
         dc[l] += inside, dc[h + 1] -= inside;

@@ -17,8 +17,10 @@ using namespace nl;
 
 namespace {
 
-LayerMask random_mask(uint32_t n, uint64_t tokens, std::mt19937_64& rng) {
-  return test::random_mask(n, tokens, rng, 0.6, 0.05);
+constexpr double kHot = 0.6;  // the firing-rate ceiling of the hot half of random_mask's neurons
+
+LayerMask random_mask(uint32_t n, uint64_t tokens, std::mt19937_64& rng, double hot = kHot) {
+  return test::random_mask(n, tokens, rng, hot, 0.05);
 }
 
 using test::shuffled;
@@ -102,10 +104,10 @@ struct PolishCase {
   CostModel c;
 };
 PolishCase polish_case(std::mt19937_64& rng, int iter, uint32_t n_min, uint32_t n_span, uint64_t tok_min,
-                       uint64_t tok_span, uint32_t pin_one_in, double hot = 0.6) {
+                       uint64_t tok_span, uint32_t pin_one_in, double hot = kHot) {
   const uint32_t n = n_min + uint32_t(rng() % n_span);
   const uint64_t tokens = tok_min + rng() % tok_span;
-  PolishCase p{n, test::random_mask(n, tokens, rng, hot, 0.05), {}, CostModel{}};
+  PolishCase p{n, random_mask(n, tokens, rng, hot), {}, CostModel{}};
   for (uint32_t v = 0; v < n; ++v)
     if (rng() % pin_one_in == 0) p.pinned.push_back(v);
   p.c.bundle_bytes = (iter % 3 == 0) ? 4096 : (iter % 3 == 1) ? 172 : 1000;
@@ -218,7 +220,7 @@ TEST_CASE("the polish's first step is the best swap for the first unpinned slot 
   std::mt19937_64 rng(43);
   int checked = 0;
   for (int iter = 0; iter < 60; ++iter) {
-    const auto [n, m, pinned, c] = polish_case(rng, iter, 5, 40, 20, 60, 5, iter % 2 ? 0.6 : 0.15);
+    const auto [n, m, pinned, c] = polish_case(rng, iter, 5, 40, 20, 60, 5, iter % 2 ? kHot : 0.15);
     const TokenMajorMask tm(m, 0, m.n_tokens);
     const std::set<uint32_t> pin(pinned.begin(), pinned.end());
     const Order order = shuffled(n, rng);
