@@ -65,6 +65,11 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
   c.add_option("--neighbours", a.o.ls.neighbours, "Candidate neighbours tried per neuron")
       ->check(CLI::Range(1u, 4096u))
       ->group(grp);
+  c.add_option("--max-neighbours", a.o.ls.max_neighbours,
+               "At a local optimum with evaluations left, the candidate lists double up to this many (at most --top-k; "
+               "0 = fixed at --neighbours)")
+      ->check(CLI::Range(0u, 4096u))
+      ->group(grp);
   c.add_option("--pin-share", a.o.pin_share,
                "Share of the cache capacity pinned with the hottest neurons, which leave the path (0 = S3-FIFO only)")
       ->check(CLI::Range(0.0, 1.0))

@@ -29,10 +29,10 @@ struct Move {
 };
 
 // cnt[d] += tokens at which the neuron in slot q is active and the nearest active slot before it is q - d (d <= g1),
-// over the L slots rp[0..L).
-NL_POPCNT_CLONES void window_counts_scalar(const uint64_t* const* rp, size_t L, uint32_t g1, uint32_t W,
+// over the slots q0 <= q < L of rp[0..L) (q0 >= 1).
+NL_POPCNT_CLONES void window_counts_scalar(const uint64_t* const* rp, size_t q0, size_t L, uint32_t g1, uint32_t W,
                                            uint64_t* cnt) {
-  for (size_t q = 1; q < L; ++q) {
+  for (size_t q = q0; q < L; ++q) {
     uint32_t dmax = uint32_t(std::min<size_t>(g1, q));
     const uint64_t* rq = rp[q];
     for (uint32_t w = 0; w < W; ++w) {
@@ -51,11 +51,12 @@ NL_POPCNT_CLONES void window_counts_scalar(const uint64_t* const* rp, size_t L, 
 
 #if defined(__x86_64__) && defined(__GNUC__)
 // The same counts, 8 token words per step (AVX-512F + VPOPCNTDQ); words past W are masked off.
-__attribute__((target("avx512f,avx512vpopcntdq"))) void window_counts_avx512(const uint64_t* const* rp, size_t L,
-                                                                             uint32_t g1, uint32_t W, uint64_t* cnt) {
+__attribute__((target("avx512f,avx512vpopcntdq"))) void window_counts_avx512(const uint64_t* const* rp, size_t q0,
+                                                                             size_t L, uint32_t g1, uint32_t W,
+                                                                             uint64_t* cnt) {
   __m512i acc[kMaxWindow + 1];
   for (uint32_t d = 0; d <= g1; ++d) acc[d] = _mm512_setzero_si512();
-  for (size_t q = 1; q < L; ++q) {
+  for (size_t q = q0; q < L; ++q) {
     const uint32_t dmax = uint32_t(std::min<size_t>(g1, q));
     const uint64_t* rq = rp[q];
     for (uint32_t w = 0; w < W; w += 8) {
@@ -80,12 +81,12 @@ __attribute__((target("avx512f,avx512vpopcntdq"))) void window_counts_avx512(con
 }
 #endif
 
-void window_counts(const uint64_t* const* rp, size_t L, uint32_t g1, uint32_t W, uint64_t* cnt) {
+void window_counts(const uint64_t* const* rp, size_t q0, size_t L, uint32_t g1, uint32_t W, uint64_t* cnt) {
 #if defined(__x86_64__) && defined(__GNUC__)
   static const bool wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vpopcntdq");
-  if (wide && !detail::ls_portable_kernel) return window_counts_avx512(rp, L, g1, W, cnt);
+  if (wide && !detail::ls_portable_kernel) return window_counts_avx512(rp, q0, L, g1, W, cnt);
 #endif
-  window_counts_scalar(rp, L, g1, W, cnt);
+  window_counts_scalar(rp, q0, L, g1, W, cnt);
 }
 
 struct Search {
@@ -100,7 +101,29 @@ struct Search {
   uint64_t w_cur = 0, w_floor = 0;
   double saving = 0;
   LsStats st;
-  std::vector<uint32_t> zbuf[4];
+  uint32_t k_cur = 0;  // candidates per neuron now (opt.neighbours, widened at local optima up to max_neighbours)
+  // Lists longer than the graph's top-k, from its full matrix once the search widens past them (the same order:
+  // decreasing count, ties by increasing index, counts > 0), k_wide per neuron; k_wide = 0: the graph's lists.
+  std::vector<uint32_t> wide, wide_len;
+  uint32_t k_wide = 0;
+  void build_wide(uint32_t k) {
+    k_wide = k;
+    wide.assign(size_t(n) * k, 0);
+    wide_len.assign(n, 0);
+    std::vector<std::pair<uint32_t, uint32_t>> c;  // (count, neuron)
+    for (uint32_t v = 0; v < n; ++v) {
+      c.clear();
+      for (uint32_t u = 0; u < n; ++u)
+        if (u != v && g.pair(v, u) > 0) c.emplace_back(g.pair(v, u), u);
+      const size_t keep = std::min<size_t>(k, c.size());
+      std::partial_sort(c.begin(), c.begin() + std::ptrdiff_t(keep), c.end(), [](const auto& x, const auto& y) {
+        return x.first != y.first ? x.first > y.first : x.second < y.second;
+      });
+      for (size_t e = 0; e < keep; ++e) wide[size_t(v) * k + e] = c[e].second;
+      wide_len[v] = uint32_t(keep);
+    }
+  }
+  std::vector<uint32_t> zbuf[2];
 
   Search(const LayerMask& mask, const LayerGraph& graph, const LsOptions& o) : m(mask), g(graph), opt(o) {
     n = m.n_neurons;
@@ -122,10 +145,61 @@ struct Search {
     const uint64_t* rp[64];
     if (len > 64) throw InternalError("local search: zone longer than 64 slots");
     for (size_t q = 0; q < len; ++q) rp[q] = row(seq[q]);
-    window_counts(rp, len, g1, W, cnt);
+    window_counts(rp, 1, len, g1, W, cnt);
     double s = 0;
     for (uint32_t d = 1; d <= g1; ++d) s += sd[d] * double(cnt[d]);
     return s;
+  }
+  // The current order's window counts by the slot that ends them: C[q * (g1 + 1) + d] = cnt[d] of slot q's terms
+  // (q < n_act). A zone of consecutive slots of the current order is then a sum of these (cur_zone), the same
+  // integer counts as zone() of that sequence, so the same saving to the bit; apply() keeps them current.
+  std::vector<uint64_t> C;
+  void count_slot(int64_t q) {
+    uint64_t* c = C.data() + size_t(q) * (g1 + 1);
+    std::fill(c, c + g1 + 1, 0);
+    if (q == 0) return;
+    const int64_t a = std::max<int64_t>(0, q - g1);
+    const uint64_t* rp[kMaxWindow + 1];
+    for (int64_t k = a; k <= q; ++k) rp[k - a] = row(ord[size_t(k)]);
+    window_counts(rp, size_t(q - a), size_t(q - a + 1), g1, W, c);
+  }
+  void count_slots(int64_t lo, int64_t hi) {
+    lo = std::max<int64_t>(lo, 0);
+    hi = std::min<int64_t>(hi, int64_t(n_act) - 1);
+    for (int64_t q = lo; q <= hi; ++q) count_slot(q);
+  }
+  // Adds the counts of zone() of ord[a..b] (clamped to the searched slots, as app() clamps) to cnt.
+  void cur_counts(int64_t a, int64_t b, uint64_t* cnt) const {
+    a = std::max<int64_t>(a, 0);
+    b = std::min<int64_t>(b, int64_t(n_act) - 1);
+    for (int64_t q = a + 1; q <= b; ++q) {
+      const uint64_t* c = C.data() + size_t(q) * (g1 + 1);
+      const uint32_t dmax = uint32_t(std::min<int64_t>(g1, q - a));
+      for (uint32_t d = 1; d <= dmax; ++d) cnt[d] += c[d];
+    }
+  }
+  double saving_of(const uint64_t* cnt) const {
+    double s = 0;
+    for (uint32_t d = 1; d <= g1; ++d) s += sd[d] * double(cnt[d]);
+    return s;
+  }
+  double cur_zone(int64_t a, int64_t b) const {
+    uint64_t cnt[kMaxWindow + 1] = {};
+    cur_counts(a, b, cnt);
+    return saving_of(cnt);
+  }
+  // zone() of a sequence whose first `pre` slots are ord[a..a + pre - 1] (a contiguous run of the current order): the
+  // terms ending inside that run from C, the others counted.
+  double zone_after(const std::vector<uint32_t>& seq, size_t pre, int64_t a) const {
+    const size_t len = seq.size();
+    if (len < 2) return 0;
+    if (len > 64) throw InternalError("local search: zone longer than 64 slots");
+    uint64_t cnt[kMaxWindow + 1] = {};
+    if (pre > 1) cur_counts(a, a + int64_t(pre) - 1, cnt);
+    const uint64_t* rp[64];
+    for (size_t q = 0; q < len; ++q) rp[q] = row(seq[q]);
+    window_counts(rp, std::max<size_t>(1, pre), len, g1, W, cnt);
+    return saving_of(cnt);
   }
   double total() const {
     double s = 0;
@@ -157,21 +231,28 @@ struct Search {
       app(v, mv.i, mv.j);
   }
 
+  // The change of the saving: the zones the move rewrites, new (n1, n2) less old (o1, o2, read from C). Where a new
+  // zone starts with a run of the current order (pre1 / pre2 slots from a1 / a2), that run's own terms come from C.
   double delta(const Move& mv) {
     for (auto& z : zbuf) z.clear();
-    auto &o1 = zbuf[0], &o2 = zbuf[1], &n1 = zbuf[2], &n2 = zbuf[3];
+    auto &n1 = zbuf[0], &n2 = zbuf[1];
     const int64_t G = g1, i = mv.i, j = mv.j;
+    double o1 = 0, o2 = 0;
+    size_t pre1 = 0, pre2 = 0;
+    int64_t a1 = 0, a2 = 0;
     if (mv.kind == Move::Reverse) {
       if (j - i + 1 >= 2 * G) {
-        app(o1, i - G, i + G - 1);
-        app(o2, j - G + 1, j + G);
+        o1 = cur_zone(i - G, i + G - 1);
+        o2 = cur_zone(j - G + 1, j + G);
         app(n1, i - G, i - 1);
+        pre1 = n1.size(), a1 = std::max<int64_t>(0, i - G);
         app_rev(n1, j - G + 1, j);
         app_rev(n2, i, i + G - 1);
         app(n2, j + 1, j + G);
       } else {
-        app(o1, i - G, j + G);
+        o1 = cur_zone(i - G, j + G);
         app(n1, i - G, i - 1);
+        pre1 = n1.size(), a1 = std::max<int64_t>(0, i - G);
         app_rev(n1, i, j);
         app(n1, j + 1, j + G);
       }
@@ -179,29 +260,33 @@ struct Search {
       const int64_t p = mv.p;
       bool far = p < i ? (i - p > 2 * G) : (p - j >= 2 * G);
       if (far) {
-        app(o1, i - G, j + G);
-        app(o2, p - G + 1, p + G);
+        o1 = cur_zone(i - G, j + G);
+        o2 = cur_zone(p - G + 1, p + G);
         app(n1, i - G, i - 1);
+        pre1 = n1.size(), a1 = std::max<int64_t>(0, i - G);
         app(n1, j + 1, j + G);
         app(n2, p - G + 1, p);
+        pre2 = n2.size(), a2 = std::max<int64_t>(0, p - G + 1);
         app_seg(n2, mv);
         app(n2, p + 1, p + G);
       } else if (p < i) {
-        app(o1, p - G + 1, j + G);
+        o1 = cur_zone(p - G + 1, j + G);
         app(n1, p - G + 1, p);
+        pre1 = n1.size(), a1 = std::max<int64_t>(0, p - G + 1);
         app_seg(n1, mv);
         app(n1, p + 1, i - 1);
         app(n1, j + 1, j + G);
       } else {
-        app(o1, i - G, p + G);
+        o1 = cur_zone(i - G, p + G);
         app(n1, i - G, i - 1);
-        app(n1, j + 1, p);
+        app(n1, j + 1, p);  // i - G .. i - 1 and j + 1 .. p are not one run: only the first is
+        pre1 = std::min<size_t>(n1.size(), size_t(i - std::max<int64_t>(0, i - G))), a1 = std::max<int64_t>(0, i - G);
         app_seg(n1, mv);
         app(n1, p + 1, p + G);
       }
     }
     ++st.evaluations;
-    return zone(n1) + zone(n2) - zone(o1) - zone(o2);
+    return zone_after(n1, pre1, a1) + zone_after(n2, pre2, a2) - o1 - o2;
   }
 
   uint32_t at(int64_t k) const { return k >= 0 && k < int64_t(n) ? ord[size_t(k)] : kNone; }
@@ -220,20 +305,34 @@ struct Search {
 
   void apply(const Move& mv) {
     int64_t lo, hi;
+    const size_t cw = g1 + 1;
+    auto rotate_counts = [&](int64_t first, int64_t middle, int64_t last) {  // as ord, slots [first, last)
+      std::rotate(C.begin() + first * cw, C.begin() + middle * cw, C.begin() + last * cw);
+    };
     if (mv.kind == Move::Reverse) {
       lo = mv.i;
       hi = mv.j;
       std::reverse(ord.begin() + lo, ord.begin() + hi + 1);
+      count_slots(lo, hi + g1);  // every slot inside now has other slots before it
     } else {
+      const int64_t L = mv.j - mv.i + 1;
       if (mv.rev) std::reverse(ord.begin() + mv.i, ord.begin() + mv.j + 1);
       if (mv.p < mv.i) {
         lo = mv.p + 1;
         hi = mv.j;
         std::rotate(ord.begin() + lo, ord.begin() + mv.i, ord.begin() + mv.j + 1);
+        rotate_counts(lo, mv.i, mv.j + 1);
+        // Slots keep their counts unless what comes before them within g1 changed: the segment and g1 after it,
+        // and g1 after where it was.
+        count_slots(lo, lo + L - 1 + g1);
+        count_slots(mv.j + 1, mv.j + g1);
       } else {
         lo = mv.i;
         hi = mv.p;
         std::rotate(ord.begin() + mv.i, ord.begin() + mv.j + 1, ord.begin() + mv.p + 1);
+        rotate_counts(mv.i, mv.j + 1, mv.p + 1);
+        count_slots(mv.i, mv.i + g1 - 1);
+        count_slots(mv.p - L + 1, mv.p + g1);
       }
     }
     for (int64_t k = lo; k <= hi; ++k) pos[ord[size_t(k)]] = uint32_t(k);
@@ -278,9 +377,10 @@ struct Search {
   bool improve(uint32_t v) {
     int64_t i = pos[v];
     if (i >= int64_t(n_act)) return false;
-    const uint32_t K = g.k ? std::min(g.nbr_len[v], opt.neighbours) : 0;
+    const uint32_t* list = k_wide ? wide.data() + size_t(v) * k_wide : g.nbr.data() + size_t(v) * g.k;
+    const uint32_t K = k_wide ? std::min(wide_len[v], k_cur) : g.k ? std::min(g.nbr_len[v], k_cur) : 0;
     for (uint32_t e = 0; e < K; ++e) {
-      uint32_t u = g.nbr[size_t(v) * g.k + e];
+      uint32_t u = list[e];
       if (hot[u]) continue;
       int64_t j = pos[u];
       if (j > i) {
@@ -338,9 +438,22 @@ struct Search {
     w_floor = opt.keep_weight ? path_weight(g, m, seed_order) : 0;
     w_cur = path_weight(g, m, ord);
     saving = total();
+    C.assign(size_t(n_act) * (g1 + 1), 0);
+    count_slots(0, int64_t(n_act) - 1);
     inq.assign(n, 0);
+    k_cur = opt.neighbours;
     for (uint32_t k = 0; k < n_act; ++k) push(k);
     descend();
+    // A local optimum of these lists with budget left: widen them and go on from every neuron (past the graph's top-k
+    // lists only where it holds the full matrix).
+    const uint32_t k_top = std::min(opt.max_neighbours, g.has_full() && n > 1 ? n - 1 : g.k);
+    while (queue.empty() && budget_left() && k_cur < k_top) {
+      k_cur = std::min(k_top, std::max(k_cur + 1, 2 * k_cur));
+      if (k_cur > g.k && k_wide == 0) build_wide(k_top);
+      for (uint32_t k = 0; k < n_act; ++k) push(k);
+      descend();
+    }
+    st.neighbours_final = k_cur;
   }
 };
 
@@ -375,6 +488,7 @@ Order local_search(const LayerMask& m, const LayerGraph& g, const Order& seed, c
     stats->fell_back = fell_back;
     stats->saving_seed = ls_objective(m, seed, opt);
     stats->saving_final = ls_objective(m, s.ord, opt);
+    stats->saving_tracked = s.saving;
     stats->weight_seed = path_weight(g, m, seed);
     stats->weight_final = s.w_cur;
   }

@@ -119,10 +119,15 @@ struct FamilyInput {
     lo.cost = cost;
     // Without the weight guard the path weight is a diagnostic, so the search may lower it, and a small layer's
     // search runs to min_evaluations (with the guard: the earlier pipeline, byte for byte).
-    if (lo.max_evaluations == 0)
+    if (lo.max_evaluations == 0) {
       lo.max_evaluations = std::max<uint64_t>(uint64_t(opt.evaluations_per_neuron) * m.n_neurons,
                                               opt.guard_weight ? 0 : opt.min_evaluations);
+      if (!opt.guard_weight && cost.merge_gap + 1 <= lo.max_window && m.n_neurons > 0)
+        lo.max_evaluations =
+            std::max(lo.max_evaluations, std::min(opt.converge_evaluations, opt.converge_work / uint64_t(m.n_neurons)));
+    }
     if (!opt.guard_weight) lo.keep_weight = false;
+    if (opt.guard_weight) lo.max_neighbours = 0;  // the earlier pipeline: a fixed list length
     cap = cost.cache_capacity;
     n_pin = uint32_t(std::floor(opt.pin_share * cap + 1e-9));
     can_pin = n_pin > 0 && n_pin < m.n_neurons;
@@ -676,6 +681,9 @@ nlohmann::json solve_parameters(const SolveOptions& opt) {
     p["max_evaluations"] = opt.ls.max_evaluations;
     p["evaluations_per_neuron"] = opt.evaluations_per_neuron;
     p["min_evaluations"] = opt.min_evaluations;
+    p["converge_evaluations"] = opt.converge_evaluations;
+    p["converge_work"] = opt.converge_work;
+    p["max_neighbours"] = opt.ls.max_neighbours;
     p["sample_tokens"] = opt.ls.sample_tokens;
     p["neighbours"] = opt.ls.neighbours;
     if (opt.replicate_share > 0) p["replicate_share"] = opt.replicate_share;

@@ -60,6 +60,13 @@ struct SolveOptions {
   // more are not affected).
   uint32_t evaluations_per_neuron = 4;
   uint64_t min_evaluations = 65536;
+  // Where the search's window terms price the planner exactly (merge gap + 1 <= ls.max_window: bundles of a few KiB
+  // and more), a small layer's search also gets min(converge_evaluations, converge_work / neurons) evaluations, so it
+  // reaches a local optimum of its widening candidate lists (ls.max_neighbours; +0.2-0.4 % validation I/O on the real
+  // models at 16 KiB, docs/benchmarks.md "Layout solver"); a layer of 16,384 neurons keeps 65,536. Where the merge gap
+  // is wider the ends-in family wins and more evaluations changed no choice.
+  uint64_t converge_evaluations = uint64_t(1) << 19;
+  uint64_t converge_work = uint64_t(1) << 30;
   // The selection stops a candidate's pass over the validation tokens once its I/O time shows it can be neither the
   // winner, its family's best nor one of the two policies retried with the small FIFO (the same layout; its
   // CandidateFigure is then a lower bound). false: every candidate's full figure (tests compare the two).

@@ -307,6 +307,7 @@ TEST_CASE("the search's window-count kernels agree, and the full matrix gives th
       LsOptions lo;
       lo.cost.merge_gap = g;
       lo.sample_tokens = 4096;
+      lo.max_neighbours = 0;  // the matrix would widen the lists past the mask's 8 (tested below)
       detail::ls_portable_kernel = true;
       const double portable = ls_objective(m, seed, lo);
       LsStats sp;
@@ -319,6 +320,42 @@ TEST_CASE("the search's window-count kernels agree, and the full matrix gives th
       CHECK(sw.evaluations == sp.evaluations);
       CHECK(sw.weight_final == sp.weight_final);
     }
+  }
+}
+
+TEST_CASE("at a local optimum the search widens its lists (from the full matrix) and its running saving stays exact") {
+  for (uint32_t g : {1u, 2u, 3u}) {
+    LayerMask m = test::clustered_layer(300, 1000, 41 + g);
+    CoactivationOptions co;
+    co.top_k = 8;
+    co.full_matrix = true;
+    const LayerGraph full = coactivation_count(m, co);
+    co.full_matrix = false;
+    const LayerGraph lists = coactivation_count(m, co);
+    const Order seed = solve_greedy(full, &m);
+    LsOptions lo;
+    lo.cost.merge_gap = g;
+    lo.sample_tokens = 1000;
+    lo.neighbours = 4;
+    lo.max_neighbours = 0;
+    lo.max_evaluations = 4000000;  // far more than these searches need (checked below): a broken delta cannot cycle on
+    LsStats narrow, wide, capped;
+    const Order on = local_search(m, full, seed, lo, &narrow);
+    lo.max_neighbours = 64;
+    const Order ow = local_search(m, full, seed, lo, &wide);
+    local_search(m, lists, seed, lo, &capped);
+    CHECK(narrow.neighbours_final == 4);
+    CHECK(wide.evaluations < lo.max_evaluations);  // a local optimum of the widest lists
+    CHECK(wide.neighbours_final == 64);            // 4, 8, 16, 32, 64: past the graph's 8 from its matrix
+    CHECK(capped.neighbours_final == 8);           // no matrix: the lists' length is the cap
+    CHECK(is_perm(ow, 300));
+    // The widened search goes on from the narrow one's local optimum, so it ends at least as good, and here better.
+    CHECK(wide.moves > narrow.moves);
+    CHECK(wide.saving_final > narrow.saving_final);
+    // Every applied move's delta (old zones read from the per-slot counts kept across moves) adds up to the objective
+    // recomputed from scratch.
+    for (const LsStats* st : {&narrow, &wide, &capped})
+      CHECK(st->saving_tracked == doctest::Approx(st->saving_final).epsilon(1e-9));
   }
 }
 
