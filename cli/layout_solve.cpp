@@ -66,8 +66,8 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
       ->check(CLI::Range(1u, 4096u))
       ->group(grp);
   c.add_option("--max-neighbours", a.o.ls.max_neighbours,
-               "At a local optimum with evaluations left, the candidate lists double up to this many (at most --top-k; "
-               "0 = fixed at --neighbours)")
+               "At a local optimum with evaluations left, the candidate lists double up to this many (past --top-k "
+               "where the layer's full count matrix is kept; 0 = fixed at --neighbours)")
       ->check(CLI::Range(0u, 4096u))
       ->group(grp);
   c.add_option("--pin-share", a.o.pin_share,

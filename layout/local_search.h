@@ -24,7 +24,7 @@ struct LsOptions {
   uint32_t neighbours = 24;       // candidates per neuron from its top-k list (docs/benchmarks.md "Layout solver")
   // At a local optimum with budget left, the candidate lists double (neighbours, 2x, 4x, ...) up to this many and the
   // search goes on from there (a layer that converges well inside max_evaluations uses the rest); 0 or <= neighbours
-  // = off (solve: with --weight-guard). Lists are never longer than the graph's top-k.
+  // = off (solve: with --weight-guard). Past the graph's top-k lists only where it holds the full count matrix.
   uint32_t max_neighbours = 256;
   uint32_t max_window = 4;       // window terms span at most this many slots (caps g + 1; cost grows with it)
   uint32_t hot_count = 0;        // most frequent neurons moved to a block at the end (for the cache); 0 = off
