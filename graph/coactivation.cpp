@@ -370,16 +370,24 @@ NL_POPCNT_CLONES uint32_t coactivation_pair(const LayerMask& m, uint32_t i, uint
   return static_cast<uint32_t>(c);
 }
 
-void coactivation_build_topk(LayerGraph& g, uint32_t k) {
-  if (!g.has_full()) throw InternalError("coactivation_build_topk: the full matrix is not present");
-  g.k = k;
-  g.nbr.clear();
-  g.nbr_cnt.clear();
-  g.nbr_len.clear();
-  if (k == 0) return;
+LayerGraph coactivation_topk_lists(const LayerGraph& g, uint32_t k) {
+  if (!g.has_full()) throw InternalError("coactivation_topk_lists: the full matrix is not present");
+  LayerGraph out;
+  out.n_neurons = g.n_neurons;
+  out.k = k;
+  if (k == 0) return out;
   auto heaps = make_heaps(g.n_neurons, k, popcount_kernel_resolve(PopcountKernel::Auto));
   offer_upper(g.upper, g.n_neurons, heaps);
-  merge_topk(g, heaps);
+  merge_topk(out, heaps);
+  return out;
+}
+
+void coactivation_build_topk(LayerGraph& g, uint32_t k) {
+  LayerGraph t = coactivation_topk_lists(g, k);
+  g.k = k;
+  g.nbr = std::move(t.nbr);
+  g.nbr_cnt = std::move(t.nbr_cnt);
+  g.nbr_len = std::move(t.nbr_len);
 }
 
 LayerGraph coactivation_count(const LayerMask& m, const CoactivationOptions& opt, std::vector<uint32_t>* reuse) {

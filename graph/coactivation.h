@@ -73,6 +73,9 @@ uint32_t coactivation_pair(const LayerMask& mask, uint32_t i, uint32_t j);
 // (Re)builds g's top-k lists (k neighbours per neuron) from g.upper, which must be present. Used after merging
 // full matrices from shards.
 void coactivation_build_topk(LayerGraph& g, uint32_t k);
+// g's top-k lists for another k, from g.upper (which must be present), leaving g as it is: a graph holding only
+// n_neurons, k, nbr, nbr_cnt and nbr_len (the same lists coactivation_build_topk would write).
+LayerGraph coactivation_topk_lists(const LayerGraph& g, uint32_t k);
 
 // Kernel dispatch. supported(): the CPU runs it (Auto and Scalar always). resolve(): Auto becomes the best
 // supported kernel; an explicitly requested unsupported kernel is a UsageError.

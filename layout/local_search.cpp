@@ -102,27 +102,9 @@ struct Search {
   double saving = 0;
   LsStats st;
   uint32_t k_cur = 0;  // candidates per neuron now (opt.neighbours, widened at local optima up to max_neighbours)
-  // Lists longer than the graph's top-k, from its full matrix once the search widens past them (the same order:
-  // decreasing count, ties by increasing index, counts > 0), k_wide per neuron; k_wide = 0: the graph's lists.
-  std::vector<uint32_t> wide, wide_len;
-  uint32_t k_wide = 0;
-  void build_wide(uint32_t k) {
-    k_wide = k;
-    wide.assign(size_t(n) * k, 0);
-    wide_len.assign(n, 0);
-    std::vector<std::pair<uint32_t, uint32_t>> c;  // (count, neuron)
-    for (uint32_t v = 0; v < n; ++v) {
-      c.clear();
-      for (uint32_t u = 0; u < n; ++u)
-        if (u != v && g.pair(v, u) > 0) c.emplace_back(g.pair(v, u), u);
-      const size_t keep = std::min<size_t>(k, c.size());
-      std::partial_sort(c.begin(), c.begin() + std::ptrdiff_t(keep), c.end(), [](const auto& x, const auto& y) {
-        return x.first != y.first ? x.first > y.first : x.second < y.second;
-      });
-      for (size_t e = 0; e < keep; ++e) wide[size_t(v) * k + e] = c[e].second;
-      wide_len[v] = uint32_t(keep);
-    }
-  }
+  // Lists longer than the graph's top-k, from its full matrix once the search widens past them (the same lists a
+  // longer top-k would have held); wide.k = 0: the graph's own lists.
+  LayerGraph wide;
   std::vector<uint32_t> zbuf[2];
 
   Search(const LayerMask& mask, const LayerGraph& graph, const LsOptions& o) : m(mask), g(graph), opt(o) {
@@ -138,18 +120,7 @@ struct Search {
   const uint64_t* row(uint32_t v) const { return R.data() + size_t(v == kNone ? n : v) * W; }
 
   // Saving (us) of every window term (p < q <= p + g + 1) inside the sequence.
-  double zone(const std::vector<uint32_t>& seq) const {
-    size_t len = seq.size();
-    if (len < 2) return 0;
-    uint64_t cnt[kMaxWindow + 1] = {};
-    const uint64_t* rp[64];
-    if (len > 64) throw InternalError("local search: zone longer than 64 slots");
-    for (size_t q = 0; q < len; ++q) rp[q] = row(seq[q]);
-    window_counts(rp, 1, len, g1, W, cnt);
-    double s = 0;
-    for (uint32_t d = 1; d <= g1; ++d) s += sd[d] * double(cnt[d]);
-    return s;
-  }
+  double zone(const std::vector<uint32_t>& seq) const { return zone_after(seq, 0, 0); }
   // The current order's window counts by the slot that ends them: C[q * (g1 + 1) + d] = cnt[d] of slot q's terms
   // (q < n_act). A zone of consecutive slots of the current order is then a sum of these (cur_zone), the same
   // integer counts as zone() of that sequence, so the same saving to the bit; apply() keeps them current.
@@ -240,19 +211,22 @@ struct Search {
     double o1 = 0, o2 = 0;
     size_t pre1 = 0, pre2 = 0;
     int64_t a1 = 0, a2 = 0;
+    // Starts a new zone with ord[a..b] and records that run (its length and first slot, clamped as app() clamps).
+    auto lead = [&](std::vector<uint32_t>& z, int64_t a, int64_t b, size_t& pre, int64_t& at) {
+      app(z, a, b);
+      pre = z.size(), at = std::max<int64_t>(0, a);
+    };
     if (mv.kind == Move::Reverse) {
       if (j - i + 1 >= 2 * G) {
         o1 = cur_zone(i - G, i + G - 1);
         o2 = cur_zone(j - G + 1, j + G);
-        app(n1, i - G, i - 1);
-        pre1 = n1.size(), a1 = std::max<int64_t>(0, i - G);
+        lead(n1, i - G, i - 1, pre1, a1);
         app_rev(n1, j - G + 1, j);
         app_rev(n2, i, i + G - 1);
         app(n2, j + 1, j + G);
       } else {
         o1 = cur_zone(i - G, j + G);
-        app(n1, i - G, i - 1);
-        pre1 = n1.size(), a1 = std::max<int64_t>(0, i - G);
+        lead(n1, i - G, i - 1, pre1, a1);
         app_rev(n1, i, j);
         app(n1, j + 1, j + G);
       }
@@ -262,25 +236,21 @@ struct Search {
       if (far) {
         o1 = cur_zone(i - G, j + G);
         o2 = cur_zone(p - G + 1, p + G);
-        app(n1, i - G, i - 1);
-        pre1 = n1.size(), a1 = std::max<int64_t>(0, i - G);
+        lead(n1, i - G, i - 1, pre1, a1);
         app(n1, j + 1, j + G);
-        app(n2, p - G + 1, p);
-        pre2 = n2.size(), a2 = std::max<int64_t>(0, p - G + 1);
+        lead(n2, p - G + 1, p, pre2, a2);
         app_seg(n2, mv);
         app(n2, p + 1, p + G);
       } else if (p < i) {
         o1 = cur_zone(p - G + 1, j + G);
-        app(n1, p - G + 1, p);
-        pre1 = n1.size(), a1 = std::max<int64_t>(0, p - G + 1);
+        lead(n1, p - G + 1, p, pre1, a1);
         app_seg(n1, mv);
         app(n1, p + 1, i - 1);
         app(n1, j + 1, j + G);
       } else {
         o1 = cur_zone(i - G, p + G);
-        app(n1, i - G, i - 1);
-        app(n1, j + 1, p);  // i - G .. i - 1 and j + 1 .. p are not one run: only the first is
-        pre1 = std::min<size_t>(n1.size(), size_t(i - std::max<int64_t>(0, i - G))), a1 = std::max<int64_t>(0, i - G);
+        lead(n1, i - G, i - 1, pre1, a1);
+        app(n1, j + 1, p);
         app_seg(n1, mv);
         app(n1, p + 1, p + G);
       }
@@ -377,8 +347,9 @@ struct Search {
   bool improve(uint32_t v) {
     int64_t i = pos[v];
     if (i >= int64_t(n_act)) return false;
-    const uint32_t* list = k_wide ? wide.data() + size_t(v) * k_wide : g.nbr.data() + size_t(v) * g.k;
-    const uint32_t K = k_wide ? std::min(wide_len[v], k_cur) : g.k ? std::min(g.nbr_len[v], k_cur) : 0;
+    const LayerGraph& lists = wide.k ? wide : g;
+    const uint32_t* list = lists.nbr.data() + size_t(v) * lists.k;
+    const uint32_t K = lists.k ? std::min(lists.nbr_len[v], k_cur) : 0;
     for (uint32_t e = 0; e < K; ++e) {
       uint32_t u = list[e];
       if (hot[u]) continue;
@@ -449,7 +420,7 @@ struct Search {
     const uint32_t k_top = std::min(opt.max_neighbours, g.has_full() && n > 1 ? n - 1 : g.k);
     while (queue.empty() && budget_left() && k_cur < k_top) {
       k_cur = std::min(k_top, std::max(k_cur + 1, 2 * k_cur));
-      if (k_cur > g.k && k_wide == 0) build_wide(k_top);
+      if (k_cur > g.k && wide.k == 0) wide = coactivation_topk_lists(g, k_top);
       for (uint32_t k = 0; k < n_act; ++k) push(k);
       descend();
     }
