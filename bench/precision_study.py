@@ -46,9 +46,10 @@ def llama2c_dim(path):
 def real_models():
     """(label, model, tokenizer, dim, parts) of the real models present; every one is a gated Llama FFN."""
     out = []
-    tr = os.path.join(SRC, "datasets", "tiny-relu", "model")
-    with open(os.path.join(tr, "config.json")) as f:
-        out.append(("tiny-relu", tr, os.path.join(tr, "tokenizer.model"), json.load(f)["hidden_size"], 3))
+    for label in ("tiny-relu", "small-relu"):  # bundled in datasets/
+        tr = os.path.join(SRC, "datasets", label, "model")
+        with open(os.path.join(tr, "config.json")) as f:
+            out.append((label, tr, os.path.join(tr, "tokenizer.model"), json.load(f)["hidden_size"], 3))
     for label, d, bin_, tok in [("stories260K", "llama2c-stories260K", "stories260K.bin", "tok512.bin"),
                                 ("babyllama-tok105", "babyllama-tok105", "model5000.bin", "tok105.model")]:
         m = os.path.join(MODELS, d, bin_)

@@ -7,6 +7,8 @@ comparable model (bit-identity across machines is not promised: BLAS reductions 
 Run with Debian's /usr/bin/python3 (python3-torch, python3-sentencepiece; scripts/bootstrap.sh train demo):
   nice -n 15 /usr/bin/python3 datasets/tiny-relu/train.py --work build/tiny-relu-train --out datasets/tiny-relu/model
 Checkpoints go to WORK/ckpt.pt every --ckpt-every steps; rerunning with the same --work resumes.
+The larger datasets/small-relu model was trained with this script on one GPU (--device cuda --amp bfloat16
+--keep-best; its README gives the command).
 """
 import argparse
 import json
@@ -130,7 +132,7 @@ class TinyLlama(nn.Module):
 
     def forward(self, ids, record=None):
         t = ids.shape[1]
-        mask = torch.full((t, t), float("-inf")).triu(1)
+        mask = torch.full((t, t), float("-inf"), device=ids.device).triu(1)
         cos, sin = self.cos[:t], self.sin[:t]
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
@@ -183,20 +185,22 @@ def windows(ids, seq_len, bos):
 
 
 @torch.no_grad()
-def evaluate(model, wins, batch, record_active=False):
+def evaluate(model, wins, batch, record_active=False, amp=None):
     model.eval()
+    dev = next(model.parameters()).device
     tot, n = 0.0, 0
     active = None
     counted = 0
     for i in range(0, len(wins), batch):
-        x = torch.stack([w[0] for w in wins[i:i + batch]])
-        y = torch.stack([w[1] for w in wins[i:i + batch]])
+        x = torch.stack([w[0] for w in wins[i:i + batch]]).to(dev)
+        y = torch.stack([w[1] for w in wins[i:i + batch]]).to(dev)
         rec = [] if record_active else None
-        logits = model(x, rec)
+        with torch.autocast(dev.type, dtype=amp, enabled=amp is not None):
+            logits = model(x, rec).float()
         tot += F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1), reduction="sum").item()
         n += y.numel()
         if record_active:
-            fr = torch.stack([r.float().mean(dim=(0, 1)) for r in rec])  # [layers, neurons], per-token mean
+            fr = torch.stack([r.float().mean(dim=(0, 1)) for r in rec]).cpu()  # [layers, neurons], per-token mean
             active = fr * x.numel() if active is None else active + fr * x.numel()
             counted += x.numel()
     model.train()
@@ -257,7 +261,8 @@ def export(model, cfg, sp_path, out_dir, dtype, meta):
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(hf, f, indent=2)
         f.write("\n")
-    tensors = {k: v.detach().to(dtype) for k, v in model.state_dict().items()}
+    sd = model if isinstance(model, dict) else model.state_dict()
+    tensors = {k: v.detach().cpu().to(dtype) for k, v in sd.items()}
     write_safetensors(os.path.join(out_dir, "model.safetensors"), tensors, {"format": "pt", **meta})
     shutil.copyfile(sp_path, os.path.join(out_dir, "tokenizer.model"))
 
@@ -305,6 +310,12 @@ def main():
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
     ap.add_argument("--bench", type=int, default=0, help="time N steps and exit (no checkpoint, no export)")
     ap.add_argument("--export-only", action="store_true", help="export the last checkpoint and stop")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (the larger model was trained on one GPU)")
+    ap.add_argument("--amp", choices=["none", "bfloat16"], default="none",
+                    help="autocast the forward and backward to this dtype (float32 master weights and optimizer)")
+    ap.add_argument("--keep-best", action="store_true",
+                    help="export the weights of the periodic evaluation with the lowest validation-probe loss "
+                         "instead of the last step's (the probe is 32 validation windows)")
     ap.add_argument("--eval-windows", type=int, default=256,
                     help="final losses on this many evenly spaced windows per split (0 = all)")
     args = ap.parse_args()
@@ -323,7 +334,9 @@ def main():
     cfg = {"hidden_size": args.dim, "intermediate_size": args.ffn, "num_hidden_layers": args.layers,
            "num_attention_heads": args.heads, "num_key_value_heads": args.kv_heads, "vocab_size": sp.vocab_size(),
            "max_position_embeddings": args.seq_len, "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
-    model = TinyLlama(cfg)
+    dev = torch.device(args.device)
+    amp = None if args.amp == "none" else torch.bfloat16
+    model = TinyLlama(cfg).to(dev)
     nparams = sum(p.numel() for p in model.parameters())
     print("params %d (%.1f MB f32)" % (nparams, nparams * 4 / 1e6), flush=True)
     decay = [p for p in model.parameters() if p.dim() == 2]
@@ -331,13 +344,14 @@ def main():
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
     gen = torch.Generator().manual_seed(args.seed)
-    step, history = 0, []
+    step, history, best = 0, [], None
     ckpt = os.path.join(args.work, "ckpt.pt")
     if os.path.exists(ckpt) and not args.bench:
         st = torch.load(ckpt)
         if st["cfg"] != cfg:
             sys.exit("train.py: %s was made with another configuration; use another --work" % ckpt)
         model.load_state_dict(st["model"])
+        best = st.get("best")
         opt.load_state_dict(st["opt"])
         gen.set_state(st["gen"])
         step, history = st["step"], st["history"]
@@ -357,12 +371,13 @@ def main():
     while step < total and not args.export_only:
         starts = torch.randint(0, len(train_ids) - args.seq_len, (args.batch,), generator=gen)
         chunk = torch.stack([train_ids[s:s + args.seq_len].long() for s in starts])
-        x = torch.cat((torch.ones(args.batch, 1, dtype=torch.long), chunk[:, :-1]), dim=1)  # BOS + text
-        y = chunk
+        x = torch.cat((torch.ones(args.batch, 1, dtype=torch.long), chunk[:, :-1]), dim=1).to(dev)  # BOS + text
+        y = chunk.to(dev)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        logits = model(x)
-        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.reshape(-1))
+        with torch.autocast(dev.type, dtype=amp, enabled=amp is not None):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -377,32 +392,44 @@ def main():
         if args.bench:
             continue
         if step % args.eval_every == 0 or step == args.steps:
-            vl, _ = evaluate(model, probe, args.batch)
+            vl, _ = evaluate(model, probe, args.batch, amp=amp)
+            if args.keep_best and (best is None or vl < best["valid_probe_loss"]):
+                best = {"step": step, "valid_probe_loss": vl,
+                        "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}}
             history.append({"step": step, "train_loss_ema": train_loss_ema, "valid_probe_loss": vl,
                             "elapsed_s": time.time() - t0})
             print("eval step %d valid(probe) %.4f" % (step, vl), flush=True)
         if step % args.ckpt_every == 0 or step == args.steps:
             torch.save({"cfg": cfg, "model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                        "step": step, "history": history}, ckpt + ".tmp")
+                        "step": step, "history": history, "best": best}, ckpt + ".tmp")
             os.replace(ckpt + ".tmp", ckpt)
     if args.bench:
         return
 
     # Final figures on everything: full validation split, and the same number of training windows.
     dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
-    export(model, cfg, sp_path, args.out, dtype, {"steps": str(step), "seed": str(args.seed)})
+    exported_step = step
+    if args.keep_best and best is not None:
+        exported_step = best["step"]
+        print("exporting the weights of step %d (validation probe %.4f)" % (best["step"], best["valid_probe_loss"]),
+              flush=True)
+    export(best["model"] if args.keep_best and best is not None else model, cfg, sp_path, args.out, dtype,
+           {"steps": str(exported_step), "seed": str(args.seed)})
     model, _ = load_exported(args.out)  # measure what was written, not the training copy
+    model = model.to(dev)
     torch.set_num_threads(args.threads)
     if args.eval_windows and args.eval_windows < len(valid_wins):
         valid_wins = valid_wins[:: len(valid_wins) // args.eval_windows][: args.eval_windows]
-    vl, active = evaluate(model, valid_wins, args.batch, record_active=True)
+    vl, active = evaluate(model, valid_wins, args.batch, record_active=True)  # float32, no autocast
     train_wins = windows(train_ids, args.seq_len, 1)
     train_wins = train_wins[:: len(train_wins) // len(valid_wins)][: len(valid_wins)]
     tl, _ = evaluate(model, train_wins, args.batch)
     per_layer = active.mean(dim=1).tolist()
     never = (active == 0).sum(dim=1).tolist()
+    model = model.cpu()
     prompts = {"bos": [1], "prompt": [1] + sp.encode("And God said unto Moses,")}
-    ref = {"model": "datasets/tiny-relu/model", "how": "greedy from the listed start tokens with the PyTorch "
+    rel = os.path.relpath(os.path.abspath(args.out), os.path.dirname(os.path.dirname(HERE)))
+    ref = {"model": rel if not rel.startswith("..") else os.path.basename(os.path.abspath(args.out)), "how": "greedy from the listed start tokens with the PyTorch "
            "reference (datasets/tiny-relu/train.py); 'tokens' are the tokens fed at positions 0..; generation stops "
            "at 64 positions or when token 1 or 2 is the argmax; 'logits' are float32 logits at positions 0..3",
            "runs": []}
@@ -413,7 +440,7 @@ def main():
     with open(os.path.join(args.out, "reference-greedy.json"), "w") as f:
         json.dump(ref, f, indent=1)
         f.write("\n")
-    summary = {"steps": step, "tokens_seen": step * args.batch * args.seq_len, "params": nparams,
+    summary = {"steps": step, "exported_step": exported_step, "tokens_seen": step * args.batch * args.seq_len, "params": nparams,
                "train_tokens": len(train_ids), "valid_tokens": len(valid_ids),
                "final_train_loss": tl, "final_valid_loss": vl, "train_eval_windows": len(train_wins),
                "valid_eval_windows": len(valid_wins), "active_fraction_per_layer": per_layer,
