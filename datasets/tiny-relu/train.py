@@ -89,6 +89,8 @@ class MLP(nn.Module):
         a = F.relu(self.gate_proj(x))
         if record is not None:
             record.append(a > 0)
+        if self.training:
+            self.act_mean = a.float().mean()  # for --act-l1 (ProSparse-style sparsity regularisation)
         return self.down_proj(a * self.up_proj(x))
 
 
@@ -313,6 +315,9 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu or cuda (the larger model was trained on one GPU)")
     ap.add_argument("--amp", choices=["none", "bfloat16"], default="none",
                     help="autocast the forward and backward to this dtype (float32 master weights and optimizer)")
+    ap.add_argument("--act-l1", type=float, default=0.0,
+                    help="add this x the mean ReLU activation (gate branch, all layers) to the loss, ramped up "
+                         "linearly over the first half of the steps (ProSparse-style L1 sparsity regularisation)")
     ap.add_argument("--keep-best", action="store_true",
                     help="export the weights of the periodic evaluation with the lowest validation-probe loss "
                          "instead of the last step's (the probe is 32 validation windows)")
@@ -328,8 +333,9 @@ def main():
     sp = spm.SentencePieceProcessor(model_file=sp_path)
     train_ids = encode_file(sp, os.path.join(cdir, "train.txt"), os.path.join(args.work, "train.ids.pt"))
     valid_ids = encode_file(sp, os.path.join(cdir, "valid.txt"), os.path.join(args.work, "valid.ids.pt"))
-    print("tokens: train %d valid %d (%.2f bytes/token)" % (len(train_ids), len(valid_ids),
-          os.path.getsize(os.path.join(cdir, "train.txt")) / len(train_ids)), flush=True)
+    train_txt = os.path.join(cdir, "train.txt")  # absent where only the cached token ids were carried
+    print("tokens: train %d valid %d%s" % (len(train_ids), len(valid_ids), " (%.2f bytes/token)" % (
+          os.path.getsize(train_txt) / len(train_ids)) if os.path.exists(train_txt) else ""), flush=True)
 
     cfg = {"hidden_size": args.dim, "intermediate_size": args.ffn, "num_hidden_layers": args.layers,
            "num_attention_heads": args.heads, "num_key_value_heads": args.kv_heads, "vocab_size": sp.vocab_size(),
@@ -378,8 +384,13 @@ def main():
         with torch.autocast(dev.type, dtype=amp, enabled=amp is not None):
             logits = model(x)
         loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
+        total_loss = loss
+        if args.act_l1 > 0:
+            ramp = min(1.0, step / max(1, args.steps // 2))
+            act = torch.stack([layer.mlp.act_mean for layer in model.model.layers]).mean()
+            total_loss = loss + args.act_l1 * ramp * act
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        total_loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
