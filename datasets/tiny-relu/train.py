@@ -84,12 +84,13 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(d, f, bias=False)
         self.up_proj = nn.Linear(d, f, bias=False)
         self.down_proj = nn.Linear(f, d, bias=False)
+        self.track_act = False  # main() sets it with --act-l1
 
     def forward(self, x, record=None):
         a = F.relu(self.gate_proj(x))
         if record is not None:
             record.append(a > 0)
-        if self.training:
+        if self.training and self.track_act:
             self.act_mean = a.float().mean()  # for --act-l1 (ProSparse-style sparsity regularisation)
         return self.down_proj(a * self.up_proj(x))
 
@@ -343,6 +344,8 @@ def main():
     dev = torch.device(args.device)
     amp = None if args.amp == "none" else torch.bfloat16
     model = TinyLlama(cfg).to(dev)
+    for layer in model.model.layers:
+        layer.mlp.track_act = args.act_l1 > 0
     nparams = sum(p.numel() for p in model.parameters())
     print("params %d (%.1f MB f32)" % (nparams, nparams * 4 / 1e6), flush=True)
     decay = [p for p in model.parameters() if p.dim() == 2]
@@ -419,12 +422,12 @@ def main():
 
     # Final figures on everything: full validation split, and the same number of training windows.
     dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
-    exported_step = step
-    if args.keep_best and best is not None:
-        exported_step = best["step"]
-        print("exporting the weights of step %d (validation probe %.4f)" % (best["step"], best["valid_probe_loss"]),
+    kept = best if args.keep_best else None
+    exported_step = kept["step"] if kept else step
+    if kept:
+        print("exporting the weights of step %d (validation probe %.4f)" % (kept["step"], kept["valid_probe_loss"]),
               flush=True)
-    export(best["model"] if args.keep_best and best is not None else model, cfg, sp_path, args.out, dtype,
+    export(kept["model"] if kept else model, cfg, sp_path, args.out, dtype,
            {"steps": str(exported_step), "seed": str(args.seed)})
     model, _ = load_exported(args.out)  # measure what was written, not the training copy
     model = model.to(dev)
@@ -440,7 +443,8 @@ def main():
     model = model.cpu()
     prompts = {"bos": [1], "prompt": [1] + sp.encode("And God said unto Moses,")}
     rel = os.path.relpath(os.path.abspath(args.out), os.path.dirname(os.path.dirname(HERE)))
-    ref = {"model": rel if not rel.startswith("..") else os.path.basename(os.path.abspath(args.out)), "how": "greedy from the listed start tokens with the PyTorch "
+    ref = {"model": rel if not rel.startswith("..") else os.path.basename(os.path.abspath(args.out)),
+           "how": "greedy from the listed start tokens with the PyTorch "
            "reference (datasets/tiny-relu/train.py); 'tokens' are the tokens fed at positions 0..; generation stops "
            "at 64 positions or when token 1 or 2 is the argmax; 'logits' are float32 logits at positions 0..3",
            "runs": []}
@@ -451,7 +455,8 @@ def main():
     with open(os.path.join(args.out, "reference-greedy.json"), "w") as f:
         json.dump(ref, f, indent=1)
         f.write("\n")
-    summary = {"steps": step, "exported_step": exported_step, "tokens_seen": step * args.batch * args.seq_len, "params": nparams,
+    summary = {"steps": step, "exported_step": exported_step, "tokens_seen": step * args.batch * args.seq_len,
+               "params": nparams,
                "train_tokens": len(train_ids), "valid_tokens": len(valid_ids),
                "final_train_loss": tl, "final_valid_loss": vl, "train_eval_windows": len(train_wins),
                "valid_eval_windows": len(valid_wins), "active_fraction_per_layer": per_layer,
