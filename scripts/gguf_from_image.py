@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-# Writes a GGUF file for llama.cpp (arch "llama") holding exactly the weights of one of our flash images
+# Writes a GGUF file for llama.cpp (arch "llama", or "smallthinker" for gated-ReLU models) holding exactly the weights of one
 # (model.nlw + model.nlw.json), with llama.cpp's own gguf-py (scripts/llamacpp.sh exposes it). Used by the
 # end-to-end benchmark (bench/e2e/run.py) so that both engines run the same weights.
 #
@@ -16,10 +16,19 @@
 # checkpoints); llama.cpp's LLaMA arch uses LLAMA_ROPE_TYPE_NORM, the same pairs (convert_hf_to_gguf.py permutes
 # Hugging Face's rotate_half rows back into it), so q/k rows are written unchanged. Checked by greedy-token
 # agreement with nl-run (bench/e2e/run.py --agreement, tests/e2e_smoke.sh).
+# Gated-ReLU models (ffn_act relu: the bundled tiny-relu and small-relu, ProSparse-style): llama.cpp's LLaMA arch
+# computes SiLU only and llama.cpp has no dense gated-ReLU Llama, so such a model is written as llama.cpp's
+# "smallthinker" arch with one expert: a Llama block (RMSNorm, GQA attention, RoPE) whose FFN is a mixture of
+# experts computing relu(gate x) * (up x) -> down per expert (src/models/smallthinker.cpp, LLM_FFN_RELU, gated).
+# With one expert, always selected, the router's softmax weight is exactly 1 (softmax of one logit, then
+# normalised), so the layer is exactly the model's gated-ReLU FFN; the router row is zeros. Its RoPE is
+# LLAMA_ROPE_TYPE_NEOX (rotate_half), so q/k rows are permuted per head from interleaved pairs to halves (row
+# moves only: exact for every dtype). Checked the same way (greedy tokens against nl-run, tests/e2e_smoke.sh).
 # Tokenizer: a llama2.c tokenizer.bin (--tokenizer, or the one the manifest names) becomes a "llama" (SPM) vocab
-# exactly as llama.cpp's convert-llama2c-to-ggml builds it; without one (synthetic models) a minimal llama-style
-# vocab of the model's size is written (<unk>, <s>, </s>, 256 byte tokens, then "[N]" pieces): both engines are
-# driven with token ids, never text.
+# exactly as llama.cpp's convert-llama2c-to-ggml builds it; a SentencePiece .model (Python's sentencepiece
+# module) becomes one as convert_hf_to_gguf.py builds it (pieces, scores, control / unknown / byte / unused
+# types); without one (synthetic models) a minimal llama-style vocab of the model's size is written (<unk>, <s>,
+# </s>, 256 byte tokens, then "[N]" pieces). The benchmarks drive both engines with token ids.
 # Streams: tensor data is written one tensor at a time from a memory map of the image (a 7B image never sits in
 # DRAM); the output goes to a temporary file renamed into place. Exit codes: 2 usage, 3 bad input, 4 I/O error.
 import argparse
@@ -109,6 +118,47 @@ def read_llama2c_vocab(path, n_vocab):
     return tokens, scores, types
 
 
+def read_spm_vocab(path, n_vocab):
+    """SentencePiece .model -> (tokens, scores, types) as convert_hf_to_gguf.py's _create_vocab_sentencepiece."""
+    try:
+        import sentencepiece
+    except ImportError:
+        fail(EXIT_USAGE, "%s: reading a SentencePiece .model needs Python's sentencepiece module "
+             "(scripts/bootstrap.sh train installs python3-sentencepiece)" % path)
+    if not os.path.isfile(path):
+        fail(EXIT_IO, "%s: no such file" % path)
+    sp = sentencepiece.SentencePieceProcessor()
+    try:
+        sp.LoadFromFile(path)
+    except (OSError, RuntimeError) as e:
+        fail(EXIT_INPUT, "%s: not a SentencePiece model: %s" % (path, e))
+    if sp.vocab_size() != n_vocab:
+        fail(EXIT_INPUT, "%s: %d pieces, the model has a vocabulary of %d" % (path, sp.vocab_size(), n_vocab))
+    tokens, scores, types = [], [], []
+    for i in range(n_vocab):
+        ttype = 1  # NORMAL
+        if sp.IsUnknown(i):
+            ttype = 2
+        elif sp.IsControl(i):
+            ttype = 3
+        elif sp.IsUnused(i):
+            ttype = 5
+        elif sp.IsByte(i):
+            ttype = 6
+        tokens.append(sp.IdToPiece(i).encode("utf-8"))
+        scores.append(sp.GetScore(i))
+        types.append(ttype)
+    return tokens, scores, types
+
+
+def neox_rows(rows, n_heads):
+    """q or k rows [n_heads * head_dim][...] from interleaved pairs (2j, 2j+1) to rotate_half halves (j, j + hd/2)
+    per head: the inverse of convert_hf_to_gguf.py's permute."""
+    rows = np.asarray(rows)
+    hd = rows.shape[0] // n_heads
+    return np.ascontiguousarray(rows.reshape(n_heads, hd // 2, 2, -1).swapaxes(1, 2).reshape(rows.shape))
+
+
 def synthetic_vocab(n_vocab):
     """A minimal llama-style (SPM) vocab: <unk> <s> </s>, byte fallback tokens, then unique pieces."""
     tokens, types = [b"<unk>", b"<s>", b"</s>"], [2, 3, 3]
@@ -159,11 +209,13 @@ def main():
         fail(EXIT_INPUT, "%s: missing key %s" % (mpath, e))
     if dtype not in ("f32", "f16", "bf16", "q8_0", "q4_0"):
         fail(EXIT_INPUT, "%s: dtype %r is not supported" % (mpath, dtype))
-    if cfg.get("ffn_act", "silu") != "silu":
-        fail(EXIT_INPUT, "%s: ffn_act %s: llama.cpp's LLaMA arch computes SiLU only (src/models/llama.cpp)"
-             % (mpath, cfg.get("ffn_act")))
+    act = cfg.get("ffn_act", "silu")
+    if act not in ("silu", "relu"):
+        fail(EXIT_INPUT, "%s: ffn_act %s: llama.cpp runs gated SiLU (arch llama) or gated ReLU (arch smallthinker, "
+             "one expert) Llama blocks only" % (mpath, act))
     if bundle["kind"] != "gated":
-        fail(EXIT_INPUT, "%s: bundle kind %s: llama.cpp's LLaMA arch needs a gated FFN" % (mpath, bundle["kind"]))
+        fail(EXIT_INPUT, "%s: bundle kind %s: llama.cpp's Llama blocks need a gated FFN" % (mpath, bundle["kind"]))
+    arch = "llama" if act == "silu" else "smallthinker"
     rb = row_bytes(dtype, dim)
     if bundle["bytes"] != 3 * rb:
         fail(EXIT_INPUT, "%s: bundle bytes %d, expected 3 x %d" % (mpath, bundle["bytes"], rb))
@@ -179,10 +231,12 @@ def main():
     tok_path = args.tokenizer
     if tok_path is None and man.get("tokenizer"):
         tok_path = os.path.join(os.path.dirname(mpath), man["tokenizer"])
-    if tok_path and tok_path.endswith(".model"):
-        fail(EXIT_USAGE, "%s: SentencePiece .model tokenizers are not converted; give a llama2.c tokenizer.bin"
-             % tok_path)
-    tokens, scores, types = read_llama2c_vocab(tok_path, vocab) if tok_path else synthetic_vocab(vocab)
+    if not tok_path:
+        tokens, scores, types = synthetic_vocab(vocab)
+    elif tok_path.endswith(".model"):
+        tokens, scores, types = read_spm_vocab(tok_path, vocab)
+    else:
+        tokens, scores, types = read_llama2c_vocab(tok_path, vocab)
 
     qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
              "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0,
@@ -201,8 +255,10 @@ def main():
     # (name, ggml type, numpy shape [rows][cols] of elements, producer of the bytes) in file order.
     plan = []
 
-    def add_dense(gname, name, norm=False):
+    def add_dense(gname, name, norm=False, heads=0):
         raw, rows, cols, tdtype = dense_raw(name)
+        if heads:  # smallthinker's NEOX RoPE: q / k rows permuted (whole stored rows: exact for every dtype)
+            raw = neox_rows(np.asarray(raw).reshape(rows, -1), heads).reshape(-1)
         if norm or tdtype == "f32":
             plan.append((gname, gguf.GGMLQuantizationType.F32, (cols,) if norm else (rows, cols),
                          lambda: decode(tdtype, raw, rows, cols).reshape(-1) if norm else decode(tdtype, raw, rows,
@@ -237,13 +293,19 @@ def main():
     for l in range(n_layers):
         p = "layers.%d." % l
         add_dense("blk.%d.attn_norm.weight" % l, p + "rms_att", norm=True)
-        add_dense("blk.%d.attn_q.weight" % l, p + "wq")
-        add_dense("blk.%d.attn_k.weight" % l, p + "wk")
+        neox = arch == "smallthinker"
+        add_dense("blk.%d.attn_q.weight" % l, p + "wq", heads=n_heads if neox else 0)
+        add_dense("blk.%d.attn_k.weight" % l, p + "wk", heads=n_kv if neox else 0)
         add_dense("blk.%d.attn_v.weight" % l, p + "wv")
         add_dense("blk.%d.attn_output.weight" % l, p + "wo")
         add_dense("blk.%d.ffn_norm.weight" % l, p + "rms_ffn", norm=True)
+        if neox:  # one expert: a router row of zeros (its softmax weight is 1), then the expert's tensors
+            plan.append(("blk.%d.ffn_gate_inp.weight" % l, gguf.GGMLQuantizationType.F32, (1, dim),
+                         lambda: np.zeros((1, dim), dtype=np.float32)))
         for part, gname, shape in ((0, "ffn_gate", (hidden, dim)), (1, "ffn_up", (hidden, dim)),
                                    (2, "ffn_down", (dim, hidden))):
+            if neox:
+                gname, shape = gname + "_exps", (1,) + shape
             plan.append(("blk.%d.%s.weight" % (l, gname), qtype, shape, lambda l=l, part=part: ffn(l, part)))
     add_dense("output_norm.weight", "rms_final", norm=True)
     if not cfg.get("shared_classifier", True):
@@ -251,12 +313,17 @@ def main():
 
     tmp = args.out + ".tmp%d" % os.getpid()
     try:
-        w = gguf.GGUFWriter(tmp, "llama")
+        w = gguf.GGUFWriter(tmp, arch)
         w.add_name(os.path.basename(image))
         w.add_context_length(int(cfg["seq_len"]))
         w.add_embedding_length(dim)
         w.add_block_count(n_layers)
         w.add_feed_forward_length(hidden)
+        if arch == "smallthinker":
+            w.add_expert_count(1)
+            w.add_expert_used_count(1)
+            w.add_expert_feed_forward_length(hidden)
+            w.add_expert_gating_func(gguf.ExpertGatingFuncType.SOFTMAX)
         w.add_head_count(n_heads)
         w.add_head_count_kv(n_kv)
         w.add_rope_dimension_count(dim // n_heads)
@@ -274,7 +341,7 @@ def main():
         w.add_add_bos_token(True)
         for name, t, shape, _ in plan:
             bs, ts = gguf.GGML_QUANT_SIZES[t]
-            nbytes = shape[-1] // bs * ts * (shape[0] if len(shape) == 2 else 1)
+            nbytes = shape[-1] // bs * ts * int(np.prod(shape[:-1], dtype=np.int64))
             w.add_tensor_info(name, shape, np.float32 if t == gguf.GGMLQuantizationType.F32 else np.float16,
                               nbytes, raw_dtype=t)
         w.write_header_to_file()

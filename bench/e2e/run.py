@@ -2,12 +2,17 @@
 # End-to-end benchmark against the real llama.cpp (issue 19): the same weights in a GGUF (scripts/gguf_from_image.py)
 # and in our flash images, greedy tokens from the same prompt ids, a phone-like memory cap (a memory cgroup), cold
 # page cache for the model files before each run, alternated repetitions, medians [min-max].
-#   bench/e2e/run.py --build build [--shapes stories260k,187m,1b,llama2-7b,mistral-7b] [--dtypes f32,f16,q8_0]
+#   bench/e2e/run.py --build build [--shapes stories260k,tiny-relu,small-relu,187m,1b,llama2-7b,mistral-7b]
+#                    [--dtypes f32,f16,q8_0]
 #                    [--reps 3] [--prompt 16] [--steps 32] [--threads 2] [--work DIR] [--smoke] [--json OUT]
 # Rows per shape and dtype: llama.cpp mmap capped / uncapped (warm), nl-run identity / greedy / greedy+ls (capped),
 # the bound; kernel row: nl-run --select dense vs llama-bench tg, everything in DRAM. Agreement: greedy tokens of
 # nl-run (dense and gate) against llama.cpp. Figures of random-weight shapes are labelled synthetic.
-# Not a test (prints figures); tests/e2e_smoke.sh runs --smoke (stories260K, 1 rep, a few tokens) and checks its JSON.
+# Real models: stories260K (llama2.c, SiLU; ../shared) and the bundled gated-ReLU models tiny-relu and small-relu
+# (datasets/; llama.cpp runs them as its "smallthinker" arch with one expert, scripts/gguf_from_image.py), profiled
+# over real text, nl-run reading their real gate's active neurons (--select gate).
+# Not a test (prints figures); tests/e2e_smoke.sh runs --smoke (tiny-relu and stories260K, 1 rep, a few tokens) and
+# checks its JSON.
 # Stdlib only; helpers shared with the layouts bench (cgroup, page-cache dropping, medians) are imported from it.
 import argparse
 import hashlib
@@ -40,6 +45,14 @@ SYNTH = {
     "mistral-7b": {"pack_shape": "mistral-7b", "preset": "mistral-7b-turbosparse"},
 }
 LLAMA2C_ORDER = ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len")
+# Real models: (model, tokenizer) relative to --models (the shared folder) or to the repository (bundled), and the
+# text their layouts are profiled over (Debian's GPL-3, present on every Debian system).
+REAL = {
+    "stories260k": {"models": "llama2c-stories260K", "model": "stories260K.bin", "tokenizer": "tok512.bin"},
+    "tiny-relu": {"bundled": "datasets/tiny-relu/model", "tokenizer": "tokenizer.model"},
+    "small-relu": {"bundled": "datasets/small-relu/model", "tokenizer": "tokenizer.model"},
+}
+PROFILE_TEXT = "/usr/share/common-licenses/GPL-3"
 
 def img_path(d, method, dtype):
     return os.path.join(d, "%s.%s.nlw" % (method, dtype))
@@ -188,16 +201,26 @@ class Bench:
         notes = []
         if dtype not in self.pack_dtypes:
             raise Unavailable("nl-layout pack on this checkout has no --dtype %s (issue 18)" % dtype)
-        if shape == "stories260k":
-            stories = os.path.join(self.a.models, "llama2c-stories260K")
-            model, tok = os.path.join(stories, "stories260K.bin"), os.path.join(stories, "tok512.bin")
+        if shape in REAL:
+            spec = REAL[shape]
+            if "bundled" in spec:
+                model = os.path.join(SRC, spec["bundled"])
+                tok = os.path.join(model, spec["tokenizer"])
+            else:
+                folder = os.path.join(self.a.models, spec["models"])
+                model, tok = os.path.join(folder, spec["model"]), os.path.join(folder, spec["tokenizer"])
             if not os.path.exists(model):
                 raise Unavailable("%s not found (--models)" % model)
             trace = os.path.join(d, "profile.h5")
             if not os.path.exists(trace):
                 run(self.nice() + [self.tool("nl-profile"), "run", "--model", model, "--tokenizer", tok, "--text",
-                                   "/usr/share/common-licenses/GPL-3", "--seq-len", "128", "--max-tokens",
+                                   PROFILE_TEXT, "--seq-len", "128", "--max-tokens",
                                    str(self.a.profile_tokens), "--out", trace, "-q"])
+            if tok.endswith(".model") and subprocess.run(["/usr/bin/python3", "-c", "import sentencepiece"],
+                                                         capture_output=True).returncode != 0:
+                notes.append("GGUF vocabulary: synthetic (Python's sentencepiece is missing); both engines are "
+                             "driven with token ids")
+                tok = None
             synthetic = False
         else:
             spec = SYNTH[shape]
@@ -681,8 +704,8 @@ class Bench:
 
     def main(self):
         for shape in self.a.shapes.split(","):
-            if shape not in SYNTH and shape != "stories260k":
-                raise SystemExit("e2e: unknown shape %s (stories260k, %s)" % (shape, ", ".join(SYNTH)))
+            if shape not in SYNTH and shape not in REAL:
+                raise SystemExit("e2e: unknown shape %s (%s)" % (shape, ", ".join(list(REAL) + list(SYNTH))))
             d = os.path.join(self.work, shape)
             for dtype in self.a.dtypes.split(","):
                 if self.a.prepare_only:  # images, layouts, traces and GGUF only (kept), e.g. while the machine is busy
@@ -699,7 +722,7 @@ class Bench:
                 self.clean(d, shape, (".bin",))
 
     def clean(self, d, shape, suffixes):
-        if self.a.keep or shape == "stories260k" or not os.path.isdir(d):
+        if self.a.keep or shape in REAL or not os.path.isdir(d):
             return
         for f in os.listdir(d):
             if f.endswith(suffixes):
@@ -851,7 +874,8 @@ def print_shape(res):
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--build", default=os.path.join(SRC, "build"))
-    ap.add_argument("--shapes", default="stories260k,187m,1b,llama2-7b,mistral-7b")
+    ap.add_argument("--shapes", help="comma-separated (default: stories260k,tiny-relu,small-relu,187m,1b,llama2-7b,"
+                    "mistral-7b; --smoke: tiny-relu,stories260k)")
     ap.add_argument("--dtypes", default="f32,f16,q8_0")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--prompt", type=int, default=16, help="prompt tokens (BOS + fixed ids)")
@@ -871,7 +895,8 @@ def main():
     ap.add_argument("--teacher-forced", action="store_true",
                     help="also replay each of llama.cpp's greedy steps in nl-run from llama.cpp's own prefix (one "
                          "nl-run run per step) and list llama.cpp's top-2 logit margin at each step that differs")
-    ap.add_argument("--smoke", action="store_true", help="stories260k f32, 1 rep, 8 tokens (the test suite's run)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="f32, 1 rep, 8 tokens, 2,048 profile tokens (the test suite's run)")
     ap.add_argument("--json", help="write all figures here")
     ap.add_argument("--kernel-row-only", action="store_true",
                     help="only the kernel row (everything in DRAM: nl-run --select dense vs llama-bench, alternated)")
@@ -891,7 +916,9 @@ def main():
                     help="write the traces, layouts, images and GGUF files (kept for a later run) and stop")
     a = ap.parse_args()
     if a.smoke:
-        a.shapes, a.dtypes, a.reps, a.steps, a.profile_tokens = "stories260k", "f32", 1, 8, 2048
+        a.shapes = a.shapes or "tiny-relu,stories260k"
+        a.dtypes, a.reps, a.steps, a.profile_tokens = "f32", 1, 8, 2048
+    a.shapes = a.shapes or "stories260k,tiny-relu,small-relu,187m,1b,llama2-7b,mistral-7b"
     if a.threads < 1 or a.reps < 1 or a.prompt < 1 or a.steps < 2:
         ap.error("--threads, --reps, --prompt must be >= 1 and --steps >= 2")
     Bench(a).main()
