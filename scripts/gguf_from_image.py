@@ -180,6 +180,10 @@ def main():
     ap.add_argument("--out", required=True, help="output .gguf")
     ap.add_argument("--tokenizer", help="llama2.c tokenizer.bin (default: the manifest's; none: synthetic vocab)")
     ap.add_argument("--gguf-py", help="llama.cpp's gguf-py folder (default: scripts/llamacpp.sh's cache)")
+    ap.add_argument("--arch", choices=("auto", "llama"), default="auto",
+                    help="auto: llama for SiLU models, smallthinker (one expert) for gated-ReLU ones; llama: a "
+                         "gated-ReLU model's weights as a SiLU Llama (a timing twin: the same tensors and work in "
+                         "llama.cpp's dense path, not the model's function; measures the one-expert route's cost)")
     args = ap.parse_args()
 
     gdir = find_gguf_py(args.gguf_py)
@@ -215,7 +219,10 @@ def main():
              "one expert) Llama blocks only" % (mpath, act))
     if bundle["kind"] != "gated":
         fail(EXIT_INPUT, "%s: bundle kind %s: llama.cpp's Llama blocks need a gated FFN" % (mpath, bundle["kind"]))
-    arch = "llama" if act == "silu" else "smallthinker"
+    arch = "llama" if act == "silu" or args.arch == "llama" else "smallthinker"
+    if arch == "llama" and act != "silu":
+        print("gguf_from_image: --arch llama: %s is gated ReLU; the GGUF computes SiLU (a timing twin, different "
+              "tokens)" % image, file=sys.stderr)
     rb = row_bytes(dtype, dim)
     if bundle["bytes"] != 3 * rb:
         fail(EXIT_INPUT, "%s: bundle bytes %d, expected 3 x %d" % (mpath, bundle["bytes"], rb))

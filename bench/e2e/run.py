@@ -302,7 +302,17 @@ class Bench:
             if tok:
                 argv += ["--tokenizer", tok]
             run(self.nice() + argv)
-        return {"images": images, "gguf": gg, "synthetic": synthetic, "trace": trace, "notes": notes,
+        twin = None
+        if self.llama_ok and shape in REAL and json.load(open(images["identity"] + ".json"))["model"].get(
+                "ffn_act") == "relu":
+            # llama.cpp runs a gated-ReLU model through its one-expert MoE route (arch smallthinker), which costs it
+            # decode speed against its dense path; the kernel row also times the same tensors as a SiLU Llama
+            # (--arch llama: a timing twin, not the model's function), so nl-run is compared with the faster one.
+            twin = os.path.join(d, "model.%s.llama-twin.gguf" % dtype)
+            if not os.path.exists(twin):
+                run(self.nice() + ["/usr/bin/python3", os.path.join(SRC, "scripts", "gguf_from_image.py"), "--image",
+                                   images["identity"], "--out", twin, "--gguf-py", self.gguf_py, "--arch", "llama"])
+        return {"images": images, "gguf": gg, "gguf_twin": twin, "synthetic": synthetic, "trace": trace, "notes": notes,
                 "model": model, "held_out": held_out if synthetic else None, "staged": staged}
 
     def kernel_image(self, p):
@@ -427,18 +437,22 @@ class Bench:
                                         if self.a.base_build else [])
         ts = sorted({1, self.a.threads}) if self.has_threads else [1]
         for t in ts:
-            k["threads"][str(t)] = {e: {"tg": [], "pp": []} for e in ["llama"] + [n for n, _ in engines]}
+            k["threads"][str(t)] = {e: {"tg": [], "pp": []} for e in ["llama"] + (
+                ["llama_twin"] if p.get("gguf_twin") else []) + [n for n, _ in engines]}
         for _ in range(self.a.reps):
             for t in ts:
                 cell = k["threads"][str(t)]
                 # pp from an empty cache; tg at the prompt's depth (-d), where nl-run's decode runs (after its
                 # prompt): attention over the same number of cached positions on both sides.
-                base = self.nice() + [self.llama_bench, "-m", p["gguf"], "-t", str(t), "-r", "1", "-o", "json"]
-                for e in json.loads(run(base + ["-p", str(self.a.kernel_prompt), "-n", "0"])["out"]):
-                    cell["llama"]["pp"].append(e["avg_ts"])
-                for e in json.loads(run(base + ["-p", "0", "-n", str(self.a.steps), "-d",
-                                                str(self.a.kernel_prompt)])["out"]):
-                    cell["llama"]["tg"].append(e["avg_ts"])
+                for key, gg in (("llama", p["gguf"]), ("llama_twin", p.get("gguf_twin"))):
+                    if not gg:
+                        continue
+                    base = self.nice() + [self.llama_bench, "-m", gg, "-t", str(t), "-r", "1", "-o", "json"]
+                    for e in json.loads(run(base + ["-p", str(self.a.kernel_prompt), "-n", "0"])["out"]):
+                        cell[key]["pp"].append(e["avg_ts"])
+                    for e in json.loads(run(base + ["-p", "0", "-n", str(self.a.steps), "-d",
+                                                    str(self.a.kernel_prompt)])["out"]):
+                        cell[key]["tg"].append(e["avg_ts"])
                 for name, cli in engines:
                     argv = self.nice() + [os.path.join(cli, "nl-run"), "--threads", str(t), "generate", "--image",
                                           self.kernel_image(p), "--select", "dense",
@@ -777,18 +791,20 @@ def print_kernel_alt(res):
                                               ka["steps"])))
         for t, cell in sorted(ka["threads"].items()):
             for what, label in (("tg", "decode"), ("pp", "prefill")):
-                lv = cell["llama"][what]
-                if not lv:
-                    continue
-                line = "  %s thread%s %-7s llama.cpp %-24s" % (t, "s" if t != "1" else " ", label, fr(lv, "%.1f"))
-                for name in [n for n in cell if n != "llama"]:
-                    v = cell[name][what]
-                    tag = "nl-run" if name == "nl" else "nl-run (--base-build)"
-                    if v:
-                        line += "  %s %-24s %.3fx" % (tag, fr(v, "%.1f"), trunc(med(v) / med(lv), 3))
-                    else:
-                        line += "  %s failed" % tag
-                print(line)
+                for ref, ref_tag in (("llama", "llama.cpp"), ("llama_twin", "llama.cpp dense twin")):
+                    lv = cell.get(ref, {}).get(what)
+                    if not lv:
+                        continue
+                    line = "  %s thread%s %-7s %s %-24s" % (t, "s" if t != "1" else " ", label, ref_tag,
+                                                          fr(lv, "%.1f"))
+                    for name in [n for n in cell if n not in ("llama", "llama_twin")]:
+                        v = cell[name][what]
+                        tag = "nl-run" if name == "nl" else "nl-run (--base-build)"
+                        if v:
+                            line += "  %s %-24s %.3fx" % (tag, fr(v, "%.1f"), trunc(med(v) / med(lv), 3))
+                        else:
+                            line += "  %s failed" % tag
+                    print(line)
 
 
 def teacher_forced_line(tf):
