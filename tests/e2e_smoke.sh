@@ -81,6 +81,11 @@ for smoke, f16 in zip(smoke_all, f16_all):
     if "kernel" in smoke:
         if min(v["tg_tok_s"] for v in smoke["kernel"]["llama"].values()) <= 0:
             bad.append("%s: kernel row without figures" % shape)
+        if shape.endswith("-relu"):  # gated ReLU: llama.cpp's dense timing twin is timed beside the one-expert GGUF
+            cells = smoke.get("kernel_alt", {}).get("threads", {}).values()
+            if not cells or not all(c.get("llama_twin", {}).get("tg") and min(c["llama_twin"]["tg"]) > 0
+                                    for c in cells):
+                bad.append("%s: kernel row without the dense twin's figures" % shape)
     elif "kernel row" in smoke.get("unavailable", {}):
         print("e2e_smoke: %s: kernel row not checked: %s" % (shape, smoke["unavailable"]["kernel row"]))
     else:
