@@ -135,6 +135,7 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
   }
   make_caches();
   prev_needed_.resize(size_t(c.n_layers));
+  pf_window_.assign(size_t(c.n_layers), 0.0);
   if (o.select == SelectMode::kLowRank) {
     if (c.act != FfnAct::kRelu)
       throw UsageError(
@@ -400,6 +401,8 @@ void FlashFfn::set_phase(LowRankPhase p, double target_recall) {
   pred_ = PredictorCounters{};
   ov_ = OverlapCounters{};
   prev_needed_.assign(prev_needed_.size(), {});
+  pf_window_.assign(pf_window_.size(), 0.0);
+  win_layer_ = -1;
 }
 
 void FlashFfn::set_trace_active(int layer, const std::vector<uint32_t>& neurons, int token) {
@@ -427,6 +430,8 @@ void FlashFfn::set_thresholds(const std::vector<float>& t) {
   thr_ = ThresholdCounters{};
   ov_ = OverlapCounters{};
   prev_needed_.assign(prev_needed_.size(), {});
+  pf_window_.assign(pf_window_.size(), 0.0);
+  win_layer_ = -1;
 }
 
 const uint8_t* FlashFfn::bundle(int layer, uint32_t slot) const {
@@ -902,6 +907,8 @@ void FlashFfn::layer_start(int layer, int pos0, int n_tokens, const float* x) {
       if (!(cache && cache->resident(s))) pf_pred_.push_back(s);
   }
   token_.compute_seconds += since(t0);
+  win_layer_ = layer;  // the window is measured from the end of this call (see the return paths below)
+  win_t0_ = Clock::now();
   ++ov_.prefetches;
   ov_.predicted += pf_pred_.size();
   pf_plan_.clear();
@@ -909,9 +916,17 @@ void FlashFfn::layer_start(int layer, int pos0, int n_tokens, const float* x) {
   planners_[size_t(layer)].plan(pf_pred_.data(), pf_pred_.size(), nullptr, pf_plan_);  // no cache: not a token
   // The first read_ahead_bytes of the predicted reads, in slot order (split as the exact reads are).
   make_pieces(layer, pf_plan_.reads, &pf_pieces_, nullptr);
+  // At most read_ahead_bytes, and (with a device model) no more than the device reads, by that model, within the
+  // window this layer's attention gave on the previous token: reads beyond it are not hidden, and those the exact
+  // selection does not use then cost the token their device time (a small model's attention hides almost nothing).
+  const double window = opt_.cost.bandwidth_MBps > 0 ? pf_window_[size_t(layer)] : 0.0;
   uint64_t total = 0;
+  double secs = 0;
   size_t k = 0;
   for (; k < pf_pieces_.size() && total + pf_pieces_[k].length <= opt_.read_ahead_bytes; ++k) {
+    const double t = opt_.cost.seconds(double(pf_pieces_[k].length));
+    if (window > 0 && secs + t > window) break;
+    secs += t;
     pf_pieces_[k].pos = total;
     total += pf_pieces_[k].length;
   }
@@ -925,6 +940,7 @@ void FlashFfn::layer_start(int layer, int pos0, int n_tokens, const float* x) {
   pf_t0_ = Clock::now();
   pf_first_id_ = img_.io().submit(spans.data(), spans.size());
   pf_layer_ = layer;
+  win_t0_ = Clock::now();
   ov_.prefetch_bytes += total;
   token_.reads += spans.size();
   token_.bytes_read += total;
@@ -942,6 +958,8 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
   const bool pf = pf_layer_ == layer;
   if (pf_layer_ >= 0 && !pf) throw InternalError("read-ahead of another layer still pending");
   auto tc = Clock::now();
+  if (win_layer_ == layer) pf_window_[size_t(layer)] = std::chrono::duration<double>(tc - win_t0_).count();
+  win_layer_ = -1;
   double wait = 0;
   if (pf) {
     for (uint32_t s : active_)

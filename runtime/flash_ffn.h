@@ -285,6 +285,11 @@ class FlashFfn : public FfnProvider {
   std::vector<uint8_t> pf_done_;   // per read-ahead span: completed
   std::vector<uint32_t> pf_pred_;  // cross: predicted slots, ascending
   std::chrono::steady_clock::time_point pf_t0_;
+  // cross: per layer, the seconds from the end of layer_start() to the start of that layer's FFN on the previous
+  // decode token (its attention: the window a read-ahead can hide in; 0 = not measured yet), and the pending start.
+  std::vector<double> pf_window_;
+  int win_layer_ = -1;
+  std::chrono::steady_clock::time_point win_t0_;
   struct Copy {  // a piece of an exact read served by a read-ahead span
     uint32_t pf_read, read;
     uint64_t src, dst, bytes;  // positions in pf_staging_ / staging_
