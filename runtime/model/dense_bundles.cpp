@@ -16,8 +16,6 @@ namespace {
 // Outputs per down chunk (a multiple of the 32-weight quantization block): small enough that 2-8 threads get
 // balanced contiguous shares of a 1024-4096 dim, large enough that a neuron's slice is whole cache lines (f16: 256 B).
 constexpr int kDownChunk = 128;
-// Multiply-adds below which a pass stays on the calling thread (as the typed kernels' rule: shape only).
-constexpr long kParallelWork = 1L << 15;
 // Activations (one exp each for SiLU) below which the gating stays on the calling thread.
 constexpr int kParallelAct = 4096;
 

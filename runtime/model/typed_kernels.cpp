@@ -34,9 +34,6 @@ namespace {
 
 typedef float v8f __attribute__((vector_size(32)));
 
-// Work (multiply-adds) below which a matrix product stays on the calling thread: a shape-only rule, so the thread
-// count never decides anything but speed.
-constexpr long kParallelWork = 1L << 15;
 // Activations (tokens x cols) below which their quantization stays on the calling thread.
 constexpr long kParallelQuant = 1L << 14;
 // Outputs per down-projection chunk: one quantization block.

@@ -31,6 +31,10 @@
 
 namespace nl::kernels {
 
+// Work (multiply-adds) below which a matrix product or a loop of row dots stays on the calling thread: a shape-only
+// rule, so the thread count never decides anything but speed. Shared by the typed kernels and the dense FFN passes.
+constexpr long kParallelWork = 1L << 15;
+
 enum class Isa { kPortable, kAvx2, kAvxVnni, kAvx512, kNeon, kNeonDot };
 const char* isa_name(Isa isa);
 // The paths this CPU can run, the portable one first.
