@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-# Writes a GGUF file for llama.cpp (arch "llama", or "smallthinker" for gated-ReLU models) holding exactly the weights of one
-# (model.nlw + model.nlw.json), with llama.cpp's own gguf-py (scripts/llamacpp.sh exposes it). Used by the
-# end-to-end benchmark (bench/e2e/run.py) so that both engines run the same weights.
+# Writes a GGUF file for llama.cpp (arch "llama", or "smallthinker" for gated-ReLU models) holding exactly the
+# weights of one of our flash images (model.nlw + model.nlw.json), with llama.cpp's own gguf-py (scripts/llamacpp.sh
+# exposes it). Used by the end-to-end benchmark (bench/e2e/run.py) so that both engines run the same weights.
 #
 #   gguf_from_image.py --image model.nlw --out model.gguf [--tokenizer tok.bin] [--gguf-py DIR]
 #
@@ -263,17 +263,21 @@ def main():
     plan = []
 
     def add_dense(gname, name, norm=False, heads=0):
-        raw, rows, cols, tdtype = dense_raw(name)
-        if heads:  # smallthinker's NEOX RoPE: q / k rows permuted (whole stored rows: exact for every dtype)
-            raw = neox_rows(np.asarray(raw).reshape(rows, -1), heads).reshape(-1)
+        mapped, rows, cols, tdtype = dense_raw(name)
+
+        def raw():  # the stored bytes, read when the tensor is written (streaming)
+            if heads:  # smallthinker's NEOX RoPE: q / k rows permuted (whole stored rows: exact for every dtype)
+                return neox_rows(np.asarray(mapped).reshape(rows, -1), heads).reshape(-1)
+            return mapped
+
         if norm or tdtype == "f32":
             plan.append((gname, gguf.GGMLQuantizationType.F32, (cols,) if norm else (rows, cols),
-                         lambda: decode(tdtype, raw, rows, cols).reshape(-1) if norm else decode(tdtype, raw, rows,
-                                                                                                  cols)))
+                         lambda: decode(tdtype, raw(), rows, cols).reshape(-1) if norm else decode(tdtype, raw(), rows,
+                                                                                                    cols)))
         else:
             t = {"f16": gguf.GGMLQuantizationType.F16, "bf16": gguf.GGMLQuantizationType.BF16,
                  "q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}[tdtype]
-            plan.append((gname, t, (rows, cols), lambda: np.asarray(raw)))
+            plan.append((gname, t, (rows, cols), lambda: np.asarray(raw())))
 
     def ffn(layer, part):
         """gate (0) / up (1) rows [hidden][dim] in original neuron order, as stored bytes; down (2) [dim][hidden]."""
