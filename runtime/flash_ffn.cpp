@@ -25,9 +25,9 @@ constexpr size_t kClaimChunk = 8;
 // alone; a region whose workers idle through the I/O costs more than it saves on small layers.
 constexpr long kOverlapParallelWork = 1L << 18;
 // --overlap cross: reads ahead beyond what the layer's attention hides only when at least this share of the
-// previous token's predicted slots were needed (a read-ahead beyond the window costs its unused share's device time;
-// measured: real small-relu, ~1/3 needed, 1.23x -> 1.04x of none's time when cut at the window; synthetic
-// Mistral-7B, 85-88 % needed, waited 3-5 % longer for reads when cut there).
+// previous token's predicted slots were needed (a read-ahead beyond the window costs its unused share's device time).
+// Measured (docs/runtime.md): real small-relu, about a third needed, cross went from 1.29x to 1.17x of none's time;
+// synthetic Mistral-7B, 85-88 % needed, waited 3-5 % longer for reads when every layer was cut at the window.
 constexpr double kReadAheadPrecision = 0.5;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
