@@ -410,7 +410,6 @@ void FlashFfn::set_phase(LowRankPhase p, double target_recall) {
   pf_window_.assign(pf_window_.size(), 0.0);
   pf_precision_.assign(pf_precision_.size(), 0.0);
   pred_layer_ = -1;
-  win_layer_ = -1;
 }
 
 void FlashFfn::set_trace_active(int layer, const std::vector<uint32_t>& neurons, int token) {
@@ -441,7 +440,6 @@ void FlashFfn::set_thresholds(const std::vector<float>& t) {
   pf_window_.assign(pf_window_.size(), 0.0);
   pf_precision_.assign(pf_precision_.size(), 0.0);
   pred_layer_ = -1;
-  win_layer_ = -1;
 }
 
 const uint8_t* FlashFfn::bundle(int layer, uint32_t slot) const {
@@ -917,8 +915,7 @@ void FlashFfn::layer_start(int layer, int pos0, int n_tokens, const float* x) {
       if (!(cache && cache->resident(s))) pf_pred_.push_back(s);
   }
   token_.compute_seconds += since(t0);
-  pred_layer_ = layer;
-  win_layer_ = layer;  // the window is measured from the end of this call (see the return paths below)
+  pred_layer_ = layer;  // its window is measured from the end of this call (see the return paths below)
   win_t0_ = Clock::now();
   ++ov_.prefetches;
   ov_.predicted += pf_pred_.size();
@@ -972,22 +969,23 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
   const bool pf = pf_layer_ == layer;
   if (pf_layer_ >= 0 && !pf) throw InternalError("read-ahead of another layer still pending");
   auto tc = Clock::now();
-  if (win_layer_ == layer) pf_window_[size_t(layer)] = std::chrono::duration<double>(tc - win_t0_).count();
-  win_layer_ = -1;
-  if (pred_layer_ == layer) {  // the prediction's precision on this token (whether or not anything was read ahead)
+  double wait = 0;
+  // The layer's window and its prediction's precision on this token (whether or not anything was read ahead), and,
+  // when something was (pf: always a layer just predicted), the read-ahead figures.
+  if (pred_layer_ == layer) {
+    pf_window_[size_t(layer)] = std::chrono::duration<double>(tc - win_t0_).count();
     size_t hit = 0;
-    for (uint32_t s : active_) hit += std::binary_search(pf_pred_.begin(), pf_pred_.end(), s);
+    for (uint32_t s : active_) {
+      const bool predicted = std::binary_search(pf_pred_.begin(), pf_pred_.end(), s);
+      hit += predicted;
+      if (pf && !(cache && cache->resident(s))) {
+        ++ov_.needed;
+        ov_.predicted_needed += predicted;
+      }
+    }
     pf_precision_[size_t(layer)] = pf_pred_.empty() ? 0.0 : double(hit) / double(pf_pred_.size());
   }
   pred_layer_ = -1;
-  double wait = 0;
-  if (pf) {
-    for (uint32_t s : active_)
-      if (!(cache && cache->resident(s))) {
-        ++ov_.needed;
-        ov_.predicted_needed += std::binary_search(pf_pred_.begin(), pf_pred_.end(), s);
-      }
-  }
   planners_[size_t(layer)].plan(active_.data(), active_.size(), cache, plan_);
   // As load_compute(): bytes of slots the cache no longer holds go, except this token's hits.
   if (cache) slab_drop_evicted(layer, cache, plan_.hits);

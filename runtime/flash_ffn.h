@@ -286,13 +286,13 @@ class FlashFfn : public FfnProvider {
   std::vector<uint32_t> pf_pred_;  // cross: predicted slots, ascending
   std::chrono::steady_clock::time_point pf_t0_;
   // cross: per layer, the seconds from the end of layer_start() to the start of that layer's FFN on the previous
-  // decode token (its attention: the window a read-ahead can hide in; 0 = not measured yet), and the pending start.
+  // decode token (its attention: the window a read-ahead can hide in; 0 = not measured yet).
   std::vector<double> pf_window_;
   // cross: per layer, the share of the previous token's predicted slots that its exact selection needed (read
-  // ahead beyond the window only when at least kReadAheadPrecision of them were), and the layer predicted last.
+  // ahead beyond the window only when at least kReadAheadPrecision of them were); the layer predicted last, whose
+  // window and precision are pending, and the start of that window.
   std::vector<double> pf_precision_;
   int pred_layer_ = -1;
-  int win_layer_ = -1;
   std::chrono::steady_clock::time_point win_t0_;
   struct Copy {  // a piece of an exact read served by a read-ahead span
     uint32_t pf_read, read;

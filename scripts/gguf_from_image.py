@@ -301,10 +301,10 @@ def main():
         return gguf.quants.quantize(np.ascontiguousarray(down), qtype)  # requantized along hidden
 
     add_dense("token_embd.weight", "tok_embeddings")
+    neox = arch == "smallthinker"
     for l in range(n_layers):
         p = "layers.%d." % l
         add_dense("blk.%d.attn_norm.weight" % l, p + "rms_att", norm=True)
-        neox = arch == "smallthinker"
         add_dense("blk.%d.attn_q.weight" % l, p + "wq", heads=n_heads if neox else 0)
         add_dense("blk.%d.attn_k.weight" % l, p + "wk", heads=n_kv if neox else 0)
         add_dense("blk.%d.attn_v.weight" % l, p + "wv")

@@ -303,8 +303,9 @@ class Bench:
                 argv += ["--tokenizer", tok]
             run(self.nice() + argv)
         twin = None
-        if self.llama_ok and shape in REAL and json.load(open(images["identity"] + ".json"))["model"].get(
-                "ffn_act") == "relu":
+        kernel_row = not (self.a.no_kernel_row or self.a.agreement_only) and os.access(self.llama_bench, os.X_OK)
+        if self.llama_ok and kernel_row and shape in REAL and json.load(open(images["identity"] + ".json"))[
+                "model"].get("ffn_act") == "relu":
             # llama.cpp runs a gated-ReLU model through its one-expert MoE route (arch smallthinker), which costs it
             # decode speed against its dense path; the kernel row also times the same tensors as a SiLU Llama
             # (--arch llama: a timing twin, not the model's function), so nl-run is compared with the faster one.
