@@ -350,6 +350,14 @@ NL_AVX2 inline __m256i hsum8x8(const __m256i* s) {
   return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
+// The sum of 8 int32 lanes (exact), for one block's dot after the last whole 8-block group.
+NL_AVX2 inline int32_t hsum_epi32(__m256i s) {
+  __m128i v = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4e));
+  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0xb1));
+  return _mm_cvtsi128_si32(v);
+}
+
 // 32 signed weights (-127..127 as the quantizers write them, or -8..7) times 32 int8 activations, as 8 int32 partial
 // sums. maddubs on |w| and sign(w) * x is exact for |w| <= 127 (a -128 weight could saturate: no quantizer writes one).
 NL_AVX2 inline __m256i idot32_avx2(__m256i w, __m256i x) {
@@ -392,7 +400,11 @@ NL_AVX2 inline __m256i wq32(const BlockQ4_0& b) { return q4_unpack(b); }
     alignas(32) float a[8];                                                                                  \
     _mm256_store_ps(a, acc);                                                                                 \
     float tail = 0.0f;                                                                                       \
-    for (; b < nb; ++b) tail += float(Isum(w[b], x[b])) * (f16_to_f32(w[b].d) * f16_to_f32(x[b].d));         \
+    for (; b < nb; ++b) {                                                                                    \
+      const int32_t isum =                                                                                   \
+          hsum_epi32(IDOT(wq32(w[b]), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs))));       \
+      tail += float(isum) * (f16c_to_f32(w[b].d) * f16c_to_f32(x[b].d));                                     \
+    }                                                                                                        \
     return reduce8(a) + tail;                                                                                \
   }
 NL_DOT_BLOCKS_X86(dot_blocks_avx2, NL_AVX2, idot32_avx2)
@@ -556,6 +568,16 @@ NL_512 inline __m256 scales8(const B* blk) {
   return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(g));
 }
 
+// One block's integer dot (Isum's exact value) for the blocks after the last whole 8-block group: dpbusd and an
+// integer sum of the lanes. Rows of a multiple of 32 but not of 256 elements (dim 384: 4 blocks of every 12) spent
+// more time in the scalar form of these few blocks, with a software f16 conversion per scale, than in the groups.
+template <class B>
+NL_512 inline int32_t isum_512(const B& w, const BlockQ8_0& x, int32_t xsum) {
+  const __m256i s =
+      _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu32(w), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs)));
+  return hsum_epi32(s) - (xsum << kWOffsetShift<B>);
+}
+
 template <class B, int32_t (*Isum)(const B&, const BlockQ8_0&)>
 NL_512 float dot_blocks_512(const B* w, const BlockQ8_0* x, int nb) {
   const int32_t* xs = xq_sums(x, nb);
@@ -575,7 +597,7 @@ NL_512 float dot_blocks_512(const B* w, const BlockQ8_0* x, int nb) {
   alignas(32) float a[8];
   _mm256_store_ps(a, acc);
   float tail = 0.0f;
-  for (; b < nb; ++b) tail += float(Isum(w[b], x[b])) * (f16_to_f32(w[b].d) * f16_to_f32(x[b].d));
+  for (; b < nb; ++b) tail += float(isum_512(w[b], x[b], xs[b])) * (f16c_to_f32(w[b].d) * f16c_to_f32(x[b].d));
   return reduce8(a) + tail;
 }
 
@@ -606,13 +628,19 @@ NL_512 void rows_blocks_512(const uint8_t* w, size_t stride, const void* xv, int
       acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
     }
   }
+  // The remaining blocks, each row's in order (x's block loaded once for all rows).
+  float tail[R] = {};
+  for (int c = b; c < nb; ++c) {
+    const float dx = f16c_to_f32(x[c].d);
+    for (int r = 0; r < R; ++r) {
+      const B& wc = reinterpret_cast<const B*>(w + size_t(r) * stride)[c];
+      tail[r] += float(isum_512(wc, x[c], xs[c])) * (f16c_to_f32(wc.d) * dx);
+    }
+  }
   for (int r = 0; r < R; ++r) {
-    const B* wr = reinterpret_cast<const B*>(w + size_t(r) * stride);
     alignas(32) float a[8];
     _mm256_store_ps(a, acc[r]);
-    float tail = 0.0f;
-    for (int c = b; c < nb; ++c) tail += float(Isum(wr[c], x[c])) * (f16_to_f32(wr[c].d) * f16_to_f32(x[c].d));
-    y[r] = reduce8(a) + tail;
+    y[r] = reduce8(a) + tail[r];
   }
 }
 
@@ -1054,19 +1082,19 @@ NL_DOTPROD inline int32_t idot32_dotprod(int8x16x2_t w, const int8_t* xq) {
   return vaddvq_s32(vdotq_s32(vdotq_s32(vdupq_n_s32(0), w.val[0], x0), w.val[1], x1));
 }
 
-#define NL_DOT_BLOCKS_NEON(NAME, TARGET, IDOT)                                                       \
-  template <class B, int32_t (*Isum)(const B&, const BlockQ8_0&)>                                    \
-  TARGET float NAME(const B* w, const BlockQ8_0* x, int nb) {                                        \
-    float acc[8] = {};                                                                               \
-    int b = 0;                                                                                       \
-    for (; b + 8 <= nb; b += 8) {                                                                    \
-      int32_t s[8];                                                                                  \
-      for (int l = 0; l < 8; ++l) s[l] = IDOT(wq32(w[b + l]), x[b + l].qs);                          \
-      block_lanes(acc, s, w + b, x + b);                                                             \
-    }                                                                                                \
-    float tail = 0.0f;                                                                               \
-    for (; b < nb; ++b) tail += float(Isum(w[b], x[b])) * (f16_to_f32(w[b].d) * f16_to_f32(x[b].d)); \
-    return reduce8(acc) + tail;                                                                      \
+#define NL_DOT_BLOCKS_NEON(NAME, TARGET, IDOT)                                                                  \
+  template <class B, int32_t (*Isum)(const B&, const BlockQ8_0&)>                                               \
+  TARGET float NAME(const B* w, const BlockQ8_0* x, int nb) {                                                   \
+    float acc[8] = {};                                                                                          \
+    int b = 0;                                                                                                  \
+    for (; b + 8 <= nb; b += 8) {                                                                               \
+      int32_t s[8];                                                                                             \
+      for (int l = 0; l < 8; ++l) s[l] = IDOT(wq32(w[b + l]), x[b + l].qs);                                     \
+      block_lanes(acc, s, w + b, x + b);                                                                        \
+    }                                                                                                           \
+    float tail = 0.0f;                                                                                          \
+    for (; b < nb; ++b) tail += float(IDOT(wq32(w[b]), x[b].qs)) * (f16n_to_f32(w[b].d) * f16n_to_f32(x[b].d)); \
+    return reduce8(acc) + tail;                                                                                 \
   }
 NL_DOT_BLOCKS_NEON(dot_blocks_neon, , idot32_neon)
 NL_DOT_BLOCKS_NEON(dot_blocks_dotprod, NL_DOTPROD, idot32_dotprod)
