@@ -459,31 +459,38 @@ const uint8_t* FlashFfn::bundle(int layer, uint32_t slot) const {
                       " neither read nor cached");
 }
 
-float FlashFfn::coefficient(size_t i, GateFrom from) const {
-  // kernels::ffn_bundles's first phase, number for number: h_i = g_i * (up_i . x), zero when g_i is zero.
-  const int dim = m_.config.dim;
-  const ImageDtype dt = m_.dtype;
+void FlashFfn::coefficients(size_t j0, size_t j1, const uint32_t* ids, GateFrom from) {
+  // kernels::ffn_bundles's first phase, number for number: h_k = g_k * (up_k . x), zero when g_k is zero.
+  const kernels::BundleGate gate = from == GateFrom::kGiven        ? kernels::BundleGate::kGiven
+                                   : from == GateFrom::kBundleRelu ? kernels::BundleGate::kRelu
+                                                                   : kernels::BundleGate::kSilu;
   const void* xr = xq_.row(xrow_);
-  const uint8_t* b = bundles_[i];
-  float gi;
-  if (from == GateFrom::kGiven) {
-    gi = g_by_slot_[active_[i]];
-  } else {
-    gi = kernels::row_dot(dt, b, xr, dim);
-    if (from == GateFrom::kBundleRelu) {
-      if (!(gi > 0.0f)) gi = 0.0f;
-    } else {
-      gi = gi / (1.0f + std::exp(-gi));
+  constexpr size_t kC = kernels::kBundleChunk;
+  const uint8_t* b[kC];
+  float g[kC], h[kC];
+  for (size_t c = j0; c < j1; c += kC) {
+    const size_t m = std::min(kC, j1 - c);
+    for (size_t i = 0; i < m; ++i) {
+      const size_t k = ids ? ids[c + i] : c + i;
+      b[i] = bundles_[k];
+      if (from == GateFrom::kGiven) g[i] = g_by_slot_[active_[k]];
     }
+    kernels::bundle_coefficients(m_.dtype, m_.config.dim, xr, gate, g, b, int(m), h);
+    for (size_t i = 0; i < m; ++i) h_[ids ? ids[c + i] : c + i] = h[i];
   }
-  return gi == 0.0f ? 0.0f : gi * kernels::row_dot(dt, b + row_bytes_, xr, dim);
+}
+
+void FlashFfn::coefficients_parallel(size_t k0, size_t k1, GateFrom from) {
+  constexpr size_t kC = kernels::kBundleChunk;
+  const long chunks = long((k1 - k0 + kC - 1) / kC);
+#pragma omp parallel for schedule(static) if (long(k1 - k0) * m_.config.dim > kOverlapParallelWork)
+  for (long c = 0; c < chunks; ++c)
+    coefficients(k0 + size_t(c) * kC, std::min(k1, k0 + size_t(c + 1) * kC), nullptr, from);
 }
 
 void FlashFfn::compute_range(int layer, size_t k0, size_t k1, GateFrom from, float* out, bool accumulate) {
-  const long n = long(k1 - k0);
   for (size_t k = k0; k < k1; ++k) bundles_[k] = bundle(layer, active_[k]);
-#pragma omp parallel for schedule(static) if (n * m_.config.dim > kOverlapParallelWork)
-  for (long k = long(k0); k < long(k1); ++k) h_[size_t(k)] = coefficient(size_t(k), from);
+  coefficients_parallel(k0, k1, from);
   // The neurons ffn_bundles keeps (with the gate from the bundle, those whose h is not zero), in slot order.
   hd_.clear();
   downs_.clear();
@@ -615,15 +622,11 @@ bool FlashFfn::begin_ordered(int layer) {
 
 void FlashFfn::compute_ordered(int layer, size_t k0, size_t k1, GateFrom from, float* out, bool last,
                                bool coefficients) {
-  const long cnt = long(k1 - k0);
   for (size_t k = k0; k < k1; ++k) {
     if (coefficients) bundles_[k] = bundle(layer, active_[k]);
     down_of_[k] = bundles_[k] + 2 * row_bytes_;
   }
-  if (coefficients) {
-#pragma omp parallel for schedule(static) if (cnt * m_.config.dim > kOverlapParallelWork)
-    for (long k = long(k0); k < long(k1); ++k) h_[size_t(k)] = coefficient(size_t(k), from);
-  }
+  if (coefficients) coefficients_parallel(k0, k1, from);
   // Every index landed so far (< k1) whose turn came, in first-copy order, kept as compute_range keeps them.
   hd_.clear();
   downs_.clear();
@@ -957,9 +960,7 @@ void FlashFfn::layer_start(int layer, int pos0, int n_tokens, const float* x) {
   token_.bytes_read += total;
 }
 
-void FlashFfn::bundle_coefficients(size_t k0, size_t k1, GateFrom from) {
-  for (size_t k = k0; k < k1; ++k) h_[idx_[k]] = coefficient(idx_[k], from);
-}
+void FlashFfn::bundle_coefficients(size_t k0, size_t k1, GateFrom from) { coefficients(k0, k1, idx_.data(), from); }
 
 void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
   const int dim = m_.config.dim;

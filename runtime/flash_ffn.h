@@ -246,8 +246,11 @@ class FlashFfn : public FfnProvider {
   const uint8_t* bundle(int layer, uint32_t slot) const;
   // Active indices [k0, k1): coefficients then down projection into `out` (continuing its sums when `accumulate`).
   void compute_range(int layer, size_t k0, size_t k1, GateFrom from, float* out, bool accumulate);
-  float coefficient(size_t i, GateFrom from) const;  // kernels::ffn_bundles's h_i for active index i
-  int xrow_ = 0;                                     // the token of xq_ that coefficient() multiplies
+  // kernels::ffn_bundles's h_k into h_[k] for the active indices k = ids[j] (or j without ids), j in [j0, j1).
+  void coefficients(size_t j0, size_t j1, const uint32_t* ids, GateFrom from);
+  // The same for k in [k0, k1), in chunks over the threads when the work pays for them.
+  void coefficients_parallel(size_t k0, size_t k1, GateFrom from);
+  int xrow_ = 0;  // the token of xq_ that coefficient() multiplies
   // Token `t` of a pass: its exact (or predicted) set into active_ and, for kGiven, g_by_slot_; `g` holds its gate
   // outputs when the mode has gate rows (computed by the caller; SiLU activations are applied in place).
   GateFrom select_token(int layer, int t, const float* xt, float* g);

@@ -189,6 +189,65 @@ TEST_CASE("every kernel path equals the portable reference bit for bit (row dots
   }
 }
 
+// Rows at listed addresses (the neuron cache's bundles): row_dots gives row_dot's bits row by row, on every path, for
+// row counts around the kernels' row block and rows listed out of order (one twice); bundle_coefficients gives the
+// one-neuron-at-a-time coefficients g_i * (up_i . x) with given, ReLU and SiLU gates (h = 0 where the gate is 0).
+TEST_CASE("row_dots and bundle_coefficients equal row_dot row by row, bit for bit, every path") {
+  IsaGuard guard;
+  for (ImageDtype dt : kDtypes) {
+    const bool q = image_dtype_quantized(dt);
+    const std::vector<int> sizes =
+        q ? std::vector<int>{32, 9 * 32, 12 * 32, 67 * 32} : std::vector<int>{7, 33, 100, 384, 1031};
+    for (int cols : sizes) {
+      CAPTURE(image_dtype_name(dt));
+      CAPTURE(cols);
+      const int rows = 37;  // bundles of [gate | up]: rows 2s and 2s + 1 of the matrix
+      TypedMatrix m = make_matrix(dt, 2 * rows, cols, 41 + uint64_t(cols));
+      const std::vector<float> x = random_x(cols, 43 + uint64_t(cols));
+      kernels::PreparedX px;
+      px.prepare(dt, x.data(), 1, cols);
+      std::vector<const uint8_t*> list, bundles;
+      for (int r = rows - 1; r >= 0; --r) list.push_back(m.bytes.data() + size_t(2 * r + 1) * m.stride);
+      list.push_back(list[3]);
+      for (int r = 0; r < rows; ++r) bundles.push_back(m.bytes.data() + size_t(2 * r) * m.stride);
+      std::vector<float> gv(static_cast<size_t>(rows));
+      for (int r = 0; r < rows; ++r) gv[size_t(r)] = r % 3 == 0 ? 0.0f : float(r - 18) / 7.0f;
+      for (kernels::Isa isa : kernels::available_isas()) {
+        CAPTURE(kernels::isa_name(isa));
+        kernels::set_isa(isa);
+        for (int n : {1, 3, 4, 5, 8, int(list.size())}) {
+          std::vector<float> got(static_cast<size_t>(n), -1.0f);
+          kernels::row_dots(dt, list.data(), n, px.row(0), cols, got.data());
+          for (int i = 0; i < n; ++i) {
+            const float want = kernels::row_dot(dt, list[size_t(i)], px.row(0), cols);
+            CHECK(std::memcmp(&got[size_t(i)], &want, sizeof want) == 0);
+          }
+        }
+        for (auto gate : {kernels::BundleGate::kGiven, kernels::BundleGate::kRelu, kernels::BundleGate::kSilu}) {
+          std::vector<float> h(static_cast<size_t>(rows), -1.0f);
+          // the matrix rows hold [gate | up] pairs: stride 2 rows, so the up row follows at m.stride bytes, which
+          // image_row_bytes(dt, cols) is (rows packed at their own size)
+          REQUIRE(m.stride == image_row_bytes(dt, size_t(cols)));
+          kernels::bundle_coefficients(dt, cols, px.row(0), gate, gv.data(), bundles.data(), rows, h.data());
+          for (int r = 0; r < rows; ++r) {
+            float g = gv[size_t(r)];
+            if (gate != kernels::BundleGate::kGiven) {
+              g = kernels::row_dot(dt, bundles[size_t(r)], px.row(0), cols);
+              if (gate == kernels::BundleGate::kRelu)
+                g = g > 0.0f ? g : 0.0f;
+              else
+                g = g / (1.0f + std::exp(-g));
+            }
+            const float want =
+                g == 0.0f ? 0.0f : g * kernels::row_dot(dt, bundles[size_t(r)] + m.stride, px.row(0), cols);
+            CHECK(std::memcmp(&h[size_t(r)], &want, sizeof want) == 0);
+          }
+        }
+      }
+    }
+  }
+}
+
 // Prefill's token tiles (several tokens per weight load) change the loop, never a number: every (row, token) of a
 // matmul over n = 1..9 tokens equals that token alone on the same path and on the portable one, for every dtype, the
 // interleaved q8_0 layout, row counts that are not a multiple of the row block (or span several panels of blocks) and

@@ -113,10 +113,29 @@ constexpr int kOB = 2;  // weight rows per tile (4 x 2 accumulators + 6 operands
 #define NL_KERNEL_CLONES
 #endif
 
+// Fewer tokens than a tile (decode): kOBRow rows per tile, token by token, so that each row's add chain overlaps the
+// others' (one row at a time waits on its one chain's add latency).
+constexpr int kOBRow = 4;
+
 NL_KERNEL_CLONES
 void matmul_impl(float* y, const float* x, const float* w, int n, int in, int out) {
-  const int tb = (n + kTB - 1) / kTB, ob = (out + kOB - 1) / kOB;
   const long work = long(n) * in * out;
+  if (n < kTB) {
+    const int ob = (out + kOBRow - 1) / kOBRow;
+#pragma omp parallel for schedule(static) if (work > (1L << 21))
+    for (int bo = 0; bo < ob; ++bo) {
+      const int o0 = bo * kOBRow;
+      for (int t = 0; t < n; ++t) {
+        if (o0 + kOBRow <= out) {
+          tile<1, kOBRow>(y, x, w, in, out, t, o0);
+        } else {
+          for (int o = o0; o < out; ++o) tile<1, 1>(y, x, w, in, out, t, o);
+        }
+      }
+    }
+    return;
+  }
+  const int tb = (n + kTB - 1) / kTB, ob = (out + kOB - 1) / kOB;
   // Below ~2M multiply-adds (tiny layers) waking the team costs more than it saves, badly so on a loaded machine.
 #pragma omp parallel for collapse(2) schedule(static) if (work > (1L << 21))
   for (int bo = 0; bo < ob; ++bo)
@@ -262,6 +281,7 @@ void matmul_acc64_portable(float* y, const float* x, const float* w, int n, int 
   matmul_acc64_impl(y, x, w, n, in, out);
 }
 
+NL_KERNEL_CLONES
 float dot(const float* a, const float* b, int n) {
   float y;
   tile<1, 1>(&y, a, b, n, 1, 0, 0);

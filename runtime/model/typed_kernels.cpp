@@ -69,6 +69,20 @@ __attribute__((always_inline)) inline float reduce8(const float* a) {
   return (s0 + s2) + (s1 + s3);
 }
 
+// Where a multi-row kernel finds its rows: `stride` bytes apart (a matrix; its kernels request the next row block's
+// bytes as they go), or at listed addresses (bundles scattered in the neuron cache: nothing regular to request ahead).
+struct StrideRows {
+  const uint8_t* w;
+  size_t stride;
+  static constexpr bool kAhead = true;
+  const uint8_t* operator[](int r) const { return w + size_t(r) * stride; }
+};
+struct ListRows {
+  const uint8_t* const* w;
+  static constexpr bool kAhead = false;
+  const uint8_t* operator[](int r) const { return w[r]; }
+};
+
 // Software prefetch of a byte range (no effect on any number). Rows inside bundles are short runs at a large
 // stride ([gate | up | down] per neuron), which the hardware stream prefetchers do not follow across the gaps:
 // the dot and down loops request the next rows' bytes ahead themselves.
@@ -147,6 +161,14 @@ struct Table {
   // The multi-row kernels prefetch the next row block themselves (prefetch_ahead): matmul adds no burst of its own.
   bool rows_prefetch = false;
 };
+
+// kRowBlock rows at listed addresses against one prepared activation row (row_dots): y[r] = row_dot of row r, bit for
+// bit. One per dtype; null where a path has none (row_dots then runs row_dot row by row).
+using RowsListFn = void (*)(const uint8_t* const* w, const void* x, int n, float* y);
+struct ListTable {
+  RowsListFn f32 = nullptr, f16 = nullptr, bf16 = nullptr, q8 = nullptr, q4 = nullptr;
+};
+const ListTable kListNone = {};
 
 // Interleaved q8_0 (q8_interleave): a group of 8 blocks is 272 bytes, its 8 scales first, then 8 steps of 32 bytes.
 constexpr int kX8Group = 8 * int(sizeof(BlockQ8_0));
@@ -306,8 +328,8 @@ NL_AVX2 inline __m256 cvt8(const uint8_t* p) {
 
 // R rows (`stride` bytes apart) against one x: 4 accumulators per row (lanes 0-7, 8-15, 16-23, 24-31); with R = 2,
 // eight independent FMA chains hide the FMA latency that one row's four wait on.
-template <bool Bf16, int R>
-NL_AVX2 inline void dot_h16_avx2_rows(const uint8_t* w, size_t stride, const float* x, int n, float* y) {
+template <bool Bf16, int R, class Rows>
+NL_AVX2 inline void dot_h16_avx2_rows(Rows w, const float* x, int n, float* y) {
   __m256 a[R][4];
   for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm256_setzero_ps();
   int i = 0;
@@ -315,7 +337,7 @@ NL_AVX2 inline void dot_h16_avx2_rows(const uint8_t* w, size_t stride, const flo
     const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8), x2 = _mm256_loadu_ps(x + i + 16),
                  x3 = _mm256_loadu_ps(x + i + 24);
     for (int r = 0; r < R; ++r) {
-      const uint8_t* wr = w + size_t(r) * stride + 2 * size_t(i);
+      const uint8_t* wr = w[r] + 2 * size_t(i);
       a[r][0] = _mm256_fmadd_ps(cvt8<Bf16>(wr), x0, a[r][0]);
       a[r][1] = _mm256_fmadd_ps(cvt8<Bf16>(wr + 16), x1, a[r][1]);
       a[r][2] = _mm256_fmadd_ps(cvt8<Bf16>(wr + 32), x2, a[r][2]);
@@ -323,7 +345,7 @@ NL_AVX2 inline void dot_h16_avx2_rows(const uint8_t* w, size_t stride, const flo
     }
   }
   for (int r = 0; r < R; ++r) {
-    const uint8_t* wr = w + size_t(r) * stride;
+    const uint8_t* wr = w[r];
     alignas(32) float s[8];
     _mm256_store_ps(s, _mm256_add_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_add_ps(a[r][2], a[r][3])));
     const float tail = h16_tail<Bf16>(wr, x, i, n);
@@ -333,13 +355,42 @@ NL_AVX2 inline void dot_h16_avx2_rows(const uint8_t* w, size_t stride, const flo
 template <bool Bf16>
 NL_AVX2 float dot_h16_avx2(const uint8_t* w, const float* x, int n) {
   float y;
-  dot_h16_avx2_rows<Bf16, 1>(w, 0, x, n, &y);
+  dot_h16_avx2_rows<Bf16, 1>(StrideRows{w, 0}, x, n, &y);
   return y;
 }
 template <bool Bf16>
 NL_AVX2 void rows_h16_avx2(const uint8_t* w, size_t stride, const float* x, int n, float* y) {
   static_assert(kRowBlock % 2 == 0);
-  for (int r = 0; r < kRowBlock; r += 2) dot_h16_avx2_rows<Bf16, 2>(w + size_t(r) * stride, stride, x, n, y + r);
+  for (int r = 0; r < kRowBlock; r += 2)
+    dot_h16_avx2_rows<Bf16, 2>(StrideRows{w + size_t(r) * stride, stride}, x, n, y + r);
+}
+template <bool Bf16>
+NL_AVX2 void rowsl_h16_avx2(const uint8_t* const* w, const void* x, int n, float* y) {
+  for (int r = 0; r < kRowBlock; r += 2)
+    dot_h16_avx2_rows<Bf16, 2>(ListRows{w + r}, static_cast<const float*>(x), n, y + r);
+}
+
+// f32 rows at listed addresses: kernels::dot's numbers (8 lanes, products and sums rounded separately, reduce8, the
+// scalar tail), R rows' add chains side by side (one row alone waits on its chain's add latency).
+template <int R>
+NL_AVX2 void rowsl_f32_avx2(const uint8_t* const* w, const void* xv, int n, float* y) {
+  const float* x = static_cast<const float*>(xv);
+  __m256 a[R];
+  for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 xi = _mm256_loadu_ps(x + i);
+    for (int r = 0; r < R; ++r)
+      a[r] = _mm256_add_ps(a[r], _mm256_mul_ps(_mm256_loadu_ps(reinterpret_cast<const float*>(w[r]) + i), xi));
+  }
+  for (int r = 0; r < R; ++r) {
+    const float* wr = reinterpret_cast<const float*>(w[r]);
+    alignas(32) float s[8];
+    _mm256_store_ps(s, a[r]);
+    float tail = 0.0f;
+    for (int j = i; j < n; ++j) tail += wr[j] * x[j];
+    y[r] = reduce8(s) + tail;
+  }
 }
 
 // Eight int32x8 vectors to one: lane k = the sum of vector k's lanes (integer: exact in any order).
@@ -515,23 +566,22 @@ NL_512 inline float fold32(__m512 a0, __m512 a1) {
   return reduce8(s);
 }
 
-template <bool Bf16, int R>
-NL_512 inline void dot_h16_512_rows(const uint8_t* w, size_t stride, const float* x, int n, float* y) {
+template <bool Bf16, int R, class Rows>
+NL_512 inline void dot_h16_512_rows(Rows w, const float* x, int n, float* y) {
   __m512 a[R][2];
   for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm512_setzero_ps();
   int i = 0;
   for (; i + 32 <= n; i += 32) {
     const __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
     for (int r = 0; r < R; ++r) {
-      const uint8_t* wr = w + size_t(r) * stride + 2 * size_t(i);
-      if constexpr (R > 1) prefetch_ahead(wr, R * stride, 64);
+      const uint8_t* wr = w[r] + 2 * size_t(i);
+      if constexpr (R > 1 && Rows::kAhead) prefetch_ahead(wr, R * w.stride, 64);
       a[r][0] = _mm512_fmadd_ps(cvt16<Bf16>(wr), x0, a[r][0]);
       a[r][1] = _mm512_fmadd_ps(cvt16<Bf16>(wr + 32), x1, a[r][1]);
     }
   }
   for (int r = 0; r < R; ++r) {
-    const uint8_t* wr = w + size_t(r) * stride;
-    const float tail = h16_tail<Bf16>(wr, x, i, n);
+    const float tail = h16_tail<Bf16>(w[r], x, i, n);
     y[r] = fold32(a[r][0], a[r][1]) + tail;
   }
 }
@@ -539,12 +589,16 @@ NL_512 inline void dot_h16_512_rows(const uint8_t* w, size_t stride, const float
 template <bool Bf16>
 NL_512 float dot_h16_512(const uint8_t* w, const float* x, int n) {
   float y;
-  dot_h16_512_rows<Bf16, 1>(w, 0, x, n, &y);
+  dot_h16_512_rows<Bf16, 1>(StrideRows{w, 0}, x, n, &y);
   return y;
 }
 template <bool Bf16>
 NL_512 void rows_h16_512(const uint8_t* w, size_t stride, const float* x, int n, float* y) {
-  dot_h16_512_rows<Bf16, kRowBlock>(w, stride, x, n, y);
+  dot_h16_512_rows<Bf16, kRowBlock>(StrideRows{w, stride}, x, n, y);
+}
+template <bool Bf16>
+NL_512 void rowsl_h16_512(const uint8_t* const* w, const void* x, int n, float* y) {
+  dot_h16_512_rows<Bf16, kRowBlock>(ListRows{w}, static_cast<const float*>(x), n, y);
 }
 
 // 32 weights as unsigned bytes u with w = u - off: q8_0 flips the sign bit (u = w + 128), q4_0 takes the nibbles as
@@ -604,8 +658,8 @@ NL_512 float dot_blocks_512(const B* w, const BlockQ8_0* x, int nb) {
 // R rows at once: each 8-block group's activation quants, their sums' correction and scales are loaded once for all
 // rows (short rows of small models spend as much on that and on the call as on the dots). Per row, the operations
 // and their order are dot_blocks_512's.
-template <class B, int32_t (*Isum)(const B&, const BlockQ8_0&), int R>
-NL_512 void rows_blocks_512(const uint8_t* w, size_t stride, const void* xv, int n, float* y) {
+template <class B, int R, class Rows>
+NL_512 inline void rows_blocks_512_at(Rows w, const void* xv, int n, float* y) {
   const BlockQ8_0* x = static_cast<const BlockQ8_0*>(xv);
   const int nb = n / kQuantBlock;
   const int32_t* xs = xq_sums(x, nb);
@@ -619,8 +673,9 @@ NL_512 void rows_blocks_512(const uint8_t* w, size_t stride, const void* xv, int
         _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + b)), kWOffsetShift<B>);
     const __m256 dx = scales8(x + b);
     for (int r = 0; r < R; ++r) {
-      const B* wr = reinterpret_cast<const B*>(w + size_t(r) * stride);
-      prefetch_ahead(reinterpret_cast<const uint8_t*>(wr + b), R * stride, 8 * int(sizeof(B)));
+      const B* wr = reinterpret_cast<const B*>(w[r]);
+      if constexpr (Rows::kAhead)
+        prefetch_ahead(reinterpret_cast<const uint8_t*>(wr + b), R * w.stride, 8 * int(sizeof(B)));
       __m256i s[8];
       for (int k = 0; k < 8; ++k) s[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu32(wr[b + k]), xq[k]);
       const __m256i isum = _mm256_sub_epi32(hsum8x8(s), corr);
@@ -633,7 +688,7 @@ NL_512 void rows_blocks_512(const uint8_t* w, size_t stride, const void* xv, int
   for (int c = b; c < nb; ++c) {
     const float dx = f16c_to_f32(x[c].d);
     for (int r = 0; r < R; ++r) {
-      const B& wc = reinterpret_cast<const B*>(w + size_t(r) * stride)[c];
+      const B& wc = reinterpret_cast<const B*>(w[r])[c];
       tail[r] += float(isum_512(wc, x[c], xs[c])) * (f16c_to_f32(wc.d) * dx);
     }
   }
@@ -642,6 +697,14 @@ NL_512 void rows_blocks_512(const uint8_t* w, size_t stride, const void* xv, int
     _mm256_store_ps(a, acc[r]);
     y[r] = reduce8(a) + tail[r];
   }
+}
+template <class B, int R>
+NL_512 void rows_blocks_512(const uint8_t* w, size_t stride, const void* x, int n, float* y) {
+  rows_blocks_512_at<B, R>(StrideRows{w, stride}, x, n, y);
+}
+template <class B>
+NL_512 void rowsl_blocks_512(const uint8_t* const* w, const void* x, int n, float* y) {
+  rows_blocks_512_at<B, kRowBlock>(ListRows{w}, x, n, y);
 }
 
 // Interleaved q8_0: step s of a group puts quants 4s..4s+3 of block j in lane j, so dpbusd accumulates every
@@ -1009,8 +1072,8 @@ const Table kAvx512 = {dot_h16_512<false>,
                        down_h16_512<true>,
                        down_blocks_512<BlockQ8_0>,
                        down_blocks_512<BlockQ4_0>,
-                       rows_blocks_512<BlockQ8_0, isum_q8, kRowBlock>,
-                       rows_blocks_512<BlockQ4_0, isum_q4, kRowBlock>,
+                       rows_blocks_512<BlockQ8_0, kRowBlock>,
+                       rows_blocks_512<BlockQ4_0, kRowBlock>,
                        rows_q8x8_512<kRowBlock>,
                        dot_q8x8_512,
                        tile_q8x8_512,
@@ -1021,6 +1084,9 @@ const Table kAvx512 = {dot_h16_512<false>,
                        down_tile_h16_512<false>,
                        down_tile_h16_512<true>,
                        true};
+const ListTable kListAvx2 = {rowsl_f32_avx2<kRowBlock>, rowsl_h16_avx2<false>, rowsl_h16_avx2<true>};
+const ListTable kList512 = {rowsl_f32_avx2<kRowBlock>, rowsl_h16_512<false>, rowsl_h16_512<true>,
+                            rowsl_blocks_512<BlockQ8_0>, rowsl_blocks_512<BlockQ4_0>};
 #pragma GCC diagnostic pop
 #endif
 
@@ -1258,6 +1324,20 @@ const Table* table_of(Isa isa) {
   }
 }
 
+const ListTable* list_table_of(Isa isa) {
+  switch (isa) {
+#if defined(__x86_64__)
+    case Isa::kAvx2:
+    case Isa::kAvxVnni:
+      return &kListAvx2;
+    case Isa::kAvx512:
+      return &kList512;
+#endif
+    default:
+      return &kListNone;
+  }
+}
+
 Isa best_isa() {
   const std::vector<Isa> a = available_isas();
   return a.back();
@@ -1265,6 +1345,7 @@ Isa best_isa() {
 
 Isa g_isa = best_isa();
 const Table* g_table = table_of(g_isa);
+const ListTable* g_list = list_table_of(g_isa);
 
 }  // namespace
 
@@ -1299,6 +1380,7 @@ void set_isa(Isa isa) {
   if (!isa_supported(isa)) throw InternalError(std::string("kernel path ") + isa_name(isa) + " is not available here");
   g_isa = isa;
   g_table = table_of(isa);
+  g_list = list_table_of(isa);
 }
 
 void PreparedX::prepare(ImageDtype w_dtype, const float* x, int n, int cols) {
@@ -1389,6 +1471,18 @@ float row_dot(ImageDtype dt, const uint8_t* w, const void* x, int n) {
       return g_table->dot_q4(reinterpret_cast<const BlockQ4_0*>(w), static_cast<const BlockQ8_0*>(x), n / kQuantBlock);
   }
   throw InternalError("row_dot: unknown dtype");
+}
+
+void row_dots(ImageDtype dt, const uint8_t* const* w, int n, const void* x, int cols, float* y) {
+  const RowsListFn fn = dt == ImageDtype::kF32    ? g_list->f32
+                        : dt == ImageDtype::kF16  ? g_list->f16
+                        : dt == ImageDtype::kBF16 ? g_list->bf16
+                        : dt == ImageDtype::kQ8_0 ? g_list->q8
+                                                  : g_list->q4;
+  int i = 0;
+  if (fn)
+    for (; i + kRowBlock <= n; i += kRowBlock) fn(w + i, x, cols, y + i);
+  for (; i < n; ++i) y[i] = row_dot(dt, w[i], x, cols);
 }
 
 namespace {
@@ -1605,6 +1699,44 @@ void down_tokens(ImageDtype dt, float* out, size_t out_stride, int len, const Do
          std::min(kDownTokens, n - t0));
 }
 
+void bundle_coefficients(ImageDtype dt, int dim, const void* x, BundleGate gate, const float* g,
+                         const uint8_t* const* bundles, int n, float* h) {
+  const size_t rb = image_row_bytes(dt, size_t(dim));
+  const uint8_t* rows[kBundleChunk];
+  float gv[kBundleChunk], up[kBundleChunk];
+  int keep[kBundleChunk];
+  for (int c = 0; c < n; c += kBundleChunk) {
+    const int m = std::min(kBundleChunk, n - c);
+    if (c + kBundleChunk < n)  // the next chunk's first rows
+      for (int i = c + kBundleChunk; i < std::min(n, c + kBundleChunk + kRowBlock); ++i)
+        prefetch_bytes(bundles[i] + (gate == BundleGate::kGiven ? rb : 0), gate == BundleGate::kGiven ? rb : 2 * rb);
+    if (gate == BundleGate::kGiven) {
+      for (int i = 0; i < m; ++i) gv[i] = g[c + i];
+    } else {
+      row_dots(dt, bundles + c, m, x, dim, gv);
+      for (int i = 0; i < m; ++i) {
+        float& gi = gv[i];
+        if (gate == BundleGate::kRelu) {
+          if (!(gi > 0.0f)) gi = 0.0f;
+        } else {
+          gi = gi / (1.0f + std::exp(-gi));
+        }
+      }
+    }
+    int u = 0;
+    for (int i = 0; i < m; ++i) {
+      if (gv[i] == 0.0f) {
+        h[c + i] = 0.0f;
+      } else {
+        rows[u] = bundles[c + i] + rb;
+        keep[u++] = i;
+      }
+    }
+    row_dots(dt, rows, u, x, dim, up);
+    for (int q = 0; q < u; ++q) h[c + keep[q]] = gv[keep[q]] * up[q];
+  }
+}
+
 void ffn_bundles(ImageDtype dt, int dim, const PreparedX& x, const float* g, const uint8_t* const* bundles, int n,
                  float* out) {
   // Scratch per calling thread, used through plain pointers (a thread_local named inside the parallel region would
@@ -1617,18 +1749,12 @@ void ffn_bundles(ImageDtype dt, int dim, const PreparedX& x, const float* g, con
   const uint8_t** down = down_buf.data();
   const size_t rb = image_row_bytes(dt, size_t(dim));
   const void* xr = x.row(0);
+  const int chunks = (n + kBundleChunk - 1) / kBundleChunk;
 #pragma omp parallel for schedule(static) if (long(n) * dim > kParallelWork)
-  for (int i = 0; i < n; ++i) {
-    const uint8_t* b = bundles[i];
-    if (i + 2 < n) prefetch_bytes(bundles[i + 2] + (g ? rb : 0), g ? rb : 2 * rb);
-    float gi;
-    if (g) {
-      gi = g[i];
-    } else {
-      gi = row_dot(dt, b, xr, dim);
-      if (!(gi > 0.0f)) gi = 0.0f;
-    }
-    h[size_t(i)] = gi == 0.0f ? 0.0f : gi * row_dot(dt, b + rb, xr, dim);
+  for (int c = 0; c < chunks; ++c) {
+    const int i0 = c * kBundleChunk, m = std::min(kBundleChunk, n - i0);
+    bundle_coefficients(dt, dim, xr, g ? BundleGate::kGiven : BundleGate::kRelu, g ? g + i0 : nullptr, bundles + i0, m,
+                        h + i0);
   }
   int k = 0;
   for (int i = 0; i < n; ++i)

@@ -85,6 +85,10 @@ void q8_interleave(WeightView* w);
 // One weight row (`n` = cols, a multiple of 32 for q8_0 / q4_0) against one prepared activation row (x =
 // PreparedX::row(t), nothing else).
 float row_dot(ImageDtype dt, const uint8_t* w, const void* x, int n);
+// Rows at listed addresses (bundles scattered in the neuron cache) against one prepared activation row:
+// y[i] = row_dot(dt, w[i], x, cols) for i < n, bit for bit; a few rows at a time share each activation load and
+// overlap their add chains.
+void row_dots(ImageDtype dt, const uint8_t* const* w, int n, const void* x, int cols, float* y);
 // y[t][o] = row_dot(w.row(o), x_t) for t < n, o < w.rows; x [n][w.cols] f32. Same numbers for any n, any thread count.
 void matmul(float* y, const float* x, const WeightView& w, int n);
 void matmul(float* y, const PreparedX& x, const WeightView& w, int n);
@@ -130,6 +134,15 @@ class DownCoeffs {
 // block's load (kDownTokenTile per tile, on paths with a tile kernel).
 void down_tokens(ImageDtype dt, float* out, size_t out_stride, int len, const DownCoeffs& h, const uint8_t* base,
                  size_t slice_bytes);
+
+// The first phase of the gated FFN over bundles ([gate row | up row | down column], each image_row_bytes(dt, dim)
+// bytes): h[i] = g_i * (up_i . x) for i < n, 0 where g_i is 0, with g_i = g[i] (kGiven) or the bundle's own gate row
+// dotted with x through relu or silu (g unused). x = PreparedX::row(t). Rows go kRowBlock at a time through row_dots
+// in chunks of kBundleChunk neurons: the same numbers as row_dot one neuron at a time.
+enum class BundleGate { kGiven, kRelu, kSilu };
+constexpr int kBundleChunk = 16;
+void bundle_coefficients(ImageDtype dt, int dim, const void* x, BundleGate gate, const float* g,
+                         const uint8_t* const* bundles, int n, float* h);
 
 // One token's gated FFN over bundles ([gate row | up row | down column], each image_row_bytes(dt, dim) bytes) of the
 // listed neurons, in list order: h_i = g[i] * (up_i . x); when g is null, g_i = relu(gate_i . x) from the bundle's own
