@@ -289,6 +289,11 @@ void down_q4_port(float* out, int o0, int o1, const float* h, const uint8_t* con
     }
 }
 
+// Each output is its own sum of separately rounded products, so any vector width gives these bits: the compiler's
+// vectorization for the widest unit the CPU has (x86 function clones; the baseline one elsewhere).
+#if defined(__x86_64__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 void down_f32(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
   for (int i = 0; i < na; ++i) {
     const float* c = reinterpret_cast<const float*>(cols[i]);
