@@ -80,8 +80,8 @@ const ImageDtype kDtypes[] = {ImageDtype::kF32, ImageDtype::kF16, ImageDtype::kB
 // not a multiple of the 4-row block, 1 and several tokens, several 8-block groups).
 TEST_CASE("interleaved q8_0 rows give the plain layout's numbers on every path") {
   IsaGuard guard;
-  for (int cols : {256, 768, 2048}) {
-    for (int n : {1, 3}) {
+  for (int cols : {256, 288, 384, 480, 768, 2048}) {  // 288-480: one group and 1-7 plain blocks after it
+    for (int n : {1, 3, 6}) {
       CAPTURE(cols);
       CAPTURE(n);
       const int rows = 13;
@@ -106,7 +106,7 @@ TEST_CASE("interleaved q8_0 rows give the plain layout's numbers on every path")
       }
     }
   }
-  // Not interleavable: other dtypes, a block count that is not a multiple of 8, a row stride with padding.
+  // Not interleavable: other dtypes, fewer than 8 blocks, a row stride with padding.
   TypedMatrix f = make_matrix(ImageDtype::kF16, 4, 256, 1), q = make_matrix(ImageDtype::kQ8_0, 4, 224, 1);
   CHECK(!kernels::q8_interleavable(f.view()));
   CHECK(!kernels::q8_interleavable(q.view()));
@@ -260,9 +260,10 @@ TEST_CASE("matmul over n tokens (token tiles) equals each token alone, bit for b
     int cols;
   };
   const Case cases[] = {
-      {ImageDtype::kQ8_0, true, 256},  {ImageDtype::kQ8_0, true, 768},  {ImageDtype::kQ8_0, false, 288},
-      {ImageDtype::kQ4_0, false, 320}, {ImageDtype::kF16, false, 97},   {ImageDtype::kF16, false, 256},
-      {ImageDtype::kBF16, false, 131}, {ImageDtype::kBF16, false, 512}, {ImageDtype::kF32, false, 75}};
+      {ImageDtype::kQ8_0, true, 256},  {ImageDtype::kQ8_0, true, 768}, {ImageDtype::kQ8_0, false, 288},
+      {ImageDtype::kQ8_0, true, 384},  {ImageDtype::kQ8_0, true, 480}, {ImageDtype::kQ4_0, false, 320},
+      {ImageDtype::kF16, false, 97},   {ImageDtype::kF16, false, 256}, {ImageDtype::kBF16, false, 131},
+      {ImageDtype::kBF16, false, 512}, {ImageDtype::kF32, false, 75}};
   for (const Case& c : cases)
     for (int rows : {4, 13, 37, 133}) {  // 133: three panels of row blocks (the last one short) and a row left over
       const std::string dtype = image_dtype_name(c.dt);

@@ -175,9 +175,12 @@ constexpr int kX8Group = 8 * int(sizeof(BlockQ8_0));
 constexpr int kX8Quants = 16;  // offset of the quants in a group
 // Offset in a group of quant i of block j.
 constexpr int x8_offset(int j, int i) { return kX8Quants + 32 * (i >> 2) + 4 * j + (i & 3); }
-// nb plain blocks at `src` (nb a multiple of 8) written interleaved to `dst` (not overlapping).
+// nb plain blocks at `src` written interleaved to `dst` (not overlapping): the whole 8-block groups interleaved, the
+// last nb % 8 blocks after them as they are (the plain layout's bytes).
 void x8_interleave_row(uint8_t* dst, const uint8_t* src, int nb) {
-  for (int g = 0; g < nb / 8; ++g) {
+  const int ng = nb / 8;
+  std::memcpy(dst + size_t(ng) * kX8Group, src + size_t(ng) * kX8Group, size_t(nb - 8 * ng) * sizeof(BlockQ8_0));
+  for (int g = 0; g < ng; ++g) {
     const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(src) + size_t(g) * 8;
     uint8_t* o = dst + size_t(g) * kX8Group;
     for (int j = 0; j < 8; ++j) {
@@ -241,10 +244,10 @@ float dot_blocks_port(const B* w, const BlockQ8_0* x, int nb) {
   return reduce8(acc) + tail;
 }
 
-// dot_blocks_port's numbers from interleaved bytes: block 8g + j into lane j, reduce8, then the (empty) tail.
+// dot_blocks_port's numbers from interleaved bytes: block 8g + j into lane j, reduce8, then the plain tail blocks.
 float dot_q8x8_port(const uint8_t* w, const void* xv, int n) {
   const uint8_t* x = static_cast<const uint8_t*>(xv);
-  const int ng = n / kQuantBlock / 8;
+  const int nb = n / kQuantBlock, ng = nb / 8;
   float acc[8] = {};
   for (int g = 0; g < ng; ++g) {
     const uint8_t* wg = w + size_t(g) * kX8Group;
@@ -256,7 +259,11 @@ float dot_q8x8_port(const uint8_t* w, const void* xv, int n) {
       acc[j] += float(isum) * (f16_to_f32(ld16(wg, size_t(j))) * f16_to_f32(ld16(xg, size_t(j))));
     }
   }
-  const float tail = 0.0f;
+  const BlockQ8_0* wt = reinterpret_cast<const BlockQ8_0*>(w + size_t(ng) * kX8Group);
+  const BlockQ8_0* xt = reinterpret_cast<const BlockQ8_0*>(x + size_t(ng) * kX8Group);
+  float tail = 0.0f;
+  for (int b = 0; b < nb - 8 * ng; ++b)
+    tail += float(isum_q8(wt[b], xt[b])) * (f16_to_f32(wt[b].d) * f16_to_f32(xt[b].d));
   return reduce8(acc) + tail;
 }
 
@@ -718,7 +725,7 @@ NL_512 void rowsl_blocks_512(const uint8_t* const* w, const void* x, int n, floa
 template <int R>
 NL_512 void rows_q8x8_512(const uint8_t* w, size_t stride, const void* xv, int n, float* y) {
   const uint8_t* x = static_cast<const uint8_t*>(xv);
-  const int nb = n / kQuantBlock, ng = nb / 8;
+  const int nb = n / kQuantBlock, ng = nb / 8, nt = nb - 8 * ng;
   const int32_t* xs = xq_sums(reinterpret_cast<const BlockQ8_0*>(x), nb);
   const __m256i flip = _mm256_set1_epi8(char(0x80));
   __m256 acc[R];
@@ -747,11 +754,20 @@ NL_512 void rows_q8x8_512(const uint8_t* w, size_t stride, const void* xv, int n
       acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
     }
   }
+  // The plain blocks after the groups, each row's in order.
+  const BlockQ8_0* xt = reinterpret_cast<const BlockQ8_0*>(x + size_t(ng) * kX8Group);
+  float tail[R] = {};
+  for (int c = 0; c < nt; ++c) {
+    const float dx = f16c_to_f32(xt[c].d);
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8_0& wc = reinterpret_cast<const BlockQ8_0*>(w + size_t(r) * stride + size_t(ng) * kX8Group)[c];
+      tail[r] += float(isum_512(wc, xt[c], xs[8 * ng + c])) * (f16c_to_f32(wc.d) * dx);
+    }
+  }
   for (int r = 0; r < R; ++r) {
     alignas(32) float a[8];
     _mm256_store_ps(a, acc[r]);
-    const float tail = 0.0f;
-    y[r] = reduce8(a) + tail;
+    y[r] = reduce8(a) + tail[r];
   }
 }
 NL_512 float dot_q8x8_512(const uint8_t* w, const void* x, int n) {
@@ -766,7 +782,7 @@ NL_512 float dot_q8x8_512(const uint8_t* w, const void* x, int n) {
 template <int T>
 NL_512 void tile_q8x8_512_t(const uint8_t* w, size_t stride, const uint8_t* x, size_t xs, int n, float* y, size_t ys) {
   constexpr int R = kRowBlock;
-  const int nb = n / kQuantBlock, ng = nb / 8;
+  const int nb = n / kQuantBlock, ng = nb / 8, nt = nb - 8 * ng;
   const __m512i flip = _mm512_set1_epi8(char(0x80));
   const float* sc[T];
   const int32_t* corr[T];
@@ -795,13 +811,21 @@ NL_512 void tile_q8x8_512_t(const uint8_t* w, size_t stride, const uint8_t* x, s
       }
     }
   }
-  for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r) {
+    const BlockQ8_0* wt = reinterpret_cast<const BlockQ8_0*>(w + size_t(r) * stride + size_t(ng) * kX8Group);
     for (int t = 0; t < T; ++t) {
+      // The plain blocks after the groups, in order (rows_q8x8_512's tail).
+      const uint8_t* xr = x + size_t(t) * xs;
+      const BlockQ8_0* xt = reinterpret_cast<const BlockQ8_0*>(xr + size_t(ng) * kX8Group);
+      const int32_t* xsum = xq_sums(reinterpret_cast<const BlockQ8_0*>(xr), nb) + 8 * ng;
+      float tail = 0.0f;
+      for (int c = 0; c < nt; ++c)
+        tail += float(isum_512(wt[c], xt[c], xsum[c])) * (f16c_to_f32(wt[c].d) * f16c_to_f32(xt[c].d));
       alignas(32) float a[8];
       _mm256_store_ps(a, acc[r][t]);
-      const float tail = 0.0f;
       y[size_t(t) * ys + r] = reduce8(a) + tail;
     }
+  }
 }
 NL_512 void tile_q8x8_512(const uint8_t* w, size_t stride, const uint8_t* x, size_t xs, int nt, int n, float* y,
                           size_t ys) {
@@ -1177,7 +1201,7 @@ NL_DOT_BLOCKS_NEON(dot_blocks_dotprod, NL_DOTPROD, idot32_dotprod)
 template <int R>
 NL_DOTPROD void rows_q8x8_dotprod(const uint8_t* w, size_t stride, const void* xv, int n, float* y) {
   const uint8_t* x = static_cast<const uint8_t*>(xv);
-  const int ng = n / kQuantBlock / 8;
+  const int nb = n / kQuantBlock, ng = nb / 8;
   float32x4_t acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = vdupq_n_f32(0.0f);
   for (int g = 0; g < ng; ++g) {
@@ -1201,11 +1225,16 @@ NL_DOTPROD void rows_q8x8_dotprod(const uint8_t* w, size_t stride, const void* x
       acc[r][1] = vaddq_f32(acc[r][1], vmulq_f32(vcvtq_f32_s32(s1), d1));
     }
   }
+  const BlockQ8_0* xt = reinterpret_cast<const BlockQ8_0*>(x + size_t(ng) * kX8Group);
   for (int r = 0; r < R; ++r) {
     float a[8];
     vst1q_f32(a, acc[r][0]);
     vst1q_f32(a + 4, acc[r][1]);
-    const float tail = 0.0f;
+    // The plain blocks after the groups, in order.
+    const BlockQ8_0* wt = reinterpret_cast<const BlockQ8_0*>(w + size_t(r) * stride + size_t(ng) * kX8Group);
+    float tail = 0.0f;
+    for (int c = 0; c < nb - 8 * ng; ++c)
+      tail += float(idot32_dotprod(wq32(wt[c]), xt[c].qs)) * (f16n_to_f32(wt[c].d) * f16n_to_f32(xt[c].d));
     y[r] = reduce8(a) + tail;
   }
 }
@@ -1399,7 +1428,7 @@ void PreparedX::prepare(ImageDtype w_dtype, const float* x, int n, int cols) {
   const int nb = cols / kQuantBlock;
   rec_ = xq_record_bytes(nb);
   q_.resize(size_t(n) * rec_ / sizeof(uint32_t));
-  const bool x8 = w_dtype == ImageDtype::kQ8_0 && nb % 8 == 0;  // the interleaved copy (row_x8) too
+  const bool x8 = w_dtype == ImageDtype::kQ8_0 && nb >= 8;  // the interleaved copy (row_x8) too
   if (x8) {
     rec8_ = x8_record_bytes(nb);
     q8_.resize(size_t(n) * rec8_ / sizeof(uint32_t));
@@ -1431,15 +1460,15 @@ void PreparedX::prepare(ImageDtype w_dtype, const float* x, int n, int cols) {
 }
 
 const void* PreparedX::row_x8(int t) const {
-  if (dtype_ != ImageDtype::kQ8_0 || cols_ % (8 * kQuantBlock) != 0)
-    throw InternalError("PreparedX::row_x8: not a q8_0 record of whole 8-block groups");
+  if (dtype_ != ImageDtype::kQ8_0 || cols_ < 8 * kQuantBlock)
+    throw InternalError("PreparedX::row_x8: not a q8_0 record of at least one 8-block group");
   return reinterpret_cast<const uint8_t*>(q8_.data()) + size_t(t) * rec8_;
 }
 
 bool q8_interleave_pays() { return g_table->rows_q8x8 != nullptr; }
 
 bool q8_interleavable(const WeightView& w) {
-  return w.dtype == ImageDtype::kQ8_0 && !w.q8_x8 && w.cols % (8 * kQuantBlock) == 0 &&
+  return w.dtype == ImageDtype::kQ8_0 && !w.q8_x8 && w.cols % kQuantBlock == 0 && w.cols >= 8 * kQuantBlock &&
          w.row_stride == image_row_bytes(ImageDtype::kQ8_0, size_t(w.cols));
 }
 

@@ -53,7 +53,7 @@ class PreparedX {
   // Token t's row in the form row_dot wants.
   const void* row(int t) const;
   // Token t's q8_0 record interleaved by 8 blocks (q8_interleave's layout, then the per-block sums, scales as f32 and
-  // sums times -128), for rows stored that way; only for q8_0 weights with cols a multiple of 256.
+  // sums times -128), for rows stored that way; only for q8_0 weights of at least 256 columns.
   const void* row_x8(int t) const;
   // Bytes from token t's row (row or row_x8) to token t + 1's.
   size_t row_bytes() const;
@@ -74,10 +74,11 @@ class PreparedX {
 // Interleaved q8_0 ("x8"): each group of 8 blocks of a row (272 bytes) becomes its 8 f16 scales (16 bytes), then 8
 // steps of 32 bytes, step s holding quants 4s..4s+3 of blocks 0..7 in turn. The same bytes, so the same size; a
 // SIMD dot then accumulates each block's exact integer sum in its own lane (no per-block horizontal sum). Only
-// rows whose block count is a multiple of 8; the embedding table (dequantize_row) is never interleaved.
+// rows of at least 8 blocks: the last (blocks % 8) stay plain after the groups (a 384-column row: one group, then 4
+// plain blocks); the embedding table (dequantize_row) is never interleaved.
 // Whether the active path has an interleaved kernel (the loader interleaves only then; any path computes it).
 bool q8_interleave_pays();
-// Whether `w` can be interleaved: q8_0, cols a multiple of 256, rows packed at their own size, not yet interleaved.
+// Whether `w` can be interleaved: q8_0, at least 256 columns, rows packed at their own size, not yet interleaved.
 bool q8_interleavable(const WeightView& w);
 // Interleaves w's rows in place (w.data must be writable: the caller owns the bytes) and sets w->q8_x8.
 void q8_interleave(WeightView* w);
