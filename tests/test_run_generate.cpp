@@ -118,6 +118,26 @@ TEST_CASE("generate --select gate equals dense for every layout, dtype and engin
   CHECK(checked == 72);
 }
 
+TEST_CASE("a neuron cache that holds every neuron is filled at load: no token reads, the same tokens") {
+  // --cache-ratio 1 (or a --memory-budget above the whole FFN) pins every slot: each layer is read at start-up in
+  // long reads, and no pass, prompt or decode, reads the flash image again. Below that, tokens read as before.
+  const std::string img = dir("preload") + "/m.nlw";
+  REQUIRE(check_gate_equals_dense(img, policy_spec(79, {}), {"pread", "uring"}, {"--cache-ratio 1"}) == 2);
+  auto figures = [&](const std::string& extra) {
+    Result r = run("--json -q generate --image " + img + " --select gate --steps 12 --prompt-tokens 3,9 " + extra);
+    REQUIRE_MESSAGE(r.rc == 0, r.out);
+    return nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  };
+  const auto all = figures("--cache-ratio 1");
+  CHECK(all["pinned"]["bundles"].get<uint64_t>() == 2 * 256);
+  CHECK(all["pinned"]["bytes_read"].get<uint64_t>() >= 2 * 256 * 3 * 64 * 2);  // every f16 bundle (3 rows of 64)
+  CHECK(all["per_token_mean"]["bytes_read"].get<double>() == 0.0);
+  CHECK(all["per_token_mean"]["reads"].get<double>() == 0.0);
+  const auto most = figures("--cache-ratio 0.9");
+  CHECK(most["pinned"]["bundles"].get<uint64_t>() == 0);
+  CHECK(most["per_token_mean"]["bytes_read"].get<double>() > 0.0);
+}
+
 TEST_CASE("generate --select gate equals dense with the manifest's cache policy (pinned hot set, admission all)") {
   // The pinned bundles are loaded at start-up and served from DRAM from the first token: wrong bytes there would
   // change the tokens.
