@@ -187,7 +187,13 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
         gate_bytes_.push_back(std::move(g));
       }
     }
-    for (auto& g : gate_bytes_) gate_view_.push_back({m_.dtype, g.data(), int(hidden), c.dim, row_bytes_});
+    for (auto& g : gate_bytes_) {
+      gate_view_.push_back({m_.dtype, g.data(), int(hidden), c.dim, row_bytes_});
+      // Only matrix products read these rows: q8_0 takes the interleaved layout where the path has kernels for it
+      // (the same numbers; the copy is ours).
+      if (kernels::q8_interleave_pays() && kernels::q8_interleavable(gate_view_.back()))
+        kernels::q8_interleave(&gate_view_.back());
+    }
     threshold_.assign(size_t(c.n_layers), -std::numeric_limits<float>::infinity());
     calib_.resize(size_t(c.n_layers));
   }
