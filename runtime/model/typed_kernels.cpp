@@ -1337,38 +1337,29 @@ bool isa_supported(Isa isa) {
   }
 }
 
-const Table* table_of(Isa isa) {
+// A path's kernel tables: the strided and single-row kernels, and the multi-row kernels over listed rows.
+struct Tables {
+  const Table* table;
+  const ListTable* list;
+};
+Tables tables_of(Isa isa) {
   switch (isa) {
 #if defined(__x86_64__)
     case Isa::kAvx2:
-      return &kAvx2;
+      return {&kAvx2, &kListAvx2};
     case Isa::kAvxVnni:
-      return &kAvxVnni;
+      return {&kAvxVnni, &kListAvx2};
     case Isa::kAvx512:
-      return &kAvx512;
+      return {&kAvx512, &kList512};
 #endif
 #if defined(__aarch64__)
     case Isa::kNeon:
-      return &kNeon;
+      return {&kNeon, &kListNone};
     case Isa::kNeonDot:
-      return &kNeonDot;
+      return {&kNeonDot, &kListNone};
 #endif
     default:
-      return &kPortable;
-  }
-}
-
-const ListTable* list_table_of(Isa isa) {
-  switch (isa) {
-#if defined(__x86_64__)
-    case Isa::kAvx2:
-    case Isa::kAvxVnni:
-      return &kListAvx2;
-    case Isa::kAvx512:
-      return &kList512;
-#endif
-    default:
-      return &kListNone;
+      return {&kPortable, &kListNone};
   }
 }
 
@@ -1378,8 +1369,8 @@ Isa best_isa() {
 }
 
 Isa g_isa = best_isa();
-const Table* g_table = table_of(g_isa);
-const ListTable* g_list = list_table_of(g_isa);
+const Table* g_table = tables_of(g_isa).table;
+const ListTable* g_list = tables_of(g_isa).list;
 
 }  // namespace
 
@@ -1413,8 +1404,8 @@ Isa active_isa() { return g_isa; }
 void set_isa(Isa isa) {
   if (!isa_supported(isa)) throw InternalError(std::string("kernel path ") + isa_name(isa) + " is not available here");
   g_isa = isa;
-  g_table = table_of(isa);
-  g_list = list_table_of(isa);
+  g_table = tables_of(isa).table;
+  g_list = tables_of(isa).list;
 }
 
 void PreparedX::prepare(ImageDtype w_dtype, const float* x, int n, int cols) {
