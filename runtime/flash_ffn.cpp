@@ -230,8 +230,8 @@ void FlashFfn::make_caches() {
     const uint32_t n_slots = m_.n_slots(l);
     // A cache that holds every neuron of the layer (a --memory-budget above the whole FFN, --cache-ratio 1) holds
     // them from the start: the layer is read once at load in long reads, as llama.cpp's mmap pages the whole model
-    // in on its first token, instead of neuron by neuron in short reads while tokens wait (small-relu under its
-    // e2e cap: 5-7 ms for each of the first 16 decoded tokens, 1.2 ms afterwards).
+    // in on its first token, instead of neuron by neuron in short reads while tokens wait (small-relu with its e2e
+    // cap as --memory-budget, 2 threads: 5.8-7.3 ms for each of the first 16 decoded tokens, about 1.2 afterwards).
     if (cc.capacity >= hidden && cc.window_tokens == 0) {
       cc.pinned.clear();
       for (uint32_t s = 0; s < n_slots; ++s)
