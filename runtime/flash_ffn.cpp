@@ -138,6 +138,9 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
       alias_.emplace_back();
     }
   }
+  // The selections that keep gate rows in DRAM read every FFN region below: the pinned bundles come from those bytes.
+  pinned_from_regions_ =
+      o.select == SelectMode::kGate || o.select == SelectMode::kLowRank || o.select == SelectMode::kThreshold;
   make_caches();
   prev_needed_.resize(size_t(c.n_layers));
   pf_window_.assign(size_t(c.n_layers), 0.0);
@@ -167,6 +170,7 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
     for (int l = 0; l < c.n_layers; ++l) {
       AlignedBuffer buf;
       img_.read_region(size_t(1 + l), &buf);  // checksummed here, once
+      fill_pinned(l, buf.data(), buf.size());
       if (o.select == SelectMode::kLowRank) {
         // The predictor is fitted on f32 gate rows, decoded for the fit only.
         std::vector<float> g(size_t(hidden) * dim);
@@ -197,6 +201,9 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
     threshold_.assign(size_t(c.n_layers), -std::numeric_limits<float>::infinity());
     calib_.resize(size_t(c.n_layers));
   }
+  pinned_from_regions_ = false;  // from now on (make_caches again: a new run) pinned bundles are read
+  for (const auto& w : pinned_wait_)
+    if (!w.empty()) throw InternalError("pinned bundles listed for a region that was not read");
 }
 
 void FlashFfn::make_caches() {
@@ -372,6 +379,11 @@ void FlashFfn::load_pinned(int layer, const std::vector<uint32_t>& pinned) {
   if (active_.empty()) return;
   std::sort(active_.begin(), active_.end());
   active_.erase(std::unique(active_.begin(), active_.end()), active_.end());
+  if (pinned_from_regions_) {
+    pinned_wait_.resize(size_t(m_.config.n_layers));
+    pinned_wait_[size_t(layer)] = active_;
+    return;
+  }
   planners_[size_t(layer)].plan(active_.data(), active_.size(), nullptr, plan_);  // no cache: not a token
   const uint64_t cap = staging_cap_;
   make_pieces(layer, plan_.reads, &pieces_, &batch_end_);
@@ -399,6 +411,17 @@ void FlashFfn::load_pinned(int layer, const std::vector<uint32_t>& pinned) {
   pinned_reads_ += pieces_.size();
   plan_.clear();
 }
+void FlashFfn::fill_pinned(int layer, const uint8_t* region, uint64_t region_bytes) {
+  if (size_t(layer) >= pinned_wait_.size() || pinned_wait_[size_t(layer)].empty()) return;
+  const std::vector<uint32_t>& slots = pinned_wait_[size_t(layer)];
+  for (uint32_t s : slots) slab_put(layer, s, region + uint64_t(s) * m_.bundle_bytes);
+  slab_settle(layer);
+  pinned_bundles_ += slots.size();
+  pinned_reads_ += 1;  // the region's one read, shared with the gate rows
+  pinned_bytes_read_ += region_bytes;
+  pinned_wait_[size_t(layer)].clear();
+}
+
 void FlashFfn::set_phase(LowRankPhase p, double target_recall) {
   if (opt_.select != SelectMode::kLowRank) throw InternalError("set_phase outside --select lowrank");
   if (phase_ == LowRankPhase::kCalibrate) {

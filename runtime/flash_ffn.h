@@ -350,6 +350,11 @@ class FlashFfn : public FfnProvider {
   void make_caches();
   // Reads the bundles the layer's cache pins (resident from the first token) into the slab.
   void load_pinned(int layer, const std::vector<uint32_t>& pinned);
+  // Set while the constructor reads every FFN region anyway (gate rows): load_pinned only lists the slots to fill
+  // (pinned_wait_), and fill_pinned puts them from the region's bytes instead of reading them a second time.
+  bool pinned_from_regions_ = false;
+  std::vector<std::vector<uint32_t>> pinned_wait_;
+  void fill_pinned(int layer, const uint8_t* region, uint64_t region_bytes);
 };
 
 }  // namespace nl
