@@ -195,8 +195,7 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
       gate_view_.push_back({m_.dtype, g.data(), int(hidden), c.dim, row_bytes_});
       // Only matrix products read these rows: q8_0 takes the interleaved layout where the path has kernels for it
       // (the same numbers; the copy is ours).
-      if (kernels::q8_interleave_pays() && kernels::q8_interleavable(gate_view_.back()))
-        kernels::q8_interleave(&gate_view_.back());
+      kernels::q8_interleave_if_pays(&gate_view_.back());
     }
     threshold_.assign(size_t(c.n_layers), -std::numeric_limits<float>::infinity());
     calib_.resize(size_t(c.n_layers));
@@ -506,15 +505,16 @@ void FlashFfn::coefficients(size_t j0, size_t j1, const uint32_t* ids, GateFrom 
   constexpr size_t kC = kernels::kBundleChunk;
   const uint8_t* b[kC];
   float g[kC], h[kC];
+  size_t ks[kC];
   for (size_t c = j0; c < j1; c += kC) {
     const size_t m = std::min(kC, j1 - c);
     for (size_t i = 0; i < m; ++i) {
-      const size_t k = ids ? ids[c + i] : c + i;
+      const size_t k = ks[i] = ids ? ids[c + i] : c + i;
       b[i] = bundles_[k];
       if (from == GateFrom::kGiven) g[i] = g_by_slot_[active_[k]];
     }
     kernels::bundle_coefficients(m_.dtype, m_.config.dim, xr, gate, g, b, int(m), h);
-    for (size_t i = 0; i < m; ++i) h_[ids ? ids[c + i] : c + i] = h[i];
+    for (size_t i = 0; i < m; ++i) h_[ks[i]] = h[i];
   }
 }
 

@@ -250,7 +250,7 @@ class FlashFfn : public FfnProvider {
   void coefficients(size_t j0, size_t j1, const uint32_t* ids, GateFrom from);
   // The same for k in [k0, k1), in chunks over the threads when the work pays for them.
   void coefficients_parallel(size_t k0, size_t k1, GateFrom from);
-  int xrow_ = 0;  // the token of xq_ that coefficient() multiplies
+  int xrow_ = 0;  // the token of xq_ that coefficients() multiplies
   // Token `t` of a pass: its exact (or predicted) set into active_ and, for kGiven, g_by_slot_; `g` holds its gate
   // outputs when the mode has gate rows (computed by the caller; SiLU activations are applied in place).
   GateFrom select_token(int layer, int t, const float* xt, float* g);

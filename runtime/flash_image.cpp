@@ -141,8 +141,7 @@ std::unique_ptr<DenseStore> FlashImage::load_dense_store() {
     WeightView v{dt, st->bytes.data() + t.offset, rows, cols, image_row_bytes(dt, size_t(cols))};
     // Matrices only matmul reads (not the embedding table) in the active kernel path's fastest q8_0 layout: the
     // store owns these bytes, already verified against the manifest's checksum.
-    if (name != "tok_embeddings" && kernels::q8_interleave_pays() && kernels::q8_interleavable(v))
-      kernels::q8_interleave(&v);
+    if (name != "tok_embeddings") kernels::q8_interleave_if_pays(&v);
     return v;
   };
   auto norm = [&](const std::string& name) -> const float* {

@@ -42,8 +42,7 @@ DenseBundles::DenseBundles(ImageDtype dt, int dim, int hidden, const uint8_t* bu
     std::memcpy(up + size_t(s) * rb_, bundles + size_t(s) * bundle_bytes + rb_, rb_);
   }
   WeightView g = this->gate(), u = this->up();
-  if (q8_interleave_pays() && q8_interleavable(g)) {  // the copies are ours: the active path's fastest layout
-    q8_interleave(&g);
+  if (q8_interleave_if_pays(&g)) {  // the copies are ours: the active path's fastest layout
     q8_interleave(&u);
     x8_ = true;
   }

@@ -1475,6 +1475,12 @@ void q8_interleave(WeightView* w) {
   w->q8_x8 = true;
 }
 
+bool q8_interleave_if_pays(WeightView* w) {
+  if (!q8_interleave_pays() || !q8_interleavable(*w)) return false;
+  q8_interleave(w);
+  return true;
+}
+
 size_t PreparedX::row_bytes() const { return image_dtype_quantized(dtype_) ? rec_ : size_t(cols_) * sizeof(float); }
 
 const void* PreparedX::row(int t) const {

@@ -82,6 +82,9 @@ bool q8_interleave_pays();
 bool q8_interleavable(const WeightView& w);
 // Interleaves w's rows in place (w.data must be writable: the caller owns the bytes) and sets w->q8_x8.
 void q8_interleave(WeightView* w);
+// q8_interleave when the active path has an interleaved kernel and `w` can be interleaved (the loaders' rule for
+// matrices only matrix products read, whose bytes they own); whether it did.
+bool q8_interleave_if_pays(WeightView* w);
 
 // One weight row (`n` = cols, a multiple of 32 for q8_0 / q4_0) against one prepared activation row (x =
 // PreparedX::row(t), nothing else).
