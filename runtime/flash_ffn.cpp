@@ -308,6 +308,7 @@ void FlashFfn::slab_drop(int layer, uint32_t slot) {
 }
 
 void FlashFfn::slab_drop_evicted(int layer, const SlotCache* cache, const std::vector<uint32_t>& keep) {
+  if (cache && cache->all_pinned()) return;  // nothing ever leaves (a per-token scan of every slab entry otherwise)
   Slab& sl = slab_[size_t(layer)];
   for (uint32_t s : sl.held)
     if (s != Slab::kNone && !(cache && cache->resident(s)) && !std::binary_search(keep.begin(), keep.end(), s))
@@ -318,6 +319,8 @@ void FlashFfn::slab_settle(int layer) {
   const SlotCache* cache = caches_[size_t(layer)].get();
   if (!cache) return;
   Slab& sl = slab_[size_t(layer)];
+  // Every key pinned: the slab holds each one since load, the pool nothing (nothing is ever read into it).
+  if (cache->all_pinned() && pool_.free.size() == pool_.entry.size()) return;
   for (uint32_t s : sl.held)
     if (s != Slab::kNone && !cache->resident(s)) slab_drop(layer, s);
   // The pool holds only this layer's bundles now (every layer-token settles).
@@ -512,6 +515,12 @@ void FlashFfn::coefficients(size_t j0, size_t j1, const uint32_t* ids, GateFrom 
       const size_t k = ks[i] = ids ? ids[c + i] : c + i;
       b[i] = bundles_[k];
       if (from == GateFrom::kGiven) g[i] = g_by_slot_[active_[k]];
+    }
+    if (c + kC < j1) {  // the next chunk's first bundles, requested while this one is computed
+      const uint8_t* nb[kernels::kRowBlock];
+      const size_t mn = std::min<size_t>(kernels::kRowBlock, j1 - c - kC);
+      for (size_t i = 0; i < mn; ++i) nb[i] = bundles_[ids ? ids[c + kC + i] : c + kC + i];
+      kernels::prefetch_bundles(m_.dtype, m_.config.dim, gate, nb, int(mn));
     }
     kernels::bundle_coefficients(m_.dtype, m_.config.dim, xr, gate, g, b, int(m), h);
     for (size_t i = 0; i < m; ++i) h_[ks[i]] = h[i];

@@ -157,6 +157,26 @@ TEST_CASE("pinned slots stay resident and count against capacity") {
   CHECK(c.resident(5));
   CHECK(c.size() <= 5);
   CHECK_THROWS_AS(SlotCache(n, CacheConfig{.capacity = 2, .pinned = {200}}), UsageError);
+  CHECK_FALSE(c.all_pinned());
+}
+
+TEST_CASE("all_pinned: only a cache whose every key is pinned says its residency never changes") {
+  const uint32_t n = 10;
+  CacheConfig cc;
+  cc.capacity = n;
+  for (uint32_t s = 0; s + 1 < n; ++s) cc.pinned.push_back(s);
+  CHECK_FALSE(SlotCache(n, cc).all_pinned());  // one slot left to S3-FIFO
+  cc.pinned.push_back(n - 1);
+  CHECK(SlotCache(n, cc).all_pinned());
+  cc.capacity = n - 1;  // pinned beyond capacity are not held
+  CHECK_FALSE(SlotCache(n, cc).all_pinned());
+  // Replicated: slots 8, 9 are second copies of 0, 1; pinning the 8 keys pins the layer.
+  cc.capacity = 8;
+  cc.alias = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1};
+  cc.pinned = {0, 1, 2, 3, 4, 5, 6, 7};
+  CHECK(SlotCache(n, cc).all_pinned());
+  cc.pinned.pop_back();
+  CHECK_FALSE(SlotCache(n, cc).all_pinned());
 }
 
 TEST_CASE("a recorded small_fraction sizes S3-FIFO's small queue: neurons back one token later are hits") {

@@ -38,8 +38,6 @@ typedef float v8f __attribute__((vector_size(32)));
 constexpr long kParallelQuant = 1L << 14;
 // Outputs per down-projection chunk: one quantization block.
 constexpr int kChunk = kQuantBlock;
-// Rows per multi-row dot (matmul over f16 / bf16 weights): independent accumulator chains, x loaded once.
-constexpr int kRowBlock = 4;
 // Tokens per token tile (matmul with n > 1): with kRowBlock rows, the tile's accumulators fill half of AVX-512's
 // 32 vector registers (one 8-lane accumulator per row and token for q8_0).
 constexpr int kTokenTile = 4;
@@ -1510,9 +1508,15 @@ void row_dots(ImageDtype dt, const uint8_t* const* w, int n, const void* x, int 
                         : dt == ImageDtype::kBF16 ? g_list->bf16
                         : dt == ImageDtype::kQ8_0 ? g_list->q8
                                                   : g_list->q4;
+  // Listed rows are scattered: nothing a hardware prefetcher follows. Each block of rows requests the next block's
+  // bytes before its own dots (the first block is the caller's to request: prefetch_bundles).
+  const size_t rb = image_row_bytes(dt, size_t(cols));
   int i = 0;
   if (fn)
-    for (; i + kRowBlock <= n; i += kRowBlock) fn(w + i, x, cols, y + i);
+    for (; i + kRowBlock <= n; i += kRowBlock) {
+      for (int j = i + kRowBlock; j < std::min(n, i + 2 * kRowBlock); ++j) prefetch_bytes(w[j], rb);
+      fn(w + i, x, cols, y + i);
+    }
   for (; i < n; ++i) y[i] = row_dot(dt, w[i], x, cols);
 }
 
@@ -1730,6 +1734,12 @@ void down_tokens(ImageDtype dt, float* out, size_t out_stride, int len, const Do
          std::min(kDownTokens, n - t0));
 }
 
+void prefetch_bundles(ImageDtype dt, int dim, BundleGate gate, const uint8_t* const* bundles, int n) {
+  const size_t rb = image_row_bytes(dt, size_t(dim));
+  for (int i = 0; i < std::min(n, kRowBlock); ++i)
+    prefetch_bytes(bundles[i] + (gate == BundleGate::kGiven ? rb : 0), gate == BundleGate::kGiven ? rb : 2 * rb);
+}
+
 void bundle_coefficients(ImageDtype dt, int dim, const void* x, BundleGate gate, const float* g,
                          const uint8_t* const* bundles, int n, float* h) {
   const size_t rb = image_row_bytes(dt, size_t(dim));
@@ -1738,9 +1748,7 @@ void bundle_coefficients(ImageDtype dt, int dim, const void* x, BundleGate gate,
   int keep[kBundleChunk];
   for (int c = 0; c < n; c += kBundleChunk) {
     const int m = std::min(kBundleChunk, n - c);
-    if (c + kBundleChunk < n)  // the next chunk's first rows
-      for (int i = c + kBundleChunk; i < std::min(n, c + kBundleChunk + kRowBlock); ++i)
-        prefetch_bytes(bundles[i] + (gate == BundleGate::kGiven ? rb : 0), gate == BundleGate::kGiven ? rb : 2 * rb);
+    if (c + kBundleChunk < n) prefetch_bundles(dt, dim, gate, bundles + c + kBundleChunk, n - c - kBundleChunk);
     if (gate == BundleGate::kGiven) {
       for (int i = 0; i < m; ++i) gv[i] = g[c + i];
     } else {

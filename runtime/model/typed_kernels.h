@@ -34,6 +34,8 @@ namespace nl::kernels {
 // Work (multiply-adds) below which a matrix product or a loop of row dots stays on the calling thread: a shape-only
 // rule, so the thread count never decides anything but speed. Shared by the typed kernels and the dense FFN passes.
 constexpr long kParallelWork = 1L << 15;
+// Rows per multi-row dot (matmul, row_dots): independent accumulator chains, x loaded once.
+constexpr int kRowBlock = 4;
 
 enum class Isa { kPortable, kAvx2, kAvxVnni, kAvx512, kNeon, kNeonDot };
 const char* isa_name(Isa isa);
@@ -147,6 +149,9 @@ enum class BundleGate { kGiven, kRelu, kSilu };
 constexpr int kBundleChunk = 16;
 void bundle_coefficients(ImageDtype dt, int dim, const void* x, BundleGate gate, const float* g,
                          const uint8_t* const* bundles, int n, float* h);
+// Requests the bytes bundle_coefficients reads first from `bundles` (the first kRowBlock bundles' up rows, with their
+// gate rows unless kGiven): a caller that goes chunk by chunk names the next chunk's before computing this one.
+void prefetch_bundles(ImageDtype dt, int dim, BundleGate gate, const uint8_t* const* bundles, int n);
 
 // One token's gated FFN over bundles ([gate row | up row | down column], each image_row_bytes(dt, dim) bytes) of the
 // listed neurons, in list order: h_i = g[i] * (up_i . x); when g is null, g_i = relu(gate_i . x) from the bundle's own

@@ -74,6 +74,7 @@ SlotCache::SlotCache(uint32_t n_slots, const CacheConfig& cfg)
     for (uint32_t s : cfg_.alias) n_keys += !seen[s], seen[s] = 1;
   }
   if (cfg_.capacity >= n_keys) cfg_.linking_aligned = false;
+  all_pinned_ = pinned_ == n_keys;
   uint32_t rest = cfg_.capacity - pinned_;
   if (cfg_.value) {  // one set of `rest` bundles, no FIFOs
     main_cap_ = rest;

@@ -102,6 +102,8 @@ class SlotCache {
 
   uint32_t size() const { return small_size_ + main_size_ + pinned_; }  // S3-FIFO (or value) + pinned bundles held
   uint32_t capacity() const { return cfg_.capacity; }
+  // Every key pinned (a cache that holds the whole layer): residency never changes, nothing is admitted or evicted.
+  bool all_pinned() const { return all_pinned_; }
   uint32_t window_resident() const;  // slots resident only through the window (O(n_slots))
   uint64_t admissions() const { return admissions_; }
   uint64_t rejections() const { return rejections_; }
@@ -112,6 +114,7 @@ class SlotCache {
   uint32_t n_slots_;
   uint32_t small_cap_ = 0, main_cap_ = 0, pinned_ = 0;
   uint32_t small_size_ = 0, main_size_ = 0;
+  bool all_pinned_ = false;
   std::vector<uint8_t> state_, freq_;
   std::vector<uint64_t> ghost_stamp_;  // insertion stamp of the slot's live ghost entry, 0 = not a ghost
   RingFifo<uint32_t> small_, main_;
