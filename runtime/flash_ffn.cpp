@@ -509,17 +509,18 @@ void FlashFfn::coefficients(size_t j0, size_t j1, const uint32_t* ids, GateFrom 
   const uint8_t* b[kC];
   float g[kC], h[kC];
   size_t ks[kC];
+  auto index = [&](size_t j) { return ids ? size_t(ids[j]) : j; };  // position j of the range -> active index
   for (size_t c = j0; c < j1; c += kC) {
     const size_t m = std::min(kC, j1 - c);
     for (size_t i = 0; i < m; ++i) {
-      const size_t k = ks[i] = ids ? ids[c + i] : c + i;
+      const size_t k = ks[i] = index(c + i);
       b[i] = bundles_[k];
       if (from == GateFrom::kGiven) g[i] = g_by_slot_[active_[k]];
     }
     if (c + kC < j1) {  // the next chunk's first bundles, requested while this one is computed
       const uint8_t* nb[kernels::kRowBlock];
       const size_t mn = std::min<size_t>(kernels::kRowBlock, j1 - c - kC);
-      for (size_t i = 0; i < mn; ++i) nb[i] = bundles_[ids ? ids[c + kC + i] : c + kC + i];
+      for (size_t i = 0; i < mn; ++i) nb[i] = bundles_[index(c + kC + i)];
       kernels::prefetch_bundles(m_.dtype, m_.config.dim, gate, nb, int(mn));
     }
     kernels::bundle_coefficients(m_.dtype, m_.config.dim, xr, gate, g, b, int(m), h);
