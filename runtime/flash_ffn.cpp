@@ -14,6 +14,7 @@
 #include "formats/core/error.h"
 #include "formats/core/quant.h"
 #include "runtime/memory.h"
+#include "runtime/parallel.h"
 
 namespace nl {
 
@@ -531,9 +532,9 @@ void FlashFfn::coefficients(size_t j0, size_t j1, const uint32_t* ids, GateFrom 
 void FlashFfn::coefficients_parallel(size_t k0, size_t k1, GateFrom from) {
   constexpr size_t kC = kernels::kBundleChunk;
   const long chunks = long((k1 - k0 + kC - 1) / kC);
-#pragma omp parallel for schedule(static) if (long(k1 - k0) * m_.config.dim > kOverlapParallelWork)
-  for (long c = 0; c < chunks; ++c)
+  parallel_for(chunks, long(k1 - k0) * m_.config.dim > kOverlapParallelWork, [&](long c) {
     coefficients(k0 + size_t(c) * kC, std::min(k1, k0 + size_t(c + 1) * kC), nullptr, from);
+  });
 }
 
 void FlashFfn::compute_range(int layer, size_t k0, size_t k1, GateFrom from, float* out, bool accumulate) {

@@ -17,6 +17,7 @@
 #include "runtime/model/dense_bundles.h"
 #include "runtime/model/model.h"
 #include "runtime/model/typed_kernels.h"
+#include "runtime/parallel.h"
 
 using namespace nl;
 
@@ -524,4 +525,36 @@ TEST_CASE("attend equals the scalar definition bit for bit") {
       CHECK(std::memcmp(att.data(), ref_att.data(), sizeof(float) * att.size()) == 0);
       CHECK(std::memcmp(o.data(), ref.data(), sizeof(float) * o.size()) == 0);
     }
+}
+
+TEST_CASE("parallel_for / parallel_region: every index once; a region only where it runs on more than one thread") {
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    for (bool worth : {false, true}) {
+      CAPTURE(threads);
+      CAPTURE(worth);
+      const bool region = worth && threads > 1;
+      std::vector<int> hits(1001, 0);
+      std::vector<int> inside(1001, -1);
+      parallel_for(long(hits.size()), worth, [&](long i) {
+        ++hits[size_t(i)];
+        inside[size_t(i)] = omp_in_parallel() ? 1 : 0;
+      });
+      CHECK(std::count(hits.begin(), hits.end(), 1) == long(hits.size()));
+      CHECK(std::count(inside.begin(), inside.end(), region ? 1 : 0) == long(inside.size()));
+      // An orphaned worksharing loop inside the region body covers the range once either way.
+      std::vector<int> seen(777, 0);
+      int calls = 0;
+      parallel_region(worth, [&] {
+#pragma omp atomic
+        ++calls;
+#pragma omp for schedule(static)
+        for (int i = 0; i < int(seen.size()); ++i) ++seen[size_t(i)];
+      });
+      CHECK(calls == (region ? threads : 1));
+      CHECK(std::count(seen.begin(), seen.end(), 1) == long(seen.size()));
+    }
+  }
+  omp_set_num_threads(saved);
 }

@@ -9,6 +9,7 @@
 
 #include "formats/core/error.h"
 #include "formats/core/image.h"
+#include "runtime/parallel.h"
 
 namespace nl::kernels {
 namespace {
@@ -88,8 +89,7 @@ void DenseBundles::ffn(const float* x, int n, FfnAct act, float* out) {
   // The gated path's numbers: ReLU lists neurons with gate > 0; SiLU lists every neuron with act = v / (1 + e^-v);
   // h = g * u (0 when g is 0). A neuron with h = 0 adds exactly nothing to a sum, so it is left out.
   // Element-wise, so any split gives the same numbers; in parallel once there is enough of it (SiLU's exp per neuron).
-#pragma omp parallel for schedule(static) if (total >= size_t(kParallelAct))
-  for (long i = 0; i < long(total); ++i) {  // [n][hidden] flat: decode's one token splits too
+  parallel_for(long(total), total >= size_t(kParallelAct), [&](long i) {  // [n][hidden] flat: decode's token splits
     const float g = sc.g[size_t(i)], u = sc.u[size_t(i)];
     float a = 0.0f;
     if (act == FfnAct::kRelu)
@@ -97,19 +97,18 @@ void DenseBundles::ffn(const float* x, int n, FfnAct act, float* out) {
     else
       a = g / (1.0f + std::exp(-g));
     sc.h[size_t(i)] = a == 0.0f ? 0.0f : a * u;
-  }
+  });
   sc.down.prepare(sc.h.data(), hid, hidden_, n);
   // Down: chunks of outputs split over threads, each chunk's slices contiguous; every output summed by one call in
   // slot order over the neurons with h != 0, whatever the split (down_tokens: several tokens per weight load).
   const int chunks = int(chunk_off_.size());
   long work = 0;
   for (int t = 0; t < n; ++t) work += long(sc.down.count(t)) * dim_;
-#pragma omp parallel for schedule(static) if (work > kParallelWork)
-  for (int c = 0; c < chunks; ++c) {
-    const int o0 = c * kDownChunk, o1 = std::min(dim_, o0 + kDownChunk);
+  parallel_for(chunks, work > kParallelWork, [&](long c) {
+    const int o0 = int(c) * kDownChunk, o1 = std::min(dim_, o0 + kDownChunk);
     down_tokens(dt_, out + o0, size_t(dim_), o1 - o0, sc.down, data_.data() + chunk_off_[size_t(c)],
                 chunk_cb_[size_t(c)]);
-  }
+  });
 }
 
 }  // namespace nl::kernels

@@ -10,6 +10,7 @@
 
 #include "formats/core/error.h"
 #include "runtime/model/typed_kernels.h"
+#include "runtime/parallel.h"
 
 namespace nl {
 
@@ -223,15 +224,21 @@ void Model::pass(const int* tokens, int n, int pos0, float* logits, bool last_on
     // (a serial attention was a growing share of a 2-thread token). Round robin over (token, head): a prompt's later
     // tokens attend over more positions, and contiguous blocks gave the last thread most of the work.
     const long att_work = long(n) * c.n_heads * (pos0 + n) * hd;
-#pragma omp parallel for collapse(2) schedule(static, 1) if (att_work > (1L << 16))
-    for (int t = 0; t < n; ++t)
-      for (int h = 0; h < c.n_heads; ++h) {
-        float* att = att_.data() + size_t(omp_get_thread_num()) * att_stride;
-        const float* q = q_.data() + size_t(t) * dim + size_t(h) * hd;
-        const int kvh = h / group;
-        kernels::attend(att_out_.data() + size_t(t) * dim + size_t(h) * hd, q, kc + size_t(kvh) * hd,
-                        vc + size_t(kvh) * hd, size_t(kv_dim), pos0 + t + 1, hd, att_scale, att);
-      }
+    const auto head = [&](int t, int h) {
+      float* att = att_.data() + size_t(omp_get_thread_num()) * att_stride;
+      const float* q = q_.data() + size_t(t) * dim + size_t(h) * hd;
+      const int kvh = h / group;
+      kernels::attend(att_out_.data() + size_t(t) * dim + size_t(h) * hd, q, kc + size_t(kvh) * hd,
+                      vc + size_t(kvh) * hd, size_t(kv_dim), pos0 + t + 1, hd, att_scale, att);
+    };
+    if (parallel_worth(att_work > (1L << 16))) {
+#pragma omp parallel for collapse(2) schedule(static, 1)
+      for (int t = 0; t < n; ++t)
+        for (int h = 0; h < c.n_heads; ++h) head(t, h);
+    } else {
+      for (int t = 0; t < n; ++t)
+        for (int h = 0; h < c.n_heads; ++h) head(t, h);
+    }
     if (image_dtype_quantized(L.wo.dtype)) {  // the numbers matmul(att_out_) would prepare itself, in reused buffers
       xq_->prepare(L.wo.dtype, att_out_.data(), n, dim);
       kernels::matmul(tmp_.data(), *xq_, L.wo, n);

@@ -14,6 +14,7 @@
 #include "formats/core/error.h"
 #include "formats/core/half.h"
 #include "runtime/model/model.h"
+#include "runtime/parallel.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -642,6 +643,40 @@ NL_512 inline int32_t isum_512(const B& w, const BlockQ8_0& x, int32_t xsum) {
   return hsum_epi32(s) - (xsum << kWOffsetShift<B>);
 }
 
+// The blocks after the last whole 8-block group of 4 rows at once (nt < 8 of them; row r's first at w[r]) against
+// x's (xt, their sums xst): lane r of the result = 0 + v_0 + v_1 + ... in block order, v_c = float(isum) * (d_w *
+// d_x): isum_512's integers and the one-row loop's float operations, bit for bit. Two blocks of the 4 rows go through
+// one hsum8x8 and one vector multiply, and the 4 rows' sums are one vector's lanes: a horizontal sum and two scale
+// conversions per block and row cost dim-384 rows (4 such blocks of every 12) as much as their whole 8-block group.
+template <class B>
+NL_512 inline __m128 tail4_blocks_512(const B* const* w, const BlockQ8_0* xt, const int32_t* xst, int nt) {
+  __m128 t = _mm_setzero_ps();
+  for (int c = 0; c < nt; c += 2) {
+    const bool two = c + 1 < nt;
+    __m256i s[8];
+    const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt[c].qs));
+    for (int r = 0; r < 4; ++r) s[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu32(w[r][c]), x0);
+    if (two) {
+      const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt[c + 1].qs));
+      for (int r = 0; r < 4; ++r) s[4 + r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu32(w[r][c + 1]), x1);
+    } else {
+      for (int r = 0; r < 4; ++r) s[4 + r] = _mm256_setzero_si256();
+    }
+    const int c1 = two ? c + 1 : c;  // a lone last block: the upper lanes are computed and dropped
+    const __m256i corr = _mm256_slli_epi32(
+        _mm256_setr_epi32(xst[c], xst[c], xst[c], xst[c], xst[c1], xst[c1], xst[c1], xst[c1]), kWOffsetShift<B>);
+    const __m256i isum = _mm256_sub_epi32(hsum8x8(s), corr);
+    const __m128i dw = _mm_setr_epi16(short(w[0][c].d), short(w[1][c].d), short(w[2][c].d), short(w[3][c].d),
+                                      short(w[0][c1].d), short(w[1][c1].d), short(w[2][c1].d), short(w[3][c1].d));
+    const short dx0 = short(xt[c].d), dx1 = short(xt[c1].d);
+    const __m128i dx = _mm_setr_epi16(dx0, dx0, dx0, dx0, dx1, dx1, dx1, dx1);
+    const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(_mm256_cvtph_ps(dw), _mm256_cvtph_ps(dx)));
+    t = _mm_add_ps(t, _mm256_castps256_ps128(v));
+    if (two) t = _mm_add_ps(t, _mm256_extractf128_ps(v, 1));
+  }
+  return t;
+}
+
 template <class B, int32_t (*Isum)(const B&, const BlockQ8_0&)>
 NL_512 float dot_blocks_512(const B* w, const BlockQ8_0* x, int nb) {
   const int32_t* xs = xq_sums(x, nb);
@@ -693,13 +728,24 @@ NL_512 inline void rows_blocks_512_at(Rows w, const void* xv, int n, float* y) {
       acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
     }
   }
-  // The remaining blocks, each row's in order (x's block loaded once for all rows).
-  float tail[R] = {};
-  for (int c = b; c < nb; ++c) {
-    const float dx = f16c_to_f32(x[c].d);
-    for (int r = 0; r < R; ++r) {
-      const B& wc = reinterpret_cast<const B*>(w[r])[c];
-      tail[r] += float(isum_512(wc, x[c], xs[c])) * (f16c_to_f32(wc.d) * dx);
+  // The remaining blocks, each row's in order (x's block loaded once for all rows; the next row block's requested
+  // first: the groups' prefetch covers only the groups).
+  if constexpr (Rows::kAhead)
+    for (int r = 0; r < R; ++r)
+      prefetch_ahead(reinterpret_cast<const uint8_t*>(reinterpret_cast<const B*>(w[r]) + b), R * w.stride,
+                     (nb - b) * int(sizeof(B)));
+  alignas(16) float tail[R] = {};
+  if constexpr (R == 4) {
+    const B* wt[4];
+    for (int r = 0; r < 4; ++r) wt[r] = reinterpret_cast<const B*>(w[r]) + b;
+    _mm_store_ps(tail, tail4_blocks_512(wt, x + b, xs + b, nb - b));
+  } else {
+    for (int c = b; c < nb; ++c) {
+      const float dx = f16c_to_f32(x[c].d);
+      for (int r = 0; r < R; ++r) {
+        const B& wc = reinterpret_cast<const B*>(w[r])[c];
+        tail[r] += float(isum_512(wc, x[c], xs[c])) * (f16c_to_f32(wc.d) * dx);
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -752,14 +798,25 @@ NL_512 void rows_q8x8_512(const uint8_t* w, size_t stride, const void* xv, int n
       acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
     }
   }
-  // The plain blocks after the groups, each row's in order.
+  // The plain blocks after the groups, each row's in order (the next row block's requested first: the groups'
+  // prefetch covers only the groups).
+  if constexpr (R > 1)
+    for (int r = 0; r < R; ++r)
+      prefetch_ahead(w + size_t(r) * stride + size_t(ng) * kX8Group, R * stride, nt * int(sizeof(BlockQ8_0)));
   const BlockQ8_0* xt = reinterpret_cast<const BlockQ8_0*>(x + size_t(ng) * kX8Group);
-  float tail[R] = {};
-  for (int c = 0; c < nt; ++c) {
-    const float dx = f16c_to_f32(xt[c].d);
-    for (int r = 0; r < R; ++r) {
-      const BlockQ8_0& wc = reinterpret_cast<const BlockQ8_0*>(w + size_t(r) * stride + size_t(ng) * kX8Group)[c];
-      tail[r] += float(isum_512(wc, xt[c], xs[8 * ng + c])) * (f16c_to_f32(wc.d) * dx);
+  alignas(16) float tail[R] = {};
+  if constexpr (R == 4) {
+    const BlockQ8_0* wt[4];
+    for (int r = 0; r < 4; ++r)
+      wt[r] = reinterpret_cast<const BlockQ8_0*>(w + size_t(r) * stride + size_t(ng) * kX8Group);
+    _mm_store_ps(tail, tail4_blocks_512(wt, xt, xs + 8 * ng, nt));
+  } else {
+    for (int c = 0; c < nt; ++c) {
+      const float dx = f16c_to_f32(xt[c].d);
+      for (int r = 0; r < R; ++r) {
+        const BlockQ8_0& wc = reinterpret_cast<const BlockQ8_0*>(w + size_t(r) * stride + size_t(ng) * kX8Group)[c];
+        tail[r] += float(isum_512(wc, xt[c], xs[8 * ng + c])) * (f16c_to_f32(wc.d) * dx);
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -809,19 +866,20 @@ NL_512 void tile_q8x8_512_t(const uint8_t* w, size_t stride, const uint8_t* x, s
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    const BlockQ8_0* wt = reinterpret_cast<const BlockQ8_0*>(w + size_t(r) * stride + size_t(ng) * kX8Group);
-    for (int t = 0; t < T; ++t) {
-      // The plain blocks after the groups, in order (rows_q8x8_512's tail).
-      const uint8_t* xr = x + size_t(t) * xs;
-      const BlockQ8_0* xt = reinterpret_cast<const BlockQ8_0*>(xr + size_t(ng) * kX8Group);
-      const int32_t* xsum = xq_sums(reinterpret_cast<const BlockQ8_0*>(xr), nb) + 8 * ng;
-      float tail = 0.0f;
-      for (int c = 0; c < nt; ++c)
-        tail += float(isum_512(wt[c], xt[c], xsum[c])) * (f16c_to_f32(wt[c].d) * f16c_to_f32(xt[c].d));
+  static_assert(R == 4, "tail4_blocks_512 takes 4 rows");
+  const BlockQ8_0* wt[R];
+  for (int r = 0; r < R; ++r)
+    wt[r] = reinterpret_cast<const BlockQ8_0*>(w + size_t(r) * stride + size_t(ng) * kX8Group);
+  for (int t = 0; t < T; ++t) {
+    // The plain blocks after the groups, in order (rows_q8x8_512's tail).
+    const uint8_t* xr = x + size_t(t) * xs;
+    const BlockQ8_0* xt = reinterpret_cast<const BlockQ8_0*>(xr + size_t(ng) * kX8Group);
+    alignas(16) float tail[R];
+    _mm_store_ps(tail, tail4_blocks_512(wt, xt, xq_sums(reinterpret_cast<const BlockQ8_0*>(xr), nb) + 8 * ng, nt));
+    for (int r = 0; r < R; ++r) {
       alignas(32) float a[8];
       _mm256_store_ps(a, acc[r][t]);
-      y[size_t(t) * ys + r] = reduce8(a) + tail;
+      y[size_t(t) * ys + r] = reduce8(a) + tail[r];
     }
   }
 }
@@ -1424,8 +1482,7 @@ void PreparedX::prepare(ImageDtype w_dtype, const float* x, int n, int cols) {
   }
   // Token by token, each token's record its own: any split over threads gives the same bytes (a prefill's
   // quantization no longer runs on one thread while the others wait).
-#pragma omp parallel for schedule(static) if (long(n) * cols >= kParallelQuant)
-  for (int t = 0; t < n; ++t) {
+  parallel_for(n, long(n) * cols >= kParallelQuant, [&](long t) {
     uint8_t* r = reinterpret_cast<uint8_t*>(q_.data()) + size_t(t) * rec_;
     BlockQ8_0* blk = reinterpret_cast<BlockQ8_0*>(r);
     quantize_row_q8_0(x + size_t(t) * cols, blk, size_t(cols));
@@ -1435,7 +1492,7 @@ void PreparedX::prepare(ImageDtype w_dtype, const float* x, int n, int cols) {
       for (int j = 0; j < kQuantBlock; ++j) s += blk[b].qs[j];
       sums[b] = s;
     }
-    if (!x8) continue;
+    if (!x8) return;
     uint8_t* dst = reinterpret_cast<uint8_t*>(q8_.data()) + size_t(t) * rec8_;
     x8_interleave_row(dst, r, nb);  // same bytes moved, then the extras
     std::memcpy(dst + xq_sums_offset(nb), r + xq_sums_offset(nb), sizeof(int32_t) * size_t(nb));
@@ -1445,7 +1502,7 @@ void PreparedX::prepare(ImageDtype w_dtype, const float* x, int n, int cols) {
       sc[b] = f16_to_f32(blk[b].d);
       corr[b] = -(sums[b] * 128);
     }
-  }
+  });
 }
 
 const void* PreparedX::row_x8(int t) const {
@@ -1541,8 +1598,7 @@ void matmul_row_blocks(float* y, const PreparedX& x, const void* (PreparedX::*ro
   const int tiled = tile && n > 1 ? rows / kRowBlock : 0;
   const int panels = (tiled + kPanelBlocks - 1) / kPanelBlocks;
   const uint8_t* x0 = tiled ? static_cast<const uint8_t*>((x.*row_of)(0)) : nullptr;
-#pragma omp parallel if (work > kParallelWork)
-  {
+  parallel_region(work > kParallelWork, [&] {
 #pragma omp for schedule(static) nowait
     for (int p = 0; p < panels; ++p) {
       const int g0 = p * kPanelBlocks, g1 = std::min(tiled, g0 + kPanelBlocks);
@@ -1571,7 +1627,7 @@ void matmul_row_blocks(float* y, const PreparedX& x, const void* (PreparedX::*ro
         }
       }
     }
-  }
+  });
 }
 }  // namespace
 
@@ -1613,12 +1669,11 @@ void matmul(float* y, const PreparedX& x, const WeightView& w, int n) {
   // No multi-row kernel (f32 with a row stride, the paths without one): row by row, the next block prefetched.
   const long work = long(n) * rows * cols;
   const size_t rb = image_row_bytes(w.dtype, size_t(cols));
-#pragma omp parallel for schedule(static) if (work > kParallelWork)
-  for (int o = 0; o < rows; ++o) {
-    const uint8_t* wr = w.row(o);
-    if (o + kRowBlock < rows) prefetch_bytes(w.row(o + kRowBlock), rb);
-    for (int t = 0; t < n; ++t) y[size_t(t) * rows + o] = one(wr, x.row(t));
-  }
+  parallel_for(rows, work > kParallelWork, [&](long o) {
+    const uint8_t* wr = w.row(int(o));
+    if (o + kRowBlock < rows) prefetch_bytes(w.row(int(o) + kRowBlock), rb);
+    for (int t = 0; t < n; ++t) y[size_t(t) * rows + size_t(o)] = one(wr, x.row(t));
+  });
 }
 
 void matmul(float* y, const float* x, const WeightView& w, int n) {
@@ -1677,12 +1732,11 @@ void down_project(ImageDtype dt, float* out, int dim, const float* h, const uint
   // so the split (and the thread count) never changes a bit.
   const int chunks = (dim + kChunk - 1) / kChunk;
   const long work = long(dim) * n_active;
-#pragma omp parallel if (work > kParallelWork)
-  {
+  parallel_region(work > kParallelWork, [&] {
     const int nt = omp_get_num_threads(), t = omp_get_thread_num();
     const int c0 = int(long(chunks) * t / nt), c1 = int(long(chunks) * (t + 1) / nt);
     if (c1 > c0) down_accum(dt, out, c0 * kChunk, std::min(dim, c1 * kChunk), h, cols, n_active, accumulate);
-  }
+  });
 }
 
 void DownCoeffs::prepare(const float* h, size_t h_stride, int hidden, int n) {
@@ -1792,12 +1846,11 @@ void ffn_bundles(ImageDtype dt, int dim, const PreparedX& x, const float* g, con
   const size_t rb = image_row_bytes(dt, size_t(dim));
   const void* xr = x.row(0);
   const int chunks = (n + kBundleChunk - 1) / kBundleChunk;
-#pragma omp parallel for schedule(static) if (long(n) * dim > kParallelWork)
-  for (int c = 0; c < chunks; ++c) {
-    const int i0 = c * kBundleChunk, m = std::min(kBundleChunk, n - i0);
+  parallel_for(chunks, long(n) * dim > kParallelWork, [&](long c) {
+    const int i0 = int(c) * kBundleChunk, m = std::min(kBundleChunk, n - i0);
     bundle_coefficients(dt, dim, xr, g ? BundleGate::kGiven : BundleGate::kRelu, g ? g + i0 : nullptr, bundles + i0, m,
                         h + i0);
-  }
+  });
   int k = 0;
   for (int i = 0; i < n; ++i)
     if (g || h[size_t(i)] != 0.0f) {
