@@ -102,9 +102,9 @@ void DenseBundles::ffn(const float* x, int n, FfnAct act, float* out) {
   // Down: chunks of outputs split over threads, each chunk's slices contiguous; every output summed by one call in
   // slot order over the neurons with h != 0, whatever the split (down_tokens: several tokens per weight load).
   const int chunks = int(chunk_off_.size());
-  long work = 0;
-  for (int t = 0; t < n; ++t) work += long(sc.down.count(t)) * dim_;
-  parallel_for(chunks, work > kParallelWork, [&](long c) {
+  long bytes = 0;
+  for (int t = 0; t < n; ++t) bytes += long(sc.down.count(t)) * long(image_row_bytes(dt_, size_t(dim_)));
+  parallel_for(chunks, bytes > kParallelBytes, [&](long c) {
     const int o0 = int(c) * kDownChunk, o1 = std::min(dim_, o0 + kDownChunk);
     down_tokens(dt_, out + o0, size_t(dim_), o1 - o0, sc.down, data_.data() + chunk_off_[size_t(c)],
                 chunk_cb_[size_t(c)]);

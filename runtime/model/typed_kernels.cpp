@@ -1591,14 +1591,14 @@ template <class Block, class One>
 void matmul_row_blocks(float* y, const PreparedX& x, const void* (PreparedX::*row_of)(int) const, size_t x_bytes,
                        TileFn tile, const WeightView& w, int n, bool has_block, Block block, One one) {
   const int rows = w.rows;
-  const long work = long(n) * rows * w.cols;
   const size_t rb = image_row_bytes(w.dtype, size_t(w.cols));
+  const long bytes = long(n) * rows * long(rb);
   const int groups = (rows + kRowBlock - 1) / kRowBlock;
   // Whole blocks that run as token tiles (the panels), then the rest block by block.
   const int tiled = tile && n > 1 ? rows / kRowBlock : 0;
   const int panels = (tiled + kPanelBlocks - 1) / kPanelBlocks;
   const uint8_t* x0 = tiled ? static_cast<const uint8_t*>((x.*row_of)(0)) : nullptr;
-  parallel_region(work > kParallelWork, [&] {
+  parallel_region(bytes > kParallelBytes, [&] {
 #pragma omp for schedule(static) nowait
     for (int p = 0; p < panels; ++p) {
       const int g0 = p * kPanelBlocks, g1 = std::min(tiled, g0 + kPanelBlocks);
@@ -1667,9 +1667,8 @@ void matmul(float* y, const PreparedX& x, const WeightView& w, int n) {
     return;
   }
   // No multi-row kernel (f32 with a row stride, the paths without one): row by row, the next block prefetched.
-  const long work = long(n) * rows * cols;
   const size_t rb = image_row_bytes(w.dtype, size_t(cols));
-  parallel_for(rows, work > kParallelWork, [&](long o) {
+  parallel_for(rows, long(n) * rows * long(rb) > kParallelBytes, [&](long o) {
     const uint8_t* wr = w.row(int(o));
     if (o + kRowBlock < rows) prefetch_bytes(w.row(int(o) + kRowBlock), rb);
     for (int t = 0; t < n; ++t) y[size_t(t) * rows + size_t(o)] = one(wr, x.row(t));
@@ -1679,7 +1678,7 @@ void matmul(float* y, const PreparedX& x, const WeightView& w, int n) {
 void matmul(float* y, const float* x, const WeightView& w, int n) {
   // Contiguous f32 with a token tile's worth of rows (prompt blocks): the tiled fp32 kernel (same per-output order as
   // dot, so as row_dot). Decode (fewer tokens) goes row by row below, the next rows prefetched and split over threads
-  // from kParallelWork on: small-relu's f32 decode 1.10-1.27x faster than the fp32 kernel's 4-row tiles, which stay
+  // from kParallelBytes on: small-relu's f32 decode 1.10-1.27x faster than the fp32 kernel's 4-row tiles, which stay
   // on one thread below 2M multiply-adds (every matrix of a small model).
   if (n >= kTokenTile && w.dtype == ImageDtype::kF32 && w.row_stride == size_t(w.cols) * sizeof(float) &&
       reinterpret_cast<uintptr_t>(w.data) % alignof(float) == 0) {
@@ -1731,8 +1730,8 @@ void down_project(ImageDtype dt, float* out, int dim, const float* h, const uint
   // Contiguous output ranges (whole blocks of 32), one per thread: every output is summed in list order by one thread,
   // so the split (and the thread count) never changes a bit.
   const int chunks = (dim + kChunk - 1) / kChunk;
-  const long work = long(dim) * n_active;
-  parallel_region(work > kParallelWork, [&] {
+  const long bytes = long(image_row_bytes(dt, size_t(dim))) * n_active;
+  parallel_region(bytes > kParallelBytes, [&] {
     const int nt = omp_get_num_threads(), t = omp_get_thread_num();
     const int c0 = int(long(chunks) * t / nt), c1 = int(long(chunks) * (t + 1) / nt);
     if (c1 > c0) down_accum(dt, out, c0 * kChunk, std::min(dim, c1 * kChunk), h, cols, n_active, accumulate);
@@ -1846,7 +1845,7 @@ void ffn_bundles(ImageDtype dt, int dim, const PreparedX& x, const float* g, con
   const size_t rb = image_row_bytes(dt, size_t(dim));
   const void* xr = x.row(0);
   const int chunks = (n + kBundleChunk - 1) / kBundleChunk;
-  parallel_for(chunks, long(n) * dim > kParallelWork, [&](long c) {
+  parallel_for(chunks, 2L * n * long(rb) > kParallelBytes, [&](long c) {  // gate and up rows
     const int i0 = int(c) * kBundleChunk, m = std::min(kBundleChunk, n - i0);
     bundle_coefficients(dt, dim, xr, g ? BundleGate::kGiven : BundleGate::kRelu, g ? g + i0 : nullptr, bundles + i0, m,
                         h + i0);

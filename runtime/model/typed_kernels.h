@@ -31,9 +31,15 @@
 
 namespace nl::kernels {
 
-// Work (multiply-adds) below which a matrix product or a loop of row dots stays on the calling thread: a shape-only
-// rule, so the thread count never decides anything but speed. Shared by the typed kernels and the dense FFN passes.
-constexpr long kParallelWork = 1L << 15;
+// Weight bytes a pass reads (rows x row bytes x tokens) from which a matrix product, a loop of row dots or a down
+// projection splits over threads; below it, it stays on the calling thread (no region: runtime/parallel.h). A
+// shape-only rule, so the thread count never decides anything but speed. In bytes, not multiply-adds, because the
+// time a pass takes (against a region's fixed cost, ~3.3 us at 2 threads on the development host) follows its bytes:
+// small-relu (dim 384) at 2 threads, alternated runs, against the former 32 Ki multiply-adds: dense q8_0 0.838 ->
+// 0.619 ms/token, f16 0.997 -> 0.869, f32 1.367 -> 1.329 (the attention matrices of at most 157 KB, q8_0 Q K V O and
+// f32 K V, no longer split).
+// Shared by the typed kernels and the dense FFN passes.
+constexpr long kParallelBytes = 256L << 10;
 // Rows per multi-row dot (matmul, row_dots): independent accumulator chains, x loaded once.
 constexpr int kRowBlock = 4;
 
