@@ -34,12 +34,14 @@ namespace nl::kernels {
 // Weight bytes a pass reads (rows x row bytes x tokens) from which a matrix product, a loop of row dots or a down
 // projection splits over threads; below it, it stays on the calling thread (no region: runtime/parallel.h). A
 // shape-only rule, so the thread count never decides anything but speed. In bytes, not multiply-adds, because the
-// time a pass takes (against a region's fixed cost, ~3.3 us at 2 threads on the development host) follows its bytes:
-// small-relu (dim 384) at 2 threads, alternated runs, against the former 32 Ki multiply-adds: dense q8_0 0.838 ->
-// 0.619 ms/token, f16 0.997 -> 0.869, f32 1.367 -> 1.329 (the attention matrices of at most 157 KB, q8_0 Q K V O and
-// f32 K V, no longer split).
+// time a pass takes (against a region's fixed cost, ~3.3 us at 2 threads on an Intel development host) follows its
+// bytes: small-relu (dim 384) at 2 threads, alternated runs, 256 KiB against the former 32 Ki multiply-adds there:
+// dense q8_0 0.838 -> 0.619 ms/token, f16 0.997 -> 0.869, f32 1.367 -> 1.329. On an AMD EPYC (Zen 4) host 128 KiB
+// against 256 KiB (7 alternated runs): dense q8_0 0.729 -> 0.663, f16 1.212 -> 1.145, f32 1.881 -> 1.838; the
+// budget path within noise (f32 1.743 -> 1.669, q8_0 0.675 -> 0.654, f16 1.096 -> 1.115). At 128 KiB small-relu's
+// q8_0 Q and O (157 KB) split, its K and V (52 KB) do not.
 // Shared by the typed kernels and the dense FFN passes.
-constexpr long kParallelBytes = 256L << 10;
+constexpr long kParallelBytes = 128L << 10;
 // Rows per multi-row dot (matmul, row_dots): independent accumulator chains, x loaded once.
 constexpr int kRowBlock = 4;
 
