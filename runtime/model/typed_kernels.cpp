@@ -736,6 +736,19 @@ NL_512 float dot_blocks_512(const B* w, const BlockQ8_0* x, int nb) {
   return reduce8(a) + tail;
 }
 
+// One row's 8-block group against x's, added to acc: dot_blocks_512's operations for that group.
+template <class B>
+NL_512 inline __m256 group_blocks_512(const B* w, const BlockQ8_0* x, const int32_t* xs, __m256 acc) {
+  __m256i s[8];
+  for (int k = 0; k < 8; ++k)
+    s[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu32(w[k]),
+                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[k].qs)));
+  const __m256i corr = _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs)), kWOffsetShift<B>);
+  const __m256i isum = _mm256_sub_epi32(hsum8x8(s), corr);
+  const __m256 d = _mm256_mul_ps(scales8(w), scales8(x));
+  return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
+}
+
 // R rows at once: each 8-block group's activation quants, their sums' correction and scales are loaded once for all
 // rows (short rows of small models spend as much on that and on the call as on the dots). Per row, the operations
 // and their order are dot_blocks_512's.
@@ -746,24 +759,22 @@ NL_512 inline void rows_blocks_512_at(Rows w, const void* xv, int n, float* y) {
   const int32_t* xs = xq_sums(x, nb);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  int b = 0;
-  for (; b + 8 <= nb; b += 8) {
-    __m256i xq[8];
-    for (int k = 0; k < 8; ++k) xq[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b + k].qs));
-    const __m256i corr =
-        _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + b)), kWOffsetShift<B>);
-    const __m256 dx = scales8(x + b);
+  const int nb8 = nb / 8 * 8;
+  if constexpr (Rows::kAhead) {
+    // Contiguous rows: row after row (one ascending stream, as rows_q8x8_512), x's groups loaded again per row.
     for (int r = 0; r < R; ++r) {
       const B* wr = reinterpret_cast<const B*>(w[r]);
-      if constexpr (Rows::kAhead)
+      for (int b = 0; b < nb8; b += 8) {
         prefetch_ahead(reinterpret_cast<const uint8_t*>(wr + b), R * w.stride, 8 * int(sizeof(B)));
-      __m256i s[8];
-      for (int k = 0; k < 8; ++k) s[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu32(wr[b + k]), xq[k]);
-      const __m256i isum = _mm256_sub_epi32(hsum8x8(s), corr);
-      const __m256 d = _mm256_mul_ps(scales8(wr + b), dx);
-      acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
+        acc[r] = group_blocks_512(wr + b, x + b, xs + b, acc[r]);
+      }
     }
+  } else {
+    for (int b = 0; b < nb8; b += 8)
+      for (int r = 0; r < R; ++r)
+        acc[r] = group_blocks_512(reinterpret_cast<const B*>(w[r]) + b, x + b, xs + b, acc[r]);
   }
+  const int b = nb8;
   // The remaining blocks, each row's in order (x's block loaded once for all rows; the next row block's requested
   // first: the groups' prefetch covers only the groups).
   if constexpr (Rows::kAhead)
