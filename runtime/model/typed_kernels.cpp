@@ -995,28 +995,54 @@ NL_512 void tile_h16_512(const uint8_t* w, size_t stride, const uint8_t* x, size
   }
 }
 
-// Down accumulation: per pass, 8 neurons' columns against 32 outputs held in registers; out[o] still gets
-// h_0 w_0[o], h_1 w_1[o], ... added one at a time in list order.
+// Neurons per group of the down accumulations: the next group's columns are requested while one is summed.
 constexpr int kDownGroup = 8;
 
+// NP runs of 32 outputs from o (at most kDownSpan outputs) held in registers over all na neurons, neuron after
+// neuron: each column's slice is read as one ascending run (the dense FFN's [chunk][neuron][outputs] layout: one
+// stream), where a pass of 32 outputs at a time over kDownGroup neurons came back to each slice once per 32 outputs.
+constexpr int kDownSpanRuns = 4;
+template <bool Bf16, int NP>
+NL_512 inline void down_h16_span(float* out, int o, const float* h, const uint8_t* const* cols, int na) {
+  __m512 a[NP][2];
+  for (int p = 0; p < NP; ++p) {
+    a[p][0] = _mm512_loadu_ps(out + o + 32 * p);
+    a[p][1] = _mm512_loadu_ps(out + o + 32 * p + 16);
+  }
+  for (int k = 0; k < na; ++k) {
+    if (k % kDownGroup == 0)
+      for (int j = k + kDownGroup; j < std::min(na, k + 2 * kDownGroup); ++j)
+        prefetch_col(ImageDtype::kF16, cols[j], o, o + 32 * NP);
+    const __m512 hv = _mm512_set1_ps(h[k]);
+    const uint8_t* c = cols[k] + 2 * size_t(o);
+    for (int p = 0; p < NP; ++p) {
+      a[p][0] = _mm512_fmadd_ps(hv, cvt16<Bf16>(c + 64 * p), a[p][0]);
+      a[p][1] = _mm512_fmadd_ps(hv, cvt16<Bf16>(c + 64 * p + 32), a[p][1]);
+    }
+  }
+  for (int p = 0; p < NP; ++p) {
+    _mm512_storeu_ps(out + o + 32 * p, a[p][0]);
+    _mm512_storeu_ps(out + o + 32 * p + 16, a[p][1]);
+  }
+}
+
+// Down accumulation: out[o] gets h_0 w_0[o], h_1 w_1[o], ... added one at a time in list order.
 template <bool Bf16>
 NL_512 void down_h16_512(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
   const int o32 = o0 + (o1 - o0) / 32 * 32;
-  for (int i0 = 0; i0 < na; i0 += kDownGroup) {
-    const int k1 = std::min(kDownGroup, na - i0);
-    for (int k = i0 + kDownGroup; k < std::min(na, i0 + 2 * kDownGroup); ++k)
-      prefetch_col(ImageDtype::kF16, cols[k], o0, o1);
-    __m512 hv[kDownGroup];
-    for (int k = 0; k < k1; ++k) hv[k] = _mm512_set1_ps(h[i0 + k]);
-    for (int o = o0; o < o32; o += 32) {
-      __m512 a0 = _mm512_loadu_ps(out + o), a1 = _mm512_loadu_ps(out + o + 16);
-      for (int k = 0; k < k1; ++k) {
-        const uint8_t* c = cols[i0 + k] + 2 * size_t(o);
-        a0 = _mm512_fmadd_ps(hv[k], cvt16<Bf16>(c), a0);
-        a1 = _mm512_fmadd_ps(hv[k], cvt16<Bf16>(c + 32), a1);
-      }
-      _mm512_storeu_ps(out + o, a0);
-      _mm512_storeu_ps(out + o + 16, a1);
+  for (int o = o0; o < o32; o += 32 * kDownSpanRuns) {
+    switch (std::min(kDownSpanRuns, (o32 - o) / 32)) {
+      case 1:
+        down_h16_span<Bf16, 1>(out, o, h, cols, na);
+        break;
+      case 2:
+        down_h16_span<Bf16, 2>(out, o, h, cols, na);
+        break;
+      case 3:
+        down_h16_span<Bf16, 3>(out, o, h, cols, na);
+        break;
+      default:
+        down_h16_span<Bf16, 4>(out, o, h, cols, na);
     }
   }
   // The last outputs, neuron after neuron as well (each output is its own sum: the same order).
@@ -1034,26 +1060,49 @@ NL_512 inline void q32_to_f32(const BlockQ4_0& b, __m512* lo, __m512* hi) {
   *hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), eight)));
 }
 
+// NP quantization blocks of outputs from block b (a down_h16_span for blocks): each neuron's slice one ascending run.
+template <class B, int NP>
+NL_512 inline void down_blocks_span(float* out, int b, const float* h, const uint8_t* const* cols, int na) {
+  float* y = out + size_t(b) * kQuantBlock;
+  __m512 a[NP][2];
+  for (int p = 0; p < NP; ++p) {
+    a[p][0] = _mm512_loadu_ps(y + 32 * p);
+    a[p][1] = _mm512_loadu_ps(y + 32 * p + 16);
+  }
+  for (int k = 0; k < na; ++k) {
+    if (k % kDownGroup == 0)
+      for (int j = k + kDownGroup; j < std::min(na, k + 2 * kDownGroup); ++j)
+        prefetch_bytes(cols[j] + size_t(b) * sizeof(B), NP * sizeof(B));
+    const B* blk = reinterpret_cast<const B*>(cols[k]) + b;
+    for (int p = 0; p < NP; ++p) {
+      const __m512 c = _mm512_set1_ps(h[k] * f16c_to_f32(blk[p].d));
+      __m512 lo, hi;
+      q32_to_f32(blk[p], &lo, &hi);
+      a[p][0] = _mm512_add_ps(a[p][0], _mm512_mul_ps(c, lo));
+      a[p][1] = _mm512_add_ps(a[p][1], _mm512_mul_ps(c, hi));
+    }
+  }
+  for (int p = 0; p < NP; ++p) {
+    _mm512_storeu_ps(y + 32 * p, a[p][0]);
+    _mm512_storeu_ps(y + 32 * p + 16, a[p][1]);
+  }
+}
 template <class B>
 NL_512 void down_blocks_512(float* out, int o0, int o1, const float* h, const uint8_t* const* cols, int na) {
   const int b0 = o0 / kQuantBlock, b1 = (o1 + kQuantBlock - 1) / kQuantBlock;
-  for (int i0 = 0; i0 < na; i0 += kDownGroup) {
-    const int k1 = std::min(kDownGroup, na - i0);
-    for (int k = i0 + kDownGroup; k < std::min(na, i0 + 2 * kDownGroup); ++k)
-      prefetch_col(sizeof(B) == sizeof(BlockQ8_0) ? ImageDtype::kQ8_0 : ImageDtype::kQ4_0, cols[k], o0, o1);
-    for (int b = b0; b < b1; ++b) {
-      float* y = out + size_t(b) * kQuantBlock;
-      __m512 a0 = _mm512_loadu_ps(y), a1 = _mm512_loadu_ps(y + 16);
-      for (int k = 0; k < k1; ++k) {
-        const B& blk = reinterpret_cast<const B*>(cols[i0 + k])[b];
-        const __m512 c = _mm512_set1_ps(h[i0 + k] * f16c_to_f32(blk.d));
-        __m512 lo, hi;
-        q32_to_f32(blk, &lo, &hi);
-        a0 = _mm512_add_ps(a0, _mm512_mul_ps(c, lo));
-        a1 = _mm512_add_ps(a1, _mm512_mul_ps(c, hi));
-      }
-      _mm512_storeu_ps(y, a0);
-      _mm512_storeu_ps(y + 16, a1);
+  for (int b = b0; b < b1; b += kDownSpanRuns) {
+    switch (std::min(kDownSpanRuns, b1 - b)) {
+      case 1:
+        down_blocks_span<B, 1>(out, b, h, cols, na);
+        break;
+      case 2:
+        down_blocks_span<B, 2>(out, b, h, cols, na);
+        break;
+      case 3:
+        down_blocks_span<B, 3>(out, b, h, cols, na);
+        break;
+      default:
+        down_blocks_span<B, 4>(out, b, h, cols, na);
     }
   }
 }
