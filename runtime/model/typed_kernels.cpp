@@ -541,17 +541,18 @@ const Table kAvxVnni = {dot_h16_avx2<false>,
                         down_h16_avx2<true>,
                         down_blocks_avx2<false>,
                         down_blocks_avx2<true>};
-// AVX-512 (F, BW, VL) with VNNI: 16-lane f16 / bf16 products, multi-row dots (kRowBlock rows share each x load and
-// give independent add chains), VNNI block dots with an offset instead of sign fix-ups, and down accumulations that
-// keep 8 neurons' columns in flight per pass over the outputs. Same canonical orders as above.
+// AVX-512 (F, BW, VL) with VNNI: 16-lane f16 / bf16 products, multi-row dots (kRowBlock rows give independent add
+// chains; contiguous rows are read row after row, listed rows share each x load), VNNI block dots with an offset
+// instead of sign fix-ups, and down accumulations that hold up to 128 outputs in registers over the listed neurons.
+// Same canonical orders as above.
 #define NL_512 __attribute__((target("avx2,f16c,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
-// Decode's multi-row kernels request a later row block's bytes (`ahead` = one block, kRowBlock rows, further) while
-// they compute this one, a few lines per step: spread over the compute, the requests keep memory busy without stalling
-// on full miss buffers, as one burst of the whole next block before the compute did. The block requested is the first
-// at least kAheadBytes ahead: one block of short rows (dim 384: 1.6-3 KB) arrived too late, and small-relu at 1
-// thread ran 1.18x (f16) and 1.10x (q8_0) faster with 8 KiB ahead (5 alternated runs; 16 KiB was slower); long rows
-// (dim >= 2048 at f16 and q8_0) keep the next block. A prefetch never faults, so a block after the last one needs no
-// check (the address is formed as an integer).
+// Decode's q8_0 / q4_0 multi-row kernels request a later row block's bytes (`ahead` = one block, kRowBlock rows,
+// further) while they compute this one, a few lines per step: spread over the compute, the requests keep memory busy
+// without stalling on full miss buffers, as one burst of the whole next block before the compute did. The block
+// requested is the first at least kAheadBytes ahead: one block of short rows (dim 384: 1.6-3 KB) arrived too late, and
+// small-relu at 1 thread ran 1.10x (q8_0) faster with 8 KiB ahead on an Intel host (5 alternated runs; 16 KiB was
+// slower); long rows (dim >= 2048) keep the next block. (The f16 / bf16 rows request nothing: see dot_h16_512_rows.)
+// A prefetch never faults, so a block after the last one needs no check (the address is formed as an integer).
 constexpr size_t kAheadBytes = 8 * 1024;
 inline void prefetch_ahead(const uint8_t* p, size_t ahead, int bytes) {
   const size_t blocks = ahead >= kAheadBytes ? 1 : (kAheadBytes + ahead - 1) / ahead;
@@ -763,9 +764,9 @@ NL_512 inline __m256 group_blocks_512(const B* w, const BlockQ8_0* x, const int3
   return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
 }
 
-// R rows at once: each 8-block group's activation quants, their sums' correction and scales are loaded once for all
-// rows (short rows of small models spend as much on that and on the call as on the dots). Per row, the operations
-// and their order are dot_blocks_512's.
+// R rows at once, as R independent chains (short rows of small models spend as much on the call as on the dots):
+// contiguous rows row after row, listed rows one 8-block group of every row at a time. Per row, the operations and
+// their order are dot_blocks_512's.
 template <class B, int R, class Rows>
 NL_512 inline void rows_blocks_512_at(Rows w, const void* xv, int n, float* y) {
   const BlockQ8_0* x = static_cast<const BlockQ8_0*>(xv);
@@ -1018,7 +1019,7 @@ constexpr int kDownGroup = 8;
 // further apart (bundles: small-relu's 1.2-2.3 KB, 7B shapes' 13-24 KiB, scattered cache entries) are requested ahead.
 inline bool follows(const uint8_t* p, const uint8_t* c) { return c > p && size_t(c - p) <= 1024; }
 
-// NP runs of 32 outputs from o (at most kDownSpan outputs) held in registers over all na neurons, neuron after
+// NP runs of 32 outputs from o (NP at most kDownSpanRuns) held in registers over all na neurons, neuron after
 // neuron: each column's slice is read as one ascending run (the dense FFN's [chunk][neuron][outputs] layout: one
 // stream), where a pass of 32 outputs at a time over kDownGroup neurons came back to each slice once per 32 outputs.
 constexpr int kDownSpanRuns = 4;
