@@ -172,8 +172,8 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
     // again each time, ~6 ms per 1.9 MB layer of small-relu on the development host (a virtual machine).
     AlignedBuffer buf;
     for (int l = 0; l < c.n_layers; ++l) {
-      img_.read_region(size_t(1 + l), &buf);  // checksummed here, once
-      fill_pinned(l, buf.data(), io_align_up(img_.manifest().regions[size_t(1 + l)].bytes));
+      const uint64_t bytes = img_.read_region(size_t(1 + l), &buf);  // checksummed here, once
+      fill_pinned(l, buf.data(), bytes);
       if (o.select == SelectMode::kLowRank) {
         // The predictor is fitted on f32 gate rows, decoded for the fit only.
         std::vector<float> g(size_t(hidden) * dim);

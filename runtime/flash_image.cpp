@@ -50,7 +50,7 @@ FlashImage::FlashImage(const std::string& path, const IoOptions& io) {
   verified_.assign(m_.regions.size(), 0);
 }
 
-void FlashImage::read_region(size_t index, AlignedBuffer* buf) {
+uint64_t FlashImage::read_region(size_t index, AlignedBuffer* buf) {
   const ImageRegion& r = m_.regions.at(index);
   const uint64_t bytes = io_align_up(r.bytes);  // regions are padded to the alignment, so this stays in the file
   buf->resize_uninit(bytes);                    // the read below fills every byte (or throws)
@@ -65,6 +65,7 @@ void FlashImage::read_region(size_t index, AlignedBuffer* buf) {
     throw InputError(image_path_, "checksum mismatch in region '" + r.name + "' (xxh64 " + hex64(got) +
                                       ", manifest says " + hex64(r.xxh64) + "): the image is corrupt");
   verified_[index] = 1;
+  return bytes;
 }
 
 void FlashImage::verify_all() {

@@ -43,8 +43,9 @@ class FlashImage {
   const IoEngine& io() const { return *io_; }
 
   // Reads region `index` (0 = dense, 1 + l = FFN layer l) in full into `buf` (payload at buf->data()) and checks its
-  // checksum: InputError naming the image on a mismatch.
-  void read_region(size_t index, AlignedBuffer* buf);
+  // checksum: InputError naming the image on a mismatch. Returns the bytes read (the region padded to the I/O
+  // alignment); `buf` grows to hold them and never shrinks, so it may be larger when reused.
+  uint64_t read_region(size_t index, AlignedBuffer* buf);
   void verify_all();
   bool region_verified(size_t index) const { return verified_[index] != 0; }
 
