@@ -148,9 +148,11 @@ void add_generate_memory_options(CLI::App* c, GenerateArgs& a) {
                 "checked against it); refused with exit 3 when the fixed part does not fit")
       ->group("Memory");
   c->add_option("--read-batch", a.read_batch,
-                "FFN read staging: a layer's reads are staged and computed this many bytes at a time (default 4MiB; "
-                "a read longer than this is split at bundle boundaries; two such buffers under --overlap other than "
-                "none, the next batch read while one is computed); the tokens are the same for every size")
+                "FFN read staging: a layer's reads are staged and computed this many bytes at a time (default " +
+                    std::to_string(kFfnReadBatchBytes >> 20) +
+                    "MiB, at most a layer's FFN region; a read longer than this is split at bundle boundaries; two "
+                    "such buffers under --overlap other than none, the next batch read while one is computed); the "
+                    "tokens are the same for every size")
       ->group("Memory");
   c->add_option("--prefill-block", a.prefill_block,
                 "prompt tokens per prefill pass (default " + std::to_string(kPrefillBlockTokens) +
@@ -160,7 +162,9 @@ void add_generate_memory_options(CLI::App* c, GenerateArgs& a) {
       ->group("Memory");
   c->add_option("--read-ahead", a.read_ahead,
                 "--overlap cross|both: at most this many bytes of a layer's predicted bundles are read ahead "
-                "(default 8MiB; the rest is read after the exact selection)")
+                "(default " +
+                    std::to_string(kFfnReadAheadBytes >> 20) +
+                    "MiB, at most a layer's FFN region; the rest is read after the exact selection)")
       ->group("Memory");
 }
 

@@ -302,6 +302,11 @@ class FlashFfn : public FfnProvider {
     uint64_t src, dst, bytes;  // positions in pf_staging_ / staging_
   };
   std::vector<Copy> copies_;
+  // Per piece of the layer-token in load_compute_overlapped: where in pf_staging_ a piece that one read-ahead span
+  // covers whole starts (its bundles are computed and cached from there, not copied into the batch: a 7B f16 layer
+  // reads ahead ~25 MB a token), kNotAhead otherwise. Empty outside that call.
+  static constexpr uint64_t kNotAhead = ~uint64_t(0);
+  std::vector<uint64_t> pf_direct_;
   std::vector<uint32_t> outstanding_;                   // per piece: parts not yet in place
   std::vector<std::pair<size_t, size_t>> read_active_;  // per piece: its range of active_ indices
   std::vector<uint32_t> span_read_;                     // per late span: its piece

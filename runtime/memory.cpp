@@ -126,6 +126,17 @@ uint64_t ffn_batch_staging_bytes(uint64_t bundle_bytes, uint64_t batch) {
   return io_align_up(std::max(batch, bundle_bytes + 2 * kIoBlock));
 }
 
+FfnStaging ffn_staging(const ImageManifest& m, uint64_t batch, uint64_t read_ahead) {
+  uint64_t region = 0;
+  for (int l = 0; l < m.config.n_layers; ++l) region = std::max(region, m.ffn(l).bytes);
+  // A layer-token's reads lie inside its region's blocks; a region need not start on a block.
+  const uint64_t most = io_align_up(region) + 2 * kIoBlock;
+  FfnStaging s;
+  s.batch = std::min(ffn_batch_staging_bytes(m.bundle_bytes, batch), most);  // most >= one bundle's piece
+  s.read_ahead = std::min(read_ahead, most);
+  return s;
+}
+
 MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, int threads, uint64_t baseline,
                        uint64_t read_batch, uint64_t read_ahead, int prefill_block, int read_buffers) {
   const ModelConfig& c = m.config;
@@ -141,10 +152,9 @@ MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, in
   // the FFN's gate/up rows, the sampler's candidate list (token, double), the FFN read staging (one batch buffer,
   // two under --overlap, and the read-ahead buffer under --overlap cross|both) and per active neuron its pointer and
   // coefficient.
-  const uint64_t staging = ffn == FfnResidency::kAll ? 0
-                                                     : uint64_t(std::max(1, read_buffers)) *
-                                                               ffn_batch_staging_bytes(m.bundle_bytes, read_batch) +
-                                                           io_align_up(read_ahead);
+  const FfnStaging fs = ffn_staging(m, read_batch, read_ahead);
+  const uint64_t staging =
+      ffn == FfnResidency::kAll ? 0 : uint64_t(std::max(1, read_buffers)) * fs.batch + io_align_up(fs.read_ahead);
   p.scratch = kF32 * (5 * dim + 2 * uint64_t(c.kv_dim()) + vocab + ctx * uint64_t(c.head_dim()) +
                       uint64_t(std::max(1, threads)) * ctx + 4 * hid + 3 * dim) +
               16 * vocab + staging + 16 * hid + L * hid * kPerNeuronBookkeeping + ctx * kPerTokenReport +

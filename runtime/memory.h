@@ -34,19 +34,28 @@ uint64_t kv_cache_bytes(const ModelConfig& c, int context);
 // --read-ahead change them): a layer's reads are staged and computed this many bytes at a time in one reused buffer,
 // so the staging never grows with a layer's density (a read longer than this is split at bundle boundaries; a bundle
 // larger than this gets a buffer of its own size).
-constexpr uint64_t kFfnReadBatchBytes = uint64_t(4) << 20;
+constexpr uint64_t kFfnReadBatchBytes = uint64_t(16) << 20;
 // Under --overlap (any mode but none) a layer-token of several batches alternates this many batch buffers: the next
 // batch is read while one is computed.
 constexpr int kFfnOverlapReadBuffers = 2;
 // --overlap cross|both: at most this many bytes of a layer's predicted bundles are read ahead, into one buffer of
-// this size (the rest is read after the exact selection). 8 MiB is about what a phone-class device reads during one
-// layer's attention of a 7B model; larger read-aheads delayed the exact reads (docs/runtime.md, "I/O-compute overlap").
-constexpr uint64_t kFfnReadAheadBytes = uint64_t(8) << 20;
+// this size (the rest is read after the exact selection; a prediction that was mostly wrong is cut to what the layer's
+// attention hides). 32 MiB holds most of a 7B f16 layer's predicted set, so the device stays busy through attention
+// (docs/runtime.md, "Read staging sized for the device": 8 MiB left it idle for a third of a Llama-2-7B token).
+constexpr uint64_t kFfnReadAheadBytes = uint64_t(32) << 20;
 // nl-run generate's prompt is prefilled in passes of at most this many tokens by default (--prefill-block; a flash
 // FFN reads the union of a pass's active sets once per layer); the activations of one pass are in the memory plan.
 constexpr int kPrefillBlockTokens = 64;
 // The staging buffer FlashFfn holds for bundles of `bundle_bytes` bytes and batches of `batch` bytes.
 uint64_t ffn_batch_staging_bytes(uint64_t bundle_bytes, uint64_t batch = kFfnReadBatchBytes);
+// What FlashFfn holds for this image: one batch buffer (`batch`: ffn_batch_staging_bytes, never more than a layer-token
+// can read: the largest FFN region padded by an I/O block at each end) and the read-ahead bound (`read_ahead`, cut the
+// same way). memory_plan charges exactly these.
+struct FfnStaging {
+  uint64_t batch = 0;
+  uint64_t read_ahead = 0;
+};
+FfnStaging ffn_staging(const ImageManifest& m, uint64_t batch, uint64_t read_ahead);
 
 // What a generate run will hold, in bytes. `fixed()` must fit the budget; the rest goes to the neuron cache.
 struct MemoryPlan {
