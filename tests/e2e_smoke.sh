@@ -63,7 +63,7 @@ for smoke, f16 in zip(smoke_all, f16_all):
     if not tf or tf["of"] != 32 or len(tf["margins"]) != 32 or tf["agree"] != tf["of"]:
         bad.append("%s f16 teacher-forced agreement not 32/32: %s" % (shape, tf))
     rows = smoke.get("rows", {})
-    want = ["llama.cpp mmap, capped", "llama.cpp mmap, uncapped (warm)", "nl-run --select dense, uncapped (warm)"] + [
+    want = ["llama.cpp mmap, capped", "llama.cpp mmap, uncapped (warm)", "nl-run --select dense, uncapped (in DRAM)"] + [
         "nl-run %s, overlap %s, capped" % (m, o) for m in ("identity", "greedy", "greedy+ls") for o in ("off", "on")]
     for w in want:
         r = rows.get(w)
