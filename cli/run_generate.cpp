@@ -639,6 +639,8 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
                         {"predicted_and_needed_bundles", o.predicted_needed},
                         {"prefetch_bytes", o.prefetch_bytes},
                         {"prefetch_used_bytes", o.prefetch_used_bytes},
+                        {"pieces_in_place", o.pieces_in_place},
+                        {"pieces_copied", o.pieces_copied},
                         {"extra_bytes", o.extra_bytes()},
                         {"late_bytes", o.late_bytes},
                         {"batches", o.batches},

@@ -1093,6 +1093,7 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
         ++outstanding_[ri];
         // Pieces of a split read share at most a block: each byte counts once.
         if (hi > used_hi) ov_.prefetch_used_bytes += hi - std::max(lo, used_hi), used_hi = hi;
+        ++(whole ? ov_.pieces_in_place : ov_.pieces_copied);
         cur = hi;
       }
     }

@@ -73,6 +73,8 @@ struct OverlapCounters {
   uint64_t predicted_needed = 0;     // cross: both
   uint64_t prefetch_bytes = 0;       // cross: bytes read ahead
   uint64_t prefetch_used_bytes = 0;  // cross: of them, bytes inside the exact plan's reads
+  uint64_t pieces_in_place = 0;      // cross: exact-read pieces one read-ahead span covered whole (computed there)
+  uint64_t pieces_copied = 0;        // cross: exact-read pieces read ahead in part (those parts copied)
   uint64_t late_bytes = 0;           // cross: bytes read after the exact selection (what the prediction missed)
   uint64_t batches = 0;              // read batches of the overlapped path (--read-batch bytes of staging each)
   uint64_t batches_ahead = 0;        // of them, read into the second buffer while the batch before was computed

@@ -54,10 +54,15 @@ void check_figures(const json& j, const std::string& mode) {
   CHECK(o["predicted_and_needed_bundles"].get<uint64_t>() <= o["predicted_bundles"].get<uint64_t>());
   CHECK(o["predicted_and_needed_bundles"].get<uint64_t>() <= o["needed_bundles"].get<uint64_t>());
   CHECK(o["prefetch_used_bytes"].get<uint64_t>() <= o["prefetch_bytes"].get<uint64_t>());
+  // Exact-read pieces read ahead whole are computed where they landed (FlashFfn::pf_direct_), the others copied.
+  const uint64_t in_place = o["pieces_in_place"].get<uint64_t>(), copied = o["pieces_copied"].get<uint64_t>();
   CHECK(o["io_wait_seconds"].get<double>() <= o["io_busy_seconds"].get<double>() + 1e-9);
   CHECK(o["bundles_computed_in_flight"].get<uint64_t>() <= o["bundles_computed"].get<uint64_t>());
   const bool cross = mode == "cross" || mode == "both", layer = mode == "layer" || mode == "both";
   CHECK((o["prefetches"].get<uint64_t>() > 0) == cross);
+  // Whole or in part (tiny bundles share blocks, so an exact piece may straddle read-ahead spans).
+  if (cross && o["prefetch_used_bytes"].get<uint64_t>() > 0) CHECK(in_place + copied > 0);
+  if (!cross) CHECK(in_place + copied == 0);
   CHECK((o["bundles_computed"].get<uint64_t>() > 0) == layer);
   CHECK((o["layer_tokens"].get<uint64_t>() > 0) == (mode != "none"));
 }
@@ -164,6 +169,7 @@ TEST_CASE("--overlap on the bundled tiny ReLU model: gate, lowrank and trace sel
           if (std::string(mode) == "cross" && sel == "gate") {
             // ReLU sparsity: the previous token's set predicts part of the next one, not all of it.
             CHECK(j["overlap"]["predicted_and_needed_bundles"].get<uint64_t>() > 0);
+            CHECK(j["overlap"]["pieces_in_place"].get<uint64_t>() > 0);  // computed where the read-ahead landed
             CHECK(j["overlap"]["late_bytes"].get<uint64_t>() > 0);
           }
         }
