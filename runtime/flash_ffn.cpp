@@ -494,10 +494,9 @@ const uint8_t* FlashFfn::bundle(int layer, uint32_t slot) const {
                                slot, [](uint32_t s, const Piece& p) { return s < p.slot_begin; });
     if (it != pieces_.begin() + std::ptrdiff_t(cur_p0_)) {
       const Piece& p = *(it - 1);
-      const size_t pi = size_t(it - 1 - pieces_.begin());
-      const uint64_t at = m_.ffn(layer).offset + uint64_t(slot) * m_.bundle_bytes - p.offset;
       if (slot < p.slot_end) {
-        if (pi < pf_direct_.size() && pf_direct_[pi] != kNotAhead) return pf_staging_.data() + pf_direct_[pi] + at;
+        const uint64_t at = m_.ffn(layer).offset + uint64_t(slot) * m_.bundle_bytes - p.offset;
+        if (p.ahead != kNotAhead) return pf_staging_.data() + p.ahead + at;
         return staging_.data() + cur_off_ + p.pos + at;
       }
     }
@@ -1061,7 +1060,6 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
   copies_.clear();
   batch_span_.assign(1, 0);
   outstanding_.assign(P, 0);
-  pf_direct_.assign(P, kNotAhead);
   uint64_t late_bytes = 0;
   size_t pj = 0, b = 0;
   uint64_t used_hi = 0;
@@ -1084,10 +1082,10 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
         const uint64_t lo = std::max(cur, pr[k].offset), hi = std::min(e, pr[k].offset + pr[k].length);
         if (hi <= lo) continue;
         if (lo > cur) late(cur, lo);
-        // A piece one read-ahead span covers whole is used where it landed (bundle()): its copy moves no bytes and
-        // only waits for that span.
+        // A piece one read-ahead span covers whole is used where it landed (Piece::ahead, bundle()): its copy moves no
+        // bytes and only waits for that span.
         const bool whole = lo == a && hi == e;
-        if (whole) pf_direct_[ri] = pr[k].pos + (lo - pr[k].offset);
+        if (whole) pieces_[ri].ahead = pr[k].pos + (lo - pr[k].offset);
         copies_.push_back(
             {uint32_t(k), uint32_t(ri), pr[k].pos + (lo - pr[k].offset), pos + (lo - a), whole ? 0 : hi - lo});
         ++outstanding_[ri];
@@ -1295,7 +1293,6 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
     p0 = p1;
   }
   cur_batch_ = -1, cur_off_ = 0;
-  pf_direct_.clear();
   if (ordered) {
     if (per_read) ov_.bundles_computed += n - k0;
     compute_ordered(layer, k0, n, from, out, true);

@@ -212,9 +212,14 @@ class FlashFfn : public FfnProvider {
   TokenPlan plan_;
   // A layer-token's reads, split to fit the staging (memory.h kFfnReadBatchBytes) and grouped into batches that are
   // read, computed and released in slot order; `pos` is the piece's place in the staging buffer during its batch.
+  static constexpr uint64_t kNotAhead = ~uint64_t(0);
   struct Piece {
     uint32_t slot_begin, slot_end;
     uint64_t offset, length, pos;
+    // --overlap cross: where in pf_staging_ this exact-read piece starts when one read-ahead span covered it whole
+    // (its bundles are computed and cached from there, not copied into the batch: a 7B f16 layer reads ahead ~25 MB
+    // a token), kNotAhead otherwise.
+    uint64_t ahead = kNotAhead;
   };
   std::vector<Piece> pieces_;
   std::vector<size_t> batch_end_;   // per batch: one past its last piece
@@ -304,11 +309,6 @@ class FlashFfn : public FfnProvider {
     uint64_t src, dst, bytes;  // positions in pf_staging_ / staging_
   };
   std::vector<Copy> copies_;
-  // Per piece of the layer-token in load_compute_overlapped: where in pf_staging_ a piece that one read-ahead span
-  // covers whole starts (its bundles are computed and cached from there, not copied into the batch: a 7B f16 layer
-  // reads ahead ~25 MB a token), kNotAhead otherwise. Empty outside that call.
-  static constexpr uint64_t kNotAhead = ~uint64_t(0);
-  std::vector<uint64_t> pf_direct_;
   std::vector<uint32_t> outstanding_;                   // per piece: parts not yet in place
   std::vector<std::pair<size_t, size_t>> read_active_;  // per piece: its range of active_ indices
   std::vector<uint32_t> span_read_;                     // per late span: its piece

@@ -27,6 +27,13 @@ uint64_t proc_kb(const char* file, const char* key) {
   return 0;
 }
 
+// The largest layer's FFN region: what one layer-token can read at most (staging) and the gate-row load's buffer.
+uint64_t largest_ffn_region(const ImageManifest& m) {
+  uint64_t r = 0;
+  for (int l = 0; l < m.config.n_layers; ++l) r = std::max(r, m.ffn(l).bytes);
+  return r;
+}
+
 uint64_t maxrss_bytes() {
   rusage ru{};
   return ::getrusage(RUSAGE_SELF, &ru) == 0 ? uint64_t(ru.ru_maxrss) * 1024 : 0;  // Linux: KiB
@@ -127,10 +134,8 @@ uint64_t ffn_batch_staging_bytes(uint64_t bundle_bytes, uint64_t batch) {
 }
 
 FfnStaging ffn_staging(const ImageManifest& m, uint64_t batch, uint64_t read_ahead) {
-  uint64_t region = 0;
-  for (int l = 0; l < m.config.n_layers; ++l) region = std::max(region, m.ffn(l).bytes);
   // A layer-token's reads lie inside its region's blocks; a region need not start on a block.
-  const uint64_t most = io_align_up(region) + 2 * kIoBlock;
+  const uint64_t most = io_align_up(largest_ffn_region(m)) + 2 * kIoBlock;
   FfnStaging s;
   s.batch = std::min(ffn_batch_staging_bytes(m.bundle_bytes, batch), most);  // most >= one bundle's piece
   s.read_ahead = std::min(read_ahead, most);
@@ -162,11 +167,9 @@ MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, in
   // A prefill pass's further tokens: their activations (as above), each one's gate outputs and active list.
   const uint64_t block = uint64_t(std::min(std::max(1, prefill_block), std::max(1, context)));
   p.scratch += kF32 * (block - 1) * (5 * dim + 2 * uint64_t(c.kv_dim()) + 2 * hid);
-  uint64_t largest_ffn_region = 0;
-  for (int l = 0; l < c.n_layers; ++l) largest_ffn_region = std::max(largest_ffn_region, m.ffn(l).bytes);
   // The dense region is read straight into its store (counted in `dense`); gate-row modes read one FFN region at a
   // time to copy its gate rows out, --select dense keeps its regions (counted in `ffn_resident`).
-  p.load_transient = ffn == FfnResidency::kGateRows ? largest_ffn_region : 0;
+  p.load_transient = ffn == FfnResidency::kGateRows ? largest_ffn_region(m) : 0;
   p.cache_bundle_cost = m.bundle_bytes + kCacheEntryOverhead;
   return p;
 }

@@ -54,7 +54,7 @@ void check_figures(const json& j, const std::string& mode) {
   CHECK(o["predicted_and_needed_bundles"].get<uint64_t>() <= o["predicted_bundles"].get<uint64_t>());
   CHECK(o["predicted_and_needed_bundles"].get<uint64_t>() <= o["needed_bundles"].get<uint64_t>());
   CHECK(o["prefetch_used_bytes"].get<uint64_t>() <= o["prefetch_bytes"].get<uint64_t>());
-  // Exact-read pieces read ahead whole are computed where they landed (FlashFfn::pf_direct_), the others copied.
+  // Exact-read pieces read ahead whole are computed where they landed (FlashFfn::Piece::ahead), the others copied.
   const uint64_t in_place = o["pieces_in_place"].get<uint64_t>(), copied = o["pieces_copied"].get<uint64_t>();
   CHECK(o["io_wait_seconds"].get<double>() <= o["io_busy_seconds"].get<double>() + 1e-9);
   CHECK(o["bundles_computed_in_flight"].get<uint64_t>() <= o["bundles_computed"].get<uint64_t>());
