@@ -172,7 +172,7 @@ void add_generate_overlap_options(CLI::App* c, GenerateArgs& a) {
   c->add_option("--overlap", a.overlap,
                 "I/O-compute overlap: layer = compute each bundle as its read completes (real with --io uring); "
                 "cross = start a layer's FFN reads before its attention from a predictor; both; none; auto (default) = "
-                "cross, or layer for an image with flash replicas (cross does not read them)")
+                "both, or layer for an image with flash replicas (cross does not read them)")
       ->check(CLI::IsMember({"auto", "none", "layer", "cross", "both"}))
       ->group("I/O");
 }
@@ -398,7 +398,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
     fa.queue_depth = kReadAheadQueueDepth;
   auto img = flash_open(fa, g);
   const ImageManifest& man = img->manifest();
-  const std::string overlap = a.overlap != "auto" ? a.overlap : man.replicated() ? "layer" : "cross";
+  const std::string overlap = a.overlap != "auto" ? a.overlap : man.replicated() ? "layer" : "both";
   const ModelConfig& c = man.config;
   std::unique_ptr<Tokenizer> tok;
   const std::string tok_path = tokenizer_path(a, *img);

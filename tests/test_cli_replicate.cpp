@@ -152,11 +152,11 @@ TEST_CASE("tiny-relu: a replicated image generates the unreplicated layout's tok
     REQUIRE(tokens_line(a).size() > 20);
     CHECK(tokens_line(a) == tokens_line(b));
   }
-  // The default overlap (auto) is cross, which does not read replicas: layer for the replicated image.
+  // The default overlap (auto) is both, whose read-ahead does not read replicas: layer for the replicated image.
   for (const char* img : {"/rep.nlw", "/prim.nlw"}) {
     const auto j =
         json_of(bin + "nl-run -q --json generate --no-direct --prompt-tokens 1,450 --steps 4 --image " + d + img);
-    CHECK(j["overlap"]["mode"] == (std::string(img) == "/rep.nlw" ? "layer" : "cross"));
+    CHECK(j["overlap"]["mode"] == (std::string(img) == "/rep.nlw" ? "layer" : "both"));
   }
 
   // replay: per token exactly the reads, bytes and hits nl-layout eval predicts for the replicated layout.

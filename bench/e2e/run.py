@@ -588,7 +588,7 @@ class Bench:
         res["select"] = sel
         ratio = ["--cache-ratio", str(CACHE_RATIO)]
         for m in LAYOUTS:
-            if self.has_overlap:  # io_uring either way: "on" is --overlap-on (nl-run's default, cross), "off" is none
+            if self.has_overlap:  # io_uring either way: "on" is --overlap-on (nl-run's default), "off" is none
                 variants.append((nl_row(m, False), m, True, ratio + ["--io", "uring", "--overlap", "none"]))
                 on = self.a.overlap_on.split("@")
                 variants.append((nl_row(m, True), m, True, ratio + ["--io", "uring", "--overlap", on[0]] +
@@ -927,8 +927,9 @@ def main():
                     help="only the kernel row (everything in DRAM: nl-run --select dense vs llama-bench, alternated)")
     ap.add_argument("--kernel-prompt", type=int, default=64, help="kernel row: prompt tokens (llama-bench pp)")
     ap.add_argument("--base-build", help="kernel row: also run this build's nl-run, alternated (before/after)")
-    ap.add_argument("--overlap-on", default="cross",
-                    help="the overlap rows' nl-run --overlap mode, MODE or MODE@READ_AHEAD (e.g. cross@8MiB)")
+    ap.add_argument("--overlap-on", default="auto",
+                    help="the overlap rows' nl-run --overlap mode, MODE or MODE@READ_AHEAD (e.g. cross@8MiB); "
+                         "default auto, nl-run's own default (both)")
     ap.add_argument("--budget-rows", default="",
                     help="comma-separated layouts (identity,greedy,greedy+ls) that also get a row with nl-run's "
                          "--memory-budget set to the cap (the cache sized from it) instead of --cache-ratio 0.1")
