@@ -392,7 +392,8 @@ class Bench:
                 "maxrss_kib": r["maxrss_kib"], "cgroup_peak": r["cgroup_peak"], "wall_s": r["wall_s"],
                 "bytes_needed_per_token": j["per_token_mean"]["bytes_needed"],
                 "bytes_read_ffn_per_token": j["per_token_mean"]["bytes_read"],
-                "decode_ffn": decode_ffn_bytes(per_pass, len(prompt))}, r
+                "decode_ffn": decode_ffn_bytes(per_pass, len(prompt)),
+                "overlap_mode": j.get("overlap", {}).get("mode")}, r
 
     def llama_generate(self, gguf, prompt, steps, cgroup=None, margins=False):
         argv = self.nice() + [os.path.join(self.ldir, "bin", "llama-ids"), "-m", gguf, "--prompt-tokens",
@@ -684,6 +685,9 @@ class Bench:
                 if dec and len(dec) == len(ss):
                     rows[name]["decode_ffn_needed_per_token"] = med([d["needed"] for d in dec])
                     rows[name]["decode_ffn_read_per_token"] = med([d["read"] for d in dec])
+                modes = sorted({s["overlap_mode"] for s in ss if s.get("overlap_mode")})
+                if modes:  # what nl-run ran (--overlap auto resolved by nl-run itself)
+                    rows[name]["overlap_mode"] = ",".join(modes)
         # The bound: max(compute with everything in DRAM, needed bytes at the device's bandwidth). Needed bytes: the
         # decode passes' own (the prompt's passes read the union of a block once per layer: fewer bytes per pass).
         comp = med(rows[DENSE_ROW]["decode_ms"]) if "decode_ms" in rows.get(DENSE_ROW, {}) else None
@@ -855,6 +859,9 @@ def print_shape(res):
         return
     print("nl-run selection: --select %s; load average at the end %s" % (
         res.get("select", "?"), " ".join("%.1f" % x for x in res.get("loadavg_end", ()))))
+    ran = sorted({r["overlap_mode"] for n, r in rows.items() if "overlap on" in n and r.get("overlap_mode")})
+    if ran:
+        print("nl-run's overlap-on rows ran --overlap %s" % ", ".join(ran))
     base = rows.get("llama.cpp mmap, capped", {})
     bound = res.get("bound")
     print("%-40s %-26s %-26s %-22s %-14s %-14s %-9s %-9s %-7s" % (
