@@ -69,6 +69,12 @@ for smoke, f16 in zip(smoke_all, f16_all):
         r = rows.get(w)
         if not r or "failed" in r or not r["decode_ms"] or min(r["decode_ms"]) <= 0 or not r["peak_rss_mib"]:
             bad.append("%s: row %r has no figures: %s" % (shape, w, r))
+    for m in ("identity", "greedy", "greedy+ls"):  # what nl-run ran: none, and its default (auto) resolved to both
+        for o, mode in (("off", "none"), ("on", "both")):
+            r = rows.get("nl-run %s, overlap %s, capped" % (m, o)) or {}
+            if r.get("overlap_mode") != mode:
+                bad.append("%s: row nl-run %s, overlap %s ran --overlap %s, not %s" % (shape, m, o,
+                                                                                    r.get("overlap_mode"), mode))
     for m in ("identity", "greedy", "greedy+ls"):  # the decode passes' own FFN bytes (nl-run --metrics)
         r = rows.get("nl-run %s, overlap off, capped" % m) or {}
         if not r.get("decode_ffn_read_per_token", 0) > 0 or not r.get("decode_ffn_needed_per_token", 0) > 0:
