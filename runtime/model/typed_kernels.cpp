@@ -76,8 +76,12 @@ struct StrideRows {
   static constexpr bool kAhead = true;
   const uint8_t* operator[](int r) const { return w + size_t(r) * stride; }
 };
+// Listed rows, and the rows of the next call (`next`, the same count; null: none) whose bytes the kernel requests
+// step by step as it goes: a few lines per step spread over the compute, where one burst of the next block's whole
+// rows before it stalled on full miss buffers (the listed-row kernels below; row_dots).
 struct ListRows {
   const uint8_t* const* w;
+  const uint8_t* const* next = nullptr;
   static constexpr bool kAhead = false;
   const uint8_t* operator[](int r) const { return w[r]; }
 };
@@ -162,8 +166,9 @@ struct Table {
 };
 
 // kRowBlock rows at listed addresses against one prepared activation row (row_dots): y[r] = row_dot of row r, bit for
-// bit. One per dtype; null where a path has none (row_dots then runs row_dot row by row).
-using RowsListFn = void (*)(const uint8_t* const* w, const void* x, int n, float* y);
+// bit; `next` (null: none) lists the kRowBlock rows of the next call, requested while these are computed (ListRows).
+// One per dtype; null where a path has none (row_dots then runs row_dot row by row).
+using RowsListFn = void (*)(const uint8_t* const* w, const uint8_t* const* next, const void* x, int n, float* y);
 struct ListTable {
   RowsListFn f32 = nullptr, f16 = nullptr, bf16 = nullptr, q8 = nullptr, q4 = nullptr;
 };
@@ -347,6 +352,9 @@ NL_AVX2 inline void dot_h16_avx2_rows(Rows w, const float* x, int n, float* y) {
   for (; i + 32 <= n; i += 32) {
     const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8), x2 = _mm256_loadu_ps(x + i + 16),
                  x3 = _mm256_loadu_ps(x + i + 24);
+    if constexpr (!Rows::kAhead)
+      if (w.next)
+        for (int r = 0; r < R; ++r) __builtin_prefetch(w.next[r] + 2 * size_t(i));
     for (int r = 0; r < R; ++r) {
       const uint8_t* wr = w[r] + 2 * size_t(i);
       a[r][0] = _mm256_fmadd_ps(cvt8<Bf16>(wr), x0, a[r][0]);
@@ -355,6 +363,9 @@ NL_AVX2 inline void dot_h16_avx2_rows(Rows w, const float* x, int n, float* y) {
       a[r][3] = _mm256_fmadd_ps(cvt8<Bf16>(wr + 48), x3, a[r][3]);
     }
   }
+  if constexpr (!Rows::kAhead)
+    if (w.next && i < n)
+      for (int r = 0; r < R; ++r) prefetch_bytes(w.next[r] + 2 * size_t(i), 2 * size_t(n - i));
   for (int r = 0; r < R; ++r) {
     const uint8_t* wr = w[r];
     alignas(32) float s[8];
@@ -376,21 +387,23 @@ NL_AVX2 void rows_h16_avx2(const uint8_t* w, size_t stride, const float* x, int 
     dot_h16_avx2_rows<Bf16, 2>(StrideRows{w + size_t(r) * stride, stride}, x, n, y + r);
 }
 template <bool Bf16>
-NL_AVX2 void rowsl_h16_avx2(const uint8_t* const* w, const void* x, int n, float* y) {
+NL_AVX2 void rowsl_h16_avx2(const uint8_t* const* w, const uint8_t* const* next, const void* x, int n, float* y) {
   for (int r = 0; r < kRowBlock; r += 2)
-    dot_h16_avx2_rows<Bf16, 2>(ListRows{w + r}, static_cast<const float*>(x), n, y + r);
+    dot_h16_avx2_rows<Bf16, 2>(ListRows{w + r, next ? next + r : nullptr}, static_cast<const float*>(x), n, y + r);
 }
 
 // f32 rows at listed addresses: kernels::dot's numbers (8 lanes, products and sums rounded separately, reduce8, the
 // scalar tail), R rows' add chains side by side (one row alone waits on its chain's add latency).
 template <int R>
-NL_AVX2 void rowsl_f32_avx2(const uint8_t* const* w, const void* xv, int n, float* y) {
+NL_AVX2 void rowsl_f32_avx2(const uint8_t* const* w, const uint8_t* const* next, const void* xv, int n, float* y) {
   const float* x = static_cast<const float*>(xv);
   __m256 a[R];
   for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_ps();
   int i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 xi = _mm256_loadu_ps(x + i);
+    if (next && i % 16 == 0)  // one line of each next row per 64 bytes of these
+      for (int r = 0; r < R; ++r) __builtin_prefetch(next[r] + 4 * size_t(i));
     for (int r = 0; r < R; ++r)
       a[r] = _mm256_add_ps(a[r], _mm256_mul_ps(_mm256_loadu_ps(reinterpret_cast<const float*>(w[r]) + i), xi));
   }
@@ -401,6 +414,8 @@ NL_AVX2 void rowsl_f32_avx2(const uint8_t* const* w, const void* xv, int n, floa
     float tail = 0.0f;
     for (int j = i; j < n; ++j) tail += wr[j] * x[j];
     y[r] = reduce8(s) + tail;
+    const int asked = (i + 15) / 16 * 16;  // floats whose lines the loop requested
+    if (next && asked < n) prefetch_bytes(next[r] + 4 * size_t(asked), 4 * size_t(n - asked));
   }
 }
 
@@ -634,6 +649,8 @@ NL_512 inline void dot_h16_512_rows(Rows w, const float* x, int n, float* y) {
   } else {
     for (; i + 32 <= n; i += 32) {
       const __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
+      if (w.next)  // the next rows' line at this offset
+        for (int r = 0; r < R; ++r) __builtin_prefetch(w.next[r] + 2 * size_t(i));
       for (int r = 0; r < R; ++r) {
         __m512 w0, w1;
         cvt32<Bf16>(w[r] + 2 * size_t(i), &w0, &w1);
@@ -642,6 +659,9 @@ NL_512 inline void dot_h16_512_rows(Rows w, const float* x, int n, float* y) {
       }
     }
   }
+  if constexpr (!Rows::kAhead)
+    if (w.next && i < n)
+      for (int r = 0; r < R; ++r) prefetch_bytes(w.next[r] + 2 * size_t(i), 2 * size_t(n - i));
   for (int r = 0; r < R; ++r) {
     const float tail = h16_tail<Bf16>(w[r], x, i, n);
     y[r] = fold32(a[r][0], a[r][1]) + tail;
@@ -659,8 +679,8 @@ NL_512 void rows_h16_512(const uint8_t* w, size_t stride, const float* x, int n,
   dot_h16_512_rows<Bf16, kRowBlock>(StrideRows{w, stride}, x, n, y);
 }
 template <bool Bf16>
-NL_512 void rowsl_h16_512(const uint8_t* const* w, const void* x, int n, float* y) {
-  dot_h16_512_rows<Bf16, kRowBlock>(ListRows{w}, static_cast<const float*>(x), n, y);
+NL_512 void rowsl_h16_512(const uint8_t* const* w, const uint8_t* const* next, const void* x, int n, float* y) {
+  dot_h16_512_rows<Bf16, kRowBlock>(ListRows{w, next}, static_cast<const float*>(x), n, y);
 }
 
 // 32 weights as unsigned bytes u with w = u - off: q8_0 flips the sign bit (u = w + 128), q4_0 takes the nibbles as
@@ -785,9 +805,15 @@ NL_512 inline void rows_blocks_512_at(Rows w, const void* xv, int n, float* y) {
       }
     }
   } else {
-    for (int b = 0; b < nb8; b += 8)
+    for (int b = 0; b < nb8; b += 8) {
+      if (w.next)  // the next rows' group at this offset (5 lines of q8_0)
+        for (int r = 0; r < R; ++r) prefetch_bytes(reinterpret_cast<const B*>(w.next[r]) + b, 8 * sizeof(B));
       for (int r = 0; r < R; ++r)
         acc[r] = group_blocks_512(reinterpret_cast<const B*>(w[r]) + b, x + b, xs + b, acc[r]);
+    }
+    if (w.next && nb8 < nb)
+      for (int r = 0; r < R; ++r)
+        prefetch_bytes(reinterpret_cast<const B*>(w.next[r]) + nb8, size_t(nb - nb8) * sizeof(B));
   }
   const int b = nb8;
   // The remaining blocks, each row's in order (x's block loaded once for all rows; the next row block's requested
@@ -821,8 +847,8 @@ NL_512 void rows_blocks_512(const uint8_t* w, size_t stride, const void* x, int 
   rows_blocks_512_at<B, R>(StrideRows{w, stride}, x, n, y);
 }
 template <class B>
-NL_512 void rowsl_blocks_512(const uint8_t* const* w, const void* x, int n, float* y) {
-  rows_blocks_512_at<B, kRowBlock>(ListRows{w}, x, n, y);
+NL_512 void rowsl_blocks_512(const uint8_t* const* w, const uint8_t* const* next, const void* x, int n, float* y) {
+  rows_blocks_512_at<B, kRowBlock>(ListRows{w, next}, x, n, y);
 }
 
 // Interleaved q8_0: step s of a group puts quants 4s..4s+3 of block j in lane j, so dpbusd accumulates every
@@ -1063,11 +1089,14 @@ NL_512 void down_h16_512(float* out, int o0, int o1, const float* h, const uint8
   if (!packed(cols, na)) {
     for (int i0 = 0; i0 < na; i0 += kDownGroup) {
       const int k1 = std::min(kDownGroup, na - i0);
-      for (int k = i0 + kDownGroup; k < std::min(na, i0 + 2 * kDownGroup); ++k)
-        prefetch_col(ImageDtype::kF16, cols[k], o0, o1);
+      // The next group's columns, requested line by line as this group's outputs go (kDownGroup lines per 32
+      // outputs), not as one burst of whole columns before them (as row_dots).
+      const int n1 = std::min(kDownGroup, na - i0 - kDownGroup);
+      const uint8_t* const* nx = cols + i0 + kDownGroup;
       __m512 hv[kDownGroup];
       for (int k = 0; k < k1; ++k) hv[k] = _mm512_set1_ps(h[i0 + k]);
       for (int o = o0; o < o32; o += 32) {
+        for (int k = 0; k < n1; ++k) __builtin_prefetch(nx[k] + 2 * size_t(o));
         __m512 a0 = _mm512_loadu_ps(out + o), a1 = _mm512_loadu_ps(out + o + 16);
         for (int k = 0; k < k1; ++k) {
           const uint8_t* c = cols[i0 + k] + 2 * size_t(o);
@@ -1077,6 +1106,8 @@ NL_512 void down_h16_512(float* out, int o0, int o1, const float* h, const uint8
         _mm512_storeu_ps(out + o, a0);
         _mm512_storeu_ps(out + o + 16, a1);
       }
+      for (int k = 0; k < n1; ++k)  // the last line a misaligned column reaches, and the outputs after o32
+        prefetch_bytes(nx[k] + 2 * size_t(o32), 2 * size_t(o1 - o32) + 63);
     }
   } else {
     for (int o = o0; o < o32; o += 32 * kDownSpanRuns) {
@@ -1143,9 +1174,12 @@ NL_512 void down_blocks_512(float* out, int o0, int o1, const float* h, const ui
   if (!packed(cols, na)) {  // as down_h16_512
     for (int i0 = 0; i0 < na; i0 += kDownGroup) {
       const int k1 = std::min(kDownGroup, na - i0);
-      for (int k = i0 + kDownGroup; k < std::min(na, i0 + 2 * kDownGroup); ++k)
-        prefetch_col(sizeof(B) == sizeof(BlockQ8_0) ? ImageDtype::kQ8_0 : ImageDtype::kQ4_0, cols[k], o0, o1);
+      // The next group's blocks, requested block by block as this group's go (each block's first byte: a block is
+      // shorter than a line, so the starts reach every line but a misaligned column's last; that one after the loop).
+      const int n1 = std::min(kDownGroup, na - i0 - kDownGroup);
+      const uint8_t* const* nx = cols + i0 + kDownGroup;
       for (int b = b0; b < b1; ++b) {
+        for (int k = 0; k < n1; ++k) __builtin_prefetch(reinterpret_cast<const B*>(nx[k]) + b);
         float* y = out + size_t(b) * kQuantBlock;
         __m512 a0 = _mm512_loadu_ps(y), a1 = _mm512_loadu_ps(y + 16);
         for (int k = 0; k < k1; ++k) {
@@ -1159,6 +1193,8 @@ NL_512 void down_blocks_512(float* out, int o0, int o1, const float* h, const ui
         _mm512_storeu_ps(y, a0);
         _mm512_storeu_ps(y + 16, a1);
       }
+      for (int k = 0; k < n1; ++k)
+        __builtin_prefetch(reinterpret_cast<const uint8_t*>(reinterpret_cast<const B*>(nx[k]) + b1) - 1);
     }
     return;
   }
@@ -1734,13 +1770,17 @@ void row_dots(ImageDtype dt, const uint8_t* const* w, int n, const void* x, int 
                         : dt == ImageDtype::kQ8_0 ? g_list->q8
                                                   : g_list->q4;
   // Listed rows are scattered: nothing a hardware prefetcher follows. Each block of rows requests the next block's
-  // bytes before its own dots (the first block is the caller's to request: prefetch_bundles).
+  // bytes as it computes, a few lines per step (the first block is the caller's to request: prefetch_bundles); a last
+  // partial block is requested whole first. The whole next block as one burst before each block's dots instead: the
+  // 1B shape's every-bundle-cached q8_0 decode 1.25x slower at 1 thread on an AMD EPYC (Zen 4) host.
   const size_t rb = image_row_bytes(dt, size_t(cols));
   int i = 0;
   if (fn)
     for (; i + kRowBlock <= n; i += kRowBlock) {
-      for (int j = i + kRowBlock; j < std::min(n, i + 2 * kRowBlock); ++j) prefetch_bytes(w[j], rb);
-      fn(w + i, x, cols, y + i);
+      const bool whole = i + 2 * kRowBlock <= n;
+      if (!whole)
+        for (int j = i + kRowBlock; j < n; ++j) prefetch_bytes(w[j], rb);
+      fn(w + i, whole ? w + i + kRowBlock : nullptr, x, cols, y + i);
     }
   for (; i < n; ++i) y[i] = row_dot(dt, w[i], x, cols);
 }
