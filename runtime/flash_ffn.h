@@ -174,14 +174,16 @@ class FlashFfn : public FfnProvider {
   const ImageManifest& m_;
   std::vector<ReadPlanner> planners_;
   std::vector<std::unique_ptr<SlotCache>> caches_;
-  std::vector<std::vector<uint32_t>> slot_of_;    // per layer: original neuron -> slot
-  size_t row_bytes_ = 0;                          // one bundle part (gate row, up row or down column)
-  std::vector<std::vector<uint8_t>> gate_bytes_;  // gate / lowrank: [slot] gate rows per layer, stored dtype
-  std::vector<kernels::DenseBundles> dense_;      // dense: every FFN layer in DRAM, re-laid out
-  std::vector<WeightView> gate_view_;             // per layer: the gate rows (gate_bytes_ or inside region_)
-  kernels::PreparedX xq_;                         // the token's normalised input, as the kernels want it
-  std::vector<float> h_;                          // per active neuron: act(gate)
-  std::vector<const uint8_t*> bundles_;           // per active neuron: its bundle's bytes
+  std::vector<std::vector<uint32_t>> slot_of_;  // per layer: original neuron -> slot
+  size_t row_bytes_ = 0;                        // one bundle part (gate row, up row or down column)
+  // Every layer's DRAM part of the FFN in one allocation (huge pages): the dense copies, or the gate rows ([slot] rows
+  // per layer, stored dtype; gate / threshold / lowrank).
+  AlignedBuffer ffn_dram_;
+  std::vector<kernels::DenseBundles> dense_;  // dense: every FFN layer in DRAM, re-laid out
+  std::vector<WeightView> gate_view_;         // per layer: the gate rows (in ffn_dram_)
+  kernels::PreparedX xq_;                     // the token's normalised input, as the kernels want it
+  std::vector<float> h_;                      // per active neuron: act(gate)
+  std::vector<const uint8_t*> bundles_;       // per active neuron: its bundle's bytes
   // Cached bundles' bytes, per layer: one allocation sized by the cache capacity, entries reused through a free list
   // (grown by further chunks only when the window keeps more). A token's admissions can evict slots that are hits of
   // the same token, still to be computed: until the layer-token ends, admitted bundles that find no free entry go to
@@ -189,7 +191,7 @@ class FlashFfn : public FfnProvider {
   struct Slab {
     static constexpr uint32_t kNone = ~0u;
     uint64_t bundle_bytes = 0;
-    std::vector<std::unique_ptr<uint8_t[]>> chunks;
+    std::vector<AlignedBuffer> chunks;
     std::vector<uint8_t*> entry;    // entry -> its bytes
     std::vector<uint32_t> held;     // entry -> slot, kNone when free
     std::vector<uint32_t> free;     // free entries

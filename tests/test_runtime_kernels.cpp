@@ -491,12 +491,12 @@ TEST_CASE("quantize_row_q8_0 rounds half away from zero exactly as roundf") {
 
 // The attention kernel (built for the machine's widest vectors) against its definition written out in scalars:
 // dot()'s order (8 lane sums, the fixed reduction tree, the tail), the softmax, then the values summed position by
-// position from zero. Widths with and without a tail, positions with and without a remainder of 4.
+// position from zero. Widths with and without a tail, positions with and without a remainder of 8 and of 4.
 TEST_CASE("attend equals the scalar definition bit for bit") {
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> u(-2.0f, 2.0f);
   for (int hd : {8, 12, 16, 48, 64, 128})
-    for (int n_pos : {1, 3, 4, 7, 33}) {
+    for (int n_pos : {1, 3, 4, 7, 8, 15, 17, 33}) {
       const size_t stride = size_t(hd) * 3;  // heads side by side in a cache row
       std::vector<float> q(static_cast<size_t>(hd)), k(size_t(n_pos) * stride), v(size_t(n_pos) * stride);
       for (float& f : q) f = u(rng);

@@ -22,10 +22,15 @@ constexpr int kParallelAct = 4096;
 
 }  // namespace
 
-DenseBundles::DenseBundles(ImageDtype dt, int dim, int hidden, const uint8_t* bundles, size_t bundle_bytes)
+DenseBundles::DenseBundles(ImageDtype dt, int dim, int hidden, const uint8_t* bundles, size_t bundle_bytes,
+                           uint8_t* storage)
     : dt_(dt), dim_(dim), hidden_(hidden), rb_(image_row_bytes(dt, size_t(dim))) {
-  data_.resize_uninit(bytes());  // huge pages when large (streamed whole per token: fewer TLB misses)
-  uint8_t* gate = data_.data();
+  if (!storage) {
+    own_.resize_uninit(bytes());  // huge pages when large (streamed whole per token: fewer TLB misses)
+    storage = own_.data();
+  }
+  data_ = storage;
+  uint8_t* gate = data_;
   uint8_t* up = gate + size_t(hidden) * rb_;
   size_t off = 2 * size_t(hidden) * rb_;
   for (int o0 = 0; o0 < dim; o0 += kDownChunk) {
@@ -34,7 +39,7 @@ DenseBundles::DenseBundles(ImageDtype dt, int dim, int hidden, const uint8_t* bu
     chunk_off_.push_back(off);
     chunk_cb_.push_back(cb);
     for (int s = 0; s < hidden; ++s)
-      std::memcpy(data_.data() + off + size_t(s) * cb, bundles + size_t(s) * bundle_bytes + 2 * rb_ + skip, cb);
+      std::memcpy(data_ + off + size_t(s) * cb, bundles + size_t(s) * bundle_bytes + 2 * rb_ + skip, cb);
     off += size_t(hidden) * cb;
   }
   if (off != bytes()) throw InternalError("DenseBundles: the down chunks do not fill the buffer");  // it is unzeroed
@@ -106,8 +111,7 @@ void DenseBundles::ffn(const float* x, int n, FfnAct act, float* out) {
   for (int t = 0; t < n; ++t) bytes += long(sc.down.count(t)) * long(image_row_bytes(dt_, size_t(dim_)));
   parallel_for(chunks, bytes > kParallelBytes, [&](long c) {
     const int o0 = int(c) * kDownChunk, o1 = std::min(dim_, o0 + kDownChunk);
-    down_tokens(dt_, out + o0, size_t(dim_), o1 - o0, sc.down, data_.data() + chunk_off_[size_t(c)],
-                chunk_cb_[size_t(c)]);
+    down_tokens(dt_, out + o0, size_t(dim_), o1 - o0, sc.down, data_ + chunk_off_[size_t(c)], chunk_cb_[size_t(c)]);
   });
 }
 

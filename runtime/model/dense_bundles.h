@@ -18,12 +18,18 @@ namespace nl::kernels {
 
 class DenseBundles {
  public:
-  // `bundles`: `hidden` bundles of dtype dt, `bundle_bytes` apart (copied; the caller may free them).
-  DenseBundles(ImageDtype dt, int dim, int hidden, const uint8_t* bundles, size_t bundle_bytes);
+  // `bundles`: `hidden` bundles of dtype dt, `bundle_bytes` apart (copied; the caller may free them). The copy goes
+  // to `storage` (bytes_for(dt, dim, hidden) bytes, 64-byte aligned, kept by the caller while this lives) or, when
+  // null, to a buffer of its own.
+  DenseBundles(ImageDtype dt, int dim, int hidden, const uint8_t* bundles, size_t bundle_bytes,
+               uint8_t* storage = nullptr);
+  static size_t bytes_for(ImageDtype dt, int dim, int hidden) {
+    return 3 * size_t(hidden) * image_row_bytes(dt, size_t(dim));
+  }
 
   // The gate rows as a matrix ([hidden][dim]).
-  WeightView gate() const { return {dt_, data_.data(), hidden_, dim_, rb_, x8_}; }
-  WeightView up() const { return {dt_, data_.data() + size_t(hidden_) * rb_, hidden_, dim_, rb_, x8_}; }
+  WeightView gate() const { return {dt_, data_, hidden_, dim_, rb_, x8_}; }
+  WeightView up() const { return {dt_, data_ + size_t(hidden_) * rb_, hidden_, dim_, rb_, x8_}; }
 
   // out [n][dim] = the gated FFN of x [n][dim] (f32, normalised), act = SiLU (v / (1 + exp(-v))) or ReLU, for n
   // tokens at once (each token's numbers are those of the same token alone).
@@ -31,14 +37,15 @@ class DenseBundles {
   // Sizes and touches the calling thread's scratch (shared by every layer) for passes of up to n tokens.
   void reserve(int n) const;
 
-  size_t bytes() const { return 3 * size_t(hidden_) * rb_; }
+  size_t bytes() const { return bytes_for(dt_, dim_, hidden_); }
 
  private:
   ImageDtype dt_;
   int dim_, hidden_;
-  size_t rb_;           // bytes of one gate / up row (= one whole down column)
-  bool x8_ = false;     // gate and up rows interleaved (q8_interleave)
-  AlignedBuffer data_;  // gate rows, up rows, then the down chunks: bytes() (every byte copied in: not zeroed)
+  size_t rb_;                // bytes of one gate / up row (= one whole down column)
+  bool x8_ = false;          // gate and up rows interleaved (q8_interleave)
+  AlignedBuffer own_;        // the storage when the caller gives none
+  uint8_t* data_ = nullptr;  // gate rows, up rows, then the down chunks: bytes() (every byte copied in: not zeroed)
   std::vector<size_t> chunk_off_;  // per down chunk: its offset in data_ ([hidden][its outputs' bytes])
   std::vector<size_t> chunk_cb_;   // per down chunk: bytes of one neuron's slice
 };

@@ -308,28 +308,36 @@ __attribute__((always_inline)) inline void scores(float* att, const float* q, co
     att[p0 + j] = (reduce8(acc[j]) + tail) * scale;
   }
 }
+
+// o[0 .. 8V) = sum_p att[p] * v[p][0 .. 8V), position by position from zero: V independent 8-lane chains, one add
+// each per position. Two chains per pass (4 passes over the positions at head dim 64) waited on the add latency: a
+// head of 130 positions took 2.10 us against 1.52 us with 8 chains and 8 scores at a time (hot caches, AMD EPYC).
+template <int V>
+__attribute__((always_inline)) inline void weighted(float* o, const float* att, const float* v, size_t stride,
+                                                    int n_pos) {
+  v8f a[V];
+  for (int c = 0; c < V; ++c) a[c] = v8f{0, 0, 0, 0, 0, 0, 0, 0};
+  for (int j = 0; j < n_pos; ++j) {
+    const float* vr = v + size_t(j) * stride;
+    const float w = att[j];
+    for (int c = 0; c < V; ++c) a[c] += w * load8(vr + 8 * c);
+  }
+  for (int c = 0; c < V; ++c) std::memcpy(o + 8 * c, &a[c], sizeof a[c]);
+}
 }  // namespace
 
 NL_KERNEL_CLONES
 void attend(float* o, const float* q, const float* k, const float* v, size_t stride, int n_pos, int hd, float scale,
             float* att) {
   int p = 0;
+  for (; p + 8 <= n_pos; p += 8) scores<8>(att, q, k, stride, p, hd, scale);
   for (; p + 4 <= n_pos; p += 4) scores<4>(att, q, k, stride, p, hd, scale);
   for (; p < n_pos; ++p) scores<1>(att, q, k, stride, p, hd, scale);
   softmax(att, n_pos);
-  // o = sum_p att[p] * v[p], position by position from zero: element-wise, so any vector width gives these bits.
+  // o = sum_p att[p] * v[p], element-wise: any split of the elements and any vector width give these bits.
   int i = 0;
-  for (; i + 16 <= hd; i += 16) {
-    v8f a0 = v8f{0, 0, 0, 0, 0, 0, 0, 0}, a1 = a0;
-    for (int j = 0; j < n_pos; ++j) {
-      const float* vr = v + size_t(j) * stride + i;
-      const float w = att[j];
-      a0 += w * load8(vr);
-      a1 += w * load8(vr + 8);
-    }
-    std::memcpy(o + i, &a0, sizeof a0);
-    std::memcpy(o + i + 8, &a1, sizeof a1);
-  }
+  for (; i + 64 <= hd; i += 64) weighted<8>(o + i, att, v + i, stride, n_pos);
+  for (; i + 16 <= hd; i += 16) weighted<2>(o + i, att, v + i, stride, n_pos);
   for (; i < hd; ++i) {
     float a = 0.0f;
     for (int j = 0; j < n_pos; ++j) a += att[j] * v[size_t(j) * stride + i];
