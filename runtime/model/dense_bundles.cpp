@@ -17,6 +17,16 @@ namespace {
 // Outputs per down chunk (a multiple of the 32-weight quantization block): small enough that 2-8 threads get
 // balanced contiguous shares of a 1024-4096 dim, large enough that a neuron's slice is whole cache lines (f16: 256 B).
 constexpr int kDownChunk = 128;
+// A dim with fewer kDownChunk chunks than this per thread is cut into one chunk per thread instead (small-relu's 384
+// outputs: 3 chunks of 128 left one of 2 threads idle for a third of the down projection).
+constexpr int kMinChunksPerThread = 4;
+int down_chunk(int dim) {
+  const int threads = omp_get_max_threads();
+  const int c128 = (dim + kDownChunk - 1) / kDownChunk;
+  if (threads <= 1 || c128 >= kMinChunksPerThread * threads) return kDownChunk;
+  const int blocks = (dim + 31) / 32;
+  return 32 * ((blocks + threads - 1) / threads);
+}
 // Activations (one exp each for SiLU) below which the gating stays on the calling thread.
 constexpr int kParallelAct = 4096;
 
@@ -33,8 +43,9 @@ DenseBundles::DenseBundles(ImageDtype dt, int dim, int hidden, const uint8_t* bu
   uint8_t* gate = data_;
   uint8_t* up = gate + size_t(hidden) * rb_;
   size_t off = 2 * size_t(hidden) * rb_;
-  for (int o0 = 0; o0 < dim; o0 += kDownChunk) {
-    const int o1 = std::min(dim, o0 + kDownChunk);
+  chunk_ = down_chunk(dim);
+  for (int o0 = 0; o0 < dim; o0 += chunk_) {
+    const int o1 = std::min(dim, o0 + chunk_);
     const size_t skip = image_row_bytes(dt, size_t(o0)), cb = image_row_bytes(dt, size_t(o1 - o0));
     chunk_off_.push_back(off);
     chunk_cb_.push_back(cb);
@@ -110,7 +121,7 @@ void DenseBundles::ffn(const float* x, int n, FfnAct act, float* out) {
   long bytes = 0;
   for (int t = 0; t < n; ++t) bytes += long(sc.down.count(t)) * long(image_row_bytes(dt_, size_t(dim_)));
   parallel_for(chunks, bytes > kParallelBytes, [&](long c) {
-    const int o0 = int(c) * kDownChunk, o1 = std::min(dim_, o0 + kDownChunk);
+    const int o0 = int(c) * chunk_, o1 = std::min(dim_, o0 + chunk_);
     down_tokens(dt_, out + o0, size_t(dim_), o1 - o0, sc.down, data_ + chunk_off_[size_t(c)], chunk_cb_[size_t(c)]);
   });
 }

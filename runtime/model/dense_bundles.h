@@ -46,6 +46,7 @@ class DenseBundles {
   bool x8_ = false;          // gate and up rows interleaved (q8_interleave)
   AlignedBuffer own_;        // the storage when the caller gives none
   uint8_t* data_ = nullptr;  // gate rows, up rows, then the down chunks: bytes() (every byte copied in: not zeroed)
+  int chunk_ = 0;            // outputs per down chunk (the last one may have fewer)
   std::vector<size_t> chunk_off_;  // per down chunk: its offset in data_ ([hidden][its outputs' bytes])
   std::vector<size_t> chunk_cb_;   // per down chunk: bytes of one neuron's slice
 };

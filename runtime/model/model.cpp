@@ -231,7 +231,7 @@ void Model::pass(const int* tokens, int n, int pos0, float* logits, bool last_on
       kernels::attend(att_out_.data() + size_t(t) * dim + size_t(h) * hd, q, kc + size_t(kvh) * hd,
                       vc + size_t(kvh) * hd, size_t(kv_dim), pos0 + t + 1, hd, att_scale, att);
     };
-    if (parallel_worth(att_work > (1L << 16))) {
+    if (parallel_worth(att_work > (1L << 14))) {
 #pragma omp parallel for collapse(2) schedule(static, 1)
       for (int t = 0; t < n; ++t)
         for (int h = 0; h < c.n_heads; ++h) head(t, h);
