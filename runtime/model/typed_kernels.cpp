@@ -1039,24 +1039,20 @@ NL_512 void tile_h16_512(const uint8_t* w, size_t stride, const uint8_t* x, size
 // Neurons per group of the down accumulations: the next group's columns are requested while one is summed.
 constexpr int kDownGroup = 8;
 
-// Whether column c starts at most 1 KiB after column p: the dense FFN's slices ([chunk][neuron][outputs], gaps where
-// neurons are silent) ascend as one stream that the hardware prefetchers follow, and requesting them in software as
-// well made the 187M shape's f16 decode 1.08x slower (1 thread, AMD EPYC Zen 4: 61.1 -> 66.3 tok/s without). Columns
-// further apart (bundles: small-relu's 1.2-2.3 KB, 7B shapes' 13-24 KiB, scattered cache entries) are requested ahead.
-// (The q8_0 / q4_0 spans; the f16 / bf16 spans request by density: down_h16_span.)
-inline bool follows(const uint8_t* p, const uint8_t* c) { return c > p && size_t(c - p) <= 1024; }
-
 // NP runs of 32 outputs from o (NP at most kDownSpanRuns) held in registers over all na neurons, neuron after
 // neuron: each column's slice is read as one ascending run (the dense FFN's [chunk][neuron][outputs] layout: one
 // stream), where a pass of 32 outputs at a time over kDownGroup neurons came back to each slice once per 32 outputs.
 // The slices are requested in software by the share of the region's neurons that are listed (`stream`): from 40 % on,
 // every line of the region in address order 2 listed neurons ahead (one unbroken stream: with half the neurons
 // listed, the listed slices alone ran 1.5x slower than the whole region, 256 B read and 256 B skipped), below it each
-// listed slice 8 neurons ahead. A microbenchmark of one 5,632-neuron f16 chunk of 128 outputs per layer, 1 thread,
-// AMD EPYC: 50 % listed 1,894 us per layer with the former rule (a slice only when more than 1 KiB after the
-// previous one), 1,606 with each slice 8 ahead, 1,255-1,310 streaming; 20 % listed 859, 678 and 953-995; all listed
-// 962 without requests, 957-1,033 streaming. The ~1B shape's dense decode (half its random gates > 0) ran 8.6 -> 10.8
-// tok/s (1 thread, faster in 6 of 6 alternated rounds), small-relu's (20-28 % active) 456.0 -> 513.5 (8 of 10).
+// listed slice 8 neurons ahead (before: a slice only when it began more than 1 KiB after the previous one, which the
+// hardware prefetchers were left to follow; requesting every slice made the 187M shape's f16 decode 1.08x slower in
+// an earlier measurement, against which the 40 % stream is the answer). The q8_0 / q4_0 spans do the same
+// (down_blocks_span). A microbenchmark of one 5,632-neuron f16 chunk of 128 outputs per layer, 1 thread,
+// AMD EPYC: 50 % listed 1,894 us per layer with the former rule, 1,606 with each slice 8 ahead, 1,255-1,310 streaming;
+// 20 % listed 859, 678 and 953-995; all listed 962 without requests, 957-1,033 streaming. The ~1B shape's dense decode
+// (half its random gates > 0) ran 8.6 -> 10.8 tok/s (1 thread, faster in 6 of 6 alternated rounds), small-relu's (20-28
+// % active) 456.0 -> 513.5 (8 of 10).
 constexpr int kDownSpanRuns = 4;
 template <bool Bf16, int NP>
 NL_512 inline void down_h16_span(float* out, int o, const float* h, const uint8_t* const* cols, int na, bool stream) {
@@ -1159,17 +1155,22 @@ NL_512 inline void q32_to_f32(const BlockQ4_0& b, __m512* lo, __m512* hi) {
 
 // NP quantization blocks of outputs from block b (a down_h16_span for blocks): each neuron's slice one ascending run.
 template <class B, int NP>
-NL_512 inline void down_blocks_span(float* out, int b, const float* h, const uint8_t* const* cols, int na) {
+NL_512 inline void down_blocks_span(float* out, int b, const float* h, const uint8_t* const* cols, int na,
+                                    bool stream) {
   float* y = out + size_t(b) * kQuantBlock;
   __m512 a[NP][2];
   for (int p = 0; p < NP; ++p) {
     a[p][0] = _mm512_loadu_ps(y + 32 * p);
     a[p][1] = _mm512_loadu_ps(y + 32 * p + 16);
   }
+  const uint8_t* pf = na ? cols[0] + size_t(b) * sizeof(B) : nullptr;  // stream: the next line to request
   for (int k = 0; k < na; ++k) {
-    if (k % kDownGroup == 0)
-      for (int j = k + kDownGroup; j < std::min(na, k + 2 * kDownGroup); ++j)
-        if (!follows(cols[j - 1], cols[j])) prefetch_bytes(cols[j] + size_t(b) * sizeof(B), NP * sizeof(B));
+    if (stream) {  // as down_h16_span
+      const uint8_t* to = cols[std::min(k + 2, na - 1)] + size_t(b + NP) * sizeof(B);
+      for (; pf < to; pf += 64) __builtin_prefetch(pf);
+    } else if (k + 8 < na) {
+      prefetch_bytes(cols[k + 8] + size_t(b) * sizeof(B), NP * sizeof(B));
+    }
     const B* blk = reinterpret_cast<const B*>(cols[k]) + b;
     for (int p = 0; p < NP; ++p) {
       const __m512 c = _mm512_set1_ps(h[k] * f16c_to_f32(blk[p].d));
@@ -1214,19 +1215,22 @@ NL_512 void down_blocks_512(float* out, int o0, int o1, const float* h, const ui
     }
     return;
   }
+  // The listed share of the region's neurons, each slice (b1 - b0) blocks (the dense layout): as down_h16_512.
+  const double slice = double(b1 - b0) * sizeof(B);
+  const bool stream = na * slice >= 0.4 * (double(cols[na - 1] - cols[0]) + slice);
   for (int b = b0; b < b1; b += kDownSpanRuns) {
     switch (std::min(kDownSpanRuns, b1 - b)) {
       case 1:
-        down_blocks_span<B, 1>(out, b, h, cols, na);
+        down_blocks_span<B, 1>(out, b, h, cols, na, stream);
         break;
       case 2:
-        down_blocks_span<B, 2>(out, b, h, cols, na);
+        down_blocks_span<B, 2>(out, b, h, cols, na, stream);
         break;
       case 3:
-        down_blocks_span<B, 3>(out, b, h, cols, na);
+        down_blocks_span<B, 3>(out, b, h, cols, na, stream);
         break;
       default:
-        down_blocks_span<B, 4>(out, b, h, cols, na);
+        down_blocks_span<B, 4>(out, b, h, cols, na, stream);
     }
   }
 }
