@@ -1054,6 +1054,21 @@ constexpr int kDownGroup = 8;
 // (half its random gates > 0) ran 8.6 -> 10.8 tok/s (1 thread, faster in 6 of 6 alternated rounds), small-relu's (20-28
 // % active) 456.0 -> 513.5 (8 of 10).
 constexpr int kDownSpanRuns = 4;
+// The spans' request rule, in one place for every dtype: from kStreamShare of the region's neurons listed on, every
+// line in address order up to kStreamAhead listed neurons ahead (request_lines); below it each listed slice
+// kSliceAhead neurons ahead.
+constexpr double kStreamShare = 0.4;
+constexpr int kStreamAhead = 2;
+constexpr int kSliceAhead = 8;
+// Whether na listed slices of `slice` bytes each stream: their bytes are kStreamShare or more of the region's bytes
+// from the first listed slice to the end of the last.
+inline bool stream_region(const uint8_t* const* cols, int na, double slice) {
+  return na * slice >= kStreamShare * (double(cols[na - 1] - cols[0]) + slice);
+}
+// Streaming: request every line from pf up to `to` and move pf there.
+[[gnu::always_inline]] inline void request_lines(const uint8_t*& pf, const uint8_t* to) {
+  for (; pf < to; pf += 64) __builtin_prefetch(pf);
+}
 template <bool Bf16, int NP>
 NL_512 inline void down_h16_span(float* out, int o, const float* h, const uint8_t* const* cols, int na, bool stream) {
   __m512 a[NP][2];
@@ -1064,10 +1079,9 @@ NL_512 inline void down_h16_span(float* out, int o, const float* h, const uint8_
   const uint8_t* pf = na ? cols[0] + 2 * size_t(o) : nullptr;  // stream: the next line to request
   for (int k = 0; k < na; ++k) {
     if (stream) {
-      const uint8_t* to = cols[std::min(k + 2, na - 1)] + 2 * size_t(o) + 64 * NP;
-      for (; pf < to; pf += 64) __builtin_prefetch(pf);
-    } else if (k + 8 < na) {
-      prefetch_col(ImageDtype::kF16, cols[k + 8], o, o + 32 * NP);
+      request_lines(pf, cols[std::min(k + kStreamAhead, na - 1)] + 2 * size_t(o) + 64 * NP);
+    } else if (k + kSliceAhead < na) {
+      prefetch_col(ImageDtype::kF16, cols[k + kSliceAhead], o, o + 32 * NP);
     }
     const __m512 hv = _mm512_set1_ps(h[k]);
     const uint8_t* c = cols[k] + 2 * size_t(o);
@@ -1119,9 +1133,8 @@ NL_512 void down_h16_512(float* out, int o0, int o1, const float* h, const uint8
         prefetch_bytes(nx[k] + 2 * size_t(o32), 2 * size_t(o1 - o32) + 63);
     }
   } else {
-    // The listed share of the region's neurons, each slice 2 (o1 - o0) bytes (the dense layout).
-    const double slice = 2.0 * (o1 - o0);
-    const bool stream = na * slice >= 0.4 * (double(cols[na - 1] - cols[0]) + slice);
+    // Stream or not by the listed share of the region's neurons, each slice 2 (o1 - o0) bytes (the dense layout).
+    const bool stream = stream_region(cols, na, 2.0 * (o1 - o0));
     for (int o = o0; o < o32; o += 32 * kDownSpanRuns) {
       switch (std::min(kDownSpanRuns, (o32 - o) / 32)) {
         case 1:
@@ -1165,11 +1178,10 @@ NL_512 inline void down_blocks_span(float* out, int b, const float* h, const uin
   }
   const uint8_t* pf = na ? cols[0] + size_t(b) * sizeof(B) : nullptr;  // stream: the next line to request
   for (int k = 0; k < na; ++k) {
-    if (stream) {  // as down_h16_span
-      const uint8_t* to = cols[std::min(k + 2, na - 1)] + size_t(b + NP) * sizeof(B);
-      for (; pf < to; pf += 64) __builtin_prefetch(pf);
-    } else if (k + 8 < na) {
-      prefetch_bytes(cols[k + 8] + size_t(b) * sizeof(B), NP * sizeof(B));
+    if (stream) {
+      request_lines(pf, cols[std::min(k + kStreamAhead, na - 1)] + size_t(b + NP) * sizeof(B));
+    } else if (k + kSliceAhead < na) {
+      prefetch_bytes(cols[k + kSliceAhead] + size_t(b) * sizeof(B), NP * sizeof(B));
     }
     const B* blk = reinterpret_cast<const B*>(cols[k]) + b;
     for (int p = 0; p < NP; ++p) {
@@ -1215,9 +1227,8 @@ NL_512 void down_blocks_512(float* out, int o0, int o1, const float* h, const ui
     }
     return;
   }
-  // The listed share of the region's neurons, each slice (b1 - b0) blocks (the dense layout): as down_h16_512.
-  const double slice = double(b1 - b0) * sizeof(B);
-  const bool stream = na * slice >= 0.4 * (double(cols[na - 1] - cols[0]) + slice);
+  // Stream or not by the listed share of the region's neurons, each slice (b1 - b0) blocks (the dense layout).
+  const bool stream = stream_region(cols, na, double(b1 - b0) * sizeof(B));
   for (int b = b0; b < b1; b += kDownSpanRuns) {
     switch (std::min(kDownSpanRuns, b1 - b)) {
       case 1:
