@@ -26,23 +26,14 @@ import json
 import os
 import sys
 
-import h5py
 import numpy as np
+
+from trace_masks import load_masks
 
 
 def load(path):
-    """Per layer, a bool [neurons][tokens] matrix (trace v1: neuron-major bitmaps, docs/formats.md)."""
-    try:
-        with h5py.File(path, "r") as f:
-            nt = int(f.attrs["n_tokens"])
-            layers = []
-            for k in sorted(f["layers"].keys(), key=int):
-                m = f["layers"][k]["mask"][()]
-                bits = np.unpackbits(m.view(np.uint8).reshape(m.shape[0], -1), axis=1, bitorder="little")[:, :nt]
-                layers.append(bits.astype(bool))
-            return layers
-    except (OSError, KeyError, ValueError) as e:
-        sys.exit("order_headroom: %s: not a readable trace v1 (%s)" % (path, e))
+    """Per layer, a bool [neurons][tokens] 0/1 matrix."""
+    return load_masks(path, bool, "order_headroom")
 
 
 def improve_tour(cols, k_near):
