@@ -250,7 +250,7 @@ TEST_CASE("row_dots and bundle_coefficients equal row_dot row by row, bit for bi
 }
 
 // Prefill's token tiles (several tokens per weight load) change the loop, never a number: every (row, token) of a
-// matmul over n = 1..9 tokens equals that token alone on the same path and on the portable one, for every dtype, the
+// matmul over n = 1..13 tokens equals that token alone on the same path and on the portable one, for every dtype, the
 // interleaved q8_0 layout, row counts that are not a multiple of the row block (or span several panels of blocks) and
 // token counts of every remainder.
 TEST_CASE("matmul over n tokens (token tiles) equals each token alone, bit for bit, every path") {
@@ -280,7 +280,7 @@ TEST_CASE("matmul over n tokens (token tiles) equals each token alone, bit for b
         REQUIRE(kernels::q8_interleavable(v));
         kernels::q8_interleave(&v);
       }
-      const int max_n = 9;
+      const int max_n = 13;  // two whole tiles of the widest (f16 / bf16: 6 tokens), every remainder
       const std::vector<float> x = random_x(max_n * c.cols, 77 + uint64_t(rows));
       // The reference: each token alone on the portable path.
       kernels::set_isa(kernels::Isa::kPortable);
