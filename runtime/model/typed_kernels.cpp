@@ -154,9 +154,9 @@ struct Table {
   void (*rows_q8x8)(const uint8_t* w, size_t stride, const void* x, int n, float* y) = nullptr;
   float (*dot_q8x8)(const uint8_t* w, const void* x, int n) = nullptr;
   // Token tiles (prefill): kRowBlock rows (`stride` bytes apart) against nt <= kTokenTile (f16 / bf16: kTokenTileH16)
-  // consecutive tokens (token t's
-  // activation row at x + t * x_stride bytes), y[t * y_stride + r] = the one-row dot of row r and token t, bit for
-  // bit; each weight block is loaded (and converted) once for all nt tokens. Null: matmul runs token by token.
+  // consecutive tokens (token t's activation row at x + t * x_stride bytes), y[t * y_stride + r] = the one-row dot of
+  // row r and token t, bit for bit; each weight block is loaded (and converted) once for all nt tokens. Null: matmul
+  // runs token by token.
   TileFn tile_q8x8 = nullptr;
   TileFn tile_f16 = nullptr;
   TileFn tile_bf16 = nullptr;
@@ -1051,12 +1051,12 @@ constexpr int kDownGroup = 8;
 // NP runs of 32 outputs from o (NP at most kDownSpanRuns) held in registers over all na neurons, neuron after
 // neuron: each column's slice is read as one ascending run (the dense FFN's [chunk][neuron][outputs] layout: one
 // stream), where a pass of 32 outputs at a time over kDownGroup neurons came back to each slice once per 32 outputs.
-// The slices are requested in software by the share of the region's neurons that are listed (`stream`): from 40 % on,
-// every line of the region in address order 2 listed neurons ahead (one unbroken stream: with half the neurons
+// The slices are requested in software by the share of the region's neurons that are listed (`stream`, the rule
+// below): from that share on, every line of the region in address order (one unbroken stream: with half the neurons
 // listed, the listed slices alone ran 1.5x slower than the whole region, 256 B read and 256 B skipped), below it each
-// listed slice 8 neurons ahead (before: a slice only when it began more than 1 KiB after the previous one, which the
-// hardware prefetchers were left to follow; requesting every slice made the 187M shape's f16 decode 1.08x slower in
-// an earlier measurement, against which the 40 % stream is the answer). The q8_0 / q4_0 spans do the same
+// listed slice a few neurons ahead (before: a slice only when it began more than 1 KiB after the previous one, which
+// the hardware prefetchers were left to follow; requesting every slice made the 187M shape's f16 decode 1.08x slower
+// in an earlier measurement, against which the stream is the answer). The q8_0 / q4_0 spans do the same
 // (down_blocks_span). A microbenchmark of one 5,632-neuron f16 chunk of 128 outputs per layer, 1 thread,
 // AMD EPYC: 50 % listed 1,894 us per layer with the former rule, 1,606 with each slice 8 ahead, 1,255-1,310 streaming;
 // 20 % listed 859, 678 and 953-995; all listed 962 without requests, 957-1,033 streaming. The ~1B shape's dense decode
