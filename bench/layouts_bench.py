@@ -543,7 +543,7 @@ def offline_suite(r, a, work, results):
 
 
 def models_dir_of(build):
-    """NL_MODELS_DIR as the build was configured (CMakeCache.txt), else ../shared/models beside the source."""
+    """NL_MODELS_DIR as the build was configured (CMakeCache.txt), else the bundled datasets/."""
     try:
         with open(os.path.join(build, "CMakeCache.txt")) as f:
             for line in f:
@@ -551,7 +551,7 @@ def models_dir_of(build):
                     return line.split("=", 1)[1].strip()
     except OSError:
         pass
-    return os.path.join(os.path.dirname(SRC), "shared", "models")
+    return os.path.join(SRC, "datasets")
 
 
 def main():

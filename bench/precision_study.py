@@ -14,7 +14,7 @@ import sys
 import time
 
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODELS = os.environ.get("NL_MODELS_DIR", os.path.join(os.path.dirname(SRC), "shared", "models"))  # ../shared/models
+MODELS = os.environ.get("NL_MODELS_DIR", os.path.join(SRC, "datasets"))  # stories260K, babyllama-tok105: bundled
 FORTUNES = "/usr/share/games/fortunes/fortunes"
 DTYPES = ["f16", "q8_0", "q4_0"]
 CACHE = "0.05"

@@ -1,5 +1,6 @@
 // Profiling throughput: tokens/s of the sequence-batched forward (matrix-matrix products) against token by token,
-// for the shared tiny models, forward only and forward + trace writing (nl-profile's inner loop).
+// for the tiny llama2.c models (NL_MODELS_DIR, bundled in datasets/), forward only and forward + trace writing
+// (nl-profile's inner loop).
 // Usage: profile_bench [--models DIR] [--tokens N] [--synthetic-tokens N] [--seq-len L] [--reps R] [--threads T]
 // [--quiet] Prints one line per (model, mode) with the median of R runs, and the batched/token-by-token ratio.
 #include <omp.h>

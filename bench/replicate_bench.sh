@@ -8,7 +8,7 @@
 set -euo pipefail
 BUILD=$(realpath "${1:?build dir}")
 WORK=${2:?work dir}
-MODELS=${3:-$(dirname "$0")/../../shared/models}
+MODELS=${3:-$(dirname "$0")/../datasets}  # stories260K is bundled in datasets/ (datasets/SOURCES.md)
 shift $(($# < 3 ? $# : 3))
 ONLY=("$@")
 SRC=$(realpath "$(dirname "$0")/..")
@@ -57,7 +57,7 @@ echo "|---|---|---|---|---|---|---|---|"
 for name in tinyrelu stories llama2 opt67; do
   want "$name" || continue
   if [ "$name" = stories ] && [ ! -f "$MODELS/llama2c-stories260K/stories260K.bin" ]; then
-    echo "stories260K not installed under $MODELS: skipped" >&2
+    echo "stories260K not under $MODELS (datasets/ bundles it): skipped" >&2
     continue
   fi
   make_traces "$name"

@@ -318,8 +318,8 @@ def main():
     ap.add_argument("--no-real", action="store_true", help="skip the real tiny models")
     ap.add_argument("--max-tokens", type=int, default=30000, help="real models: profile + test tokens")
     ap.add_argument("--nice", type=int, default=10)
-    ap.add_argument("--models", default=os.path.join(os.path.dirname(SRC), "shared", "models"),
-                    help="the shared tiny models (stories260K); default ../shared/models beside the repository")
+    ap.add_argument("--models", default=os.path.join(SRC, "datasets"),
+                    help="folder holding llama2c-stories260K/ (default: the bundled datasets/)")
     a = ap.parse_args()
     only = [x for x in a.only.split(",") if x]
     run = Runner(a.build, a.nice)

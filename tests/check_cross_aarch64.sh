@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The phone build: cross-builds a static aarch64 nl-run (cmake/aarch64-linux-gnu.cmake, runtime only, nl-run target
-# only, in its own build folder), packs the bundled tiny ReLU model (always: it is in the repository) and, when the
-# shared models are installed, stories260K, and checks that the aarch64 binary under qemu-aarch64-static generates
+# only, in its own build folder), packs the bundled tiny ReLU model and stories260K (MODELS_DIR, by default the
+# bundled datasets/), and checks that the aarch64 binary under qemu-aarch64-static generates
 # exactly the native build's tokens (gate, dense and lowrank selection, f16 and f32 images; with stories260K also a
 # text prompt through the llama2.c tokenizer, which the runtime-only build reads), and that its typed kernels (NEON,
 # NEON dotprod) equal the portable reference bit for bit.
@@ -68,6 +68,7 @@ done
 model=$models/llama2c-stories260K/stories260K.bin
 if [ ! -f "$model" ]; then
   why="stories260K part (SiLU model, text prompt through the llama2.c tokenizer): $model is absent"
+  why="$why (MODELS_DIR points elsewhere; datasets/ bundles it)"
   echo "cross aarch64: SKIPPED part: $why" >&2
   echo "part: $why" >"$skipfile"
 else

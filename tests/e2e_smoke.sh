@@ -21,7 +21,8 @@ shapes=tiny-relu
 if [ -f "$models/llama2c-stories260K/stories260K.bin" ]; then
   shapes=tiny-relu,stories260k
 else
-  echo "stories260K part: $models/llama2c-stories260K/stories260K.bin is absent (set NL_MODELS_DIR);" \
+  echo "stories260K part: $models/llama2c-stories260K/stories260K.bin is absent" \
+    "(NL_MODELS_DIR points elsewhere; datasets/ bundles it);" \
     "the tiny-relu part ran" | tee "$skipfile"
 fi
 work=$bin/tests/e2e_smoke_tmp

@@ -1,5 +1,5 @@
 // Helpers shared by the model and profiler tests: greedy generation and small random models (tests that need the
-// shared tiny models skip by name through tests/skip_util.h).
+// bundled llama2.c models in datasets/ find them through NL_MODELS_DIR, tests/skip_util.h).
 #pragma once
 #include <doctest/doctest.h>
 

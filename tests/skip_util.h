@@ -32,13 +32,13 @@ struct SkipUnless {
 
 inline SkipUnless skip_unless(bool ok, std::string why) { return {ok, std::move(why)}; }
 
-// The shared pretrained models (NL_MODELS_DIR, ../shared/models): tests of those exact models skip without them.
-// Checks that need only *a* real model use the bundled datasets/tiny-relu instead.
+// The pretrained third-party models (NL_MODELS_DIR: bundled in datasets/, datasets/SOURCES.md): tests of those exact
+// models skip only when NL_MODELS_DIR was pointed somewhere that lacks them.
 inline SkipUnless needs_models(std::initializer_list<const char*> rel) {
   for (const char* r : rel) {
     const std::string p = std::string(NL_MODELS_DIR) + "/" + r;
     if (!std::filesystem::exists(p))
-      return {false, p + " is absent (shared models not installed; set -DNL_MODELS_DIR)"};
+      return {false, p + " is absent (-DNL_MODELS_DIR points where the models are not; the default is datasets/)"};
   }
   return {true, ""};
 }

@@ -1,6 +1,6 @@
 // docs/cli.md cannot rot: every subcommand of the three binaries (from their --help) has a section, every option
 // it accepts is named in that section, and the worked example's shell block runs as written (from a scratch
-// "repository root" whose build/ and ../shared/models point at this build and the shared models).
+// "repository root" whose build/ and datasets/ point at this build and the bundled models).
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 

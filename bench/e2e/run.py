@@ -8,9 +8,9 @@
 # Rows per shape and dtype: llama.cpp mmap capped / uncapped (warm), nl-run identity / greedy / greedy+ls (capped),
 # the bound; kernel row: nl-run --select dense vs llama-bench tg, everything in DRAM. Agreement: greedy tokens of
 # nl-run (dense and gate) against llama.cpp. Figures of random-weight shapes are labelled synthetic.
-# Real models: stories260K (llama2.c, SiLU; ../shared) and the bundled gated-ReLU models tiny-relu and small-relu
-# (datasets/; llama.cpp runs them as its "smallthinker" arch with one expert, scripts/gguf_from_image.py), profiled
-# over real text, nl-run reading their real gate's active neurons (--select gate).
+# Real models: stories260K (llama2.c, SiLU; --models, default the bundled datasets/) and the gated-ReLU models
+# tiny-relu and small-relu (datasets/; llama.cpp runs them as its "smallthinker" arch with one expert,
+# scripts/gguf_from_image.py), profiled over real text, nl-run reading their real gate's active neurons (--select gate).
 # Not a test (prints figures); tests/e2e_smoke.sh runs --smoke (tiny-relu and stories260K, 1 rep, a few tokens) and
 # checks its JSON.
 # Stdlib only; helpers shared with the layouts bench (cgroup, page-cache dropping, medians) are imported from it.
@@ -45,7 +45,7 @@ SYNTH = {
     "mistral-7b": {"pack_shape": "mistral-7b", "preset": "mistral-7b-turbosparse"},
 }
 LLAMA2C_ORDER = ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len")
-# Real models: (model, tokenizer) relative to --models (the shared folder) or to the repository (bundled), and the
+# Real models: (model, tokenizer) relative to --models (default datasets/) or to the repository (bundled), and the
 # text their layouts are profiled over (Debian's GPL-3, present on every Debian system).
 REAL = {
     "stories260k": {"models": "llama2c-stories260K", "model": "stories260K.bin", "tokenizer": "tok512.bin"},
@@ -916,7 +916,7 @@ def main():
     ap.add_argument("--profile-tokens", type=int, default=16384, help="real models: tokens profiled for the layouts")
     ap.add_argument("--device", default=os.path.join(SRC, "configs", "devices", "devbox.json"),
                     help="device profile for the bound's bandwidth (nl-run probe writes one)")
-    ap.add_argument("--models", default=os.environ.get("NL_MODELS_DIR", os.path.join(SRC, "..", "shared", "models")),
+    ap.add_argument("--models", default=os.environ.get("NL_MODELS_DIR", os.path.join(SRC, "datasets")),
                     help="folder holding llama2c-stories260K/ (as the tests' NL_MODELS_DIR)")
     ap.add_argument("--work", default="/tmp/nl-e2e")
     ap.add_argument("--nice", type=int, default=0)
