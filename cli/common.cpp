@@ -8,6 +8,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -19,8 +20,69 @@
 #include "formats/core/error.h"
 #include "formats/core/progress.h"
 #include "nl_version.h"
+#include "runtime/memory.h"
 
 namespace nl::cli {
+
+uint64_t parse_uint_arg(const std::string& option, const std::string& text, uint64_t lo, uint64_t hi) {
+  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
+    throw UsageError(option + ": '" + text + "' is not a non-negative integer");
+  uint64_t v = 0;
+  for (char ch : text) {
+    const uint64_t d = uint64_t(ch - '0');
+    if (v > (UINT64_MAX - d) / 10) throw UsageError(option + ": '" + text + "' is out of range " + range);
+    v = v * 10 + d;
+  }
+  if (v < lo || v > hi) throw UsageError(option + ": '" + text + "' is out of range " + range);
+  return v;
+}
+
+std::string float_arg_problem(const std::string& text) {
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return "is not a number";
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0') return "is not a number";
+  if (std::isnan(v)) return "is not a number (NaN)";
+  if (std::isinf(v)) return "is not a finite number";
+  if (std::fpclassify(v) == FP_SUBNORMAL || (v == 0 && errno == ERANGE))  // strtod's underflow
+    return "is too close to zero (below the smallest normal double; use 0 or a larger value)";
+  return "";
+}
+
+double parse_double_arg(const std::string& option, const std::string& text, double lo, double hi) {
+  if (std::string p = float_arg_problem(text); !p.empty()) throw UsageError(option + ": '" + text + "' " + p);
+  const double v = std::strtod(text.c_str(), nullptr);
+  if (!(v >= lo && v <= hi))
+    throw UsageError(option + ": '" + text + "' is out of range [" + CLI::detail::to_string(lo) + ", " +
+                     CLI::detail::to_string(hi) + "]");
+  return v;
+}
+
+void require_memory(const std::string& what, uint64_t bytes) {
+  const uint64_t avail = mem_available_bytes();
+  if (!avail || bytes <= avail) return;  // unknown: the allocation itself reports a refusal (exit 4)
+  throw IoError(what, "needs about " + bytes_figure(bytes) + " of memory and MemAvailable is " + bytes_figure(avail) +
+                          ": refused before starting");
+}
+
+namespace {
+// Every FLOAT option of `app` and its subcommands gets the finite-number check (CLI::Range compares, so NaN passes
+// it; "inf" and subnormals make no sense for any option of these binaries).
+void check_float_options(CLI::App* app) {
+  for (CLI::Option* o : app->get_options()) {
+    if (o->get_type_name().rfind("FLOAT", 0) != 0) continue;
+    o->check(CLI::Validator(
+        [](std::string& v) {
+          const std::string p = float_arg_problem(v);
+          return p.empty() ? std::string() : "'" + v + "' " + p;
+        },
+        "", "FINITE"));
+  }
+  for (CLI::App* sub : app->get_subcommands({})) check_float_options(sub);
+}
+}  // namespace
 
 void add_global_options(CLI::App& app, GlobalOptions& g) {
   app.add_flag("-q,--quiet", g.quiet, "Print no progress or informational lines")->group("Global");
@@ -302,6 +364,21 @@ void info(const GlobalOptions& g, const std::string& line) {
   if (!g.quiet) std::fprintf(stderr, "%s\n", line.c_str());
 }
 
+namespace {
+// Standard output is a command's product too: a write that failed (a full disk, /dev/full, a closed pipe's EIO) is
+// exit 4, as cat and jq do, never exit 0 with the output lost.
+int finish_stdout(const std::string& name) {
+  std::cout.flush();
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int err = errno;
+  if (flushed && !std::ferror(stdout) && !std::cout.fail()) return kExitOk;
+  std::fprintf(stderr, "%s: error: standard output: %s\n", name.c_str(),
+               err ? std::strerror(err) : "a write failed (output lost)");
+  return kExitIo;
+}
+}  // namespace
+
 int run_main(const std::string& name, const std::string& description, int argc, char** argv,
              const std::function<void(CLI::App&)>& setup) {
   try {
@@ -311,24 +388,23 @@ int run_main(const std::string& name, const std::string& description, int argc, 
     app.require_subcommand(1);
     app.fallthrough();
     setup(app);
+    check_float_options(&app);
+    int rc = kExitOk;
     try {
       app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
-      return app.exit(e);
+      rc = app.exit(e);
     } catch (const CLI::CallForAllHelp& e) {
-      return app.exit(e);
+      rc = app.exit(e);
     } catch (const CLI::CallForVersion& e) {
-      return app.exit(e);
+      rc = app.exit(e);
     } catch (const CLI::Success&) {  // a query option that printed its answer (nl-layout pack --list-synthetic-models)
-      std::fflush(stdout);
-      return kExitOk;
     } catch (const CLI::ParseError& e) {
       std::fprintf(stderr, "%s: error: %s (run '%s --help')\n", name.c_str(), printable(e.what()).c_str(),
                    name.c_str());
       return kExitUsage;
     }
-    std::fflush(stdout);
-    return kExitOk;
+    return rc == kExitOk ? finish_stdout(name) : rc;
   } catch (const Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "%s: error: %s\n", name.c_str(), printable(e.what()).c_str());

@@ -2,6 +2,7 @@
 // cli/ parses arguments and prints; the work happens in the modules below it.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -19,6 +20,21 @@ struct GlobalOptions {
   bool json = false;   // machine-readable output on stdout where a command prints figures
   int threads = 0;     // OpenMP threads; 0 = all cores
 };
+
+// The one checked parser for numbers the CLIs read from text by hand (ranges "A:B", slices "I/N", lists, "name:N"
+// forms): the whole text must be the number, within [lo, hi]; otherwise a UsageError naming `option` (exit 2), never
+// an internal error from std::stoull or a wrapped-around value.
+uint64_t parse_uint_arg(const std::string& option, const std::string& text, uint64_t lo = 0, uint64_t hi = UINT64_MAX);
+// A finite, non-subnormal decimal (0 allowed) within [lo, hi]: NaN, infinities, subnormals and trailing junk are a
+// UsageError naming `option`.
+double parse_double_arg(const std::string& option, const std::string& text, double lo = -1e308, double hi = 1e308);
+// What is wrong with `text` as a floating-point option value ("" when it is a finite, normal-or-zero number): the
+// check every FLOAT option of the three binaries gets (run_main adds it), because CLI::Range lets NaN through.
+std::string float_arg_problem(const std::string& text);
+
+// Work that cannot fit is refused before it starts (docs/robustness.md "Impossible work"): `what` needs about
+// `bytes` of memory and MemAvailable is less: IoError (exit 4, the out-of-memory code) with both figures.
+void require_memory(const std::string& what, uint64_t bytes);
 
 // Global options every binary accepts (--quiet, --json, --threads).
 void add_global_options(CLI::App& app, GlobalOptions& g);

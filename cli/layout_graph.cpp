@@ -49,7 +49,7 @@ std::pair<uint64_t, uint64_t> parse_range(const std::string& opt, const std::str
     if (x.empty()) return dflt;
     if (x.find_first_not_of("0123456789") != std::string::npos)
       throw UsageError(opt + " '" + v + "': expected A:B with non-negative integers");
-    return std::stoull(x);
+    return parse_uint_arg(opt + " '" + v + "'", x, 0, end);
   };
   if (c == std::string::npos) throw UsageError(opt + " '" + v + "': expected A:B");
   const uint64_t a = num(v.substr(0, c), 0), b = num(v.substr(c + 1), end);
@@ -67,11 +67,10 @@ std::pair<uint64_t, uint64_t> token_range(const GraphArgs& a, const TraceInfo& t
   }
   if (!a.slice.empty()) {
     const size_t c = a.slice.find('/');
-    uint64_t i = 0, n = 0;
-    if (c == std::string::npos || a.slice.find_first_not_of("0123456789/") != std::string::npos || c == 0 ||
-        c + 1 == a.slice.size() || (n = std::stoull(a.slice.substr(c + 1))) == 0 ||
-        (i = std::stoull(a.slice.substr(0, c))) >= n)
-      throw UsageError("--slice '" + a.slice + "': expected I/N with 0 <= I < N");
+    if (c == std::string::npos) throw UsageError("--slice '" + a.slice + "': expected I/N with 0 <= I < N");
+    const std::string what = "--slice '" + a.slice + "' (I/N with 0 <= I < N)";
+    const uint64_t n = parse_uint_arg(what, a.slice.substr(c + 1), 1);
+    const uint64_t i = parse_uint_arg(what, a.slice.substr(0, c), 0, n - 1);
     const auto at = [&](uint64_t j) {  // floor(j*T/N) without overflow
       return uint64_t((unsigned __int128)j * ti.n_tokens / n);
     };
@@ -133,7 +132,7 @@ void graph_main(const GraphArgs& a, const GlobalOptions& g) {
     if (sha.size() != 64 || sha.find_first_not_of("0123456789abcdef") != std::string::npos)
       throw UsageError("--trace-sha256 '" + a.trace_sha256 + "': expected 64 hexadecimal digits");
   }
-  w.set_trace(GraphTraceRef{sha, ti.model, true, t0, t1});
+  w.set_trace(GraphTraceRef{sha, ti.model, true, t0, t1, ti.n_layers});
   nlohmann::json jl = nlohmann::json::array();
   Progress prog("graph", layers.size(), !g.quiet, "layers");
   double total_s = 0;

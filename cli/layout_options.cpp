@@ -22,19 +22,15 @@ std::vector<uint32_t> parse_layers(const std::string& spec, uint32_t n_layers) {
   while (pos <= spec.size()) {
     size_t comma = spec.find(',', pos);
     std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    size_t dash = item.find('-');
-    try {
-      size_t used = 0;
-      uint64_t a = std::stoull(dash == std::string::npos ? item : item.substr(0, dash), &used);
-      uint64_t b = dash == std::string::npos ? a : std::stoull(item.substr(dash + 1));
-      if (a > b) throw UsageError("--layers: empty range '" + item + "'");
-      if (b >= n_layers)
-        throw UsageError("--layers: layer " + std::to_string(b) + " out of range (trace has " +
-                         std::to_string(n_layers) + " layers)");
-      for (uint64_t l = a; l <= b; ++l) out.push_back(uint32_t(l));
-    } catch (const std::logic_error&) {
-      throw UsageError("--layers: cannot parse '" + item + "' (use all, or e.g. 0,3,5-7)");
-    }
+    const size_t dash = item.find('-');
+    const std::string what = "--layers '" + item + "' (use all, or e.g. 0,3,5-7)";
+    const uint64_t a = parse_uint_arg(what, dash == std::string::npos ? item : item.substr(0, dash));
+    const uint64_t b = dash == std::string::npos ? a : parse_uint_arg(what, item.substr(dash + 1));
+    if (a > b) throw UsageError("--layers: empty range '" + item + "'");
+    if (b >= n_layers)
+      throw UsageError("--layers: layer " + std::to_string(b) + " out of range (trace has " + std::to_string(n_layers) +
+                       " layers)");
+    for (uint64_t l = a; l <= b; ++l) out.push_back(uint32_t(l));
     if (comma == std::string::npos) break;
     pos = comma + 1;
   }

@@ -48,7 +48,13 @@ std::vector<double> trace_act_thresholds(const std::string& path, int n_layers) 
   TraceInfo ti = TraceReader(path).info();
   if (ti.n_layers != uint32_t(n_layers))
     throw InputError(path, "has " + std::to_string(ti.n_layers) + " layers, the model has " + std::to_string(n_layers));
-  if (!ti.thresholds.empty()) return ti.thresholds;
+  if (!ti.thresholds.empty()) {
+    for (size_t l = 0; l < ti.thresholds.size(); ++l)
+      if (!(ti.thresholds[l] >= 0) || !std::isfinite(ti.thresholds[l]))
+        throw InputError(path, "layer " + std::to_string(l) + "'s activation threshold " +
+                                   std::to_string(ti.thresholds[l]) + " is not a finite number >= 0");
+    return ti.thresholds;
+  }
   if (ti.activation.rfind("abs>", 0) == 0) {
     try {
       size_t used = 0;
@@ -139,6 +145,7 @@ void add_pack_input_options(CLI::App* c, PackArgs& a) {
   c->add_option(
        "--tokenizer", a.tokenizer,
        "Tokenizer copied beside the image as OUT.tokenizer and named in the manifest (nl-run --prompt finds it)")
+      ->check(CLI::ExistingFile)
       ->group("Input");
   c->add_option("--act-threshold-from", a.act_threshold_from,
                 "Trace (nl-profile run --activation calibrated:F or abs>X) whose per-layer thresholds go to the "
@@ -200,6 +207,24 @@ ImageManifest write_synthetic(const std::string& out, const SyntheticFfnShape& s
     iw.add_layer(l, s.kind == BundleKind::kGated ? gate.data() : nullptr, up.data(), down.data());
   }
   return iw.commit();
+}
+
+// Memory pack needs, refused before anything is read or generated when MemAvailable is less (the image's disk room
+// is checked by ImageWriter before any byte is written): one layer's FFN as f32 (gate, up, down) and its stored
+// bundles, plus the dense tensors as f32 (all of them for a real model, whose dense weights are held; the largest
+// one for a synthetic model, generated one at a time).
+void refuse_impossible_pack(const ModelConfig& c, bool synthetic, const std::string& name) {
+  const unsigned __int128 mat = (unsigned __int128)uint64_t(c.dim) * uint64_t(c.hidden_dim);
+  unsigned __int128 dense = 0, largest = 0;
+  for (const DenseTensor& t : image_dense_tensor_list(c)) {
+    dense += (unsigned __int128)t.elems() * 4;
+    largest = std::max<unsigned __int128>(largest, (unsigned __int128)t.elems() * 4);
+  }
+  const unsigned __int128 need =
+      mat * 4 * 3 + mat * 4 * 3 /*stored bundles, at most f32 bytes*/ + (synthetic ? largest : dense);
+  require_memory("nl-layout pack " + name + " (dim " + std::to_string(c.dim) + ", " + std::to_string(c.hidden_dim) +
+                     " FFN neurons)",
+                 need > UINT64_MAX ? UINT64_MAX : uint64_t(need));
 }
 
 // Outputs and the files they imply (manifest, tokenizer copy, an exported folder's files) against the inputs.
@@ -445,6 +470,7 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
   const ModelConfig& cfg0 = synthetic ? w.config : src->config();
   if (std::string p = image_dtype_problem(cfg0, spec.dtype); !p.empty())
     throw UsageError("--dtype " + dtype + " cannot store " + (synthetic ? a.synthetic_shape : a.model) + ": " + p);
+  refuse_impossible_pack(cfg0, synthetic, synthetic ? a.synthetic_shape : a.model);
   if (!synthetic) w = src->read_dense();
   if (!a.tokenizer.empty()) {
     // The tokenizer travels with the image (to a phone, say): copied beside it and recorded by its file name, which

@@ -1,12 +1,15 @@
 // nl-profile synth: write paper-shaped synthetic traces (a profile split and a held-out test split of the same
 // latent structure) from a workload preset, and optionally print what they measure.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "formats/core/atomic_file.h"
+#include "formats/core/error.h"
 #include "formats/core/progress.h"
+#include "formats/trace.h"
 #include "profiler/synth.h"
 
 namespace nl::cli {
@@ -136,6 +139,36 @@ void print_stats(const char* split, const nlohmann::json& j) {
   row("all", j);
 }
 
+// Refuses, before anything is generated, a shape whose traces cannot be written or used here: more tokens per split
+// than the co-activation counts hold (uint32, so nl-layout graph / solve could not count them), memory beyond
+// MemAvailable (per layer and neuron: the trace writer's block of TraceWriterOptions::block_tokens bits, the counts,
+// the generator's state), or a file system with less room than deflate could possibly need (its best ratio is
+// about 1032:1, so no trace of these bits is smaller than bits / 8 / 1032).
+void refuse_impossible_synth(const SynthPreset& p, const SynthOptions& o) {
+  const std::string what = "nl-profile synth (" + std::to_string(p.layers) + " layers x " + std::to_string(p.neurons) +
+                           " neurons, " + std::to_string(p.profile_sequences) + " + " +
+                           std::to_string(p.test_sequences) + " sequences of " + std::to_string(p.tokens_per_sequence) +
+                           " tokens)";
+  const unsigned __int128 profile_tokens = (unsigned __int128)p.profile_sequences * p.tokens_per_sequence;
+  const unsigned __int128 test_tokens = (unsigned __int128)p.test_sequences * p.tokens_per_sequence;
+  if (std::max(profile_tokens, o.test_out.empty() ? 0 : test_tokens) > UINT32_MAX)
+    throw UsageError(what + ": a split of more than " + std::to_string(UINT32_MAX) +
+                     " tokens cannot be counted (nl-layout graph / solve count in uint32)");
+  const uint64_t per_neuron = TraceWriterOptions{}.block_tokens / 8 + 8 /*counts*/ + 2 /*prev, background*/ +
+                              5ull * p.groups_per_neuron /*gate bit, group index*/ + 8 /*expected frequency*/ +
+                              8 /*test split: frequency order, slot map*/;
+  const unsigned __int128 mem =
+      (unsigned __int128)p.layers * ((unsigned __int128)p.neurons * per_neuron + uint64_t(p.group_count) * 17);
+  require_memory(what, mem > UINT64_MAX ? UINT64_MAX : uint64_t(mem));
+  auto min_bytes = [&](unsigned __int128 tokens) {
+    const unsigned __int128 b = (unsigned __int128)p.layers * p.neurons * tokens / 8 / 1032;
+    return b > UINT64_MAX ? UINT64_MAX : uint64_t(b);
+  };
+  require_disk_space(o.profile_out, min_bytes(profile_tokens), "the profile trace (at least, at deflate's best ratio)");
+  if (!o.test_out.empty())
+    require_disk_space(o.test_out, min_bytes(test_tokens), "the test trace (at least, at deflate's best ratio)");
+}
+
 void synth_main(const SynthOptions& o, const GlobalOptions& g) {
   apply_global_options(g);
   check_paths({{"--preset", o.preset}}, {{"--profile-out", o.profile_out}, {"--test-out", o.test_out}});
@@ -158,6 +191,7 @@ void synth_main(const SynthOptions& o, const GlobalOptions& g) {
   if (o.group_count) p.group_count = o.group_count;
   if (o.groups_per_neuron) p.groups_per_neuron = o.groups_per_neuron;
   synth_preset_validate(p, o.preset + " (with command-line overrides)");
+  refuse_impossible_synth(p, o);
   synth_structure(p, o.seed, 0, o.preset + " (with command-line overrides)");  // reachable density
 
   info(g, "synth: " + p.name + ": " + std::to_string(p.layers) + " layers x " + std::to_string(p.neurons) +

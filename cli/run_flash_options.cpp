@@ -1,7 +1,10 @@
 // Shared nl-run options and the metrics report (cli/run_flash_options.h).
 #include "cli/run_flash_options.h"
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "formats/core/atomic_file.h"
@@ -62,6 +65,28 @@ void add_flash_metrics_options(CLI::App* c, FlashArgs& a) {
   c->add_option("--metrics", a.metrics, "Write per-token and total metrics here (JSON)")->group("Output");
 }
 
+namespace {
+// What --image names, told apart before the image is opened (the reader would only say that IMAGE.json cannot be
+// opened, exit 4, naming a file the user never typed): an HDF5 file (a trace or graph given by mistake) is bad input
+// (exit 3); an image whose manifest is missing is a usage error (exit 2), as every missing input file is.
+void check_image_pair(const std::string& given, const std::string& image) {
+  if (std::FILE* f = std::fopen(image.c_str(), "rb")) {
+    unsigned char head[8] = {};
+    const size_t n = std::fread(head, 1, sizeof head, f);
+    std::fclose(f);
+    static const unsigned char kHdf5[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    if (n == sizeof head && std::memcmp(head, kHdf5, sizeof head) == 0)
+      throw InputError(image,
+                       "is an HDF5 file (a trace or a graph?), not a flash image: nl-layout pack writes an "
+                       "image (MODEL.nlw) and its manifest (MODEL.nlw.json)");
+  }
+  const std::string manifest = manifest_path_for(image);
+  if (::access(manifest.c_str(), F_OK) != 0)
+    throw UsageError("--image " + given + ": its manifest " + manifest +
+                     " does not exist (nl-layout pack writes the image and its manifest together)");
+}
+}  // namespace
+
 std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& g,
                                        const std::vector<NamedPath>& other_inputs) {
   // The image, its manifest and tokenizer (whichever of image / manifest --image names), the device profile and the
@@ -82,6 +107,7 @@ std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& 
   io.direct = !a.buffered;
   io.queue_depth = a.queue_depth;
   io.warn = [&g](const std::string& s) { info(g, s); };
+  check_image_pair(a.image, image);
   auto img = std::make_unique<FlashImage>(a.image, io);
   if (a.verify) img->verify_all();
   a.planner = img->manifest().planner;

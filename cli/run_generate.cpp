@@ -72,13 +72,26 @@ int lowrank_rank(const std::string& select) {
 // "threshold:T" -> T (>= 0); NaN when `select` is not of that form.
 double select_threshold(const std::string& select) {
   if (select.rfind("threshold:", 0) != 0) return std::nan("");
-  try {
-    size_t used = 0;
-    const double t = std::stod(select.substr(10), &used);
-    return used == select.size() - 10 && t >= 0 && std::isfinite(t) ? t : -1.0;
-  } catch (const std::exception&) {
-    return -1.0;
-  }
+  const std::string num = select.substr(10);
+  if (!float_arg_problem(num).empty()) return -1.0;
+  const double t = std::strtod(num.c_str(), nullptr);
+  return t >= 0 ? t : -1.0;
+}
+
+// A --memory-budget / --read-batch / --read-ahead value is checked when parsed: given, it is a size of at least one
+// byte (an empty value or one that rounds to 0 bytes is refused, never read as "no budget").
+CLI::Validator memory_size_check(const std::string& option) {
+  return CLI::Validator(
+      [option](std::string& s) {
+        try {
+          parse_memory_size(s, option);
+          return std::string();
+        } catch (const UsageError& e) {  // CLI11 puts the option's name before the message
+          const std::string m = e.what();
+          return m.rfind(option + ": ", 0) == 0 ? m.substr(option.size() + 2) : m;
+        }
+      },
+      "", "SIZE");
 }
 
 std::string select_trace(const std::string& select) {
@@ -114,11 +127,17 @@ void add_generate_prompt_options(CLI::App* c, GenerateArgs& a) {
                    ? std::string()
                    : "expected gate, dense, lowrank:R (R >= 1), threshold, threshold:T (T >= 0) or trace:FILE.h5";
       })
+      ->check([](const std::string& s) {  // a missing trace is a usage error (exit 2), as every missing input file
+        const std::string t = select_trace(s);
+        struct stat st {};
+        return t.empty() || ::stat(t.c_str(), &st) == 0 ? std::string() : s + ": no such file";
+      })
       ->group("Prompt");
 }
 
 void add_generate_sampling_options(CLI::App* c, GenerateArgs& a) {
-  c->add_option("--temperature", a.sampler.temperature, "Sampling temperature; 0 = greedy (argmax)")
+  c->add_option("--temperature", a.sampler.temperature,
+                "Sampling temperature; 0 = greedy (argmax), as is any T below 1e-4")
       ->check(CLI::Range(0.0, 1e6))
       ->group("Sampling");
   c->add_option("--top-k", a.sampler.top_k, "Keep the K most likely tokens (0 = all)")
@@ -146,6 +165,7 @@ void add_generate_memory_options(CLI::App* c, GenerateArgs& a) {
                 "DRAM for the whole process (6GiB, 512MiB, 2GB, 80% of MemAvailable): the neuron cache gets what the "
                 "dense weights, gate rows, KV cache and buffers leave (an explicit --cache-ratio wins and is "
                 "checked against it); refused with exit 3 when the fixed part does not fit")
+      ->check(memory_size_check("--memory-budget"))
       ->group("Memory");
   c->add_option("--read-batch", a.read_batch,
                 "FFN read staging: a layer's reads are staged and computed this many bytes at a time (default " +
@@ -153,6 +173,7 @@ void add_generate_memory_options(CLI::App* c, GenerateArgs& a) {
                     "MiB, at most a layer's FFN region; a read longer than this is split at bundle boundaries; two "
                     "such buffers under --overlap other than none, the next batch read while one is computed); the "
                     "tokens are the same for every size")
+      ->check(memory_size_check("--read-batch"))
       ->group("Memory");
   c->add_option("--prefill-block", a.prefill_block,
                 "prompt tokens per prefill pass (default " + std::to_string(kPrefillBlockTokens) +
@@ -165,6 +186,7 @@ void add_generate_memory_options(CLI::App* c, GenerateArgs& a) {
                 "(default " +
                     std::to_string(kFfnReadAheadBytes >> 20) +
                     "MiB, at most a layer's FFN region; the rest is read after the exact selection)")
+      ->check(memory_size_check("--read-ahead"))
       ->group("Memory");
 }
 
@@ -442,6 +464,11 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
                        "records no act_threshold: pack with --act-threshold-from TRACE.h5 (a "
                        "calibrated trace), or give --select threshold:T");
     for (double t : man.act_threshold) thresholds.push_back(float(t));
+    if (man.version_major == 1 && man.version_minor < kImageVersionMinorThresholds)
+      std::fprintf(stderr,
+                   "nl-run: warning: %s is format 1.%u, whose image id does not cover act_threshold (an edit would go "
+                   "unnoticed); re-pack to get a 1.%u image that covers it\n",
+                   img->manifest_path().c_str(), man.version_minor, kImageVersionMinorThresholds);
   }
   const std::string trace_path = select_trace(a.select);
   const bool synthetic_image = man.source.rfind("synthetic", 0) == 0;

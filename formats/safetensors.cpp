@@ -365,6 +365,7 @@ class SafetensorsSource : public ModelSource {
     if (path_.empty()) path_ = ".";
     config_ = read_config(p.config);
     for (auto& e : safetensors_header(p.tensors, &data_start_)) entries_.emplace(e.name, e);
+    refuse_extra_layers(p.config);
     f_.fd = open_regular_input(p.tensors);
   }
 
@@ -443,6 +444,25 @@ class SafetensorsSource : public ModelSource {
   std::map<std::string, SafetensorsEntry> entries_;
   Fd f_;
   std::vector<char> raw_;
+
+  // A checkpoint holding layers past config.json's num_hidden_layers (an edited or mismatched config) would be read
+  // as a shallower model with exit 0: refused, naming the first extra layer.
+  void refuse_extra_layers(const std::string& config_path) const {
+    static const std::string pre = "model.layers.";
+    long extra = -1;
+    for (const auto& [name, e] : entries_) {
+      if (name.compare(0, pre.size(), pre) != 0) continue;
+      const size_t dot = name.find('.', pre.size());
+      const std::string num = name.substr(pre.size(), dot == std::string::npos ? std::string::npos : dot - pre.size());
+      if (num.empty() || num.size() > 9 || num.find_first_not_of("0123456789") != std::string::npos) continue;
+      const long l = std::stol(num);
+      if (l >= config_.n_layers && (extra < 0 || l < extra)) extra = l;
+    }
+    if (extra >= 0)
+      throw InputError(config_path, "num_hidden_layers is " + std::to_string(config_.n_layers) + " but " + tensors_ +
+                                        " holds layer " + std::to_string(extra) + " (model.layers." +
+                                        std::to_string(extra) + ".*): the config does not describe this checkpoint");
+  }
 
   // The header entry of `name`, checked against the shape config.json implies ([rows] when cols = 0).
   const SafetensorsEntry& entry(const std::string& name, uint64_t rows, uint64_t cols) const {

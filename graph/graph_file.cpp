@@ -154,6 +154,7 @@ void GraphFileWriter::close() {
     h5::write_int_attr(im.file, "token_begin", static_cast<int64_t>(im.trace.token_begin));
     h5::write_int_attr(im.file, "token_end", static_cast<int64_t>(im.trace.token_end));
   }
+  if (im.trace.n_layers) h5::write_int_attr(im.file, "trace_n_layers", im.trace.n_layers);
   h5::write_int_attr(im.file, "n_layers", im.count);
   h5::write_int_attr(im.file, "n_tokens", static_cast<int64_t>(im.n_tokens));
   h5::write_int_attr(im.file, "top_k", im.k);
@@ -202,6 +203,11 @@ GraphFileReader::GraphFileReader(const std::string& path) try : impl_(std::make_
   if (full != 0 && full != 1) throw InputError(path, "attribute 'full' must be 0 or 1");
   if (h5::has_attr(f, "trace_sha256")) info_.trace.sha256 = h5::read_string_attr(path, f, "trace_sha256", "");
   if (h5::has_attr(f, "trace_model")) info_.trace.model = h5::read_string_attr(path, f, "trace_model", "");
+  if (h5::has_attr(f, "trace_n_layers")) {
+    const int64_t tl = h5::read_int_attr(path, f, "trace_n_layers", "");
+    if (tl < 1 || tl > 100000) throw InputError(path, "trace_n_layers " + std::to_string(tl) + " is out of range");
+    info_.trace.n_layers = uint32_t(tl);
+  }
   if (h5::has_attr(f, "token_begin") || h5::has_attr(f, "token_end")) {
     const int64_t b = h5::read_int_attr(path, f, "token_begin", ""), e = h5::read_int_attr(path, f, "token_end", "");
     if (b < 0 || e < b || e - b != n_tokens)
@@ -331,6 +337,9 @@ void graph_file_merge(const std::vector<std::string>& inputs, const std::string&
   GraphTraceRef tref;
   for (const auto& r : rs)
     if (!r->info().trace.model.empty()) tref.model = r->info().trace.model;
+  tref.n_layers = first.trace.n_layers;  // kept when every input records the same count
+  for (const auto& r : rs)
+    if (r->info().trace.n_layers != tref.n_layers) tref.n_layers = 0;
   bool same_trace = !first.trace.sha256.empty();
   for (const auto& r : rs) same_trace = same_trace && r->info().trace.sha256 == first.trace.sha256;
   if (same_trace) {

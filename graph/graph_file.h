@@ -23,6 +23,9 @@ struct GraphTraceRef {
   std::string sha256, model;
   bool has_range = false;
   uint64_t token_begin = 0, token_end = 0;
+  // Layers the trace holds (0 = not recorded: files written before the attribute): solve --graph refuses files that
+  // hold fewer layers than this instead of writing a partial layout.
+  uint32_t n_layers = 0;
 };
 
 struct GraphFileInfo {

@@ -105,6 +105,13 @@ Layout solve_graph(const std::vector<std::string>& graph_paths, const std::strin
       throw InputError(graph_path, "no graph file holds layer " + std::to_string(l) +
                                        " (solve orders every layer: count them all, --layers all)");
   if (n_layers == 0) throw InputError(graph_path, "holds no layers");
+  // The trace's own layer count, where the files record it: layers past the last one counted are missing too.
+  for (const auto& gr : grs)
+    if (const uint32_t tl = gr->info().trace.n_layers; tl > n_layers)
+      throw InputError(gr->info().path, "counts layers 0-" + std::to_string(n_layers - 1) + " of a trace with " +
+                                            std::to_string(tl) + " layers: no graph file holds layer " +
+                                            std::to_string(n_layers) +
+                                            " (solve orders every layer: count them all, --layers all)");
   if (opt.method == "greedy+ls" && sample_trace.empty())
     throw UsageError(
         "--method greedy+ls from --graph needs --trace SAMPLE.h5: its search, guard and cache variants "

@@ -88,12 +88,16 @@ uint64_t parse_memory_size(const std::string& s, const std::string& option) {
     if (v > 100) throw UsageError(option + ": '" + s + "' is more than 100% of the available memory");
     const uint64_t avail = mem_available_bytes();
     if (!avail) throw UsageError(option + ": '" + s + "' needs MemAvailable from /proc/meminfo, which is unreadable");
-    return uint64_t(std::floor(double(avail) * v / 100.0));
+    const double b = std::floor(double(avail) * v / 100.0);
+    if (b < 1) throw UsageError(option + ": '" + s + "' of MemAvailable is less than one byte");
+    return uint64_t(b);
   } else {
     throw bad();
   }
   const double b = std::floor(v * mult);
   if (b >= 1.8e19) throw bad();
+  // A budget that rounds to nothing would read as "no budget" to callers: refused, never ignored.
+  if (b < 1) throw UsageError(option + ": '" + s + "' is less than one byte");
   return uint64_t(b);
 }
 

@@ -28,7 +28,7 @@ Sampler::Sampler(const SamplerConfig& c) : c_(c), rng_(c.seed) {
 
 int Sampler::sample(const float* logits, int n) {
   cand_.clear();
-  if (c_.temperature == 0 || c_.top_k == 1) {
+  if (c_.temperature < kGreedyBelowTemperature || c_.top_k == 1) {
     const int t = argmax(logits, n);
     cand_.push_back({t, 1.0});
     return t;
@@ -39,7 +39,9 @@ int Sampler::sample(const float* logits, int n) {
     return a.second > b.second || (a.second == b.second && a.first < b.first);
   };
   cand_.reserve(size_t(n));
-  for (int i = 0; i < n; ++i) cand_.push_back({i, double(logits[i]) / c_.temperature});
+  // (logit - max) / T: never above 0, so no temperature can make an infinity or a NaN of it.
+  const double top = logits[argmax(logits, n)];
+  for (int i = 0; i < n; ++i) cand_.push_back({i, (double(logits[i]) - top) / c_.temperature});
   size_t keep = size_t(n);
   if (c_.top_k > 0 && size_t(c_.top_k) < keep) {
     keep = size_t(c_.top_k);

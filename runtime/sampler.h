@@ -11,8 +11,12 @@
 
 namespace nl {
 
+// Temperatures below this sample greedily (argmax): T -> 0 is greedy in the limit, and dividing logits by a tiny T
+// overflows to infinities (a denormal T once sampled the last vocabulary id every step). docs/cli.md states it.
+inline constexpr double kGreedyBelowTemperature = 1e-4;
+
 struct SamplerConfig {
-  double temperature = 0;  // 0 = greedy (argmax; ties go to the lowest id)
+  double temperature = 0;  // 0 (and anything below kGreedyBelowTemperature) = greedy (argmax; ties to the lowest id)
   int top_k = 0;           // 0 = off (all tokens)
   double top_p = 1.0;      // 1 = off; in (0, 1]
   uint64_t seed = 1;

@@ -34,6 +34,7 @@
 import argparse
 import json
 import os
+import stat
 import struct
 import sys
 
@@ -45,6 +46,33 @@ EXIT_USAGE, EXIT_INPUT, EXIT_IO = 2, 3, 4
 def fail(code, msg):
     print("gguf_from_image: " + msg, file=sys.stderr)
     sys.exit(code)
+
+
+def require_regular(path, what):
+    """An input must be a regular file: a FIFO, device or socket would block or read without end (exit 3, as the
+    binaries' check_paths); a missing one is exit 4 with the OS's words, as before."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        fail(EXIT_IO, "%s: %s" % (path, e.strerror))
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a folder" if stat.S_ISDIR(st.st_mode)
+                else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
+        fail(EXIT_INPUT, "%s: is %s, not a regular file (%s)" % (path, kind, what))
+
+
+def is_sentencepiece(path):
+    """The runtime's rule (runtime/tokenizer.cpp is_sentencepiece_file): a SentencePiece model is a protobuf whose
+    first byte is 0x0a; a llama2.c tokenizer.bin starts with its max token length. pack copies either kind as
+    OUT.tokenizer, so the file name says nothing."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        fail(EXIT_IO, "%s: %s" % (path, e.strerror))
+    if len(head) < 4:
+        fail(EXIT_INPUT, "%s: too small for a tokenizer" % path)
+    return head[0] == 0x0a
 
 
 def find_gguf_py(explicit):
@@ -185,6 +213,8 @@ def main():
                          "gated-ReLU model's weights as a SiLU Llama (a timing twin: the same tensors and work in "
                          "llama.cpp's dense path, not the model's function; measures the one-expert route's cost)")
     args = ap.parse_args()
+    # Inputs are checked before anything else: a FIFO must be refused, not waited on, wherever gguf-py is.
+    require_regular(args.image + ".json", "the image's manifest")
 
     gdir = find_gguf_py(args.gguf_py)
     if not os.path.isfile(os.path.join(gdir, "gguf", "__init__.py")):
@@ -196,6 +226,7 @@ def main():
     mpath = image + ".json"
     if os.path.realpath(args.out) in (os.path.realpath(image), os.path.realpath(mpath)):
         fail(EXIT_USAGE, "--out %s would overwrite an input" % args.out)
+    require_regular(mpath, "the image's manifest")
     try:
         man = json.load(open(mpath))
     except OSError as e:
@@ -226,7 +257,11 @@ def main():
     rb = row_bytes(dtype, dim)
     if bundle["bytes"] != 3 * rb:
         fail(EXIT_INPUT, "%s: bundle bytes %d, expected 3 x %d" % (mpath, bundle["bytes"], rb))
-    ipath = os.path.join(os.path.dirname(mpath), man["image"]["file"])
+    ifile = man["image"].get("file") if isinstance(man.get("image"), dict) else None
+    if not isinstance(ifile, str) or not ifile or "/" in ifile or ifile in (".", ".."):
+        fail(EXIT_INPUT, "%s: 'image.file' must be a file name in the manifest's folder, not a path" % mpath)
+    ipath = os.path.join(os.path.dirname(mpath), ifile)
+    require_regular(ipath, "--image")
     try:
         img = np.memmap(ipath, dtype=np.uint8, mode="r")
     except OSError as e:
@@ -240,10 +275,10 @@ def main():
         tok_path = os.path.join(os.path.dirname(mpath), man["tokenizer"])
     if not tok_path:
         tokens, scores, types = synthetic_vocab(vocab)
-    elif tok_path.endswith(".model"):
-        tokens, scores, types = read_spm_vocab(tok_path, vocab)
     else:
-        tokens, scores, types = read_llama2c_vocab(tok_path, vocab)
+        require_regular(tok_path, "the tokenizer")
+        reader = read_spm_vocab if is_sentencepiece(tok_path) else read_llama2c_vocab
+        tokens, scores, types = reader(tok_path, vocab)
 
     qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
              "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0,
@@ -381,4 +416,12 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+        sys.stdout.flush()
+    except OSError as e:  # standard output (the only file main() does not guard itself): exit 4, as the binaries
+        try:
+            sys.stdout = open(os.devnull, "w")  # nothing left to flush at exit
+        except OSError:
+            pass
+        fail(EXIT_IO, "standard output: %s" % (e.strerror or e))

@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -328,6 +329,29 @@ std::string read_file(const std::string& path, uint64_t max_bytes) {
   ::close(fd);
   out.resize(got);
   return out;
+}
+
+std::string bytes_figure(uint64_t bytes) {
+  char b[64];
+  if (bytes >= (1ull << 30))
+    std::snprintf(b, sizeof b, "%.1f GiB", double(bytes) / double(1ull << 30));
+  else if (bytes >= (1ull << 20))
+    std::snprintf(b, sizeof b, "%.1f MiB", double(bytes) / double(1ull << 20));
+  else
+    std::snprintf(b, sizeof b, "%llu bytes", static_cast<unsigned long long>(bytes));
+  return b;
+}
+
+void require_disk_space(const std::string& output_path, uint64_t bytes, const std::string& what) {
+  const size_t slash = output_path.find_last_of('/');
+  const std::string folder = slash == std::string::npos ? "." : slash == 0 ? "/" : output_path.substr(0, slash);
+  struct statvfs vs {};
+  if (::statvfs(folder.c_str(), &vs) != 0) return;  // the writer reports an unusable folder in its own words
+  const unsigned __int128 avail = (unsigned __int128)vs.f_bavail * vs.f_frsize;
+  if (bytes <= avail) return;
+  throw IoError(output_path, what + " needs " + bytes_figure(bytes) + " (" + std::to_string(bytes) +
+                                 " bytes) and its file system has " + bytes_figure(uint64_t(avail)) +
+                                 " free: refused before writing anything");
 }
 
 }  // namespace nl

@@ -99,6 +99,13 @@ class AtomicWriter {
   void flush_buffer();
 };
 
+// Work that cannot fit is refused before it starts, with the figure (docs/robustness.md "Impossible work"): an output
+// of `bytes` (exact, or a lower bound) to `output_path` when its folder's file system has less free (IoError, exit 4,
+// naming the output). The temporary file needs the room even when it replaces an existing output.
+void require_disk_space(const std::string& output_path, uint64_t bytes, const std::string& what);
+// "12.3 GiB" style figure for such messages.
+std::string bytes_figure(uint64_t bytes);
+
 // Writes a whole text file atomically.
 void write_file_atomic(const std::string& path, const std::string& content);
 // Reads a whole regular file (open_regular_input); throws IoError when it cannot be opened/read, InputError if

@@ -149,6 +149,13 @@ uint64_t image_id_of(const ImageManifest& m) {
     str("replicas");
     for (uint32_t r : m.replicas) u64(r);
   }
+  // 1.3: the CATS thresholds, as double bits (absent when none are recorded, so the id of an image without them is
+  // that of 1.1 / 1.2; deleting recorded thresholds changes the id all the same).
+  if (m.version_minor >= kImageVersionMinorThresholds && !m.act_threshold.empty()) {
+    str("act_threshold");
+    u64(m.act_threshold.size());
+    for (double t : m.act_threshold) u64(std::bit_cast<uint64_t>(t));
+  }
   Xxh64 h;
   h.update(b.data(), b.size());
   for (const auto& o : m.order) {
@@ -476,6 +483,12 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
   try {
     const json& img = need(j, "image", path);
     m.image_file = need_str(img, "file", path, "image.");
+    // Pack writes the image's file name beside the manifest; a path would let a manifest point nl-run at any file
+    // (the tokenizer's rule below).
+    if (m.image_file.empty() || m.image_file.find('/') != std::string::npos || m.image_file == "." ||
+        m.image_file == ".." || m.image_file.find('\0') != std::string::npos)
+      bad(path, "'image.file' must be a file name in the manifest's folder, not a path (\"" +
+                    m.image_file.substr(0, 64) + (m.image_file.size() > 64 ? "...\")" : "\")"));
     m.image_bytes = need_u64(img, "bytes", path, "image.");
     m.image_id = parse_hex64(need_str(img, "id", path, "image."), path, "image.id");
     const json& mc = need(j, "model", path);
@@ -659,7 +672,6 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
 ImageManifest manifest_load(const std::string& path) { return manifest_parse(read_file(path, 1ull << 32), path); }
 
 std::string image_path_from_manifest(const std::string& manifest_path, const ImageManifest& m) {
-  if (!m.image_file.empty() && m.image_file[0] == '/') return m.image_file;
   auto pos = manifest_path.find_last_of('/');
   return pos == std::string::npos ? m.image_file : manifest_path.substr(0, pos + 1) + m.image_file;
 }
@@ -681,7 +693,8 @@ void image_check_header(const std::string& path, const ImageManifest& m, const I
                   "), its manifest expects " + std::to_string(m.image_bytes) +
                   ": not the image this manifest describes");
   // The header's minor version picks how the id is computed: a manifest edited down to 1.0 (whose id covers less)
-  // no longer matches its image.
+  // no longer matches its image. (An edit from 1.3 down to 1.1 / 1.2 drops the thresholds from the id, which then no
+  // longer equals the one the header repeats.)
   if (h.version_major != m.version_major || (h.version_minor == 0) != (m.version_minor == 0))
     bad(path, "is format version " + std::to_string(h.version_major) + "." + std::to_string(h.version_minor) +
                   ", its manifest says " + std::to_string(m.version_major) + "." + std::to_string(m.version_minor) +

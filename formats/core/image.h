@@ -24,6 +24,10 @@ inline constexpr uint32_t kImageVersionMinor = 1;
 // when a layer holds replicas, so unreplicated images keep their 1.1 bytes; a 1.1 reader refuses a 1.2 order (its
 // length is not the layer's neuron count) rather than misreading it.
 inline constexpr uint32_t kImageVersionMinorReplicas = 2;
+// Minor 3: the id also covers `act_threshold` (the CATS thresholds change which neurons --select threshold computes).
+// Written only when the manifest records thresholds, so other images keep their 1.1 / 1.2 bytes; 1.1 / 1.2 images
+// with thresholds still open, and nl-run warns that their thresholds are not covered (re-pack to cover them).
+inline constexpr uint32_t kImageVersionMinorThresholds = 3;
 inline constexpr uint64_t kImageAlign = 4096;      // region alignment and the image's total size granularity
 inline constexpr uint32_t kImageHeaderBytes = 64;  // meaningful header bytes; the header block is kImageAlign
 inline constexpr char kImageMagic[8] = {'N', 'L', 'W', 'I', 'M', 'G', '\r', '\n'};
@@ -193,7 +197,7 @@ uint64_t image_id_of(const std::vector<ImageRegion>& regions);
 // The image id of a manifest: for version 1.1 and later, xxh64 over the region table and a canonical encoding of
 // every field that changes what the runtime computes (model config incl. ffn_act, norm_eps, rope_theta, heads;
 // dtype; bundle kind and bytes; each dense tensor's name, offset, shape and dtype; the neuron order, replicas
-// included, and the per-layer replica counts of 1.2 manifests). The header
+// included, the per-layer replica counts of 1.2 manifests, and from 1.3 the act_threshold values). The header
 // repeats it, so editing any of these in the manifest is refused at open. Version 1.0: image_id_of(regions).
 // Not covered (advisory): tokenizer, source, layout, cache_policy, planner.
 uint64_t image_id_of(const ImageManifest& m);

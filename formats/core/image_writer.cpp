@@ -101,6 +101,7 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
     if (!(t >= 0) || !std::isfinite(t))
       throw UsageError("cannot pack: an activation threshold is negative or not finite");
   m_.act_threshold = std::move(spec.act_threshold);
+  if (!m_.act_threshold.empty()) m_.version_minor = kImageVersionMinorThresholds;  // the id covers them
 
   // Fixed layout: header block, dense region, one region per layer, each aligned.
   m_.dense_tensors = image_dense_tensor_list(c, m_.dtype);
@@ -117,6 +118,7 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
                           uint64_t(m_.n_slots(l)) * m_.bundle_bytes, 0});
   }
   m_.image_bytes = align_up(m_.regions.back().offset + m_.regions.back().bytes, kImageAlign);
+  require_disk_space(image_path, m_.image_bytes, "the flash image");
 
   out_ = std::make_unique<AtomicWriter>(image_path);
   std::vector<char> header_block(kImageAlign, 0);  // real header written at commit, when checksums are known
