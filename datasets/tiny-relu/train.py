@@ -8,13 +8,20 @@ Run with Debian's /usr/bin/python3 (python3-torch, python3-sentencepiece; script
   nice -n 15 /usr/bin/python3 datasets/tiny-relu/train.py --work build/tiny-relu-train --out datasets/tiny-relu/model
 Checkpoints go to WORK/ckpt.pt every --ckpt-every steps; rerunning with the same --work resumes.
 The larger datasets/small-relu model was trained with this script on one GPU (--device cuda --amp bfloat16
---keep-best; its README gives the command).
+--keep-best; its README gives the command). For the ~100M datasets/medium-relu run (one GPU, one short run):
+--ids DIR reads pre-tokenized, xz-compressed token ids (datasets/medium-relu/prepare.py), --max-seconds sizes the
+schedule to a wall-clock budget and stops there, --ckpt-seconds checkpoints on a timer, SIGTERM stops training and
+exports, --attn sdpa uses torch's fused attention, --export-quant int8 rounds the exported matrices to int8 with
+one scale per row and also writes them as model-int8.safetensors (the files a GPU machine sends back).
 """
 import argparse
+import hashlib
 import json
+import lzma
 import math
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -61,6 +68,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, self.nkv * self.hd, bias=False)
         self.v_proj = nn.Linear(d, self.nkv * self.hd, bias=False)
         self.o_proj = nn.Linear(self.nh * self.hd, d, bias=False)
+        self.sdpa = False  # main() sets it with --attn sdpa (same function, torch's fused kernels)
 
     def forward(self, x, cos, sin, mask):
         b, t, _ = x.shape
@@ -72,8 +80,11 @@ class Attention(nn.Module):
         rep = self.nh // self.nkv  # query head h reads kv head h // rep (HF repeat_kv)
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
-        att = (q @ k.transpose(-1, -2)) / math.sqrt(self.hd) + mask
-        y = att.softmax(-1) @ v
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-1, -2)) / math.sqrt(self.hd) + mask
+            y = att.softmax(-1) @ v
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.nh * self.hd))
 
 
@@ -177,6 +188,27 @@ def encode_file(sp, path, cache):
     return t
 
 
+def load_ids(ids_dir, split):
+    """Token ids shipped by datasets/medium-relu/prepare.py: little-endian int16 ids, one xz stream cut into
+    parts (so that each travels within a file budget); ids.json lists the parts and the sha256 of the raw ids."""
+    with open(os.path.join(ids_dir, "ids.json")) as f:
+        meta = json.load(f)["splits"][split]
+    blob = bytearray()
+    for part in meta["parts"]:
+        path = os.path.join(ids_dir, part["file"])
+        if not os.path.exists(path):
+            sys.exit("train.py: %s is missing (carry every part of the token ids)" % path)
+        with open(path, "rb") as f:
+            data = f.read()
+        if hashlib.sha256(data).hexdigest() != part["sha256"]:
+            sys.exit("train.py: %s does not match ids.json (sha256)" % path)
+        blob += data
+    raw = lzma.decompress(bytes(blob))
+    if hashlib.sha256(raw).hexdigest() != meta["sha256"] or len(raw) != 2 * meta["tokens"]:
+        sys.exit("train.py: the %s token ids do not match ids.json" % split)
+    return torch.frombuffer(bytearray(raw), dtype=torch.int16).to(torch.int32)
+
+
 def windows(ids, seq_len, bos):
     """Non-overlapping [BOS] + seq_len-1 token windows (the validation protocol)."""
     n = (len(ids) - 1) // (seq_len - 1)
@@ -214,7 +246,7 @@ def evaluate(model, wins, batch, record_active=False, amp=None):
 def write_safetensors(path, tensors, metadata):
     """Writes the safetensors format directly: u64le header length, JSON header, raw little-endian data."""
     header, blobs, off = {"__metadata__": metadata}, [], 0
-    names = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+    names = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int8: "I8"}
     for name in sorted(tensors):
         t = tensors[name].contiguous()
         data = t.view(torch.uint8).numpy().tobytes() if t.dtype == torch.bfloat16 else t.numpy().tobytes()
@@ -251,7 +283,28 @@ def greedy(model, prompt_ids, max_positions, stop_ids):
     return toks, first_logits
 
 
-def export(model, cfg, sp_path, out_dir, dtype, meta):
+def quantize_int8(w):
+    """Symmetric int8 with one float32 scale per row (absmax / 127); dequantized as q.float() * scale."""
+    w = w.float()
+    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-30)
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def dequantize_int8(tensors, dtype):
+    """model-int8.safetensors' tensors -> the exported model's tensors (the same arithmetic on every machine)."""
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith(".__scale"):
+            continue
+        if t.dtype == torch.int8:
+            out[name] = (t.float() * tensors[name + ".__scale"][:, None]).to(dtype)
+        else:
+            out[name] = t.to(dtype)
+    return out
+
+
+def export(model, cfg, sp_path, out_dir, dtype, meta, quant="none"):
     os.makedirs(out_dir, exist_ok=True)
     hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "relu",
           "hidden_size": cfg["hidden_size"], "intermediate_size": cfg["intermediate_size"],
@@ -265,7 +318,21 @@ def export(model, cfg, sp_path, out_dir, dtype, meta):
         json.dump(hf, f, indent=2)
         f.write("\n")
     sd = model if isinstance(model, dict) else model.state_dict()
-    tensors = {k: v.detach().cpu().to(dtype) for k, v in sd.items()}
+    if quant == "int8":
+        # The model IS the int8-rounded weights: model-int8.safetensors (int8 matrices + float32 row scales,
+        # float32 vectors) rebuilds model.safetensors byte for byte (datasets/medium-relu/reassemble.py).
+        q = {}
+        for k, v in sd.items():
+            v = v.detach().cpu().float()
+            if v.dim() == 2:
+                q[k], q[k + ".__scale"] = quantize_int8(v)
+            else:
+                q[k] = v
+        write_safetensors(os.path.join(out_dir, "model-int8.safetensors"), q,
+                          {"format": "int8-rows", "dtype": str(dtype).replace("torch.", ""), **meta})
+        tensors = dequantize_int8(q, dtype)
+    else:
+        tensors = {k: v.detach().cpu().to(dtype) for k, v in sd.items()}
     write_safetensors(os.path.join(out_dir, "model.safetensors"), tensors, {"format": "pt", **meta})
     shutil.copyfile(sp_path, os.path.join(out_dir, "tokenizer.model"))
 
@@ -278,7 +345,7 @@ def load_exported(out_dir):
         n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))
         data = f.read()
-    dt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+    dt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I8": torch.int8}
     sd = {}
     for name, h in header.items():
         if name == "__metadata__":
@@ -288,6 +355,14 @@ def load_exported(out_dir):
     model = TinyLlama(cfg)
     model.load_state_dict(sd)
     return model, cfg
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 # ---------------------------------------------------------------- main
@@ -324,16 +399,45 @@ def main():
                          "instead of the last step's (the probe is 32 validation windows)")
     ap.add_argument("--eval-windows", type=int, default=256,
                     help="final losses on this many evenly spaced windows per split (0 = all)")
+    ap.add_argument("--ids", default="",
+                    help="folder of pre-tokenized ids (ids.json, *.xz parts, tokenizer.model) from "
+                         "datasets/medium-relu/prepare.py: no corpus or tokenizer is built")
+    ap.add_argument("--max-seconds", type=float, default=0,
+                    help="wall-clock budget of the training loop, counted from the start of this process: after "
+                         "--probe-steps steps the schedule's step count is cut to what fits (kept in the "
+                         "checkpoint), and training stops at the budget in any case; then the usual export")
+    ap.add_argument("--probe-steps", type=int, default=20, help="steps timed for --max-seconds (the first 3 "
+                    "are not counted: warm-up)")
+    ap.add_argument("--ckpt-seconds", type=float, default=0, help="also checkpoint when this many seconds "
+                    "passed since the last checkpoint")
+    ap.add_argument("--attn", choices=["manual", "sdpa", "auto"], default="manual",
+                    help="attention: the explicit softmax (default), torch's scaled_dot_product_attention, or "
+                         "auto (sdpa on CUDA where torch has it)")
+    ap.add_argument("--export-quant", choices=["none", "int8"], default="none",
+                    help="int8: the exported matrices are rounded to int8 with one float32 scale per row (the "
+                         "model is then those weights, in --dtype), and model-int8.safetensors is written too")
     args = ap.parse_args()
 
+    t_start = time.time()
+    stop = {"signal": None}
+
+    def on_term(signum, frame):  # a cut-off run still exports: stop at the next step, then the usual end
+        stop["signal"] = signum
+    signal.signal(signal.SIGTERM, on_term)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     os.makedirs(args.work, exist_ok=True)
-    cdir = ensure_corpus(args.work)
-    sp_path = ensure_tokenizer(args.work, cdir, args.vocab)
-    sp = spm.SentencePieceProcessor(model_file=sp_path)
-    train_ids = encode_file(sp, os.path.join(cdir, "train.txt"), os.path.join(args.work, "train.ids.pt"))
-    valid_ids = encode_file(sp, os.path.join(cdir, "valid.txt"), os.path.join(args.work, "valid.ids.pt"))
+    if args.ids:
+        cdir = args.ids
+        sp_path = os.path.join(args.ids, "tokenizer.model")
+        sp = spm.SentencePieceProcessor(model_file=sp_path)
+        train_ids, valid_ids = load_ids(args.ids, "train"), load_ids(args.ids, "valid")
+    else:
+        cdir = ensure_corpus(args.work)
+        sp_path = ensure_tokenizer(args.work, cdir, args.vocab)
+        sp = spm.SentencePieceProcessor(model_file=sp_path)
+        train_ids = encode_file(sp, os.path.join(cdir, "train.txt"), os.path.join(args.work, "train.ids.pt"))
+        valid_ids = encode_file(sp, os.path.join(cdir, "valid.txt"), os.path.join(args.work, "valid.ids.pt"))
     train_txt = os.path.join(cdir, "train.txt")  # absent where only the cached token ids were carried
     print("tokens: train %d valid %d%s" % (len(train_ids), len(valid_ids), " (%.2f bytes/token)" % (
           os.path.getsize(train_txt) / len(train_ids)) if os.path.exists(train_txt) else ""), flush=True)
@@ -343,9 +447,17 @@ def main():
            "max_position_embeddings": args.seq_len, "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
     dev = torch.device(args.device)
     amp = None if args.amp == "none" else torch.bfloat16
+    has_sdpa = hasattr(F, "scaled_dot_product_attention")
+    if args.attn == "sdpa" and not has_sdpa:
+        sys.exit("train.py: --attn sdpa needs torch >= 2.0 (this is %s)" % torch.__version__)
+    sdpa = args.attn == "sdpa" or (args.attn == "auto" and has_sdpa and dev.type == "cuda")
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # the float32 parts outside autocast
     model = TinyLlama(cfg).to(dev)
     for layer in model.model.layers:
         layer.mlp.track_act = args.act_l1 > 0
+        layer.self_attn.sdpa = sdpa
+    print("attention: %s" % ("sdpa" if sdpa else "manual"), flush=True)
     nparams = sum(p.numel() for p in model.parameters())
     print("params %d (%.1f MB f32)" % (nparams, nparams * 4 / 1e6), flush=True)
     decay = [p for p in model.parameters() if p.dim() == 2]
@@ -354,9 +466,12 @@ def main():
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
     gen = torch.Generator().manual_seed(args.seed)
     step, history, best = 0, [], None
+    sched_steps = args.steps  # the schedule's length: --steps, or what --max-seconds lets fit
+    sched_fixed = False  # a resumed run keeps a schedule that --max-seconds sized
+    budget_applied = False
     ckpt = os.path.join(args.work, "ckpt.pt")
     if os.path.exists(ckpt) and not args.bench:
-        st = torch.load(ckpt)
+        st = torch.load(ckpt, weights_only=False)  # torch >= 2.6 defaults to weights_only=True
         if st["cfg"] != cfg:
             sys.exit("train.py: %s was made with another configuration; use another --work" % ckpt)
         model.load_state_dict(st["model"])
@@ -364,6 +479,8 @@ def main():
         opt.load_state_dict(st["opt"])
         gen.set_state(st["gen"])
         step, history = st["step"], st["history"]
+        if st.get("budget_steps"):  # a schedule sized by --max-seconds is kept; otherwise --steps rules
+            sched_steps, sched_fixed = st["budget_steps"], True
         print("resumed at step %d" % step, flush=True)
 
     valid_wins = windows(valid_ids, args.seq_len, 1)
@@ -372,12 +489,24 @@ def main():
     def lr_at(s):
         if s < args.warmup:
             return args.lr * (s + 1) / args.warmup
-        p = (s - args.warmup) / max(1, args.steps - args.warmup)
+        p = (s - args.warmup) / max(1, sched_steps - args.warmup)
         return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, p))))
 
+    def save_ckpt():
+        torch.save({"cfg": cfg, "model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
+                    "step": step, "history": history, "best": best,
+                    "budget_steps": sched_steps if budget_applied or sched_fixed else None}, ckpt + ".tmp")
+        os.replace(ckpt + ".tmp", ckpt)
+
     t0, tokens_done, train_loss_ema = time.time(), 0, None
-    total = args.bench if args.bench else args.steps
-    while step < total and not args.export_only:
+    t_ckpt, run_steps, t_probe, stopped = time.time(), 0, None, None
+    while step < (args.bench if args.bench else sched_steps) and not args.export_only:
+        if stop["signal"] is not None:
+            stopped = "signal %d" % stop["signal"]
+            break
+        if args.max_seconds and time.time() - t_start >= args.max_seconds:
+            stopped = "--max-seconds"
+            break
         starts = torch.randint(0, len(train_ids) - args.seq_len, (args.batch,), generator=gen)
         chunk = torch.stack([train_ids[s:s + args.seq_len].long() for s in starts])
         x = torch.cat((torch.ones(args.batch, 1, dtype=torch.long), chunk[:, :-1]), dim=1).to(dev)  # BOS + text
@@ -397,7 +526,23 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
+        run_steps += 1
         tokens_done += x.numel()
+        if args.max_seconds and not args.bench:
+            if run_steps == 3:
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                t_probe = time.time()
+            elif run_steps == max(4, args.probe_steps):
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                per_step = (time.time() - t_probe) / (run_steps - 3)
+                # 4 % of the time is kept for evaluations and checkpoints (they are not in the probe).
+                fit = step + int((args.max_seconds - (time.time() - t_start)) * 0.96 / per_step)
+                if fit < sched_steps and not sched_fixed:
+                    sched_steps, budget_applied = max(step + 1, fit), True
+                print("budget: %.3f s/step, %d steps fit in --max-seconds %.0f; schedule %d steps" % (
+                      per_step, fit, args.max_seconds, sched_steps), flush=True)
         train_loss_ema = loss.item() if train_loss_ema is None else 0.95 * train_loss_ema + 0.05 * loss.item()
         if step % 10 == 0 or args.bench:
             el = time.time() - t0
@@ -405,7 +550,7 @@ def main():
                   lr_at(step - 1), tokens_done / el, el), flush=True)
         if args.bench:
             continue
-        if step % args.eval_every == 0 or step == args.steps:
+        if step % args.eval_every == 0 or step == sched_steps:
             vl, _ = evaluate(model, probe, args.batch, amp=amp)
             if args.keep_best and (best is None or vl < best["valid_probe_loss"]):
                 best = {"step": step, "valid_probe_loss": vl,
@@ -413,12 +558,26 @@ def main():
             history.append({"step": step, "train_loss_ema": train_loss_ema, "valid_probe_loss": vl,
                             "elapsed_s": time.time() - t0})
             print("eval step %d valid(probe) %.4f" % (step, vl), flush=True)
-        if step % args.ckpt_every == 0 or step == args.steps:
-            torch.save({"cfg": cfg, "model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                        "step": step, "history": history, "best": best}, ckpt + ".tmp")
-            os.replace(ckpt + ".tmp", ckpt)
+        if step % args.ckpt_every == 0 or step == sched_steps or (
+                args.ckpt_seconds and time.time() - t_ckpt >= args.ckpt_seconds):
+            save_ckpt()
+            t_ckpt = time.time()
+            print("checkpoint step %d (%.0f s)" % (step, time.time() - t_start), flush=True)
     if args.bench:
         return
+    if stopped:
+        # Cut off before the schedule's end: the last step is evaluated and checkpointed like a scheduled end.
+        print("stopped at step %d of %d (%s, %.0f s)" % (step, sched_steps, stopped, time.time() - t_start),
+              flush=True)
+        if step and (not history or history[-1]["step"] != step):
+            vl, _ = evaluate(model, probe, args.batch, amp=amp)
+            if args.keep_best and (best is None or vl < best["valid_probe_loss"]):
+                best = {"step": step, "valid_probe_loss": vl,
+                        "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}}
+            history.append({"step": step, "train_loss_ema": train_loss_ema, "valid_probe_loss": vl,
+                            "elapsed_s": time.time() - t0})
+            print("eval step %d valid(probe) %.4f" % (step, vl), flush=True)
+        save_ckpt()
 
     # Final figures on everything: full validation split, and the same number of training windows.
     dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
@@ -428,7 +587,7 @@ def main():
         print("exporting the weights of step %d (validation probe %.4f)" % (kept["step"], kept["valid_probe_loss"]),
               flush=True)
     export(kept["model"] if kept else model, cfg, sp_path, args.out, dtype,
-           {"steps": str(exported_step), "seed": str(args.seed)})
+           {"steps": str(exported_step), "seed": str(args.seed)}, quant=args.export_quant)
     model, _ = load_exported(args.out)  # measure what was written, not the training copy
     model = model.to(dev)
     torch.set_num_threads(args.threads)
@@ -455,7 +614,10 @@ def main():
     with open(os.path.join(args.out, "reference-greedy.json"), "w") as f:
         json.dump(ref, f, indent=1)
         f.write("\n")
-    summary = {"steps": step, "exported_step": exported_step, "tokens_seen": step * args.batch * args.seq_len,
+    summary = {"steps": step, "schedule_steps": sched_steps, "stopped_early": stopped,
+               "exported_step": exported_step, "tokens_seen": step * args.batch * args.seq_len,
+               "wall_s": time.time() - t_start, "attention": "sdpa" if sdpa else "manual",
+               "model_sha256": sha256_file(os.path.join(args.out, "model.safetensors")),
                "params": nparams,
                "train_tokens": len(train_ids), "valid_tokens": len(valid_ids),
                "final_train_loss": tl, "final_valid_loss": vl, "train_eval_windows": len(train_wins),
