@@ -175,10 +175,13 @@ std::string eval_table(const std::vector<std::string>& names, const std::vector<
     if (names[k] == "greedy") greedy = rows[k];
   }
   auto ratio = [](double x, double y) { return y > 0 ? fmt("%.3f", x / y) : std::string("-"); };
+  // The ratio columns against identity / greedy only when that layout is in the report (else they are all "-").
   std::string o =
       "<table><tr><th>layout</th><th>reads/tok</th><th>avg_len</th><th>max_len</th><th>KiB_rd/tok</th>"
-      "<th>rd/need</th><th>hit%</th><th>io_ms/tok</th><th>rd/idn</th><th>io/idn</th><th>rd/grd</th><th>io/grd</th></"
-      "tr>";
+      "<th>rd/need</th><th>hit%</th><th>io_ms/tok</th>";
+  if (ident) o += "<th>rd/idn</th><th>io/idn</th>";
+  if (greedy) o += "<th>rd/grd</th><th>io/grd</th>";
+  o += "</tr>";
   for (size_t k = 0; k < names.size(); ++k) {
     const LayerEval& t = *rows[k];
     o += "<tr><td>" + html_escape(names[k]) + "</td><td>" + fmt("%.2f", t.reads_per_token()) + "</td><td>" +
@@ -186,20 +189,24 @@ std::string eval_table(const std::vector<std::string>& names, const std::vector<
          fmt("%.1f", double(t.bytes_read) / 1024.0 / double(std::max<uint64_t>(1, t.tokens))) + "</td><td>" +
          ratio(double(t.bytes_read), double(t.bytes_needed)) + "</td><td>" + fmt("%.2f", 100.0 * t.hit_rate()) +
          "</td><td>" + fmt("%.4f", t.io_ms_per_token()) + "</td>";
-    o += "<td>" + (ident ? ratio(double(t.reads), double(ident->reads)) : "-") + "</td><td>" +
-         (ident ? ratio(t.io_seconds, ident->io_seconds) : "-") + "</td><td>" +
-         (greedy ? ratio(double(t.reads), double(greedy->reads)) : "-") + "</td><td>" +
-         (greedy ? ratio(t.io_seconds, greedy->io_seconds) : "-") + "</td></tr>";
+    if (ident)
+      o += "<td>" + ratio(double(t.reads), double(ident->reads)) + "</td><td>" +
+           ratio(t.io_seconds, ident->io_seconds) + "</td>";
+    if (greedy)
+      o += "<td>" + ratio(double(t.reads), double(greedy->reads)) + "</td><td>" +
+           ratio(t.io_seconds, greedy->io_seconds) + "</td>";
+    o += "</tr>";
   }
   return o + "</table>";
 }
 
 }  // namespace
 
-std::string heatmap_png(const std::vector<double>& blocks, uint32_t pixels) {
+std::string heatmap_png(const std::vector<double>& blocks, uint32_t pixels, double max) {
   if (blocks.size() != size_t(pixels) * pixels) throw InternalError("heatmap: size mismatch");
-  double mx = 0;
-  for (double v : blocks) mx = std::max(mx, v);
+  double mx = max;
+  if (mx <= 0)
+    for (double v : blocks) mx = std::max(mx, v);
   double lmax = std::log1p(mx);
   std::vector<uint8_t> rgb(blocks.size() * 3, 255);
   for (size_t i = 0; i < blocks.size(); ++i)
@@ -208,6 +215,45 @@ std::string heatmap_png(const std::vector<double>& blocks, uint32_t pixels) {
   if (!stbi_write_png_to_func(png_append, &png, int(pixels), int(pixels), 3, rgb.data(), int(pixels) * 3))
     throw InternalError("heatmap: PNG encoding failed");
   return png;
+}
+
+std::string heatmap_scale_svg(double max, const std::string& id) {
+  const int W = 520, H = 46, x0 = 60, bar_w = 380, top = 4, bar_h = 14;
+  char b[512];
+  std::string o = "<svg class=\"colour-scale\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" + std::to_string(W) +
+                  "\" height=\"" + std::to_string(H) +
+                  "\" font-family=\"sans-serif\" font-size=\"11\"><defs><linearGradient id=\"" + html_escape(id) +
+                  "\">";
+  for (int i = 0; i < 9; ++i) {
+    std::snprintf(b, sizeof b, "<stop offset=\"%.3f\" stop-color=\"rgb(%d,%d,%d)\"/>", i / 8.0, kViridis[i][0],
+                  kViridis[i][1], kViridis[i][2]);
+    o += b;
+  }
+  // 0 is white (no co-activation); the bar spans log1p(count) / log1p(max) from 0 to 1, as heatmap_png colours.
+  std::snprintf(b, sizeof b,
+                "</linearGradient></defs><rect x=\"30\" y=\"%d\" width=\"14\" height=\"%d\" fill=\"#fff\" "
+                "stroke=\"#999\"/><text x=\"37\" y=\"%d\" text-anchor=\"middle\">0</text><rect x=\"%d\" "
+                "y=\"%d\" width=\"%d\" height=\"%d\" fill=\"url(#%s)\" stroke=\"#999\"/>",
+                top, bar_h, top + bar_h + 13, x0, top, bar_w, bar_h, html_escape(id).c_str());
+  o += b;
+  const double lmax = std::log1p(std::max(max, 0.0));
+  auto tick = [&](double v, const std::string& label) {
+    double x = x0 + (lmax > 0 ? bar_w * std::log1p(v) / lmax : double(bar_w));
+    std::snprintf(b, sizeof b,
+                  "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#333\"/><text x=\"%.1f\" "
+                  "y=\"%d\" text-anchor=\"middle\">%s</text>",
+                  x, x, top + bar_h, top + bar_h + 3, x, top + bar_h + 13, label.c_str());
+    o += b;
+  };
+  // Powers of ten that keep clear of the maximum's label (at least 15 % of the bar away).
+  for (double v = 1; v < max; v *= 10)
+    if (lmax <= 0 || std::log1p(v) / lmax < 0.85) tick(v, v < 1e4 ? fmt("%.0f", v) : fmt("1e%.0f", std::log10(v)));
+  tick(std::max(max, 0.0), fmt("%.0f", std::max(max, 0.0)));
+  std::snprintf(b, sizeof b,
+                "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">co-activations per block pair (log scale; max "
+                "%.0f)</text></svg>",
+                x0 + bar_w / 2, H - 2, std::max(max, 0.0));
+  return o + b;
 }
 
 std::string base64_encode(const std::string& in) {
@@ -291,16 +337,24 @@ std::string report_html(const ReportOptions& o, Progress* progress) {
       orders.push_back(primary_order(lays[k].layers[l].order, m.n_neurons));  // a replica's first copy
       captions.push_back(names[k] + " order");
     }
+    std::vector<std::vector<double>> blocks(orders.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t k = 0; k < int64_t(orders.size()); ++k)
+      blocks[size_t(k)] = coactivation_blocks(m, orders[size_t(k)], px);
+    double scale_max = 0;  // one colour scale for the layer's heatmaps, so that their colours compare
+    for (const auto& bl : blocks)
+      for (double v : bl) scale_max = std::max(scale_max, v);
     std::vector<std::string> pngs(orders.size());
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t k = 0; k < int64_t(orders.size()); ++k)
-      pngs[size_t(k)] = heatmap_png(coactivation_blocks(m, orders[size_t(k)], px), px);
+      pngs[size_t(k)] = heatmap_png(blocks[size_t(k)], px, scale_max);
     h += "<h2>Layer " + std::to_string(l) + "</h2>\n<p>" + std::to_string(m.n_neurons) +
          " neurons. Co-activation counts of neuron pairs (both active at a token; a neuron with itself left out), "
          "slots in " +
          std::to_string(px) + " blocks of " + fmt("%.4g", double(m.n_neurons) / px) +
-         " each, summed per block pair; log colour scale from white (none) through purple to yellow (most).</p>\n"
-         "<div class=\"maps\">";
+         " each, summed per block pair; log colour scale from white (none) through purple to yellow (most), the same "
+         "for every map of the layer:</p>\n" +
+         heatmap_scale_svg(scale_max, "viridis-layer" + std::to_string(l)) + "\n<div class=\"maps\">";
     for (size_t k = 0; k < pngs.size(); ++k)
       h += "<figure><img alt=\"" + html_escape(captions[k]) + "\" src=\"data:image/png;base64," +
            base64_encode(pngs[k]) + "\"><figcaption>" + html_escape(captions[k]) + "</figcaption></figure>";

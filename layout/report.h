@@ -26,8 +26,14 @@ struct ReportOptions {
 // block I and j in block J, both active at the token. Symmetric. pixels must be 1..n_neurons.
 std::vector<double> coactivation_blocks(const LayerMask& m, const std::vector<uint32_t>& order, uint32_t pixels);
 
-// RGB PNG of a pixels x pixels block matrix on a log colour scale (0 = white, then viridis up to the maximum).
-std::string heatmap_png(const std::vector<double>& blocks, uint32_t pixels);
+// RGB PNG of a pixels x pixels block matrix on a log colour scale: 0 = white, then viridis by log1p(v) / log1p(max)
+// up to `max` (values above it are drawn as `max`); max <= 0 takes the matrix's own maximum. The report draws a
+// layer's heatmaps on one scale (the largest block of any of them) so that their colours compare.
+std::string heatmap_png(const std::vector<double>& blocks, uint32_t pixels, double max = 0);
+
+// The colour scale (legend) of heatmap_png(..., max) as an inline SVG: a white swatch for 0, the viridis bar with
+// tick labels at powers of ten and at `max`, log-spaced as the colours are. `id` names its gradient (unique per page).
+std::string heatmap_scale_svg(double max, const std::string& id = "viridis");
 
 std::string base64_encode(const std::string& bytes);
 

@@ -5,13 +5,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 
 #include "formats/core/atomic_file.h"
+#include "formats/layout.h"
 #include "formats/trace.h"
 #include "layout/report.h"
 #include "layout/synthetic.h"
@@ -131,6 +134,32 @@ TEST_CASE("base64 and heatmap PNG") {
   CHECK((px[9] == 253 && px[10] == 231 && px[11] == 37));  // maximum -> viridis yellow
   CHECK(px[3] + px[4] + px[5] < px[6] + px[7] + px[8]);    // log scale: darker below the maximum
   stbi_image_free(px);
+  // On a given scale (the report's one scale per layer), 1000 is no longer the top colour; 2000 would be.
+  png = heatmap_png(b, 2, 2000);
+  px = stbi_load_from_memory(reinterpret_cast<const unsigned char*>(png.data()), int(png.size()), &w, &h, &ch, 3);
+  REQUIRE(px);
+  CHECK_FALSE((px[9] == 253 && px[10] == 231 && px[11] == 37));
+  CHECK((px[0] == 255 && px[1] == 255 && px[2] == 255));
+  stbi_image_free(px);
+}
+
+// Issue 57: the heatmaps had no colour scale. The legend shows white for 0, the same nine viridis stops the PNGs
+// interpolate, and ticks at log1p(count) / log1p(max) of the bar, labelled up to the maximum.
+TEST_CASE("heatmap colour scale") {
+  const std::string svg = heatmap_scale_svg(12345, "g1");
+  CHECK(svg.rfind("<svg class=\"colour-scale\"", 0) == 0);
+  CHECK(count_of(svg, "<stop ") == 9);
+  CHECK(svg.find("stop-color=\"rgb(68,1,84)\"") != std::string::npos);     // viridis at 0
+  CHECK(svg.find("stop-color=\"rgb(253,231,37)\"") != std::string::npos);  // and at the maximum
+  CHECK(svg.find("fill=\"url(#g1)\"") != std::string::npos);
+  CHECK(svg.find("fill=\"#fff\"") != std::string::npos);  // the swatch for 0
+  for (const char* label : {">0<", ">1<", ">10<", ">100<", ">1000<", ">12345<", "max 12345)"})
+    CHECK_MESSAGE(svg.find(label) != std::string::npos, label);
+  CHECK(svg.find(">10000<") == std::string::npos);  // too close to the maximum's label: left out
+  // The tick of 100 sits where heatmap_png puts the colour of 100: log1p(100) / log1p(12345) along the 380 px bar.
+  char x[32];
+  std::snprintf(x, sizeof x, "x=\"%.1f\" y=", 60 + 380 * std::log1p(100.0) / std::log1p(12345.0));
+  CHECK_MESSAGE(svg.find(x) != std::string::npos, x);
 }
 
 TEST_CASE("nl-layout report: page content, eval figures, determinism, bad input, Chromium screenshot") {
@@ -160,8 +189,27 @@ TEST_CASE("nl-layout report: page content, eval figures, determinism, bad input,
     CHECK(h == 256);
     stbi_image_free(px);
   }
-  CHECK(count_of(html, "<svg") == 2);
+  CHECK(count_of(html, "<svg") == 4);  // per layer: the heatmaps' colour scale and the read-length histogram
   CHECK(html.find("http://") == html.find("http://www.w3.org/2000/svg"));  // no external resources
+  // One colour scale per layer, shared by its maps: its maximum is the largest block of any of the layer's orders.
+  CHECK(count_of(html, "<svg class=\"colour-scale\"") == 2);
+  {
+    TraceReader tr("rep_test.h5");
+    const Layout g = layout_load("rep_greedy.json", &tr.info());
+    for (uint32_t l = 0; l < 2; ++l) {
+      const LayerMask m = tr.read_layer(l);
+      std::vector<uint32_t> ident(256);
+      for (uint32_t n = 0; n < 256; ++n) ident[n] = n;
+      double mx = 0;
+      const std::vector<uint32_t>* orders[] = {&ident, &g.layers[l].order};
+      for (const std::vector<uint32_t>* order : orders)
+        for (double v : coactivation_blocks(m, *order, 256)) mx = std::max(mx, v);
+      const std::string label = "max " + std::to_string(uint64_t(mx)) + ")";
+      CHECK_MESSAGE(html.find(label) != std::string::npos, label);
+    }
+  }
+  CHECK(count_of(html, "<th>rd/grd</th>") == 3);  // with greedy in the report: the total and each layer's table
+  CHECK(html.find("model clustered,") != std::string::npos);
   CHECK(html.find("src=\"http") == std::string::npos);
   // The eval table shows nl-layout eval's figures (same code, same options).
   REQUIRE(run("-q eval --trace rep_test.h5" + lays + " --json", &out) == 0);
@@ -182,6 +230,19 @@ TEST_CASE("nl-layout report: page content, eval figures, determinism, bad input,
   CHECK(run("report --trace rep_test.h5 --layout rep_broken.json --out rep_bad.html") == 3);
   CHECK(read_file("rep_err.txt").find("rep_broken.json") != std::string::npos);
   CHECK(::access("rep_bad.html", F_OK) != 0);
+  // Issue 57: without a greedy layout the rd/grd and io/grd columns were all "-": they are left out (likewise
+  // rd/idn and io/idn without identity), and every row has as many cells as the header.
+  REQUIRE(run("-q report --trace rep_test.h5 --layout rep_identity.json --layers 0 --out rep_nogreedy.html") == 0);
+  const std::string ng = read_file("rep_nogreedy.html");
+  CHECK(ng.find("rd/grd") == std::string::npos);
+  CHECK(ng.find("io/grd") == std::string::npos);
+  CHECK(count_of(ng, "<th>rd/idn</th>") == 2);
+  CHECK(count_of(ng, "<th>") == 2 * 10);  // 8 figures + 2 ratios, in the total and the layer table
+  CHECK(count_of(ng, "<td>") == 2 * 10);  // one identity row in each
+  REQUIRE(run("-q report --trace rep_test.h5 --layout rep_greedy.json --layers 0 --out rep_nogreedy.html") == 0);
+  const std::string ni = read_file("rep_nogreedy.html");  // greedy alone: its ratios to itself, no identity ratios
+  CHECK(ni.find("rd/idn") == std::string::npos);
+  CHECK(count_of(ni, "<th>rd/grd</th>") == 2);
 
   const char* chromium = "/usr/bin/chromium";
   if (::access(chromium, X_OK) != 0) {
