@@ -30,6 +30,24 @@ struct RunArgs {
   bool no_store_tokens = false;
 };
 
+// The trace's default model name: the --model file's or folder's name, or the folder's above it when that name says
+// nothing (a Hugging Face folder called `model`, its config.json or *.safetensors): datasets/tiny-relu/model ->
+// tiny-relu, not "model".
+std::string default_model_name(const std::string& model) {
+  namespace fs = std::filesystem;
+  fs::path p = fs::path(model).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();  // a trailing slash
+  if (p.filename() == "config.json" || p.extension() == ".safetensors") p = p.parent_path();
+  if (p.filename() == "model" || p.filename() == "." || p.empty()) {
+    fs::path abs = fs::absolute(p).lexically_normal();
+    if (!abs.has_filename()) abs = abs.parent_path();
+    if (abs.filename() == "model" && abs.has_parent_path() && abs.parent_path().has_filename())
+      return abs.parent_path().filename().string();
+    return abs.filename().string();
+  }
+  return p.filename().string();
+}
+
 void add_run_model_options(CLI::App* c, RunArgs& a) {
   c->add_option("--model", a.model, "Model: llama2.c .bin, or a Hugging Face folder / config.json / model.safetensors")
       ->required()
@@ -38,7 +56,10 @@ void add_run_model_options(CLI::App* c, RunArgs& a) {
   c->add_option("--tokenizer", a.tokenizer, "Tokenizer: llama2.c tokenizer.bin or SentencePiece .model")
       ->check(CLI::ExistingFile)
       ->group("Model");
-  c->add_option("--model-name", a.model_name, "Name stored in the trace (default: the --model path)")->group("Model");
+  c->add_option(
+       "--model-name", a.model_name,
+       "Name stored in the trace (default: the --model file or folder name; its parent's when that is `model`)")
+      ->group("Model");
 }
 
 void add_run_input_options(CLI::App* c, RunArgs& a) {
@@ -151,7 +172,7 @@ void run_main(const RunArgs& a, const GlobalOptions& g) {
 
   Model model(w, seq_len);
   ProfileOptions po;
-  po.model_name = a.model_name.empty() ? std::filesystem::path(a.model).filename().string() : a.model_name;
+  po.model_name = a.model_name.empty() ? default_model_name(a.model) : a.model_name;
   po.rule = ActivationRule::parse(a.activation == "auto" ? (c.act == FfnAct::kRelu ? "relu>0" : "calibrated:0.3")
                                                          : a.activation);
   po.batch_tokens = a.batch;

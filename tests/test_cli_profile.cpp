@@ -79,6 +79,27 @@ TEST_CASE("nl-profile run: text -> profile + test traces with a JSON summary" *
   CHECK(r.code == 2);
 }
 
+// Issue 57: the bundled model's folder is called `model`, and the trace (and the report, and this command's summary)
+// called it "model model"; the name is now the folder above it, however --model names the folder.
+TEST_CASE("nl-profile run names a model folder called `model` after its parent") {
+  const std::string dir = std::string(NL_SOURCE_DIR) + "/datasets/tiny-relu/model";
+  std::ofstream(tmp("relu_ids.txt")) << "100 200 300 400 500 600 700 800\n";
+  int k = 0;
+  for (const std::string& m : {dir, dir + "/", dir + "/config.json", dir + "/model.safetensors", dir + "/../model"}) {
+    const std::string out = tmp("name" + std::to_string(k++) + ".h5");
+    Result r = run("run --model " + m + " --token-ids " + tmp("relu_ids.txt") + " --out " + out);
+    INFO(m << "\n" << r.err);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.rfind("model tiny-relu: 4 layers x 512 neurons (relu)", 0) == 0);
+    CHECK(nl::TraceReader(out).info().model == "tiny-relu");
+  }
+  // --model-name still wins.
+  Result r = run("run --json --model " + dir + " --model-name mine --token-ids " + tmp("relu_ids.txt") + " --out " +
+                 tmp("named.h5"));
+  REQUIRE(r.code == 0);
+  CHECK(nlohmann::json::parse(r.out)["model"] == "mine");
+}
+
 TEST_CASE("nl-profile convert and generate" *
           nl::test::needs_models({"llama2c-stories260K/stories260K.bin", "llama2c-stories260K/tok512.bin"})) {
   const std::string bin = std::string(NL_MODELS_DIR) + "/llama2c-stories260K/stories260K.bin";
