@@ -88,6 +88,22 @@ void eval_main(const EvalArgs& a, const GlobalOptions& g) {
     if (seen[name]++) name += "#" + std::to_string(seen[name]);
     rows.push_back(Row{name, f, {}, std::vector<LayerEval>(ti.n_layers)});
   }
+  // --require's layout and metric names are checked now, before the evaluation (exit 2 at once, not after it).
+  for (const auto& expr : a.require)
+    gate_check(expr, [&](const std::string& lay, const std::string& met, double& v) {
+      std::string names;
+      bool known = false;
+      for (const auto& r : rows) {
+        known |= r.name == lay;
+        names += (names.empty() ? "" : ", ") + r.name;
+      }
+      if (!known)
+        throw UsageError("--require \"" + expr + "\": no layout named '" + lay + "' (the layouts: " + names + ")");
+      bool ok;
+      Row{}.metric(met, ok);
+      v = 1;
+      return ok;
+    });
   Progress prog("eval", ti.n_layers, !g.quiet, "layers");
   TraceEval te = evaluate_trace(tr, lays, ec, {}, &prog, a.layout_cache);
   // Layout-free statistics of the trace and the order gain they predict (layout/trace_stats.h).

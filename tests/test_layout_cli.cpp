@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -108,6 +109,17 @@ TEST_CASE("solve is byte-identical across runs; eval prints figures and enforces
   CHECK(read_file("cli_err.txt").find("quality gate violated: identity.reads <= 0.5 * greedy.reads") !=
         std::string::npos);
   CHECK(run("eval --trace cli_test.h5 " + layouts + " --require \"identity.nope <= 1\"") == kExitUsage);
+  // Issue 57: an unknown layout name failed only after the whole evaluation; now at once (no progress line on
+  // stderr, just the error), naming the layouts there are.
+  CHECK(run("eval --trace cli_test.h5 " + layouts + " --require \"grdy.reads <= identity.reads\"") == kExitUsage);
+  const std::string err = read_file("cli_err.txt");
+  CHECK(err.rfind("nl-layout: error: --require \"grdy.reads <= identity.reads\": no layout named 'grdy'", 0) == 0);
+  CHECK(err.find("(the layouts: identity, greedy, ") != std::string::npos);
+  CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+  CHECK(run("eval --trace cli_test.h5 " + layouts + " --require \"greedy.nope <= 1\"") == kExitUsage);
+  const std::string err2 = read_file("cli_err.txt");
+  CHECK(std::count(err2.begin(), err2.end(), '\n') == 1);
+  CHECK(err2.find("unknown layout or metric 'greedy.nope'") != std::string::npos);
   // --bundle-for MODEL --dtype D: the bytes pack stores for that model (formats/core/image.h), priced by eval and
   // recorded by greedy+ls; the shape's FFN width must be the trace's.
   auto eval_bytes = [&](const std::string& opts) {
