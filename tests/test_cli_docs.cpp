@@ -120,9 +120,11 @@ TEST_CASE("the worked example in docs/cli.md runs as written" *
   int rc = run("(cd docs_ex/root && bash -euo pipefail ../example.sh)", &out);
   INFO(block << "\n--- stdout:\n" << out << "\n--- stderr:\n" << nl::read_file("docs_err.txt"));
   REQUIRE(rc == 0);
+  // Issue 57: the documented path is clean (pack warned that the layout was solved for other bundles).
+  CHECK(nl::read_file("docs_err.txt").find("warning") == std::string::npos);
   // What the reader is told to expect: a profile, layouts, the eval table with the gate, the report page.
-  for (const char* f : {"profile.h5", "test.h5", "identity.json", "greedy.json", "greedy-ls.json", "report.html",
-                        "model.nlw", "model.nlw.json"})
+  for (const char* f : {"profile.h5", "test.h5", "identity.json", "greedy.json", "greedy-ls.json", "packed.json",
+                        "report.html", "model.nlw", "model.nlw.json"})
     CHECK_MESSAGE(fs::exists(std::string("docs_ex/root/example/") + f), f);
   CHECK(out.find("gate ok: greedy+ls.io_ms <= identity.io_ms") != std::string::npos);
   CHECK(out.find("wrote report.html") != std::string::npos);
