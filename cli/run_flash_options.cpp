@@ -119,13 +119,8 @@ std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& 
                        "planner.gap '" + a.planner.gap + "' is not off, auto, auto-keep-runs or a bundle count");
     }
   }
-  const bool gap_given = a.gap_opt && a.gap_opt->count() > 0,
-             ratio_given = a.cache_ratio_opt && a.cache_ratio_opt->count() > 0;
-  if (!a.planner.empty() && (!gap_given || !ratio_given))
-    info(g, "planner settings from the manifest (" + a.planner.from +
-                "):" + (gap_given ? "" : " gap " + a.planner.gap) +
-                (ratio_given ? "" : " cache ratio " + std::to_string(a.planner.cache_ratio)) +
-                (a.device.empty() ? ", device " + a.planner.device : ""));
+  // Where the planner settings came from is said with the summary (flash_report), not here: an error after the
+  // image opened would otherwise follow this note, two lines instead of one.
   if (img->manifest().source.find(kSyntheticWeightsNote) != std::string::npos)
     info(g, img->image_path() + ": " + kSyntheticWeightsNote);
   return img;
@@ -211,6 +206,13 @@ void flash_report(const FlashArgs& a, const GlobalOptions& g, const FlashImage& 
     m["per_token"] = std::move(per_token);
     write_file_atomic(a.metrics, json_dump(m, 1) + "\n");
   }
+  const bool gap_given = a.gap_opt && a.gap_opt->count() > 0,
+             ratio_given = a.cache_ratio_opt && a.cache_ratio_opt->count() > 0;
+  if (!a.planner.empty() && (!gap_given || !ratio_given))
+    info(g, "planner settings from the manifest (" + a.planner.from +
+                "):" + (gap_given ? "" : " gap " + a.planner.gap) +
+                (ratio_given ? "" : " cache ratio " + std::to_string(a.planner.cache_ratio)) +
+                (a.device.empty() ? ", device " + a.planner.device : ""));
   if (g.json) {
     std::printf("%s\n", json_dump(j, 1).c_str());
     return;

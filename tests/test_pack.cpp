@@ -489,6 +489,18 @@ TEST_CASE("pack records the layout's planner settings; nl-run follows them unles
   CHECK(j["gap"] == "off");
   CHECK(j["cache_ratio"] == 0.0);
 
+  // Issue 57: the note "planner settings from the manifest" was printed as the image opened, so an error found after
+  // that (here: prompt + steps beyond the context) came as two lines; the note now comes with the summary.
+  CHECK(
+      sh("(" + bin + "nl-run generate --no-direct --image pack_plan/s.nlw --prompt-tokens 1 --steps 100000 >/dev/null)",
+         &out) == 2);
+  CHECK_MESSAGE(std::count(out.begin(), out.end(), '\n') == 1, out);
+  CHECK(out.rfind("nl-run: error: ", 0) == 0);
+  REQUIRE(sh("(" + bin + "nl-run generate --no-direct --image pack_plan/s.nlw --prompt-tokens 1 --steps 3 >/dev/null)",
+             &out) == 0);
+  CHECK_MESSAGE(out.find("planner settings from the manifest (layout): gap 3 cache ratio 0.1") != std::string::npos,
+                out);
+
   // Malformed planner settings: exit 3, one line naming the manifest.
   nlohmann::json mj = nlohmann::json::parse(read_file("pack_plan/s.nlw.json"));
   mj["planner"]["gap"] = "sometimes";
