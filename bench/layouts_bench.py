@@ -15,6 +15,9 @@ import sys
 import time
 
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(SRC, "bench"))
+from svg_plot import bar_panels, write_csv  # noqa: E402  (the figures' shared SVG writer)
+
 METHODS = ["identity", "frequency", "greedy", "greedy+ls"]
 
 
@@ -542,6 +545,56 @@ def offline_suite(r, a, work, results):
         shutil.rmtree(d, ignore_errors=True)
 
 
+def git_commit():
+    try:
+        return subprocess.run(["git", "-C", SRC, "describe", "--always", "--dirty", "--abbrev=7"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_figures(results, out_dir, gaps):
+    """The measured I/O time per token by layout (uring, O_DIRECT, each gap policy), one panel per workload, as
+    layouts_io.svg with the same numbers in layouts_io.csv beside it. Only rows this run measured are drawn."""
+    panels, csv_rows = [], []
+    series = ["gap=" + g for g in gaps]
+    work = [("%s shape (synthetic)" % k, v) for k, v in results["synthetic"].items()]
+    work += [("%s (real, %d B bundles)" % (k, v["bundle_bytes"]), v) for k, v in results["models"].items()]
+    for title, w in work:
+        groups = []
+        for m in METHODS:
+            d = {}
+            for x in w["rows"]:
+                if x.get("baseline") or x.get("layout") != m or x.get("engine") != "uring" or x["gap"] not in gaps:
+                    continue
+                io = x["io_ms"]
+                d["gap=" + x["gap"]] = (io["median"], io["min"], io["max"])
+                csv_rows.append([title, m, x["engine_used"], x["gap"], "%.6g" % io["median"], "%.6g" % io["min"],
+                                 "%.6g" % io["max"], len(io["samples"]), "%.6g" % x["reads"]["median"],
+                                 ("%.6g" % x["sim_ufs40_io_ms"]) if "sim_ufs40_io_ms" in x else ""])
+            if d:
+                groups.append((m, d))
+        if groups:
+            panels.append((title, groups))
+    if not panels:
+        return None
+    os.makedirs(out_dir, exist_ok=True)
+    when, commit = results.get("started", "date not recorded"), results.get("commit", "not recorded")
+    la0, la1 = results.get("load_start", [0])[0], results.get("load_end", [0])[0]
+    notes = ["Measured by bench/layouts_bench.py %s on %s, build %s," % (" ".join(results.get("argv", [])), when, commit),
+             "%d cores, load average %.1f at start and %.1f at end: nl-run replay of the held-out trace through each"
+             % (results.get("cores", 0), la0, la1),
+             "layout's image, real O_DIRECT reads on that machine's disk, %.0f %% cache. Bars: median of the alternated"
+             % (100 * results.get("cache", 0.05)),
+             "repetitions; whiskers: min-max. The numbers: layouts_io.csv beside this file."]
+    svg = os.path.join(out_dir, "layouts_io.svg")
+    bar_panels(svg, "I/O time per token by layout (nl-run replay, uring, O_DIRECT)", panels, series, "ms/token", notes)
+    write_csv(os.path.join(out_dir, "layouts_io.csv"),
+              ["workload", "layout", "engine", "gap", "io_ms_median", "io_ms_min", "io_ms_max", "repetitions",
+               "reads_per_token_median", "sim_ufs40_io_ms"], csv_rows)
+    return svg
+
+
 def models_dir_of(build):
     """NL_MODELS_DIR as the build was configured (CMakeCache.txt), else the bundled datasets/."""
     try:
@@ -580,7 +633,17 @@ def main():
     ap.add_argument("--offline-sequences", type=int, default=64, help="x 128 tokens measured (paper: 1024 x 128 = 131,072)")
     ap.add_argument("--keep", action="store_true", help="keep images and traces (default: delete images afterwards)")
     ap.add_argument("--json-out", help="write every figure here")
+    ap.add_argument("--figures", help="write layouts_io.svg and layouts_io.csv (its numbers) here (default: "
+                    "docs/figures; with --quick: WORK/figures, so a quick run leaves the documented figure alone)")
+    ap.add_argument("--figures-from", metavar="JSON", help="only redraw the figures from a run's --json-out file")
     a = ap.parse_args()
+    if a.figures_from:
+        with open(a.figures_from) as f:
+            saved = json.load(f)
+        METHODS[:] = [m for m in a.methods.split(",") if m]
+        fig = write_figures(saved, a.figures or os.path.join(SRC, "docs", "figures"), a.gaps.split(","))
+        print("figure: %s" % fig if fig else "no measured rows to draw in %s" % a.figures_from)
+        return
     if a.quick:
         a.shapes, a.layers, a.test_sequences, a.profile_sequences = "opt-6.7b", 2, 1, 32
         a.model_tokens, a.offline_sequences = 20000, 32
@@ -596,7 +659,8 @@ def main():
     print("## Layout benchmark (bench/layouts_bench.py%s)" % (" --quick" if a.quick else ""))
     print("machine: %d cores, %s; load average at start %s; free disk %.0f GiB under %s" % (
         os.cpu_count(), os.uname().release, loadavg(), st.free / 2**30, work))
-    results = {"synthetic": {}, "models": {}, "argv": sys.argv[1:], "cores": os.cpu_count(), "load_start": os.getloadavg()}
+    results = {"synthetic": {}, "models": {}, "argv": sys.argv[1:], "cores": os.cpu_count(), "load_start": os.getloadavg(),
+               "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": git_commit()}
     suites = a.suites.split(",")
     if "synthetic" in suites:
         for shape in a.shapes.split(","):
@@ -617,7 +681,12 @@ def main():
     if "offline" in suites:
         offline_suite(r, a, work, results)
     results["load_end"] = os.getloadavg()
+    results["cache"] = a.cache
     print("\nload average at end %s" % loadavg())
+    fig = write_figures(results, a.figures or (os.path.join(work, "figures") if a.quick else
+                                               os.path.join(SRC, "docs", "figures")), a.gaps)
+    if fig:
+        print("figure: %s (numbers beside it: layouts_io.csv)" % fig)
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump(results, f, indent=1)

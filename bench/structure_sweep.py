@@ -18,6 +18,9 @@ import struct
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from svg_plot import svg_open, svg_write  # noqa: E402  (the figures' shared SVG writer)
+
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORTUNES = "/usr/share/games/fortunes/fortunes"
 METHODS = ["greedy", "greedy+ls"]
@@ -261,12 +264,9 @@ def svg_plot(rows, fits, path):
     px = lambda x: L + (math.log(x) - x0) / (x1 - x0) * (W - L - R)
     py = lambda y: H - B - (math.log(y) - y0) / (y1 - y0) * (H - T - B)
     col = {"greedy": "#1f77b4", "greedy+ls": "#d62728"}
-    o = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">'
-         % (W, H), '<rect width="100%" height="100%" fill="white"/>',
-         '<text x="%d" y="22" font-size="14">Order gain over identity (good cache) vs modelled gain M — SYNTHETIC '
-         'structure sweep</text>' % L,
-         '<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (L, H - B, W - R, H - B),
-         '<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (L, T, L, H - B)]
+    o = svg_open(W, H, "Order gain over identity (good cache) vs modelled gain M — SYNTHETIC structure sweep", L)
+    o += ['<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (L, H - B, W - R, H - B),
+          '<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (L, T, L, H - B)]
     for v in [1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 7]:
         if x0 <= math.log(v) <= x1:
             o.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/><text x="%.1f" y="%d" '
@@ -301,11 +301,7 @@ def svg_plot(rows, fits, path):
     o.append('<text x="%d" y="%d">(not in the fit)</text>' % (lx, T + 104))
     o.append('<text x="%d" y="%d">dashed: log-log fit</text>' % (lx, T + 122))
     o.append('<text x="%d" y="%d">UFS 4.0, gap auto, 5 %% cache</text>' % (lx, T + 140))
-    o.append("</svg>")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write("\n".join(o) + "\n")
-    os.replace(tmp, path)
+    svg_write(path, o)
 
 
 def main():
