@@ -63,7 +63,7 @@ double parse_double_arg(const std::string& option, const std::string& text, doub
 void require_memory(const std::string& what, uint64_t bytes) {
   const uint64_t avail = mem_available_bytes();
   if (!avail || bytes <= avail) return;  // unknown: the allocation itself reports a refusal (exit 4)
-  throw IoError(what, "needs about " + bytes_figure(bytes) + " of memory and MemAvailable is " + bytes_figure(avail) +
+  throw IoError(what, "needs about " + format_bytes(bytes) + " of memory and MemAvailable is " + format_bytes(avail) +
                           ": refused before starting");
 }
 

@@ -20,6 +20,10 @@ void add_flash_image_options(CLI::App* c, FlashArgs& a) {
       ->group("Image");
   c->add_flag("--verify", a.verify, "Check every region's xxh64 at start-up (reads the whole image once)")
       ->group("Image");
+  c->add_flag("--verify-reads", a.verify_reads,
+              "Check every bundle read after start-up (xxh3-64) against a table built at start-up from the "
+              "checksummed regions (reads the FFN once more at start-up; cost in docs/robustness.md)")
+      ->group("Image");
 }
 
 void add_flash_io_options(CLI::App* c, FlashArgs& a) {
@@ -135,6 +139,7 @@ double FlashArgs::effective_cache_ratio() const {
 
 FlashFfnOptions flash_ffn_options(const FlashArgs& a, SelectMode select) {
   FlashFfnOptions o;
+  o.verify_reads = a.verify_reads;
   o.select = select;
   o.gap = GapPolicy::parse(a.effective_gap());
   if (!a.device.empty())

@@ -14,6 +14,7 @@ namespace nl::cli {
 struct FlashArgs {
   std::string image;
   bool verify = false;
+  bool verify_reads = false;  // --verify-reads: every bundle read checked against start-up checksums
   std::string io = "auto";  // uring where this kernel and build have it (overlap is real there), else pread
   bool buffered = false;    // --no-direct
   uint32_t queue_depth = 32;

@@ -17,6 +17,7 @@
 #include "formats/core/bitmask.h"
 #include "formats/core/error.h"
 #include "formats/core/progress.h"
+#include "runtime/io/file.h"
 #include "runtime/memory.h"
 #include "runtime/model/model.h"
 #include "runtime/sampler.h"
@@ -508,6 +509,11 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   MemoryPlan plan = memory_plan(man, context, residency, omp_get_max_threads(), current_rss_bytes(), read_batch,
                                 read_ahead, a.prefill_block, overlap == "none" ? 1 : kFfnOverlapReadBuffers);
   if (rank > 0) plan.ffn_resident += uint64_t(c.n_layers) * uint64_t(c.hidden_dim + c.dim) * uint64_t(rank) * 4;
+  if (fa.verify_reads) {  // the per-bundle checksum table (8 bytes a slot) and the one FFN region held to build it
+    for (int l = 0; l < c.n_layers; ++l) plan.scratch += uint64_t(man.n_slots(l)) * 8;
+    for (int l = 0; l < c.n_layers; ++l)
+      plan.load_transient = std::max(plan.load_transient, io_align_up(man.ffn(l).bytes));
+  }
   const bool ratio_given = a.cache_ratio_opt && a.cache_ratio_opt->count() > 0;
   // The ratio that runs: --cache-ratio, else the manifest's planner setting (effective_cache_ratio); the budget may
   // size it below. Both fields are set so that flash_ffn_options reads the same figure either way.

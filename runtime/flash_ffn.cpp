@@ -109,6 +109,7 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
       throw UsageError("--overlap " + std::string(overlap_mode_name(o.overlap)) + " does not read replicated images (" +
                        img_.manifest_path() + " holds flash replicas): use --overlap layer or none");
   }
+  if (o.verify_reads) sums_ = img_.bundle_sums();
   const FfnStaging fs = ffn_staging(m_, o.read_batch_bytes, o.read_ahead_bytes);  // as memory_plan charges them
   staging_cap_ = fs.batch;
   opt_.read_ahead_bytes = fs.read_ahead;
@@ -411,6 +412,7 @@ void FlashFfn::load_pinned(int layer, const std::vector<uint32_t>& pinned) {
       spans_.push_back({pieces_[p].offset, pieces_[p].length, staging_.data() + pieces_[p].pos});
     img_.io().read(spans_.data(), spans_.size());
     cur_batch_ = int(b), cur_p0_ = p0, cur_p1_ = p1;
+    verify_pieces(layer, p0, p1);
     for (; k < active_.size() && active_[k] < pieces_[p1 - 1].slot_end; ++k)
       slab_put(layer, active_[k], bundle(layer, active_[k]));
     pinned_bytes_read_ += [&] {
@@ -514,6 +516,20 @@ const uint8_t* FlashFfn::bundle(int layer, uint32_t slot) const {
                       " neither read nor cached");
 }
 
+void FlashFfn::verify_pieces(int layer, size_t p0, size_t p1) const {
+  if (sums_.empty()) return;
+  const std::vector<uint64_t>& sums = sums_[size_t(layer)];
+  for (size_t p = p0; p < p1; ++p)
+    for (uint32_t s = pieces_[p].slot_begin; s < pieces_[p].slot_end; ++s) {
+      const uint64_t got = xxh3_of(bundle(layer, s), m_.bundle_bytes);
+      if (got != sums[s])
+        throw InputError(img_.image_path(), "bundle slot " + std::to_string(s) + " of layer " + std::to_string(layer) +
+                                                " read back as other bytes (xxh3 " + hex64(got) + ", " +
+                                                hex64(sums[s]) +
+                                                " at start-up): the storage returned corrupt data (--verify-reads)");
+    }
+}
+
 void FlashFfn::coefficients(size_t j0, size_t j1, const uint32_t* ids, GateFrom from) {
   // kernels::ffn_bundles's first phase, number for number: h_k = g_k * (up_k . x), zero when g_k is zero.
   const kernels::BundleGate gate = from == GateFrom::kGiven        ? kernels::BundleGate::kGiven
@@ -589,6 +605,7 @@ void FlashFfn::load_batches(int layer, const std::function<void(uint32_t, bool)>
     img_.io().read(spans_.data(), spans_.size());
     io += since(ti);
     cur_batch_ = int(b), cur_p0_ = p0, cur_p1_ = p1;
+    verify_pieces(layer, p0, p1);
     slab_keep(layer, p0, p1);
     if (landed) landed(pieces_[p1 - 1].slot_end, false);
     p0 = p1;
@@ -1175,6 +1192,7 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
       ov_.bundles_computed += hi - lo;
     };
     auto ready = [&](size_t ri) {
+      verify_pieces(layer, ri, ri + 1);
       --left;
       if (per_read) publish(read_active_[ri].first, read_active_[ri].second);
     };

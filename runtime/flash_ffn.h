@@ -104,6 +104,9 @@ struct FlashFfnOptions {
   OverlapMode overlap = OverlapMode::kNone;
   uint64_t read_batch_bytes = kFfnReadBatchBytes;  // the FFN read staging (memory.h)
   uint64_t read_ahead_bytes = kFfnReadAheadBytes;  // cross: the read-ahead bound (memory.h)
+  // --verify-reads: every bundle read from the image after start-up is hashed (xxh3-64) and compared with the table
+  // FlashImage::bundle_sums() built at start-up from checksummed regions; a mismatch is InputError (exit 3).
+  bool verify_reads = false;
 };
 
 // Threshold selection: the |act(gate x)| mass and the neuron count the threshold keeps against all neurons (gate
@@ -169,6 +172,10 @@ class FlashFfn : public FfnProvider {
   uint64_t pinned_bytes_read() const { return pinned_bytes_read_; }
 
  private:
+  // --verify-reads: the bundles of pieces [p0, p1) of the batch now in place against sums_ (InputError on a mismatch).
+  void verify_pieces(int layer, size_t p0, size_t p1) const;
+  std::vector<std::vector<uint64_t>> sums_;  // --verify-reads: per layer, slot -> xxh3-64 of its bundle
+
   FlashImage& img_;
   FlashFfnOptions opt_;
   const ImageManifest& m_;

@@ -68,6 +68,19 @@ uint64_t FlashImage::read_region(size_t index, AlignedBuffer* buf) {
   return bytes;
 }
 
+std::vector<std::vector<uint64_t>> FlashImage::bundle_sums() {
+  std::vector<std::vector<uint64_t>> sums(size_t(m_.config.n_layers));
+  AlignedBuffer buf;
+  for (int l = 0; l < m_.config.n_layers; ++l) {
+    read_region(size_t(1 + l), &buf);
+    const uint32_t n = m_.n_slots(l);
+    sums[size_t(l)].resize(n);
+    for (uint32_t s = 0; s < n; ++s)
+      sums[size_t(l)][s] = xxh3_of(buf.data() + uint64_t(s) * m_.bundle_bytes, m_.bundle_bytes);
+  }
+  return sums;
+}
+
 void FlashImage::verify_all() {
   AlignedBuffer buf;
   for (size_t i = 0; i < m_.regions.size(); ++i)

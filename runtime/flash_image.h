@@ -47,6 +47,10 @@ class FlashImage {
   // alignment); `buf` grows to hold them and never shrinks, so it may be larger when reused.
   uint64_t read_region(size_t index, AlignedBuffer* buf);
   void verify_all();
+  // --verify-reads: every FFN region read once (its xxh64 checked, as verify_all), and per layer the xxh3-64 of each
+  // slot's bundle bytes, against which every later read of a bundle is checked (FlashFfn). Layer by layer: one
+  // region in memory at a time; the table is 8 bytes a slot.
+  std::vector<std::vector<uint64_t>> bundle_sums();
   bool region_verified(size_t index) const { return verified_[index] != 0; }
 
   // The dense weights decoded to fp32 (FFN matrices left empty; the profiler, tests). Verifies the dense region.

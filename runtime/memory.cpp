@@ -186,16 +186,4 @@ uint32_t cache_bundles_for_budget(const MemoryPlan& plan, const ImageManifest& m
   return uint32_t(std::min<uint64_t>(per_layer / plan.cache_bundle_cost, uint64_t(m.config.hidden_dim)));
 }
 
-std::string format_bytes(uint64_t b) {
-  // Cut, never rounded up: a budget message must not overstate what fits.
-  char buf[64];
-  if (b >= (1ULL << 30))
-    std::snprintf(buf, sizeof buf, "%.2f GiB", std::floor(double(b) / double(1ULL << 30) * 100) / 100);
-  else if (b >= (1ULL << 20))
-    std::snprintf(buf, sizeof buf, "%.1f MiB", std::floor(double(b) / double(1ULL << 20) * 10) / 10);
-  else
-    std::snprintf(buf, sizeof buf, "%.1f KiB", std::floor(double(b) / 1024.0 * 10) / 10);
-  return buf;
-}
-
 }  // namespace nl

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "formats/core/atomic_file.h"  // format_bytes
 #include "formats/core/image.h"
 
 namespace nl {
@@ -83,8 +84,5 @@ MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, in
                        int prefill_block = kPrefillBlockTokens, int read_buffers = 1);
 // Neuron-cache bundles per layer that fit in `budget - plan.fixed()` (0 when nothing is left), at most hidden_dim.
 uint32_t cache_bundles_for_budget(const MemoryPlan& plan, const ImageManifest& m, uint64_t budget);
-
-// "1.50 GiB", "512.0 MiB", "12.0 KiB" (binary units, for messages).
-std::string format_bytes(uint64_t b);
 
 }  // namespace nl

@@ -151,9 +151,11 @@ class Bench:
     def __init__(self, a):
         self.a = a
         self.budget_rows = [m for m in a.budget_rows.split(",") if m]
-        for m in self.budget_rows:
-            if m not in LAYOUTS:
-                raise SystemExit("e2e: --budget-rows: unknown layout '%s' (one of %s)" % (m, ", ".join(LAYOUTS)))
+        self.verify_rows = [m for m in a.verify_rows.split(",") if m]
+        for opt, ms in (("--budget-rows", self.budget_rows), ("--verify-rows", self.verify_rows)):
+            for m in ms:
+                if m not in LAYOUTS:
+                    raise SystemExit("e2e: %s: unknown layout '%s' (one of %s)" % (opt, m, ", ".join(LAYOUTS)))
         self.cli = os.path.join(os.path.abspath(a.build), "cli")
         self.work = a.work
         os.makedirs(self.work, exist_ok=True)
@@ -596,6 +598,9 @@ class Bench:
                                  (["--read-ahead", on[1]] if len(on) > 1 else [])))
             else:
                 variants.append((nl_row(m, None), m, True, ratio))
+            if m in self.verify_rows:  # the overlap-on row again with every bundle read checked (--verify-reads)
+                on_row = variants[-1]
+                variants.append((nl_verify_row(m), m, True, list(on_row[3]) + ["--verify-reads"]))
             if m in self.budget_rows:  # the user's way: the cap as nl-run's --memory-budget, which sizes the cache
                 variants.append((nl_budget_row(m), m, True, (["--io", "uring"] if self.has_overlap else []) +
                                  ["--memory-budget", str(cap)]))
@@ -768,6 +773,11 @@ def nl_row(method, overlap):
     return "nl-run %s%s, capped" % (method, {True: ", overlap on", False: ", overlap off", None: ""}[overlap])
 
 
+def nl_verify_row(method):
+    """The row name of nl-run with a layout, overlap on, every bundle read checked (--verify-reads)."""
+    return "nl-run %s, overlap on, --verify-reads, capped" % method
+
+
 def nl_budget_row(method):
     """The row name of nl-run with a layout under --memory-budget = the cap (default overlap; the cache it sizes)."""
     return "nl-run %s, --memory-budget = cap, capped" % method
@@ -879,6 +889,13 @@ def print_shape(res):
         print("%-40s %-26s %-26s %-22s %-14.0f %-14.1f %-9s %-9s %-7s" % (
             name, fr(r["ttft_ms"], "%.1f"), fr(r["decode_ms"]), fr(r["tok_s"], "%.1f"),
             med(r["read_bytes_per_token"]), med(r["peak_rss_mib"]), vs_l, vs_i, share))
+    for name, r in rows.items():  # --verify-rows: what checking every bundle read costs, against the same row without
+        plain = name.replace(", --verify-reads", "")
+        if name != plain and "decode_ms" in r and "decode_ms" in rows.get(plain, {}):
+            v, b = med(r["decode_ms"]), med(rows[plain]["decode_ms"])
+            print("--verify-reads: %s decode %.2f against %.2f ms/token without: %+.1f %% (medians; TTFT %.1f against "
+                  "%.1f ms)" % (name.split(",")[0], v, b, 100 * (v / b - 1), med(r["ttft_ms"]),
+                                                   med(rows[plain]["ttft_ms"])))
     dec = [(n, r) for n, r in rows.items() if "decode_ffn_read_per_token" in r]
     if dec:
         print("FFN flash bytes per decode pass (nl-run --metrics, the passes after the prompt), needed / read:")
@@ -940,6 +957,9 @@ def main():
     ap.add_argument("--budget-rows", default="",
                     help="comma-separated layouts (identity,greedy,greedy+ls) that also get a row with nl-run's "
                          "--memory-budget set to the cap (the cache sized from it) instead of --cache-ratio 0.1")
+    ap.add_argument("--verify-rows", default="",
+                    help="comma-separated layouts whose overlap-on row is also run with nl-run --verify-reads, "
+                         "alternated with it (the cost of checking every bundle read; docs/robustness.md)")
     ap.add_argument("--no-kernel-row", action="store_true",
                     help="skip the kernel row (llama-bench and nl-run --select dense, all in DRAM) after the rows")
     ap.add_argument("--one-image-at-a-time", action="store_true",

@@ -9,7 +9,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>  // program_invocation_short_name (GNU)
+#include <cerrno>
+#include <cmath>  // program_invocation_short_name (GNU)
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -331,15 +332,16 @@ std::string read_file(const std::string& path, uint64_t max_bytes) {
   return out;
 }
 
-std::string bytes_figure(uint64_t bytes) {
-  char b[64];
-  if (bytes >= (1ull << 30))
-    std::snprintf(b, sizeof b, "%.1f GiB", double(bytes) / double(1ull << 30));
-  else if (bytes >= (1ull << 20))
-    std::snprintf(b, sizeof b, "%.1f MiB", double(bytes) / double(1ull << 20));
+std::string format_bytes(uint64_t b) {
+  // Cut, never rounded up: a budget message must not overstate what fits.
+  char buf[64];
+  if (b >= (1ULL << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", std::floor(double(b) / double(1ULL << 30) * 100) / 100);
+  else if (b >= (1ULL << 20))
+    std::snprintf(buf, sizeof buf, "%.1f MiB", std::floor(double(b) / double(1ULL << 20) * 10) / 10);
   else
-    std::snprintf(b, sizeof b, "%llu bytes", static_cast<unsigned long long>(bytes));
-  return b;
+    std::snprintf(buf, sizeof buf, "%.1f KiB", std::floor(double(b) / 1024.0 * 10) / 10);
+  return buf;
 }
 
 void require_disk_space(const std::string& output_path, uint64_t bytes, const std::string& what) {
@@ -349,8 +351,8 @@ void require_disk_space(const std::string& output_path, uint64_t bytes, const st
   if (::statvfs(folder.c_str(), &vs) != 0) return;  // the writer reports an unusable folder in its own words
   const unsigned __int128 avail = (unsigned __int128)vs.f_bavail * vs.f_frsize;
   if (bytes <= avail) return;
-  throw IoError(output_path, what + " needs " + bytes_figure(bytes) + " (" + std::to_string(bytes) +
-                                 " bytes) and its file system has " + bytes_figure(uint64_t(avail)) +
+  throw IoError(output_path, what + " needs " + format_bytes(bytes) + " (" + std::to_string(bytes) +
+                                 " bytes) and its file system has " + format_bytes(uint64_t(avail)) +
                                  " free: refused before writing anything");
 }
 

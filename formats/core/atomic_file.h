@@ -103,8 +103,8 @@ class AtomicWriter {
 // of `bytes` (exact, or a lower bound) to `output_path` when its folder's file system has less free (IoError, exit 4,
 // naming the output). The temporary file needs the room even when it replaces an existing output.
 void require_disk_space(const std::string& output_path, uint64_t bytes, const std::string& what);
-// "12.3 GiB" style figure for such messages.
-std::string bytes_figure(uint64_t bytes);
+// "1.50 GiB", "512.0 MiB", "12.0 KiB" (binary units, cut, never rounded up: for messages).
+std::string format_bytes(uint64_t b);
 
 // Writes a whole text file atomically.
 void write_file_atomic(const std::string& path, const std::string& content);

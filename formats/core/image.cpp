@@ -90,6 +90,7 @@ Xxh64::~Xxh64() { XXH64_freeState(static_cast<XXH64_state_t*>(state_)); }
 void Xxh64::update(const void* p, size_t n) { XXH64_update(static_cast<XXH64_state_t*>(state_), p, n); }
 uint64_t Xxh64::digest() const { return XXH64_digest(static_cast<const XXH64_state_t*>(state_)); }
 uint64_t xxh64_of(const void* p, size_t n) { return XXH64(p, n, 0); }
+uint64_t xxh3_of(const void* p, size_t n) { return XXH3_64bits(p, n); }
 
 std::string hex64(uint64_t v) {
   char b[17];
