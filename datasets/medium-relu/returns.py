@@ -175,9 +175,14 @@ def reassemble(args):
         sys.exit("returns.py: model.safetensors %s differs from the GPU side's %s" % (got, ret["model_sha256"]))
     if not args.keep_int8:
         os.remove(int8_path)
-    for name in ("config.json", "reference-greedy.json"):
-        with open(os.path.join(args.out, name), "wb") as f:
-            f.write(members[name])
+    with open(os.path.join(args.out, "config.json"), "wb") as f:
+        f.write(members["config.json"])
+    ref = json.loads(members["reference-greedy.json"])
+    rel = os.path.relpath(os.path.abspath(args.out), ROOT)
+    ref["model"] = rel if not rel.startswith("..") else os.path.basename(os.path.abspath(args.out))
+    with open(os.path.join(args.out, "reference-greedy.json"), "w") as f:  # as train.py writes it
+        json.dump(ref, f, indent=1)
+        f.write("\n")
     shutil.copyfile(args.tokenizer, os.path.join(args.out, "tokenizer.model"))
     if args.work:
         os.makedirs(args.work, exist_ok=True)

@@ -320,7 +320,7 @@ def export(model, cfg, sp_path, out_dir, dtype, meta, quant="none"):
     sd = model if isinstance(model, dict) else model.state_dict()
     if quant == "int8":
         # The model IS the int8-rounded weights: model-int8.safetensors (int8 matrices + float32 row scales,
-        # float32 vectors) rebuilds model.safetensors byte for byte (datasets/medium-relu/reassemble.py).
+        # float32 vectors) rebuilds model.safetensors byte for byte (datasets/medium-relu/returns.py).
         q = {}
         for k, v in sd.items():
             v = v.detach().cpu().float()
