@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU side of datasets/medium-relu (issue 55): one verb per device call, run from anywhere in the repository.
-#   gpu_run.sh check      which token-id parts are here (staged over several calls), the GPU, torch
+#   gpu_run.sh check      the GPU, torch, a smoke test of the model (smoke.py), which token-id parts are here
 #   gpu_run.sh train      check the parts -> train.py (budget TRAIN_SECONDS) -> int8 export -> pack -> part 1 in $OUT
 #   gpu_run.sh export     after a cut-off run: export the last checkpoint -> pack -> part 1 in $OUT
 #   gpu_run.sh fetch N    part N (2, ...) of the packed result in $OUT
@@ -77,7 +77,14 @@ train_py() {
 }
 
 case $VERB in
-  check) device_info; check ;;
+  check)  # also a smoke test of the run's model on this device (sdpa vs explicit attention, s/step)
+    device_info
+    "$PY" datasets/medium-relu/smoke.py "${ARGS[@]}" --max-seconds "$TRAIN_SECONDS"
+    smoke=$?
+    check
+    rc=$?
+    [ $smoke -eq 0 ] || { echo "gpu_run.sh: THE SMOKE TEST FAILED (exit $smoke)"; exit 4; }
+    exit $rc ;;
   train)
     device_info
     check || exit 3
