@@ -581,7 +581,13 @@ def write_figures(results, out_dir, gaps):
     os.makedirs(out_dir, exist_ok=True)
     when, commit = results.get("started", "date not recorded"), results.get("commit", "not recorded")
     la0, la1 = results.get("load_start", [0])[0], results.get("load_end", [0])[0]
-    notes = ["Measured by bench/layouts_bench.py %s on %s, build %s," % (" ".join(results.get("argv", [])), when, commit),
+    argv, skip = [], False  # the options that shape the run, without its scratch and output paths
+    for x in results.get("argv", []):
+        if skip or x in ("--build", "--work", "--json-out", "--figures", "--models-dir"):
+            skip = not skip and "=" not in x
+            continue
+        argv.append(x)
+    notes = ["Measured by bench/layouts_bench.py %s on %s, build %s," % (" ".join(argv), when, commit),
              "%d cores, load average %.1f at start and %.1f at end: nl-run replay of the held-out trace through each"
              % (results.get("cores", 0), la0, la1),
              "layout's image, real O_DIRECT reads on that machine's disk, %.0f %% cache. Bars: median of the alternated"

@@ -87,8 +87,9 @@ def bar_panels(path, title, panels, series, unit, notes=()):
                 if s in d:
                     med, lo, hi = d[s]
                     by = gy + i * bar_h
-                    o.append('<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"><title>%s, %s: %.4g %s '
-                             '[%.4g-%.4g]</title></rect>' % (L, by + 1, px(med) - L, bar_h - 2,
+                    # the tooltip has the numbers at the CSV's precision (6 digits), so the two can be compared
+                    o.append('<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"><title>%s, %s: %.6g %s '
+                             '[%.6g-%.6g]</title></rect>' % (L, by + 1, px(med) - L, bar_h - 2,
                                                              COLOURS[i % len(COLOURS)], esc(label), esc(s), med,
                                                              esc(unit), lo, hi))
                     o.append('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#222"/>'

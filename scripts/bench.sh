@@ -2,7 +2,8 @@
 # Benchmarks (not tests): each prints its figures and the ratios against baselines measured in the same run.
 #   scripts/bench.sh [BUILD] [--suite all|micro|layouts|e2e] [layouts options, e.g. --quick]
 #   micro:   every BUILD/bench/*_bench executable (graph, layout, profiler micro-benchmarks)
-#   layouts: bench/layouts_bench.py, layouts x engines x baselines on real disk reads (docs/benchmarks.md)
+#   layouts: bench/layouts_bench.py, layouts x engines x baselines on real disk reads (docs/benchmarks.md); redraws
+#            docs/figures/layouts_io.svg and its numbers, layouts_io.csv (not with --quick)
 #   e2e:     bench/e2e/run.py, end to end against the real llama.cpp under a memory cap (not in "all": builds
 #            llama.cpp and writes GB-sized images; options such as --shapes, --dtypes, --reps pass through)
 set -euo pipefail

@@ -65,13 +65,12 @@ def rows(csv_path):
 
 
 def agree(svg_path, csv_path):
-    """Every bar is a CSV row (same layout, gap, median, min, max to the 4 digits drawn) and every row a bar."""
+    """Every bar is a CSV row (same layout, gap, median, min, max at the 6 digits both print) and every row a bar."""
     b, r = bars(svg_path), rows(csv_path)
     check(len(b) == len(r), "%s: %d bars, %s: %d rows" % (svg_path, len(b), csv_path, len(r)))
     for label, series, med, lo, hi in b:
         hit = [x for x in r if x["layout"] == label and "gap=" + x["gap"] == series and
-               float("%.4g" % float(x["io_ms_median"])) == med and float("%.4g" % float(x["io_ms_min"])) == lo and
-               float("%.4g" % float(x["io_ms_max"])) == hi]
+               float(x["io_ms_median"]) == med and float(x["io_ms_min"]) == lo and float(x["io_ms_max"]) == hi]
         check(len(hit) >= 1, "%s: bar %s %s %g [%g-%g] is in no row of %s" % (svg_path, label, series, med, lo, hi,
                                                                            csv_path))
     return b, r
