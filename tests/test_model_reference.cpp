@@ -1,5 +1,6 @@
-// Greedy generation from BOS with the bundled llama2.c models (datasets/, NL_MODELS_DIR) reproduces reference-greedy.json (tokens, and the
-// logits at positions 0..3), produced by an independent implementation of the llama2.c forward pass.
+// Greedy generation from BOS with the bundled llama2.c models (datasets/, NL_MODELS_DIR) reproduces
+// reference-greedy.json (tokens, and the logits at positions 0..3), produced by an independent implementation of the
+// llama2.c forward pass.
 #include <doctest/doctest.h>
 
 #include <cmath>
