@@ -34,6 +34,26 @@ def encode(sp, text):
     return ids
 
 
+def write_ids(out, split, ids, part_bytes, preset=9):
+    """OUT/SPLIT.ids.xz.NNN: the ids as little-endian int16, one xz stream cut into parts of part_bytes; returns
+    the split's ids.json entry (train.py's load_ids reads it back)."""
+    if ids and max(ids) > 32767:
+        sys.exit("prepare.py: ids do not fit int16")
+    arr = array.array("h", ids)
+    if sys.byteorder != "little":
+        arr.byteswap()
+    raw = arr.tobytes()
+    xz = lzma.compress(raw, preset=preset)
+    parts = []
+    for i in range(0, len(xz), part_bytes):
+        name = "%s.ids.xz.%03d" % (split, i // part_bytes)
+        chunk = xz[i:i + part_bytes]
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(chunk)
+        parts.append({"file": name, "bytes": len(chunk), "sha256": hashlib.sha256(chunk).hexdigest()})
+    return {"tokens": len(ids), "sha256": hashlib.sha256(raw).hexdigest(), "xz_bytes": len(xz), "parts": parts}
+
+
 def tree_mib():
     """What a device call sends besides carried paths: tracked and untracked-not-ignored files (MiB)."""
     out = subprocess.run(["git", "-C", ROOT, "ls-files", "-z", "-c", "-o", "--exclude-standard"],
@@ -99,26 +119,13 @@ def main():
             meta["sources"].setdefault(src, {})[split] = len(src_ids)
         if off != len(data) + 1:
             sys.exit("prepare.py: source byte ranges do not add up (%d vs %d)" % (off, len(data) + 1))
-        if max(ids) > 32767:
-            sys.exit("prepare.py: ids do not fit int16")
-        arr = array.array("h", ids)
-        if sys.byteorder != "little":
-            arr.byteswap()
-        raw = arr.tobytes()
         unk = ids.count(sp.unk_id())
-        xz = lzma.compress(raw, preset=args.xz_preset)
-        parts = []
-        for i in range(0, len(xz), part_bytes):
-            name = "%s.ids.xz.%03d" % (split, i // part_bytes)
-            chunk = xz[i:i + part_bytes]
-            with open(os.path.join(args.out, name), "wb") as f:
-                f.write(chunk)
-            parts.append({"file": name, "bytes": len(chunk), "sha256": hashlib.sha256(chunk).hexdigest()})
-        meta["splits"][split] = {"tokens": len(ids), "unk": unk, "text_bytes": len(data),
-                                 "sha256": hashlib.sha256(raw).hexdigest(), "xz_bytes": len(xz), "parts": parts}
+        m = write_ids(args.out, split, ids, part_bytes, args.xz_preset)
+        meta["splits"][split] = dict(m, unk=unk, text_bytes=len(data))
+        xz, parts = m["xz_bytes"], m["parts"]
         print("%s: %d tokens (%.3f bytes/token, unk %.4f %%), xz %.1f MiB (%.3f bytes/token) in %d part(s), %.0f s"
-              % (split, len(ids), len(data) / len(ids), 100.0 * unk / len(ids), len(xz) / 2 ** 20,
-                 len(xz) / len(ids), len(parts), time.time() - t0), flush=True)
+              % (split, len(ids), len(data) / len(ids), 100.0 * unk / len(ids), xz / 2 ** 20,
+                 xz / len(ids), len(parts), time.time() - t0), flush=True)
     with open(os.path.join(args.out, "ids.json"), "w") as f:
         json.dump(meta, f, indent=1, sort_keys=True)
         f.write("\n")
