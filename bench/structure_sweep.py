@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from svg_plot import svg_open, svg_write  # noqa: E402  (the figures' shared SVG writer)
+from svg_plot import svg_open, svg_write, write_csv  # noqa: E402  (the figures' shared SVG writer)
 
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORTUNES = "/usr/share/games/fortunes/fortunes"
@@ -309,7 +309,8 @@ def main():
     ap.add_argument("--build", default=os.path.join(SRC, "build"))
     ap.add_argument("--work", default="/tmp/nl-structure-sweep", help="per-point results (reused by a rerun)")
     ap.add_argument("--json", help="write all points, fits and leave-one-out errors here")
-    ap.add_argument("--svg", default=os.path.join(SRC, "docs", "structure_sweep.svg"))
+    ap.add_argument("--svg", default=os.path.join(SRC, "docs", "structure_sweep.svg"),
+                    help="the figure; its plotted points go beside it (same name, .csv)")
     ap.add_argument("--only", default="", help="comma-separated presets / real model labels")
     ap.add_argument("--no-real", action="store_true", help="skip the real tiny models")
     ap.add_argument("--max-tokens", type=int, default=30000, help="real models: profile + test tokens")
@@ -367,6 +368,11 @@ def main():
                                                                        errs[m]["max"]))
     if a.svg:
         svg_plot(syn + real, fits, a.svg)
+        # The plotted points beside the figure (same name, .csv); the fitted lines are in --json's "fits".
+        write_csv(os.path.splitext(a.svg)[0] + ".csv",
+                  ["point", "synthetic", FIT_STAT] + ["gain_" + m for m in METHODS],
+                  [[r["name"], int(r["synthetic"]), "%.6g" % r["stats"][FIT_STAT]] +
+                   ["%.6g" % r["gain"][m] for m in METHODS] for r in syn + real])
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"synthetic": syn, "real": real, "fits": fits, "errors": errs}, f, indent=1)
