@@ -60,9 +60,9 @@ sys.exit(3 if bad else 0)
 EOF
 }
 
-device_info() {
+device_info() {  # the torch line only with an argument (importing torch costs seconds of device time)
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
+  [ $# -gt 0 ] && "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
     torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")'
   df -h "$WORK" | tail -1
 }
@@ -78,7 +78,7 @@ train_py() {
 
 case $VERB in
   check)  # also a smoke test of the run's model on this device (sdpa vs explicit attention, s/step)
-    device_info
+    device_info torch
     "$PY" datasets/medium-relu/smoke.py "${ARGS[@]}" --max-seconds "$TRAIN_SECONDS"
     smoke=$?
     check

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Round trip of the medium-relu plumbing on a tiny random model (~15 s, CPU, no corpus, no GPU).
+"""Round trip of the medium-relu plumbing on a tiny random model (~5 s, CPU, no corpus, no GPU).
 
 prepare.write_ids -> train.load_ids gives the ids back; train.export(quant="int8") -> returns.py pack (small
 chunks, so that the result spans several parts, each within a device call's 8 files / 64 MiB) -> returns.py

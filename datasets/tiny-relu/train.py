@@ -457,7 +457,7 @@ def main():
     for layer in model.model.layers:
         layer.mlp.track_act = args.act_l1 > 0
         layer.self_attn.sdpa = sdpa
-    print("attention: %s" % ("sdpa" if sdpa else "manual"), flush=True)
+    print("attention: %s (torch %s, %s)" % ("sdpa" if sdpa else "manual", torch.__version__, dev), flush=True)
     nparams = sum(p.numel() for p in model.parameters())
     print("params %d (%.1f MB f32)" % (nparams, nparams * 4 / 1e6), flush=True)
     decay = [p for p in model.parameters() if p.dim() == 2]
