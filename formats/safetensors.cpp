@@ -28,8 +28,16 @@ namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the format's own limit is 100 MB
 
-struct Fd {
+struct Fd {  // move-only: a copy would close the descriptor twice
   int fd = -1;
+  Fd() = default;
+  Fd(Fd&& o) noexcept : fd(o.fd) { o.fd = -1; }
+  Fd& operator=(Fd&& o) noexcept {
+    std::swap(fd, o.fd);
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
   ~Fd() {
     if (fd >= 0) ::close(fd);
   }
@@ -68,8 +76,11 @@ std::vector<float> permute_rope_rows(const std::vector<float>& w, int n_heads, i
   return out;
 }
 
+// A checkpoint's files: config.json and either one model.safetensors or, for a sharded checkpoint (as
+// transformers' save_pretrained writes models above its shard size), model.safetensors.index.json and its shards.
 struct Paths {
-  std::string config, tensors;
+  std::string config, tensors;  // tensors: model.safetensors, or the index of a sharded checkpoint
+  bool sharded = false;
 };
 
 Paths checkpoint_paths(const std::string& path) {
@@ -78,18 +89,27 @@ Paths checkpoint_paths(const std::string& path) {
   fs::path dir;
   if (fs::is_directory(p, ec)) {
     dir = p;
+  } else if (p.filename() == "model.safetensors.index.json") {
+    dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+    const std::string config = (dir / "config.json").string();
+    if (!fs::exists(config, ec)) throw InputError(config, "missing: a checkpoint needs config.json");
+    return {config, p.string(), true};
   } else if (p.filename() == "config.json" || p.extension() == ".safetensors") {
     dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
   } else {
-    throw InputError(path, "not a Hugging Face checkpoint (expected a folder, config.json or model.safetensors)");
+    throw InputError(path,
+                     "not a Hugging Face checkpoint (expected a folder, config.json, model.safetensors or "
+                     "model.safetensors.index.json)");
   }
   Paths out{(dir / "config.json").string(),
             p.extension() == ".safetensors" ? p.string() : (dir / "model.safetensors").string()};
   if (!fs::exists(out.config, ec)) throw InputError(out.config, "missing: a checkpoint needs config.json");
   if (!fs::exists(out.tensors, ec)) {
-    if (fs::exists(dir / "model.safetensors.index.json", ec))
-      throw InputError(out.tensors, "missing: sharded checkpoints (model.safetensors.index.json) are not supported");
-    throw InputError(out.tensors, "missing: a checkpoint needs model.safetensors");
+    const fs::path index = dir / "model.safetensors.index.json";
+    if (p.extension() != ".safetensors" && fs::exists(index, ec)) return {out.config, index.string(), true};
+    throw InputError(out.tensors,
+                     "missing: a checkpoint needs model.safetensors (or model.safetensors.index.json "
+                     "and its shards)");
   }
   return out;
 }
@@ -364,9 +384,13 @@ class SafetensorsSource : public ModelSource {
     path_ = fs::path(p.tensors).parent_path().string();
     if (path_.empty()) path_ = ".";
     config_ = read_config(p.config);
-    for (auto& e : safetensors_header(p.tensors, &data_start_)) entries_.emplace(e.name, e);
+    if (p.sharded) {
+      open_shards(p.tensors);
+    } else {
+      add_shard(p.tensors);
+      for (auto& e : safetensors_header(p.tensors, &shards_[0].data_start)) entries_.emplace(e.name, Located{e, 0});
+    }
     refuse_extra_layers(p.config);
-    f_.fd = open_regular_input(p.tensors);
   }
 
   ModelWeights read_dense() override {
@@ -439,11 +463,73 @@ class SafetensorsSource : public ModelSource {
   }
 
  private:
-  std::string tensors_;
-  uint64_t data_start_ = 0;
-  std::map<std::string, SafetensorsEntry> entries_;
-  Fd f_;
+  // One safetensors file of the checkpoint (the only one, or a shard), open for reading.
+  struct Shard {
+    std::string path;
+    uint64_t data_start = 0;
+    Fd f;
+  };
+  struct Located {
+    SafetensorsEntry e;
+    size_t shard = 0;
+  };
+  std::string tensors_;  // model.safetensors, or the index of a sharded checkpoint (named in messages)
+  std::vector<Shard> shards_;
+  std::map<std::string, Located> entries_;
   std::vector<char> raw_;
+
+  size_t add_shard(const std::string& file) {
+    shards_.emplace_back();
+    shards_.back().path = file;
+    shards_.back().f.fd = open_regular_input(file);
+    return shards_.size() - 1;
+  }
+
+  // model.safetensors.index.json: {"metadata": {...}, "weight_map": {tensor: shard file name}}. Each shard is a file
+  // name in the index's folder (a path is refused, as the manifest's file names are), and must hold exactly the
+  // tensors the map assigns to it: a tensor missing from its shard, held by a shard the map does not name for it, or
+  // a shard file no tensor maps to would be a checkpoint other than the one the index describes.
+  void open_shards(const std::string& index_path) {
+    json j;
+    try {
+      j = json::parse(read_file(index_path, 64ull << 20));
+    } catch (const json::exception& e) {
+      throw InputError(index_path, std::string("not valid JSON: ") + e.what());
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object() || j["weight_map"].empty())
+      throw InputError(index_path, "needs a non-empty 'weight_map' object (tensor name -> shard file)");
+    std::map<std::string, size_t> shard_of_file;
+    std::map<std::string, std::string> want;  // tensor -> shard file
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string()) throw InputError(index_path, "weight_map['" + it.key() + "'] is not a file name");
+      const std::string f = it.value().get<std::string>();
+      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == ".." || f.find('\0') != std::string::npos)
+        throw InputError(index_path, "weight_map['" + it.key() + "'] = '" + f.substr(0, 64) +
+                                         "' must be a file name in the checkpoint's folder, not a path");
+      want[it.key()] = f;
+      if (!shard_of_file.count(f)) {
+        const std::string file = (fs::path(path_) / f).string();
+        std::error_code ec;
+        if (!fs::exists(file, ec)) throw InputError(index_path, "names shard " + f + ", which is missing");
+        shard_of_file[f] = add_shard(file);
+      }
+    }
+    for (const auto& [f, k] : shard_of_file) {
+      Shard& sh = shards_[k];
+      for (auto& e : safetensors_header(sh.path, &sh.data_start)) {
+        auto w = want.find(e.name);
+        if (w == want.end())
+          throw InputError(sh.path, "holds tensor '" + e.name + "', which " + index_path + " does not list");
+        if (w->second != f)
+          throw InputError(sh.path, "holds tensor '" + e.name + "', which " + index_path + " places in " + w->second);
+        if (!entries_.emplace(e.name, Located{e, k}).second)
+          throw InputError(sh.path, "holds tensor '" + e.name + "' twice");
+      }
+    }
+    for (const auto& [name, f] : want)
+      if (!entries_.count(name))
+        throw InputError(index_path, "places tensor '" + name + "' in " + f + ", which does not hold it");
+  }
 
   // A checkpoint holding layers past config.json's num_hidden_layers (an edited or mismatched config) would be read
   // as a shallower model with exit 0: refused, naming the first extra layer.
@@ -468,35 +554,38 @@ class SafetensorsSource : public ModelSource {
   const SafetensorsEntry& entry(const std::string& name, uint64_t rows, uint64_t cols) const {
     auto it = entries_.find(name);
     if (it == entries_.end()) throw InputError(tensors_, "missing tensor '" + name + "'");
-    const SafetensorsEntry& e = it->second;
+    const SafetensorsEntry& e = it->second.e;
     const bool vec = cols == 0;
     const bool shape_ok = vec ? (e.shape.size() == 1 && e.shape[0] == rows)
                               : (e.shape.size() == 2 && e.shape[0] == rows && e.shape[1] == cols);
     if (!shape_ok) {
       std::string s;
       for (uint64_t d : e.shape) s += (s.empty() ? "" : ", ") + std::to_string(d);
-      throw InputError(tensors_, "tensor '" + name + "' has shape [" + s + "], config.json implies [" +
-                                     std::to_string(rows) + (vec ? "" : ", " + std::to_string(cols)) + "]");
+      throw InputError(shard_of(e).path, "tensor '" + name + "' has shape [" + s + "], config.json implies [" +
+                                             std::to_string(rows) + (vec ? "" : ", " + std::to_string(cols)) + "]");
     }
     return e;
   }
 
   // Elements [first, first + n) of `e` as fp32.
+  const Shard& shard_of(const SafetensorsEntry& e) const { return shards_[entries_.at(e.name).shard]; }
+
   void read_f32(const SafetensorsEntry& e, uint64_t first, uint64_t n, float* dst) {
+    const Shard& sh = shard_of(e);
     if (e.dtype == "F32") {
-      pread_exact(f_.fd, tensors_, data_start_ + e.begin + first * 4, dst, n * 4);
-      check_finite(tensors_, "tensor '" + e.name + "'", dst, n, first);
+      pread_exact(sh.f.fd, sh.path, sh.data_start + e.begin + first * 4, dst, n * 4);
+      check_finite(sh.path, "tensor '" + e.name + "'", dst, n, first);
       return;
     }
     raw_.resize(n * 2);
-    pread_exact(f_.fd, tensors_, data_start_ + e.begin + first * 2, raw_.data(), n * 2);
+    pread_exact(sh.f.fd, sh.path, sh.data_start + e.begin + first * 2, raw_.data(), n * 2);
     const uint16_t* h = reinterpret_cast<const uint16_t*>(raw_.data());
     if (e.dtype == "F16") {
       for (uint64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
     } else {
       for (uint64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
     }
-    check_finite(tensors_, "tensor '" + e.name + "'", dst, n, first);
+    check_finite(sh.path, "tensor '" + e.name + "'", dst, n, first);
   }
 
   void load(const std::string& name, uint64_t rows, uint64_t cols, std::vector<float>& dst) {
