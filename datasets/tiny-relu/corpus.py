@@ -194,10 +194,9 @@ def html_source(name, pkg, pattern, exclude=None, min_words=20):
         for path in package_files(pkg, pattern):
             if exclude and re.search(exclude, path):
                 continue
-            paras = [p for p in html_paragraphs(path)]
             # Index pages and tables of contents are lists of titles, not prose: keep paragraphs that are
             # sentences (at least 6 words) and pages with at least min_words words of them.
-            paras = [p for p in paras if len(p.split()) >= 6 and english(p)]
+            paras = [p for p in html_paragraphs(path) if len(p.split()) >= 6 and english(p)]
             if sum(len(p.split()) for p in paras) < min_words:
                 continue
             yield from blocks(name, paras)
@@ -356,10 +355,10 @@ LARGE_SOURCES = [
     # name, packages, licence of the text (from /usr/share/doc/PACKAGE/copyright), generator
     ("austen", ["r-cran-janeaustenr", "r-base-core"],
      "the novels are public domain (Project Gutenberg texts); the R package is MIT", austen),
-    ("perl-doc", ["perl-doc"], "Artistic or GPL-1+ (Perl's licence)", perl_pod),
+    ("perl-doc", ["perl-doc"], "GPL-1+ or Artistic (Perl's licence)", perl_pod),
     ("manpages", ["manpages", "manpages-dev", "man-db", "groff-base"],
-     "Linux man-pages project: mostly the 'verbatim' licence, some GPL-2+/BSD/MIT (per page)", manpages),
-    ("python-doc", ["python3.11-doc"], "PSF-2 (Python documentation)",
+     "Linux-man-pages-copyleft (the 'verbatim' licence), some pages also GPL-2+ or BSD", manpages),
+    ("python-doc", ["python3.11-doc"], "PSF licence (Python documentation)",
      html_source("python-doc", "python3.11-doc", r"^/usr/share/doc/python3\.11/html/.*\.html$")),
     ("linux-doc", ["linux-doc-6.1"], "GPL-2 (Linux kernel documentation)",
      html_source("linux-doc", "linux-doc-6.1", r"^/usr/share/doc/linux-doc-6\.1/html/.*\.html$", r"/translations/")),
@@ -367,7 +366,7 @@ LARGE_SOURCES = [
      html_source("postgresql-doc", "postgresql-doc-15", r"/html/.*\.html$")),
     ("django-doc", ["python-django-doc"], "BSD-3-clause (Django documentation)",
      html_source("django-doc", "python-django-doc", r"/html/.*\.html$")),
-    ("git-doc", ["git-doc"], "GPL-2 (Git documentation)",
+    ("git-doc", ["git-doc"], "GPL-2 / GPL-2+ (Git documentation)",
      html_source("git-doc", "git-doc", r"^/usr/share/doc/git-doc/.*\.html$")),
     ("sqlite-doc", ["sqlite3-doc"], "public domain (SQLite documentation)",
      html_source("sqlite-doc", "sqlite3-doc", r"\.html$")),
@@ -375,7 +374,7 @@ LARGE_SOURCES = [
      dict_source("foldoc", "/usr/share/dictd/foldoc.dict.dz")),
     ("devil", ["dict-devil"], "public domain (Ambrose Bierce, The Devil's Dictionary, 1911)",
      dict_source("devil", "/usr/share/dictd/devil.dict.dz")),
-    ("gcide", ["dict-gcide"], "GPL-3+ (GCIDE; Webster's 1913 text public domain)",
+    ("gcide", ["dict-gcide"], "GPL-2+ (GCIDE; its Webster 1913 base text is public domain)",
      dict_source("gcide", "/usr/share/dictd/gcide.dict.dz")),
 ]
 DEFAULT_SOURCES = [("fortunes", ["fortunes", "fortunes-min"], None, None), ("jargon", ["jargon-text"], None, None),
@@ -402,6 +401,10 @@ def main():
     ap.add_argument("--only", default="", help="large: build only these comma-separated LARGE_SOURCES (testing)")
     args = ap.parse_args()
     out_dir = args.out_dir
+    unknown = set(args.only.split(",")) - {s[0] for s in LARGE_SOURCES} if args.only else set()
+    if unknown:
+        sys.exit("corpus.py: no such source %s (LARGE_SOURCES: %s)" % (
+            " ".join(sorted(unknown)), " ".join(s[0] for s in LARGE_SOURCES)))
     large = [s for s in LARGE_SOURCES if not args.only or s[0] in args.only.split(",")] \
         if args.size == "large" else []
     os.makedirs(out_dir, exist_ok=True)
