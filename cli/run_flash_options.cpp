@@ -92,7 +92,8 @@ void check_image_pair(const std::string& given, const std::string& image) {
 }  // namespace
 
 std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& g,
-                                       const std::vector<NamedPath>& other_inputs) {
+                                       const std::vector<NamedPath>& other_inputs,
+                                       const std::vector<NamedPath>& other_outputs) {
   // The image, its manifest and tokenizer (whichever of image / manifest --image names), the device profile and the
   // command's other inputs may not be overwritten by --metrics.
   std::vector<NamedPath> inputs = other_inputs;
@@ -102,7 +103,9 @@ std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& 
   const std::string image = is_manifest ? a.image.substr(0, a.image.size() - suffix.size()) : a.image;
   for (const std::string& p : {image, manifest_path_for(image), image + ".tokenizer"}) inputs.push_back({"--image", p});
   inputs.push_back({"--device", a.device});
-  check_paths(inputs, {{"--metrics", a.metrics}});
+  std::vector<NamedPath> outputs = other_outputs;
+  outputs.push_back({"--metrics", a.metrics});
+  check_paths(inputs, outputs);
   IoOptions io;
   if (a.io == "auto")
     io.kind = io_uring_available() ? IoKind::kUring : IoKind::kPread;

@@ -15,8 +15,8 @@ struct FlashArgs {
   std::string image;
   bool verify = false;
   bool verify_reads = false;  // --verify-reads: every bundle read checked against start-up checksums
-  std::string io = "auto";  // uring where this kernel and build have it (overlap is real there), else pread
-  bool buffered = false;    // --no-direct
+  std::string io = "auto";    // uring where this kernel and build have it (overlap is real there), else pread
+  bool buffered = false;      // --no-direct
   uint32_t queue_depth = 32;
   std::string gap = "off";
   std::string device;  // device profile for --gap auto
@@ -44,9 +44,10 @@ void add_flash_metrics_options(CLI::App* c, FlashArgs& a);
 
 // Opens the image with the chosen engine (notices on stderr unless --quiet) and verifies it when asked; takes the
 // manifest's planner settings for the options not given (a.planner). Checks the paths first (check_paths: --metrics
-// against the image, its manifest and tokenizer, --device and `other_inputs`).
+// and `other_outputs` against the image, its manifest and tokenizer, --device and `other_inputs`).
 std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& g,
-                                       const std::vector<NamedPath>& other_inputs = {});
+                                       const std::vector<NamedPath>& other_inputs = {},
+                                       const std::vector<NamedPath>& other_outputs = {});
 FlashFfnOptions flash_ffn_options(const FlashArgs& a, SelectMode select);
 
 // Prints the summary table (or JSON with --json) and writes --metrics. `extra` is merged into the JSON.

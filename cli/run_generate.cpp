@@ -8,12 +8,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "cli/run_flash_options.h"
+#include "formats/core/atomic_file.h"
 #include "formats/core/bitmask.h"
 #include "formats/core/error.h"
 #include "formats/core/progress.h"
@@ -53,6 +55,8 @@ struct GenerateArgs {
   int prefill_block = kPrefillBlockTokens;
   InvalidUtf8 invalid_utf8 = InvalidUtf8::kReplace;
   std::string overlap = "auto";            // auto | none | layer | cross | both; default measured in docs/runtime.md
+  std::string logits_out;                  // --logits FILE.npy: every generated token's logits
+  int top_logits = 0;                      // --top-logits K: the K largest logits per step in --json
   CLI::Option* cache_ratio_opt = nullptr;  // to tell an explicit --cache-ratio from its default
   CLI::Option* prompt_opt = nullptr;       // to tell --prompt "" from no --prompt
   CLI::Option* queue_depth_opt = nullptr;  // to tell an explicit --queue-depth from its default
@@ -155,6 +159,17 @@ void add_generate_sampling_options(CLI::App* c, GenerateArgs& a) {
        "always gets the raw bytes")
       ->check(CLI::IsMember({"replace", "escape"}))
       ->default_str("replace")
+      ->group("Output");
+}
+
+void add_generate_output_options(CLI::App* c, GenerateArgs& a) {
+  c->add_option("--logits", a.logits_out,
+                "Write the logits each generated token was drawn from, as a NumPy .npy file: float32 [generated "
+                "tokens, vocab] (row i: before sampling token i; numpy.load reads it); committed with --metrics")
+      ->group("Output");
+  c->add_option("--top-logits", a.top_logits,
+                "With --json: the K largest logits of each generated token as [id, logit] pairs (top_logits)")
+      ->check(CLI::Range(1, 1 << 20))
       ->group("Output");
 }
 
@@ -331,9 +346,10 @@ struct Generation {
 
 // Feeds the prompt, then up to `steps` tokens from `sampler`, stopping after a token of `stop`. Ends each forward
 // pass on `ffn` (may be null). `stream`, `feed` and `prog` may be null.
+// `on_logits` (may be empty) sees the logits of each generated token before it is sampled.
 Generation generate(Model& model, FlashFfn* ffn, const std::vector<int>& prompt, int steps, Sampler& sampler,
                     const std::vector<int>& stop, int block, Streamer* stream = nullptr, TraceFeed* feed = nullptr,
-                    Progress* prog = nullptr) {
+                    Progress* prog = nullptr, const std::function<void(const float*)>& on_logits = {}) {
   const int vocab = model.config().vocab_size;
   const int total = int(prompt.size()) + steps;
   Generation g;
@@ -378,6 +394,7 @@ Generation generate(Model& model, FlashFfn* ffn, const std::vector<int>& prompt,
       continue;
     }
     if (g.tokens.empty()) g.prefill_seconds = since(t0);
+    if (on_logits) on_logits(logits);
     token = sampler.sample(logits, vocab);
     g.tokens.push_back(token);
     if (stream) stream->token(token);
@@ -400,6 +417,34 @@ Generation generate(Model& model, FlashFfn* ffn, const std::vector<int>& prompt,
 }
 
 // Agreement of `out` with `ref`: share of equal positions (over the shorter) and the equal prefix.
+// The K largest logits as [[id, logit], ...], largest first (ties: the lower id first).
+nlohmann::json top_logits_json(const float* lg, int n, int k) {
+  std::vector<int> ids(static_cast<size_t>(n), 0);
+  for (int i = 0; i < n; ++i) ids[size_t(i)] = i;
+  const size_t kk = std::min(size_t(k), ids.size());
+  std::partial_sort(ids.begin(), ids.begin() + long(kk), ids.end(),
+                    [lg](int x, int y) { return lg[x] > lg[y] || (lg[x] == lg[y] && x < y); });
+  nlohmann::json r = nlohmann::json::array();
+  for (size_t i = 0; i < kk; ++i) r.push_back({ids[i], lg[ids[i]]});
+  return r;
+}
+
+// A NumPy .npy file (format 1.0) of float32 [rows][cols], little-endian: the magic, the header dict padded to a
+// multiple of 64 bytes, the data.
+std::string npy_f32(const std::vector<float>& v, size_t rows, size_t cols) {
+  std::string h = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(rows) + ", " +
+                  std::to_string(cols) + "), }";
+  const size_t total = 10 + h.size() + 1;
+  h.append((64 - total % 64) % 64, ' ');
+  h += '\n';
+  std::string out("\x93NUMPY\x01\x00", 8);
+  out += char(h.size() & 0xff);
+  out += char(h.size() >> 8);
+  out += h;
+  out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));  // x86 and aarch64: little-endian
+  return out;
+}
+
 std::pair<double, size_t> agreement(const std::vector<int>& out, const std::vector<int>& ref) {
   const size_t n = std::min(out.size(), ref.size());
   size_t same = 0, prefix = 0;
@@ -410,6 +455,7 @@ std::pair<double, size_t> agreement(const std::vector<int>& out, const std::vect
 
 void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
+  CommitGroup outputs;  // --logits and --metrics commit together or not at all
   if (std::string p = sampler_config_problem(a.sampler); !p.empty()) throw UsageError(p);
   const uint64_t budget = a.memory_budget.empty() ? 0 : parse_memory_size(a.memory_budget);
   FlashArgs fa = a.flash;  // the cache ratio may come from the budget
@@ -419,7 +465,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   if ((a.overlap == "cross" || a.overlap == "both" || a.overlap == "auto") && a.queue_depth_opt &&
       a.queue_depth_opt->count() == 0)
     fa.queue_depth = kReadAheadQueueDepth;
-  auto img = flash_open(fa, g);
+  auto img = flash_open(fa, g, {}, {{"--logits", a.logits_out}});
   const ImageManifest& man = img->manifest();
   const std::string overlap = a.overlap != "auto" ? a.overlap : man.replicated() ? "layer" : "both";
   const ModelConfig& c = man.config;
@@ -609,13 +655,26 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   const bool stream_on = !g.json;
   Streamer stream(tok.get(), prompt, stream_on);
   Progress prog("generate", uint64_t(total - 1), !g.quiet, "tokens");
+  std::vector<float> logits_rows;  // --logits: [generated][vocab]
+  nlohmann::json top = nlohmann::json::array();
+  std::function<void(const float*)> on_logits;
+  if (!a.logits_out.empty() || (a.top_logits > 0 && g.json))
+    on_logits = [&](const float* lg) {
+      if (!a.logits_out.empty()) logits_rows.insert(logits_rows.end(), lg, lg + c.vocab_size);
+      if (a.top_logits > 0 && g.json) top.push_back(top_logits_json(lg, c.vocab_size, a.top_logits));
+    };
   const auto t0 = Clock::now();
-  Generation gen =
-      generate(model, ffn.get(), prompt, a.steps, sampler, stop, a.prefill_block, &stream, feed.get(), &prog);
+  Generation gen = generate(model, ffn.get(), prompt, a.steps, sampler, stop, a.prefill_block, &stream, feed.get(),
+                            &prog, on_logits);
   const double wall = since(t0);
   const std::vector<int>& out = gen.tokens;
   const uint64_t forwards = uint64_t(gen.prompt_forwards) + (out.empty() ? 0 : out.size() - 1);
   extra["generated"] = out;
+  if (a.top_logits > 0 && g.json) extra["top_logits"] = top;
+  if (!a.logits_out.empty()) {
+    write_file_atomic(a.logits_out, npy_f32(logits_rows, out.size(), size_t(c.vocab_size)));  // with --metrics
+    extra["logits_file"] = a.logits_out;
+  }
   std::string text;
   if (tok) {
     std::vector<int32_t> all(prompt.begin(), prompt.end());
@@ -771,6 +830,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   }
   flash_report(fa, g, *img, a.select == "dense" ? nullptr : ffn.get(), wall, forwards,
                json_dump(extra, -1, a.invalid_utf8));
+  outputs.commit();  // --logits and --metrics: both or neither
 }
 
 }  // namespace
@@ -782,6 +842,7 @@ void add_run_generate(CLI::App& app, GlobalOptions& g) {
   add_generate_prompt_options(c, a);
   add_generate_sampling_options(c, a);
   add_generate_memory_options(c, a);
+  add_generate_output_options(c, a);
   add_generate_predictor_options(c, a);
   add_flash_io_options(c, a.flash);
   add_generate_overlap_options(c, a);
