@@ -5,6 +5,7 @@ whiskers (bar_panels) and the CSV written beside each figure (write_csv): a figu
 measured, and the CSV holds the same numbers.
 """
 import csv
+import math
 import os
 
 
@@ -41,6 +42,14 @@ def write_csv(path, header, rows):
 COLOURS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#b07aa1"]
 
 
+def cut3(v):
+    """v cut (never rounded up) to 3 significant digits, as the project prints figures: 2.497 -> 2.49."""
+    if v <= 0:
+        return "%g" % v
+    step = 10 ** (math.floor(math.log10(v)) - 2)
+    return "%g" % float("%.12g" % (math.floor(v / step + 1e-9) * step))
+
+
 def nice_max(v):
     """The smallest 1, 2, 2.5 or 5 x 10^k at or above v (the axis end)."""
     if v <= 0:
@@ -54,7 +63,7 @@ def nice_max(v):
 
 def bar_panels(path, title, panels, series, unit, notes=()):
     """One panel per workload, each on its own linear scale from 0: a row per group (e.g. a layout) with one bar per
-    series (e.g. a gap policy) at the median and a whisker from min to max.
+    series (e.g. a gap policy) at the median and a whisker from min to max (none when they are equal).
       panels: [(panel title, [(group label, {series: (median, lo, hi)}), ...]), ...]
       series: the series names in drawing order (a group may lack some)."""
     bar_h, gap_h, L, R, W = 12, 8, 150, 30, 760
@@ -92,9 +101,10 @@ def bar_panels(path, title, panels, series, unit, notes=()):
                              '[%.6g-%.6g]</title></rect>' % (L, by + 1, px(med) - L, bar_h - 2,
                                                              COLOURS[i % len(COLOURS)], esc(label), esc(s), med,
                                                              esc(unit), lo, hi))
-                    o.append('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#222"/>'
-                             % (px(lo), by + bar_h / 2, px(hi), by + bar_h / 2))
-                    o.append('<text x="%.1f" y="%d" font-size="10">%.3g</text>' % (px(hi) + 4, by + bar_h - 2, med))
+                    if hi > lo:  # a spread was measured
+                        o.append('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#222"/>'
+                                 % (px(lo), by + bar_h / 2, px(hi), by + bar_h / 2))
+                    o.append('<text x="%.1f" y="%d" font-size="10">%s</text>' % (px(hi) + 4, by + bar_h - 2, cut3(med)))
             gy += len(series) * bar_h + gap_h
         y += ph
     for n in notes:

@@ -110,6 +110,7 @@ evaljson --trace "$OUT/opt.test.h5" --layout "$OUT/opt-identity.json" --layout "
 stage "What you just measured" \
   "Estimated flash I/O time per token on the UFS 4.0 phone profile, held-out tokens, 5 % cache (lower is faster);" \
   "'x' columns are speed-ups of ours (greedy+ls) over the original order and over the paper's pipeline (greedy)."
-"$PY" scripts/results_table.py "tiny-relu (real), 768 B bundles=$OUT/eval-768.json" \
+"$PY" scripts/results_table.py --svg "$OUT/results.svg" "tiny-relu (real), 768 B bundles=$OUT/eval-768.json" \
   "tiny-relu (real), 16 KiB bundles=$OUT/eval-16k.json" "OPT-6.7B shape (synthetic), 16 KiB=$OUT/eval-opt.json"
+printf '\nThe same as a figure: %s/results.svg (numbers: results.csv).\n' "$OUT"
 printf '\nDone. Outputs in %s/ (docs/benchmarks.md has the larger benchmarks).\n' "$OUT"

@@ -6,7 +6,8 @@
 #      median in its tooltip, leaves out what was not measured (the mmap baseline, another engine), and the CSV
 #      holds exactly those rows;
 #   2. every figure in docs/figures/ is linked from docs/benchmarks.md, parses, and shows the numbers of the CSV
-#      beside it (each bar's median and min-max are a CSV row's).
+#      beside it (each bar's median and min-max are a CSV row's); the demo's figure (results.svg, drawn by
+#      scripts/results_table.py --svg) holds the figures of the README's results table.
 #   check_bench_figures.sh SOURCE_DIR
 set -euo pipefail
 src=${1:?source dir}
@@ -52,7 +53,7 @@ def bars(svg_path):
         t = rect.find(NS + "title")
         if t is None:
             continue
-        m = re.fullmatch(r"(.+), (\S+): (\S+) .* \[(\S+)-(\S+)\]", t.text)
+        m = re.fullmatch(r"(.+?), (.+): (\S+) \S+ \[(\S+)-(\S+)\]", t.text)  # label, series: median unit [min-max]
         check(m is not None, "%s: unreadable bar tooltip %r" % (svg_path, t.text))
         if m:
             out.append((m.group(1), m.group(2), float(m.group(3)), float(m.group(4)), float(m.group(5))))
@@ -69,7 +70,7 @@ def agree(svg_path, csv_path):
     b, r = bars(svg_path), rows(csv_path)
     check(len(b) == len(r), "%s: %d bars, %s: %d rows" % (svg_path, len(b), csv_path, len(r)))
     for label, series, med, lo, hi in b:
-        hit = [x for x in r if x["layout"] == label and "gap=" + x["gap"] == series and
+        hit = [x for x in r if x["layout"] == label and x.get("series", "gap=" + x.get("gap", "")) == series and
                float(x["io_ms_median"]) == med and float(x["io_ms_min"]) == lo and float(x["io_ms_max"]) == hi]
         check(len(hit) >= 1, "%s: bar %s %s %g [%g-%g] is in no row of %s" % (svg_path, label, series, med, lo, hi,
                                                                            csv_path))
@@ -99,6 +100,18 @@ for name in sorted(os.listdir(docs)) if os.path.isdir(docs) else []:
         b, r = agree(os.path.join(docs, name), data)
         check(len(b) > 0, "docs/figures/%s draws no bars" % name)
         check("figures/" + os.path.basename(data) in bench_md, "docs/benchmarks.md does not link the CSV of " + name)
+
+# The demo's figure (scripts/results_table.py --svg) shows the README's results table: each estimate, cut to 4
+# decimals as the table prints it, is in the README's row of that workload.
+res = os.path.join(docs, "results.csv")
+if os.path.exists(res):
+    readme = open(os.path.join(src, "README.md")).read().splitlines()
+    for x in rows(res):
+        line = [ln for ln in readme if ln.startswith("| " + x["workload"] + " |")]
+        v = float(x["io_ms_median"])
+        shown = "%.4f" % (int(v * 10**4 + 1e-9) / 10**4)
+        check(len(line) == 1 and shown in line[0], "README's results row for %s lacks %s (%s, docs/figures/results.csv)"
+              % (x["workload"], shown, x["layout"]))
 
 for f in fails:
     print("check_bench_figures: " + f)
