@@ -53,7 +53,8 @@ def main(args):
     if svg:
         bar_panels(svg, "Estimated flash I/O time per token by layout (nl-layout eval, the demo's workloads)", panels,
                    [SERIES], "ms/token",
-                   ["Written by scripts/results_table.py from the demo's nl-layout eval --json outputs (./run.sh demo);",
+                   ["Written by scripts/results_table.py from the demo's nl-layout eval --json outputs "
+                    "(./run.sh demo);",
                     "deterministic: the same commands give the same figures. The numbers: the .csv beside this file."])
         write_csv(os.path.splitext(svg)[0] + ".csv",
                   ["workload", "layout", "series", "io_ms_median", "io_ms_min", "io_ms_max", "reads_per_token"], rows)
