@@ -31,6 +31,10 @@ from layouts_bench import MemoryCgroup, drop_file_cache, med, trunc  # noqa: E40
 
 LAYOUTS = ["identity", "greedy", "greedy+ls"]
 DENSE_ROW = "nl-run --select dense, uncapped (in DRAM)"
+# The sparse compute floor (issue 54 item 5): the greedy+ls image with the same selection as the capped rows, uncapped,
+# --cache-ratio 1 (every bundle pinned in DRAM at load, so decode reads nothing): what a sparse engine pays with no
+# I/O at all. The true bound is max(this row, needed bytes at the device's bandwidth); dense compute is no floor.
+FLOOR_ROW = "nl-run greedy+ls, every bundle in DRAM, uncapped (floor)"
 MIB = 1 << 20
 CACHE_RATIO = 0.1  # nl-run's neuron cache in the capped rows, as the cap's "10 % of the FFN bytes"
 
@@ -605,6 +609,8 @@ class Bench:
                 variants.append((nl_budget_row(m), m, True, (["--io", "uring"] if self.has_overlap else []) +
                                  ["--memory-budget", str(cap)]))
         variants.append((DENSE_ROW, "dense", False, []))
+        variants.append((FLOOR_ROW, "greedy+ls", False, ["--cache-ratio", "1"] +
+                         (["--io", "uring", "--overlap", "none"] if self.has_overlap else [])))
         if not self.has_overlap:
             res["unavailable"]["nl-run overlap on/off"] = "no I/O-compute overlap switch on this checkout (issue 18)"
         # Stages: all variants alternated together, or (--one-image-at-a-time, for disks that cannot hold every
@@ -632,7 +638,7 @@ class Bench:
                         for f in files:
                             if os.path.exists(f):
                                 drop_file_cache(f)
-                    elif kind == "dense":
+                    elif kind == "dense" or name == FLOOR_ROW:
                         # nl-run --select dense reads the image with O_DIRECT into its own huge-page buffers: a page
                         # cache full of this shape's files would only crowd them out (a 7B f16 image warmed beside
                         # its 13 GB copy left 2.2 GB of the copy in 4 KiB pages, 412 against 375-382 ms/token), so
@@ -706,6 +712,9 @@ class Bench:
                             "device": self.device.get("name"), "bandwidth_MBps": self.device["bandwidth_MBps"],
                             "needed_bytes_per_token": need,
                             "needed_from": "decode passes" if need_key.startswith("decode") else "all passes"}
+            if "decode_ms" in rows.get(FLOOR_ROW, {}):  # the true floor: sparse compute, not dense
+                floor = med(rows[FLOOR_ROW]["decode_ms"])
+                res["bound"].update({"floor_compute_ms": floor, "true_bound_ms": max(floor, io_ms)})
         # Kernel row: everything in DRAM, same dtype; llama-bench tg at 1 and the bench's threads.
         if self.a.no_kernel_row:
             res["unavailable"]["kernel row"] = "skipped (--no-kernel-row)"
@@ -874,9 +883,9 @@ def print_shape(res):
         print("nl-run's overlap-on rows ran --overlap %s" % ", ".join(ran))
     base = rows.get("llama.cpp mmap, capped", {})
     bound = res.get("bound")
-    print("%-40s %-26s %-26s %-22s %-14s %-14s %-9s %-9s %-7s" % (
+    print("%-40s %-26s %-26s %-22s %-14s %-14s %-9s %-9s %-7s %-7s" % (
         "row", "TTFT ms", "decode ms/token", "tok/s", "read B/token", "peak RSS MiB", "x llama", "x ident",
-        "bound%"))
+        "bound%", "floor%"))
     for name, r in rows.items():
         if "failed" in r:
             print("%-40s failed: %s" % (name, r["failed"]))
@@ -886,9 +895,10 @@ def print_shape(res):
         ident = identity_row(rows, name)
         vs_i = "%.3f" % trunc(med(ident["decode_ms"]) / dm, 3) if ident.get("decode_ms") else "-"
         share = "%.3f" % trunc(bound["bound_ms"] / dm, 3) if bound else "-"
-        print("%-40s %-26s %-26s %-22s %-14.0f %-14.1f %-9s %-9s %-7s" % (
+        tshare = "%.3f" % trunc(bound["true_bound_ms"] / dm, 3) if bound and "true_bound_ms" in bound else "-"
+        print("%-40s %-26s %-26s %-22s %-14.0f %-14.1f %-9s %-9s %-7s %-7s" % (
             name, fr(r["ttft_ms"], "%.1f"), fr(r["decode_ms"]), fr(r["tok_s"], "%.1f"),
-            med(r["read_bytes_per_token"]), med(r["peak_rss_mib"]), vs_l, vs_i, share))
+            med(r["read_bytes_per_token"]), med(r["peak_rss_mib"]), vs_l, vs_i, share, tshare))
     for name, r in rows.items():  # --verify-rows: what checking every bundle read costs, against the same row without
         plain = name.replace(", --verify-reads", "")
         if name != plain and "decode_ms" in r and "decode_ms" in rows.get(plain, {}):
@@ -906,6 +916,10 @@ def print_shape(res):
             bound["bound_ms"], bound["compute_ms"], bound.get("needed_from", "all passes"),
             bound.get("needed_bytes_per_token", float("nan")), bound["device"], bound["bandwidth_MBps"],
             bound["io_ms"]))
+        if "true_bound_ms" in bound:
+            print("true bound (floor%%): %.3f ms/token = max(sparse compute with every bundle in DRAM %.3f, needed "
+                  "bytes at the device's bandwidth %.3f); bound%% above uses dense compute, which is no floor" % (
+                      bound["true_bound_ms"], bound["floor_compute_ms"], bound["io_ms"]))
     print_kernel_alt(res)
     k = res.get("kernel")
     if k:
