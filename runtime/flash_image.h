@@ -60,10 +60,6 @@ class FlashImage {
   // Decodes a whole FFN layer back into original neuron order (tests, dense reference runs).
   void load_ffn_layer(int layer, LayerWeights* lw);
 
-  uint64_t bundle_offset(int layer, uint32_t slot) const {
-    return m_.ffn(layer).offset + uint64_t(slot) * m_.bundle_bytes;
-  }
-
  private:
   std::string image_path_, manifest_path_;
   ImageManifest m_;

@@ -78,8 +78,6 @@ class ImageWriter {
   std::vector<float> decoded_;
 
   void account(const std::string& kind, ImageDtype d, const float* src, const void* stored, size_t n);
-
-  void start_region(size_t index);
 };
 
 // Adds w's dense tensors (embeddings, attention, norms, classifier) in the image's fixed order.
