@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "formats/core/enum_names.h"
 #include "formats/core/error.h"
 #include "formats/core/huge_pages.h"
 #include "formats/trace.h"
@@ -290,6 +291,15 @@ void row_freq(const uint64_t* bits, uint32_t n, uint64_t stride, uint64_t nw, st
 
 }  // namespace
 
+namespace {
+constexpr EnumName<PopcountKernel> kPopcountKernelNames[] = {{PopcountKernel::Auto, "auto"},
+                                                             {PopcountKernel::Scalar, "scalar"},
+                                                             {PopcountKernel::Avx2, "avx2"},
+                                                             {PopcountKernel::Avx512, "avx512"}};
+constexpr EnumName<CountMethod> kCountMethodNames[] = {
+    {CountMethod::Auto, "auto"}, {CountMethod::Dense, "dense"}, {CountMethod::Sparse, "sparse"}};
+}  // namespace
+
 bool popcount_kernel_supported(PopcountKernel k) {
   switch (k) {
     case PopcountKernel::Auto:
@@ -314,19 +324,7 @@ PopcountKernel popcount_kernel_resolve(PopcountKernel k) {
   return k;
 }
 
-const char* popcount_kernel_name(PopcountKernel k) {
-  switch (k) {
-    case PopcountKernel::Auto:
-      return "auto";
-    case PopcountKernel::Scalar:
-      return "scalar";
-    case PopcountKernel::Avx2:
-      return "avx2";
-    case PopcountKernel::Avx512:
-      return "avx512";
-  }
-  return "?";
-}
+const char* popcount_kernel_name(PopcountKernel k) { return enum_name(kPopcountKernelNames, k); }
 
 bool count_method_supported(CountMethod m) { return m != CountMethod::Sparse || detail::sparse_vertical_supported(); }
 
@@ -339,28 +337,19 @@ CountMethod count_method_resolve(CountMethod m, double density) {
   return m;
 }
 
-const char* count_method_name(CountMethod m) {
-  switch (m) {
-    case CountMethod::Auto:
-      return "auto";
-    case CountMethod::Dense:
-      return "dense";
-    case CountMethod::Sparse:
-      return "sparse";
-  }
-  return "?";
-}
+const char* count_method_name(CountMethod m) { return enum_name(kCountMethodNames, m); }
 
 CountMethod count_method_parse(const std::string& s) {
-  for (auto m : {CountMethod::Auto, CountMethod::Dense, CountMethod::Sparse})
-    if (s == count_method_name(m)) return m;
-  throw UsageError("unknown count method '" + s + "' (auto, dense, sparse)");
+  CountMethod m{};
+  if (!enum_parse(kCountMethodNames, s, &m)) throw UsageError("unknown count method '" + s + "' (auto, dense, sparse)");
+  return m;
 }
 
 PopcountKernel popcount_kernel_parse(const std::string& s) {
-  for (auto k : {PopcountKernel::Auto, PopcountKernel::Scalar, PopcountKernel::Avx2, PopcountKernel::Avx512})
-    if (s == popcount_kernel_name(k)) return k;
-  throw UsageError("unknown popcount kernel '" + s + "' (auto, scalar, avx2, avx512)");
+  PopcountKernel k{};
+  if (!enum_parse(kPopcountKernelNames, s, &k))
+    throw UsageError("unknown popcount kernel '" + s + "' (auto, scalar, avx2, avx512)");
+  return k;
 }
 
 NL_POPCNT_CLONES uint32_t coactivation_pair(const LayerMask& m, uint32_t i, uint32_t j) {

@@ -11,6 +11,7 @@
 #include <limits>
 #include <thread>
 
+#include "formats/core/enum_names.h"
 #include "formats/core/error.h"
 #include "formats/core/quant.h"
 #include "runtime/memory.h"
@@ -45,57 +46,25 @@ void add(FlashCounters& a, const FlashCounters& b) {
 }
 }  // namespace
 
+namespace {
+constexpr EnumName<CachePolicyMode> kCachePolicyModeNames[] = {{CachePolicyMode::kManifest, "manifest"},
+                                                               {CachePolicyMode::kLinkingAligned, "linking-aligned"},
+                                                               {CachePolicyMode::kAll, "all"}};
+constexpr EnumName<OverlapMode> kOverlapModeNames[] = {{OverlapMode::kNone, "none"},
+                                                       {OverlapMode::kLayer, "layer"},
+                                                       {OverlapMode::kCross, "cross"},
+                                                       {OverlapMode::kBoth, "both"}};
+}  // namespace
+
 bool cache_policy_mode_parse(const std::string& s, CachePolicyMode* out) {
-  if (s == "manifest")
-    *out = CachePolicyMode::kManifest;
-  else if (s == "linking-aligned")
-    *out = CachePolicyMode::kLinkingAligned;
-  else if (s == "all")
-    *out = CachePolicyMode::kAll;
-  else
-    return false;
-  return true;
+  return enum_parse(kCachePolicyModeNames, s, out);
 }
 
-bool overlap_mode_parse(const std::string& s, OverlapMode* out) {
-  if (s == "none")
-    *out = OverlapMode::kNone;
-  else if (s == "layer")
-    *out = OverlapMode::kLayer;
-  else if (s == "cross")
-    *out = OverlapMode::kCross;
-  else if (s == "both")
-    *out = OverlapMode::kBoth;
-  else
-    return false;
-  return true;
-}
+bool overlap_mode_parse(const std::string& s, OverlapMode* out) { return enum_parse(kOverlapModeNames, s, out); }
 
-const char* overlap_mode_name(OverlapMode m) {
-  switch (m) {
-    case OverlapMode::kNone:
-      return "none";
-    case OverlapMode::kLayer:
-      return "layer";
-    case OverlapMode::kCross:
-      return "cross";
-    case OverlapMode::kBoth:
-      return "both";
-  }
-  return "?";
-}
+const char* overlap_mode_name(OverlapMode m) { return enum_name(kOverlapModeNames, m); }
 
-const char* cache_policy_mode_name(CachePolicyMode m) {
-  switch (m) {
-    case CachePolicyMode::kManifest:
-      return "manifest";
-    case CachePolicyMode::kLinkingAligned:
-      return "linking-aligned";
-    case CachePolicyMode::kAll:
-      return "all";
-  }
-  return "?";
-}
+const char* cache_policy_mode_name(CachePolicyMode m) { return enum_name(kCachePolicyModeNames, m); }
 
 FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), opt_(o), m_(image.manifest()) {
   const ModelConfig& c = m_.config;

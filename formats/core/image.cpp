@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "formats/core/atomic_file.h"
+#include "formats/core/enum_names.h"
 #include "formats/core/error.h"
 #include "formats/core/half.h"
 #include "formats/core/quant.h"
@@ -19,37 +20,17 @@ namespace nl {
 
 using json = nlohmann::json;
 
-const char* image_dtype_name(ImageDtype d) {
-  switch (d) {
-    case ImageDtype::kF32:
-      return "f32";
-    case ImageDtype::kF16:
-      return "f16";
-    case ImageDtype::kBF16:
-      return "bf16";
-    case ImageDtype::kQ8_0:
-      return "q8_0";
-    case ImageDtype::kQ4_0:
-      return "q4_0";
-  }
-  return "?";
-}
+namespace {
+constexpr EnumName<ImageDtype> kImageDtypeNames[] = {{ImageDtype::kF32, "f32"},
+                                                     {ImageDtype::kF16, "f16"},
+                                                     {ImageDtype::kBF16, "bf16"},
+                                                     {ImageDtype::kQ8_0, "q8_0"},
+                                                     {ImageDtype::kQ4_0, "q4_0"}};
+}  // namespace
 
-bool image_dtype_parse(const std::string& s, ImageDtype* out) {
-  if (s == "f32")
-    *out = ImageDtype::kF32;
-  else if (s == "f16")
-    *out = ImageDtype::kF16;
-  else if (s == "bf16")
-    *out = ImageDtype::kBF16;
-  else if (s == "q8_0")
-    *out = ImageDtype::kQ8_0;
-  else if (s == "q4_0")
-    *out = ImageDtype::kQ4_0;
-  else
-    return false;
-  return true;
-}
+const char* image_dtype_name(ImageDtype d) { return enum_name(kImageDtypeNames, d); }
+
+bool image_dtype_parse(const std::string& s, ImageDtype* out) { return enum_parse(kImageDtypeNames, s, out); }
 
 const char* bundle_kind_name(BundleKind k) { return k == BundleKind::kGated ? "gated" : "plain"; }
 

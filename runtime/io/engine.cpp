@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "formats/core/enum_names.h"
 #include "formats/core/error.h"
 #include "runtime/io/file.h"
 #ifdef NL_HAVE_URING
@@ -23,33 +24,14 @@
 
 namespace nl {
 
-const char* io_kind_name(IoKind k) {
-  switch (k) {
-    case IoKind::kPread:
-      return "pread";
-    case IoKind::kPreadv:
-      return "preadv";
-    case IoKind::kUring:
-      return "uring";
-    case IoKind::kMmap:
-      return "mmap";
-  }
-  return "?";
-}
+namespace {
+constexpr EnumName<IoKind> kIoKindNames[] = {
+    {IoKind::kPread, "pread"}, {IoKind::kPreadv, "preadv"}, {IoKind::kUring, "uring"}, {IoKind::kMmap, "mmap"}};
+}  // namespace
 
-bool io_kind_parse(const std::string& s, IoKind* out) {
-  if (s == "pread")
-    *out = IoKind::kPread;
-  else if (s == "preadv")
-    *out = IoKind::kPreadv;
-  else if (s == "uring")
-    *out = IoKind::kUring;
-  else if (s == "mmap")
-    *out = IoKind::kMmap;
-  else
-    return false;
-  return true;
-}
+const char* io_kind_name(IoKind k) { return enum_name(kIoKindNames, k); }
+
+bool io_kind_parse(const std::string& s, IoKind* out) { return enum_parse(kIoKindNames, s, out); }
 
 IoEngine::IoEngine(IoKind kind, std::string path, const IoOptions& o) : kind_(kind), path_(std::move(path)), opt_(o) {}
 
