@@ -492,6 +492,17 @@ def main():
         p = (s - args.warmup) / max(1, sched_steps - args.warmup)
         return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, p))))
 
+    def evaluate_probe():
+        """The probe's validation loss now: into history, the best model so far (--keep-best), the log."""
+        nonlocal best
+        vl, _ = evaluate(model, probe, args.batch, amp=amp)
+        if args.keep_best and (best is None or vl < best["valid_probe_loss"]):
+            best = {"step": step, "valid_probe_loss": vl,
+                    "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}}
+        history.append({"step": step, "train_loss_ema": train_loss_ema, "valid_probe_loss": vl,
+                        "elapsed_s": time.time() - t0})
+        print("eval step %d valid(probe) %.4f" % (step, vl), flush=True)
+
     def save_ckpt():
         torch.save({"cfg": cfg, "model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
                     "step": step, "history": history, "best": best,
@@ -551,13 +562,7 @@ def main():
         if args.bench:
             continue
         if step % args.eval_every == 0 or step == sched_steps:
-            vl, _ = evaluate(model, probe, args.batch, amp=amp)
-            if args.keep_best and (best is None or vl < best["valid_probe_loss"]):
-                best = {"step": step, "valid_probe_loss": vl,
-                        "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}}
-            history.append({"step": step, "train_loss_ema": train_loss_ema, "valid_probe_loss": vl,
-                            "elapsed_s": time.time() - t0})
-            print("eval step %d valid(probe) %.4f" % (step, vl), flush=True)
+            evaluate_probe()
         if step % args.ckpt_every == 0 or step == sched_steps or (
                 args.ckpt_seconds and time.time() - t_ckpt >= args.ckpt_seconds):
             save_ckpt()
@@ -570,13 +575,7 @@ def main():
         print("stopped at step %d of %d (%s, %.0f s)" % (step, sched_steps, stopped, time.time() - t_start),
               flush=True)
         if step and (not history or history[-1]["step"] != step):
-            vl, _ = evaluate(model, probe, args.batch, amp=amp)
-            if args.keep_best and (best is None or vl < best["valid_probe_loss"]):
-                best = {"step": step, "valid_probe_loss": vl,
-                        "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}}
-            history.append({"step": step, "train_loss_ema": train_loss_ema, "valid_probe_loss": vl,
-                            "elapsed_s": time.time() - t0})
-            print("eval step %d valid(probe) %.4f" % (step, vl), flush=True)
+            evaluate_probe()
         save_ckpt()
 
     # Final figures on everything: full validation split, and the same number of training windows.
