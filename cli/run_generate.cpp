@@ -685,12 +685,13 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
     if (text_prompt) extra["prompt"] = a.prompt;
   }
   // Timing and memory of this run.
-  double decode_io = 0, decode_io_busy = 0, decode_ffn_compute = 0;
+  double decode_io = 0, decode_io_busy = 0, decode_ffn_compute = 0, decode_verify = 0;
   if (ffn)
     for (size_t i = size_t(gen.prompt_forwards); i < ffn->per_token().size(); ++i) {
       decode_io += ffn->per_token()[i].io_seconds;
       decode_io_busy += ffn->per_token()[i].io_busy_seconds;
       decode_ffn_compute += ffn->per_token()[i].compute_seconds;
+      decode_verify += ffn->per_token()[i].verify_seconds;
     }
   const int decode_forwards = out.empty() ? 0 : int(out.size()) - 1;
   const uint64_t peak = peak_rss_bytes();
@@ -713,6 +714,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
       {"decode_io_share", io_share},
       {"decode_io_busy_seconds", decode_io_busy},
       {"decode_ffn_compute_seconds", decode_ffn_compute},
+      {"decode_verify_seconds", decode_verify},  // --verify-reads: hashing the bundles read
       {"peak_rss_bytes", peak},
       {"sampler", {{"temperature", sc.temperature}, {"top_k", sc.top_k}, {"top_p", sc.top_p}, {"seed", sc.seed}}}};
   if (synthetic) extra["synthetic"] = label;

@@ -42,6 +42,7 @@ void add(FlashCounters& a, const FlashCounters& b) {
   a.io_seconds += b.io_seconds;
   a.compute_seconds += b.compute_seconds;
   a.io_busy_seconds += b.io_busy_seconds;
+  a.verify_seconds += b.verify_seconds;
   a.replica_reads += b.replica_reads;
 }
 }  // namespace
@@ -485,8 +486,9 @@ const uint8_t* FlashFfn::bundle(int layer, uint32_t slot) const {
                       " neither read nor cached");
 }
 
-void FlashFfn::verify_pieces(int layer, size_t p0, size_t p1) const {
+void FlashFfn::verify_pieces(int layer, size_t p0, size_t p1) {
   if (sums_.empty()) return;
+  const auto t0 = Clock::now();
   const std::vector<uint64_t>& sums = sums_[size_t(layer)];
   for (size_t p = p0; p < p1; ++p)
     for (uint32_t s = pieces_[p].slot_begin; s < pieces_[p].slot_end; ++s) {
@@ -497,6 +499,7 @@ void FlashFfn::verify_pieces(int layer, size_t p0, size_t p1) const {
                                                 hex64(sums[s]) +
                                                 " at start-up): the storage returned corrupt data (--verify-reads)");
     }
+  token_.verify_seconds += since(t0);
 }
 
 void FlashFfn::coefficients(size_t j0, size_t j1, const uint32_t* ids, GateFrom from) {
@@ -935,6 +938,7 @@ void FlashFfn::ffn_block(int layer, int n, const float* x, float* out) {
     b.cache_hits += share(io.cache_hits);
     b.io_seconds += io.io_seconds / n;
     b.io_busy_seconds += io.io_busy_seconds / n;
+    b.verify_seconds += io.verify_seconds / n;
     b.compute_seconds += io.compute_seconds / n;
   }
 }

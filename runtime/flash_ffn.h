@@ -131,6 +131,7 @@ struct FlashCounters {
   // (first submit to last completion). Without overlap both are the read time.
   double io_busy_seconds = 0;
   uint64_t replica_reads = 0;  // flash replication: active neurons read from their second copy
+  double verify_seconds = 0;   // --verify-reads: hashing the bundles read (inside io_seconds or compute_seconds)
 };
 
 class FlashFfn : public FfnProvider {
@@ -173,7 +174,7 @@ class FlashFfn : public FfnProvider {
 
  private:
   // --verify-reads: the bundles of pieces [p0, p1) of the batch now in place against sums_ (InputError on a mismatch).
-  void verify_pieces(int layer, size_t p0, size_t p1) const;
+  void verify_pieces(int layer, size_t p0, size_t p1);
   std::vector<std::vector<uint64_t>> sums_;  // --verify-reads: per layer, slot -> xxh3-64 of its bundle
 
   FlashImage& img_;
