@@ -1,5 +1,6 @@
 // nl-layout solve: learn one neuron order per FFN layer from a profile trace (or from a graph file's counts plus
 // an optional token sample, --graph) and write the layout JSON.
+#include <chrono>
 #include <cstdio>
 
 #include "cli/commands.h"
@@ -80,8 +81,17 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
       ->check(CLI::Range(0u, 64u))
       ->group(grp);
   c.add_option("--small-fraction", a.o.small_fraction,
-               "Also try each cache candidate with this share of its S3-FIFO part in the small FIFO (0 = 10 % only)")
+               "--candidates full: also try the two best cache candidates with this share of their S3-FIFO part in "
+               "the small FIFO (0 = 10 % only)")
       ->check(CLI::Range(0.0, 0.99))
+      ->group(grp);
+  c.add_option_function<std::string>(
+       "--candidates", [&a](const std::string& s) { a.o.full_candidates = s == "full"; },
+       "Cache policies each searched order is measured under: lean (the value cache, the hottest and the refined "
+       "pinned sets) or full (also the paper's cache, partial pinned sets, isolated admission and small-FIFO "
+       "retries: about 4x the validation passes)")
+      ->check(CLI::IsMember({"lean", "full"}))
+      ->default_str("lean")
       ->group(grp);
   // Parsed here, once, into the enum (formats/core/cache_admission.h); the names are the ones files record.
   // The S3-FIFO rules only: the value cache is a candidate of its own in every family (docs/solvers.md).
@@ -168,7 +178,9 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
                   "the recorded path weights count only the pairs in the lists (lower bounds)");
   }
   Progress prog("solve " + o.method, n_layers, !g.quiet, "layers");
+  LayerSolve phases;  // every layer's phase times, summed (only `phases` is used)
   auto on_layer = [&](uint32_t layer, const LayerSolve& s) {
+    for (const auto& [name, sec] : s.phases) phases.add_phase(name, sec);
     std::string line;
     char buf[512];
     std::snprintf(buf, sizeof buf,
@@ -196,15 +208,30 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   };
   Layout l = a.graph.empty() ? solve_trace(a.trace, o, on_layer) : solve_graph(a.graph, a.trace, o, on_layer);
   prog.finish();
+  const auto t_write = std::chrono::steady_clock::now();
   layout_write(a.out, l);
+  phases.add_phase("write", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_write).count());
   if (g.json) {
     nlohmann::json j = {{"out", a.out}, {"method", o.method}, {"layers", l.layers.size()}};
+    nlohmann::json ph = nlohmann::json::object();
+    for (const auto& [name, sec] : phases.phases) ph[name] = sec;
+    j["phase_seconds"] = ph;
     nlohmann::json ls = nlohmann::json::array();
     for (const auto& L : l.layers)
       ls.push_back({{"objective", L.objective}, {"upper_bound", L.upper_bound}, {"gap", L.gap()}});
     j["per_layer"] = ls;
     std::printf("%s\n", json_dump(j, 2).c_str());
   } else {
+    if (!g.quiet) {
+      std::string line = "solve phases, thread-seconds summed over layers:";
+      char buf[96];
+      for (const auto& [name, sec] : phases.phases) {
+        std::snprintf(buf, sizeof buf, " %s %.2f,", name.c_str(), sec);
+        line += buf;
+      }
+      line.pop_back();
+      info(g, line);
+    }
     std::printf("wrote %s (%s, %zu layers)\n", a.out.c_str(), o.method.c_str(), l.layers.size());
   }
 }

@@ -82,7 +82,23 @@ uint64_t order_hash(const Order& order) {
   return h;
 }
 
+void LayerSolve::add_phase(const std::string& name, double s) {
+  for (auto& [n, v] : phases)
+    if (n == name) {
+      v += s;
+      return;
+    }
+  phases.emplace_back(name, s);
+}
+
 namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point& t) {
+  const auto now = std::chrono::steady_clock::now();
+  const double d = std::chrono::duration<double>(now - t).count();
+  t = now;
+  return d;
+}
 
 // The paper's pipeline's and every candidate's cache policy as a label, so that a recipe chosen on the build tokens
 // can be rebuilt on all of them (pinned sets are recomputed there).
@@ -136,10 +152,13 @@ struct FamilyInput {
   }
   // The value cache (runtime/plan/slot_cache.h), nothing pinned.
   LayerCachePolicy value() const { return LayerCachePolicy{CacheAdmission::kValue, {}, 0, hot_rank}; }
-  // Adds the value cache (second in every order's list, after the paper's cache: where it wins, the S3-FIFO policies
-  // measured after it stop early).
-  void add_value(Build& b) const {
+  // The policies every searched order is measured under before its pinned ones: the paper's cache (full set only),
+  // the value cache (early in the list: where it wins, the S3-FIFO policies measured after it stop early), and the
+  // admission rule with nothing pinned (full set, or where nothing can be pinned).
+  void add_common(Build& b) const {
+    if (opt.full_candidates) b.add("paper's cache", LayerCachePolicy{});
     if (cap > 0) b.add("value", value());
+    if (opt.full_candidates || !can_pin) b.add(cache_admission_name(opt.admission), LayerCachePolicy{opt.admission, {}});
   }
   std::string pol_label(CacheAdmission admission, const std::string& pins) const {
     return cache_admission_name(admission) + (pins.empty() ? "" : "+" + pins);
@@ -162,16 +181,17 @@ std::vector<Build> family_paper(FamilyInput& in) {
 // with nothing pinned, the hottest neurons pinned where they are (all of the pinned share, or 6/8, 5/8, 4/8 of it
 // with the rest of the capacity S3-FIFO admitting every miss or only misses read alone), and the full set refined
 // for this order (layout/pins.h).
-std::vector<Build> family_search(FamilyInput& in, LsStats* ls, PinRefineStats* pins) {
+std::vector<Build> family_search(FamilyInput& in, LsStats* ls, PinRefineStats* pins, LayerSolve* r) {
   const SolveOptions& opt = in.opt;
+  auto t = std::chrono::steady_clock::now();
   Build b;
   b.label = "search";
   b.order = local_search(in.m, in.g, in.greedy, in.lo, ls);
-  b.add("paper's cache", LayerCachePolicy{});
-  in.add_value(b);
-  b.add(cache_admission_name(opt.admission), LayerCachePolicy{opt.admission, {}});
+  if (r) r->add_phase("search: local search", seconds_since(t));
+  in.add_common(b);
   if (in.can_pin) b.add(in.pol_label(opt.admission, "hot"), LayerCachePolicy{opt.admission, in.hot_pins});
   for (uint32_t q : {6u, 5u, 4u}) {
+    if (!opt.full_candidates) break;
     const uint32_t k = in.n_pin * q / 8;
     if (!in.can_pin || k == 0 || k >= in.n_pin) continue;
     std::vector<uint32_t> part(in.hot_pins.begin(), in.hot_pins.begin() + k);
@@ -187,6 +207,7 @@ std::vector<Build> family_search(FamilyInput& in, LsStats* ls, PinRefineStats* p
     if (pins) *pins = st;
     if (st.swaps > 0)
       b.add(in.pol_label(opt.admission, "refined"), LayerCachePolicy{opt.admission, std::move(refined)});
+    if (r) r->add_phase("search: pins", seconds_since(t));
   }
   return {b};
 }
@@ -220,9 +241,7 @@ std::vector<Build> family_pinned(FamilyInput& in) {
   Build b;
   b.label = "pinned";
   b.order = local_search(m, g, seed, lp, &st);
-  b.add("paper's cache", LayerCachePolicy{});
-  in.add_value(b);
-  b.add(cache_admission_name(in.opt.admission), LayerCachePolicy{in.opt.admission, {}});
+  in.add_common(b);
   b.add(in.pol_label(in.opt.admission, "hot"), LayerCachePolicy{in.opt.admission, in.hot_pins});
   return {b};
 }
@@ -288,9 +307,7 @@ std::vector<Build> family_ends_in(FamilyInput& in, const std::string* only) {
     Build b;
     b.label = std::move(label);
     b.order = std::move(o);
-    b.add("paper's cache", LayerCachePolicy{});
-    in.add_value(b);
-    b.add(cache_admission_name(opt.admission), LayerCachePolicy{opt.admission, {}});
+    in.add_common(b);
     for (const auto& [l, p] : pols) b.add(l, p);
     out.push_back(std::move(b));
   };
@@ -394,7 +411,7 @@ struct Selection {
       // The small-FIFO retry takes the two best policies that leave part of the capacity to S3-FIFO (ties: the
       // earlier), so such a policy also runs to the end while it may still be one of them: its bound is the larger
       // of the family's best and the second best of them so far.
-      const bool retry = small_pass && opt.small_fraction > 0;
+      const bool retry = small_pass && opt.full_candidates && opt.small_fraction > 0;
       auto eligible = [&](const LayerCachePolicy& p) {
         return p.admission != CacheAdmission::kValue && p.pinned.size() < cap;  // the value cache has no FIFO
       };
@@ -429,7 +446,7 @@ struct Selection {
 // Runs one family on `in`: the candidates the selection compares, or (only != nullptr) just the one with that label.
 std::vector<Build> run_family(const std::string& family, FamilyInput& in, const std::string* only, LayerSolve& r) {
   if (family == "paper") return family_paper(in);
-  if (family == "search") return family_search(in, &r.ls, &r.pins);
+  if (family == "search") return family_search(in, &r.ls, &r.pins, &r);
   if (family == "pinned") return family_pinned(in);
   if (family == "ends-in") return family_ends_in(in, only);
   throw InternalError("solve: unknown candidate family " + family);
@@ -477,6 +494,25 @@ bool rebuild_recipe(FamilyInput& in, const Selection& sel, LayerSolve& r) {
 
 namespace {
 
+// m's rows (neurons) by ascending frequency, ties by index. Counting pairs costs each row its frequency times the
+// columns after it (the sparse count, graph/sparse_vertical.cpp, computes the upper triangle), so with the hottest
+// rows last the count does a fraction of the work; what is computed from the counts must not depend on the neurons'
+// labels (the path bound: the sum of each neuron's two largest counts). OPT-6.7B shape: the validation part's bound,
+// 16.3 thread-seconds of a 32-layer solve before, 12.2-12.5 after (docs/benchmarks.md).
+LayerMask rows_by_frequency(const LayerMask& m) {
+  std::vector<uint64_t> f(m.n_neurons, 0);
+  for (uint32_t v = 0; v < m.n_neurons; ++v) {
+    const uint64_t* r = m.row(v);
+    for (uint64_t w = 0; w < m.words; ++w) f[v] += uint64_t(__builtin_popcountll(r[w]));
+  }
+  std::vector<uint32_t> by(m.n_neurons);
+  for (uint32_t v = 0; v < m.n_neurons; ++v) by[v] = v;
+  std::stable_sort(by.begin(), by.end(), [&](uint32_t a, uint32_t b) { return f[a] < f[b]; });
+  LayerMask out(m.n_neurons, m.n_tokens);
+  for (uint32_t k = 0; k < m.n_neurons; ++k) std::memcpy(out.row(k), m.row(by[k]), m.words * sizeof(uint64_t));
+  return out;
+}
+
 // The count matrix of this thread's last layer (512 MiB for 16,384 neurons), kept for its next layer of as many
 // neurons: overwritten instead of zeroed and faulted in again (graph/coactivation.h). At most one per solving thread,
 // which holds one during each layer anyway.
@@ -513,6 +549,8 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
   // The validation tokens as a mask of their own, starting at token 0 (in place) or m's tokens from build_end.
   const LayerMask& m_val = in_place ? m_val_own : m;
   const uint64_t val_begin = in_place ? 0 : r.split.build_end;
+  auto tp = t0;  // phase clock
+  r.add_phase("split", seconds_since(tp));
   LayerGraph counted;  // the build tokens' counts (completed in place below); unused when `counts` gives them
   if (!counts) counted = coactivation_count(mb, co, &t_spare_upper);
   const LayerGraph& g = counts ? counts(layer_index, co) : counted;
@@ -528,9 +566,8 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
       CoactivationOptions cv = co;
       cv.full_matrix = false;
       cv.top_k = 2;
-      bound_validation =
-          path_upper_bound(in_place ? coactivation_count(m_val_own, cv)
-                                    : coactivation_count(mask_tokens(m, r.split.build_end, m.n_tokens), cv));
+      bound_validation = path_upper_bound(coactivation_count(
+          rows_by_frequency(in_place ? m_val_own : mask_tokens(m, r.split.build_end, m.n_tokens)), cv));
       return;
     }
     if (co.full_matrix) {
@@ -550,6 +587,7 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
     return d;
   };
   r.seconds_count = lap();
+  r.add_phase("count", seconds_since(tp));
   if (meth == "identity") {
     r.order = solve_identity(m.n_neurons);
   } else if (meth == "frequency") {
@@ -569,6 +607,7 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
     FamilyInput in(mb, g, tm_build, opt, cost);
     in.greedy = solve_greedy(g, &mb, &r.greedy, nullptr, &in.band);
     r.seconds_greedy = lap();
+    r.add_phase("greedy", seconds_since(tp));
     std::unique_ptr<TokenMajorMask> tm_val_own;
     if (split)
       tm_val_own = std::make_unique<TokenMajorMask>(m_val, val_begin,
@@ -581,8 +620,10 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
     sel.seen = &r.candidates;
     for (const std::string& f : families()) {
       std::vector<Build> bs = run_family(f, in, nullptr, r);
+      r.add_phase("build " + f, seconds_since(tp));
       FamilyFigure fig;
       sel.offer(f, bs, fig, f != "paper");
+      r.add_phase("select " + f, seconds_since(tp));
       if (fig.candidates == 0) continue;
       if (!opt.family_build_figures) {
         // not asked for (nobody reads them): no pass over the build tokens
@@ -605,6 +646,7 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
       } else {
         fig.build_ms = fig.validation_ms;  // built and chosen on the same tokens
       }
+      if (opt.family_build_figures) r.add_phase("build figures", seconds_since(tp));
       r.families.push_back(std::move(fig));
     }
     r.chosen_family = sel.best_family;
@@ -615,12 +657,14 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
     r.seconds_ls = lap();
     complete_graph();
     r.seconds_count += lap();
+    r.add_phase("bound", seconds_since(tp));
     if (split && opt.rebuild) {
       const TokenMajorMask tm_all(m, 0, std::min<uint64_t>(m.n_tokens, opt.guard_tokens));
       FamilyInput all(m, g, tm_all, opt, cost);
       all.greedy = solve_greedy(g, &m, nullptr, nullptr, &all.band);
       r.rebuilt = rebuild_recipe(all, sel, r);
       r.seconds_ls += lap();
+      r.add_phase("rebuild", seconds_since(tp));
     }
     // Candidates from the build tokens (tm_build's range of m: in place, m is the build part; otherwise m_build_own
     // is already released by complete_graph), the level chosen on tm_val.
@@ -631,6 +675,7 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
       r.replicas = rep.replicas;
       r.replicate_summary = rep.summary;
       r.seconds_ls += lap();
+      r.add_phase("replicate", seconds_since(tp));
     }
   } else {
     throw UsageError("unknown method '" + meth + "' (identity, frequency, greedy, greedy+ls, rcm)");
@@ -643,6 +688,7 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
   r.objective = graph_covers(g, m) ? path_weight(g, m, path) : path_weight(m, path);
   if (in_place) r.objective += path_weight(m_val_own, path);
   if (!counted.upper.empty()) t_spare_upper.swap(counted.upper);  // the older spare, if any, is freed with counted
+  r.add_phase("objective", seconds_since(tp));
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -674,6 +720,7 @@ nlohmann::json solve_parameters(const SolveOptions& opt) {
     p["pin_share"] = opt.pin_share;
     p["pin_rounds"] = opt.pin_rounds;
     p["small_fraction"] = opt.small_fraction;
+    p["candidates"] = opt.full_candidates ? "full" : "lean";
     p["guard_tokens"] = opt.guard_tokens;
     p["validation_share"] = opt.validation_share;
     p["rebuild"] = opt.rebuild;
@@ -739,11 +786,16 @@ Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,
   std::mutex io_mu;
   solve_layers(out, ti.n_layers, progress, [&](uint32_t l) {
     LayerMask m;
+    double read_s = 0;
     {
       std::lock_guard<std::mutex> lk(io_mu);  // HDF5 is serialised
+      auto t = std::chrono::steady_clock::now();
       m = tr.read_layer(l);
+      read_s = seconds_since(t);
     }
-    return solve_layer(std::move(m), opt, l, &ti.sequences);
+    LayerSolve s = solve_layer(std::move(m), opt, l, &ti.sequences);
+    s.phases.insert(s.phases.begin(), {"read", read_s});
+    return s;
   });
   return out;
 }

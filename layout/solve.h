@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "formats/layout.h"
@@ -39,8 +40,15 @@ struct SolveOptions {
   // Rounds of swaps refining the pinned set for the searched order (layout/pins.h); 0 = the hottest set only.
   uint32_t pin_rounds = 8;
   // Each cache candidate with an S3-FIFO part is also tried with this small-FIFO share (recorded per layer as
-  // `small_fraction`); 0 = only S3-FIFO's 10 %.
+  // `small_fraction`); 0 = only S3-FIFO's 10 %. Full candidate set only.
   double small_fraction = 0.5;
+  // Which cache policies each searched order is measured under. Lean (default): the value cache, the admission rule
+  // with the hottest neurons pinned and with the refined pinned set (the admission rule alone where nothing can be
+  // pinned); these held every winner of 120 real and preset layers, where the best of the other policies was at
+  // least 2 % slower on validation (docs/solvers.md). Full: also the paper's cache, the admission rule alone, 6/8,
+  // 5/8 and 4/8 of the pinned set under both admission rules, and the small-FIFO retries: about four times the
+  // validation passes.
+  bool full_candidates = false;
   // Share of the profile trace's sequences (the last ones) held out to choose between candidates; the rest builds
   // them. 0 = build on every token and choose on the first guard_tokens of them (before validated selection).
   double validation_share = 0.2;
@@ -133,6 +141,12 @@ struct LayerSolve {
   bool kept_paper() const { return chosen_family == "paper" || chosen_family.empty(); }
   double seconds_count = 0, seconds_greedy = 0, seconds_ls = 0;  // time split
   double seconds = 0;
+  // Where the layer's time went, finer than the split above, in the order first met: "read" (solve_trace), "count",
+  // "greedy", "build <family>" and "select <family>" (the validation passes), "search: local search", "search: pins",
+  // "build figures", "bound", "objective". Thread-seconds of the solving thread (nl-layout solve sums them over
+  // layers: docs/benchmarks.md "Layout solver").
+  std::vector<std::pair<std::string, double>> phases;
+  void add_phase(const std::string& name, double s);
 };
 
 // Where a layer's co-activation counts come from when they are not counted from its mask (nl-layout solve --graph,

@@ -184,6 +184,9 @@ TEST_CASE("solve's replicas come from build tokens only; the level kept is the b
   o.eval = no_cache_16k();
   o.eval.cache_ratio = 0.05;
   o.replicate_share = 0.2;
+  // On this clustered trace plain S3-FIFO with the larger small FIFO wins (0.0957 ms/token on validation, against
+  // the value cache's 0.0959 in the lean set), and copies pay only with it: the full candidate set.
+  o.full_candidates = true;
   std::vector<int64_t> seq;
   for (int64_t t = 0; t < 4096; t += 128) seq.push_back(t);
   const LayerSolve r = solve_layer(m, o, 0, &seq);
@@ -216,5 +219,5 @@ TEST_CASE("solve's replicas come from build tokens only; the level kept is the b
   for (uint32_t div : {4u, 2u, 1u})
     CHECK(kept <= evaluate_layer(m, insert_replicas(primary, c, budget / div), ev, 0, &r.cache).io_seconds);
   CHECK(r.replicate_summary.find("kept") != std::string::npos);
-  CHECK(r.replicas > 0);  // on this trace a level with copies wins (deterministic: 25 of 102)
+  CHECK(r.replicas > 0);  // on this trace a level with copies wins (deterministic: 51 of 102)
 }
