@@ -1,5 +1,8 @@
 // nl-layout solve: learn one neuron order per FFN layer from a profile trace (or from a graph file's counts plus
 // an optional token sample, --graph) and write the layout JSON.
+#include <omp.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -11,6 +14,7 @@
 #include "formats/trace.h"
 #include "graph/graph_file.h"
 #include "layout/solve.h"
+#include "layout/solve_cost.h"
 #include "layout/solve_graph.h"
 
 namespace nl::cli {
@@ -146,6 +150,26 @@ void add_search_options(CLI::App& c, SolveArgs& a) {
       ->group(grp);
 }
 
+// The solve's estimated time and memory (layout/solve_cost.h) from the trace's shape and a sample of its first
+// layer's activity: printed, and a run that cannot fit in memory refused before it starts.
+void estimate_cost(const TraceReader& tr, const SolveOptions& o, const GlobalOptions& g) {
+  const TraceInfo& ti = tr.info();
+  if (ti.n_layers == 0 || ti.n_tokens == 0) return;
+  const uint64_t words = std::min<uint64_t>(64, (ti.n_tokens + 63) / 64);  // the first 4,096 tokens
+  const std::vector<uint64_t> w = tr.read_layer_words(0, 0, words);
+  uint64_t ones = 0;
+  for (uint64_t x : w) ones += uint64_t(__builtin_popcountll(x));
+  const double density = double(ones) / (double(ti.n_neurons[0]) * double(std::min<uint64_t>(ti.n_tokens, words * 64)));
+  const uint32_t threads = uint32_t(std::max(1, omp_get_max_threads()));
+  const SolveCostEstimate e = estimate_solve_cost(ti.n_neurons, ti.n_tokens, density, threads, o);
+  if (e.layer_seconds > 0) info(g, describe(e, ti.n_layers, std::min<uint32_t>(threads, ti.n_layers)));
+  require_memory("nl-layout solve " + ti.path + " (" + std::to_string(ti.n_layers) + " layers of up to " +
+                     std::to_string(*std::max_element(ti.n_neurons.begin(), ti.n_neurons.end())) + " neurons, " +
+                     std::to_string(ti.n_tokens) + " tokens, " + std::to_string(threads) +
+                     " layers at a time; --threads 1 or a smaller --full-matrix-mib needs less)",
+                 e.peak_bytes);
+}
+
 void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   apply_global_options(g);
   if (a.trace.empty() && a.graph.empty()) throw UsageError("solve needs --trace or --graph (or both)");
@@ -162,6 +186,7 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
     TraceReader tr(a.trace);
     n_layers = tr.info().n_layers;
     o.eval = eval_config_from(a.dev, &tr.info());
+    if (a.graph.empty()) estimate_cost(tr, o, g);
   }
   o.family_build_figures = !g.quiet;  // only the progress line below shows them
   if (!a.graph.empty()) {

@@ -142,9 +142,9 @@ struct LayerSolve {
   double seconds_count = 0, seconds_greedy = 0, seconds_ls = 0;  // time split
   double seconds = 0;
   // Where the layer's time went, finer than the split above, in the order first met: "read" (solve_trace), "count",
-  // "greedy", "build <family>" and "select <family>" (the validation passes), "search: local search", "search: pins",
-  // "build figures", "bound", "objective". Thread-seconds of the solving thread (nl-layout solve sums them over
-  // layers: docs/benchmarks.md "Layout solver").
+  // "greedy", "build <family>" and "select <family>" (the validation passes), "build figures", "bound", "objective";
+  // "search: local search" and "search: pins" are parts of "build search". Thread-seconds of the solving thread
+  // (nl-layout solve sums them over layers: docs/benchmarks.md "Offline: count + solve").
   std::vector<std::pair<std::string, double>> phases;
   void add_phase(const std::string& name, double s);
 };

@@ -1,0 +1,89 @@
+#include "layout/solve_cost.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <queue>
+#include <vector>
+
+#include "formats/core/atomic_file.h"
+
+namespace nl {
+
+namespace {
+
+// Fitted by bench/solve_cost_fit.py on bench/solve_cost_curve.sh's points (bench/solve_cost_curve.csv: one synthetic
+// OPT-6.7B-preset layer each, 4,096 / 11,008 / 16,384 / 28,672 neurons x 32k / 131k / 524k profile tokens, active
+// fraction 0.032; `nl-layout --threads 1`; AMD EPYC Zen 4, quiet, 2026-12-07; every point within 21 %,
+// docs/benchmarks.md). A layer alone (its buffers faulted in):
+//   seconds = c0 + c1 n^2 T d + c2 n^2 (full matrix) + c3 n^2 (top-k lists) + c4 n T.
+struct Fit {
+  double c0, c1, c2, c3, c4;
+  double at(double n, double t, double d, bool full) const {
+    return c0 + c1 * n * n * t * d + (full ? c2 : c3) * n * n + c4 * n * t;
+  }
+};
+constexpr Fit kLayerAlone = {1.56788, 1.18122e-12, 3.19231e-09, 4.91253e-09, 1.11552e-09};
+// A later layer of a many-layer run reuses its thread's buffers (nl-layout never trims the heap): 0.75 of a layer
+// alone, from the 32-layer OPT-6.7B shape (16 rounds of 2 layers in 79.15-80.64 s; a layer alone 7.50 s).
+constexpr double kSteady = 0.75;
+// Peak bytes: m0 + m1 (n T / 8) + m2 n^2 (full matrix) per layer in flight.
+constexpr double kMem0 = 1.507e8, kMemMask = 1.80268, kMemPairs = 2.15276;
+
+bool counts_pairs(const SolveOptions& opt) { return opt.method == "greedy" || opt.method == "greedy+ls"; }
+bool keeps_matrix(uint32_t n, const SolveOptions& opt) {
+  return counts_pairs(opt) && uint64_t(n) * (n > 0 ? n - 1 : 0) / 2 * 4 <= opt.full_matrix_bytes;
+}
+
+}  // namespace
+
+double solve_layer_seconds(uint32_t neurons, uint64_t tokens, double density, const SolveOptions& opt) {
+  if (!counts_pairs(opt)) return 0;
+  return kSteady * kLayerAlone.at(double(neurons), double(tokens), density, keeps_matrix(neurons, opt));
+}
+
+uint64_t solve_layer_bytes(uint32_t neurons, uint64_t tokens, double density, const SolveOptions& opt) {
+  (void)density;
+  const double n = double(neurons);
+  double b = kMemMask * n * double(tokens) / 8;
+  if (keeps_matrix(neurons, opt)) b += kMemPairs * n * n;
+  return uint64_t(b);
+}
+
+SolveCostEstimate estimate_solve_cost(const std::vector<uint32_t>& neurons, uint64_t tokens, double density,
+                                      uint32_t threads, const SolveOptions& opt) {
+  SolveCostEstimate e;
+  if (neurons.empty()) return e;
+  threads = std::max<uint32_t>(1, std::min<uint32_t>(threads, uint32_t(neurons.size())));
+  const uint32_t widest = *std::max_element(neurons.begin(), neurons.end());
+  e.layer_seconds = counts_pairs(opt) ? kLayerAlone.at(widest, double(tokens), density, keeps_matrix(widest, opt)) : 0;
+  e.full_matrix = keeps_matrix(widest, opt);
+  // Layers handed out in order to the first free thread; each thread's first layer is cold.
+  std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;
+  for (uint32_t t = 0; t < threads; ++t) free_at.push(0);
+  double end = 0;
+  for (size_t l = 0; l < neurons.size(); ++l) {
+    const double start = free_at.top();
+    free_at.pop();
+    const double alone =
+        counts_pairs(opt) ? kLayerAlone.at(neurons[l], double(tokens), density, keeps_matrix(neurons[l], opt)) : 0;
+    const double cost = l < threads ? alone : kSteady * alone;
+    free_at.push(start + cost);
+    end = std::max(end, start + cost);
+  }
+  e.wall_seconds = end;
+  e.peak_bytes = uint64_t(kMem0) + uint64_t(threads) * solve_layer_bytes(widest, tokens, density, opt);
+  return e;
+}
+
+std::string describe(const SolveCostEstimate& e, uint32_t layers, uint32_t threads) {
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "solve: estimate for %u layers on %u thread%s: about %.0f s wall (a layer alone %.1f s), peak about %s "
+                "(a model fitted on one 2-core AMD EPYC machine, docs/benchmarks.md)",
+                layers, threads, threads == 1 ? "" : "s", e.wall_seconds, e.layer_seconds,
+                format_bytes(e.peak_bytes).c_str());
+  return buf;
+}
+
+}  // namespace nl
