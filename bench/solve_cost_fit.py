@@ -2,16 +2,21 @@
 """Fits the count + solve cost curve (bench/solve_cost_curve.sh's CSV) to the model layout/solve_cost.cpp uses, and
 prints the coefficients, each point's fit error, and predictions for whole models.
 
-Model, per layer of n neurons, T profile tokens, active fraction d (the preset's 0.032 in the curve):
-  seconds = c0 + c1 n^2 T d + c2 n^2 full + c3 n^2 (1 - full) + c4 n T   (non-negative least squares, relative error)
+Model, per layer of n neurons, T profile tokens, active fraction d (the preset's, the CSV's `density`):
+  seconds = c0 + c1 n^2 T d + c2 n^2 full + c3 n^2 (1 - full) + c4 n T + c5 n d V + c6 n d V ends
+                                                               (non-negative least squares on the relative error)
+where V = min(0.2 T, 16384) are the validation tokens the candidates are measured on (--validation-share,
+--guard-tokens), ends = 1 where the ends-in family runs (the planner's merge gap, in bundles of the default size for
+the width, is wider than the search's 4-slot windows: 4 KiB bundles here) and
 where full = 1 when the layer's pair counts fit in --full-matrix-mib (1 GiB: up to 23,170 neurons) and greedy runs
 over every pair, else 0 (top-k lists).
 fitted to `wall_s` of a single layer alone (cold: its buffers faulted in). A later layer of a many-layer run reuses
-the buffers (no heap trimming) and costs STEADY times that: 0.75, from the 32-layer OPT-6.7B run (16 rounds of 2
-layers in 79.15-80.64 s where a layer alone takes 7.50 s). Peak memory: bytes = m0 + m1 * (n*T/8) + m2 * n^2.
+the buffers (no heap trimming) and costs STEADY times that: 0.72, from the 32-layer OPT-6.7B run (16 rounds of 2
+layers, median 80.54 s, where the model gives a layer alone 6.83 s). Peak memory: bytes = m0 + m1 * (n*T/8) + m2 * n^2.
 Peak memory: bytes = m0 + m1 * (n*T/8) + m2 * n^2 * full. A whole model on P threads: the first P layers cold, the rest steady:
   wall = wall_1 * (1 + (ceil(L / P) - 1) * STEADY).
-  bench/solve_cost_fit.py CURVE.csv [DENSITY]
+  bench/solve_cost_fit.py CURVE.csv
+(The opt-6.7b rows' solve_phases_s counted the "search: ..." parts of "build search" twice; nothing is fitted to it.)
 """
 import csv
 import math
@@ -60,21 +65,30 @@ def dot(r, c):
 
 
 FULL_MATRIX_BYTES = 1 << 30
-STEADY = 0.75
+STEADY = 0.72
 
 
 def full(n):
     return 1.0 if n * (n - 1) // 2 * 4 <= FULL_MATRIX_BYTES else 0.0
 
 
+def ends_in(n):
+    """Whether solve's ends-in family runs at this width: the default bundle size (layout/evaluate.cpp
+    default_bundle_bytes) and the auto merge gap on the built-in UFS 4.0 device (configs/devices/ufs40.json, a x B
+    bytes break even; runtime/plan/read_plan.cpp auto_gap_bundles) against the search's 4-slot windows."""
+    bundle = 24576 if n in (11008, 14336) else max(n, 64)
+    gap = max(0, math.ceil(8.14e-6 * 4267e6 / bundle) - 1)
+    return 1.0 if gap > 4 and n >= 4 else 0.0
+
+
 def features(n, t, d):
-    return [1.0, n * n * t * d, n * n * full(n), n * n * (1 - full(n)), n * t]
+    v = min(0.2 * t, 16384.0)
+    return [1.0, n * n * t * d, n * n * full(n), n * n * (1 - full(n)), n * t, n * d * v, n * d * v * ends_in(n)]
 
 
 def main():
     rows = list(csv.DictReader(open(sys.argv[1])))
-    d = float(sys.argv[2]) if len(sys.argv) > 2 else 0.032
-    X = [features(float(r["neurons"]), float(r["tokens"]), d) for r in rows]
+    X = [features(float(r["neurons"]), float(r["tokens"]), float(r["density"])) for r in rows]
     out = {}
     for col in ("wall_s",):
         y = [float(r[col]) for r in rows]
@@ -82,13 +96,14 @@ def main():
         out[col] = c
         print(f"{col}: " + "  ".join(f"c{i} {v:.6g}" for i, v in enumerate(c)))
         for r, yi, fi in zip(rows, y, [dot(x, c) for x in X]):
-            print(f"  n {r['neurons']:>6} T {r['tokens']:>7}: measured {yi:7.2f} s, model {fi:7.2f} s, "
+            print(f"  n {r['neurons']:>6} T {r['tokens']:>7} d {r['density']:>5}: measured {yi:7.2f} s, model {fi:7.2f} s, "
                   f"error {100 * (fi - yi) / yi:+6.1f} %")
     # The growth as one power law, wall = a n^alpha T^beta (log-linear least squares), for the exponents.
     import math as _m
-    L = [[1.0, _m.log(float(r["neurons"])), _m.log(float(r["tokens"]))] for r in rows]
-    ab = lstsq(L, [_m.log(float(r["wall_s"])) for r in rows])
-    print(f"power law: wall = {_m.exp(ab[0]):.4g} * n^{ab[1]:.3f} * T^{ab[2]:.3f}")
+    pr = [r for r in rows if float(r["density"]) == 0.032]
+    L = [[1.0, _m.log(float(r["neurons"])), _m.log(float(r["tokens"]))] for r in pr]
+    ab = lstsq(L, [_m.log(float(r["wall_s"])) for r in pr])
+    print(f"power law (d = 0.032 rows): wall = {_m.exp(ab[0]):.4g} * n^{ab[1]:.3f} * T^{ab[2]:.3f}")
     # Peak memory (one layer, one thread).
     M = [[1.0, float(r["neurons"]) * float(r["tokens"]) / 8, float(r["neurons"]) ** 2 * full(int(r["neurons"]))]
          for r in rows]
@@ -98,17 +113,18 @@ def main():
     for r, yi, fi in zip(rows, y, [dot(x, m) for x in M]):
         print(f"  n {r['neurons']:>6} T {r['tokens']:>7}: measured {yi / 2**30:6.2f} GiB, model {fi / 2**30:6.2f} GiB, "
               f"error {100 * (fi - yi) / yi:+6.1f} %")
-    print("whole models (131,072 profile tokens, d = %.3f), count + solve wall:" % d)
-    for name, n, layers in (("OPT-6.7B", 16384, 32), ("Llama-2-13B", 13824, 40), ("Llama-2-70B", 28672, 80)):
-        f = features(n, 131072, d)
+    print("whole models, 131,072 profile tokens, count + solve wall (predicted):")
+    for name, n, layers, dd in (("OPT-6.7B", 16384, 32, 0.032), ("Llama-2-13B", 13824, 40, 0.032),
+                                ("Llama-2-13B", 13824, 40, 0.24), ("Llama-2-70B", 28672, 80, 0.032),
+                                ("Llama-2-70B", 28672, 80, 0.24)):
+        f = features(n, 131072, dd)
         w1 = dot(f, out["wall_s"])
-        u1 = STEADY * w1
         per_thread_bytes = m[1] * n * 131072 / 8 + m[2] * n * n * full(n)
         for p in (2, 64):
-            wall = w1 + (math.ceil(layers / p) - 1) * u1
+            wall = w1 * (1 + (math.ceil(layers / p) - 1) * STEADY)
             peak = m[0] + min(p, layers) * per_thread_bytes
-            print(f"  {name:12s} {layers} x {n}: {p:2d} threads {wall:8.1f} s, peak {peak / 2**30:6.1f} GiB")
-
+            print(f"  {name:12s} {layers} x {n}, d {dd}: {p:2d} threads {wall:8.1f} s, peak {peak / 2**30:6.1f} GiB"
+                  f" (a layer alone {w1:.1f} s)")
 
 if __name__ == "__main__":
     main()

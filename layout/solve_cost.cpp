@@ -7,39 +7,50 @@
 #include <vector>
 
 #include "formats/core/atomic_file.h"
+#include "layout/cost_model.h"
 
 namespace nl {
 
 namespace {
 
-// Fitted by bench/solve_cost_fit.py on bench/solve_cost_curve.sh's points (bench/solve_cost_curve.csv: one synthetic
-// OPT-6.7B-preset layer each, 4,096 / 11,008 / 16,384 / 28,672 neurons x 32k / 131k / 524k profile tokens, active
-// fraction 0.032; `nl-layout --threads 1`; AMD EPYC Zen 4, quiet, 2026-12-07; every point within 21 %,
-// docs/benchmarks.md). A layer alone (its buffers faulted in):
-//   seconds = c0 + c1 n^2 T d + c2 n^2 (full matrix) + c3 n^2 (top-k lists) + c4 n T.
+// Fitted by bench/solve_cost_fit.py on bench/solve_cost_curve.csv (bench/solve_cost_curve.sh: one synthetic layer
+// per point; the OPT-6.7B preset, active fraction 0.032, at 4,096 / 11,008 / 16,384 / 28,672 neurons x 32k / 131k /
+// 524k profile tokens, and the Llama-2 ProSparse preset, 0.24, at 4,096 / 11,008 / 16,384 neurons x 131k;
+// `nl-layout --threads 1`; AMD EPYC Zen 4, quiet, 2026-12-07; every point within 13.2 %, docs/benchmarks.md). A layer
+// alone (its buffers faulted in), with V = min(0.2 T, 16384) validation tokens:
+//   seconds = c0 + c1 n^2 T d + c2 n^2 (full matrix) or c3 n^2 (top-k lists) + c4 n T + c5 n d V + c6 n d V (ends-in)
 struct Fit {
-  double c0, c1, c2, c3, c4;
-  double at(double n, double t, double d, bool full) const {
-    return c0 + c1 * n * n * t * d + (full ? c2 : c3) * n * n + c4 * n * t;
+  double c0, c1, c2, c3, c4, c5, c6;
+  double at(double n, double t, double d, bool full, bool ends_in) const {
+    const double v = std::min(0.2 * t, 16384.0);
+    return c0 + c1 * n * n * t * d + (full ? c2 : c3) * n * n + c4 * n * t + (c5 + (ends_in ? c6 : 0)) * n * d * v;
   }
 };
-constexpr Fit kLayerAlone = {1.56788, 1.18122e-12, 3.19231e-09, 4.91253e-09, 1.11552e-09};
-// A later layer of a many-layer run reuses its thread's buffers (nl-layout never trims the heap): 0.75 of a layer
-// alone, from the 32-layer OPT-6.7B shape (16 rounds of 2 layers in 79.15-80.64 s; a layer alone 7.50 s).
-constexpr double kSteady = 0.75;
+constexpr Fit kLayerAlone = {1.07374, 1.59332e-12, 3.45657e-09, 3.83893e-09, 7.26021e-10, 1.72233e-07, 3.35632e-07};
+// A later layer of a many-layer run reuses its thread's buffers (nl-layout never trims the heap): 0.72 of a layer
+// alone, from the 32-layer OPT-6.7B shape (16 rounds of 2 layers, median 80.54 s; the model's layer alone 6.83 s).
+constexpr double kSteady = 0.72;
 // Peak bytes: m0 + m1 (n T / 8) + m2 n^2 (full matrix) per layer in flight.
-constexpr double kMem0 = 1.507e8, kMemMask = 1.80268, kMemPairs = 2.15276;
+constexpr double kMem0 = 1.49481e8, kMemMask = 1.81621, kMemPairs = 2.26587;
 
 bool counts_pairs(const SolveOptions& opt) { return opt.method == "greedy" || opt.method == "greedy+ls"; }
+// greedy+ls's ends-in family runs where the planner's merge gap is wider than the search's windows (small bundles).
+bool runs_ends_in(uint32_t n, const SolveOptions& opt) {
+  return opt.method == "greedy+ls" && n >= 4 && cost_model(opt.eval, n).merge_gap > opt.ls.max_window;
+}
 bool keeps_matrix(uint32_t n, const SolveOptions& opt) {
   return counts_pairs(opt) && uint64_t(n) * (n > 0 ? n - 1 : 0) / 2 * 4 <= opt.full_matrix_bytes;
+}
+// A layer alone on one thread (0 for the methods that count no pairs).
+double alone_seconds(uint32_t n, uint64_t tokens, double density, const SolveOptions& opt) {
+  if (!counts_pairs(opt)) return 0;
+  return kLayerAlone.at(double(n), double(tokens), density, keeps_matrix(n, opt), runs_ends_in(n, opt));
 }
 
 }  // namespace
 
 double solve_layer_seconds(uint32_t neurons, uint64_t tokens, double density, const SolveOptions& opt) {
-  if (!counts_pairs(opt)) return 0;
-  return kSteady * kLayerAlone.at(double(neurons), double(tokens), density, keeps_matrix(neurons, opt));
+  return kSteady * alone_seconds(neurons, tokens, density, opt);
 }
 
 uint64_t solve_layer_bytes(uint32_t neurons, uint64_t tokens, double density, const SolveOptions& opt) {
@@ -56,7 +67,7 @@ SolveCostEstimate estimate_solve_cost(const std::vector<uint32_t>& neurons, uint
   if (neurons.empty()) return e;
   threads = std::max<uint32_t>(1, std::min<uint32_t>(threads, uint32_t(neurons.size())));
   const uint32_t widest = *std::max_element(neurons.begin(), neurons.end());
-  e.layer_seconds = counts_pairs(opt) ? kLayerAlone.at(widest, double(tokens), density, keeps_matrix(widest, opt)) : 0;
+  e.layer_seconds = alone_seconds(widest, tokens, density, opt);
   e.full_matrix = keeps_matrix(widest, opt);
   // Layers handed out in order to the first free thread; each thread's first layer is cold.
   std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;
@@ -65,8 +76,7 @@ SolveCostEstimate estimate_solve_cost(const std::vector<uint32_t>& neurons, uint
   for (size_t l = 0; l < neurons.size(); ++l) {
     const double start = free_at.top();
     free_at.pop();
-    const double alone =
-        counts_pairs(opt) ? kLayerAlone.at(neurons[l], double(tokens), density, keeps_matrix(neurons[l], opt)) : 0;
+    const double alone = alone_seconds(neurons[l], tokens, density, opt);
     const double cost = l < threads ? alone : kSteady * alone;
     free_at.push(start + cost);
     end = std::max(end, start + cost);
