@@ -158,7 +158,8 @@ struct FamilyInput {
   void add_common(Build& b) const {
     if (opt.full_candidates) b.add("paper's cache", LayerCachePolicy{});
     if (cap > 0) b.add("value", value());
-    if (opt.full_candidates || !can_pin) b.add(cache_admission_name(opt.admission), LayerCachePolicy{opt.admission, {}});
+    if (opt.full_candidates || !can_pin)
+      b.add(cache_admission_name(opt.admission), LayerCachePolicy{opt.admission, {}});
   }
   std::string pol_label(CacheAdmission admission, const std::string& pins) const {
     return cache_admission_name(admission) + (pins.empty() ? "" : "+" + pins);

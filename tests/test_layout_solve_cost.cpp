@@ -55,8 +55,8 @@ TEST_CASE("the estimate is within 30 % of every measured point of the cost curve
   const SolveOptions o = solve_defaults();  // what the curve ran with
   for (const Point& p : pts) {
     const SolveCostEstimate e = estimate_solve_cost({p.neurons}, p.tokens, p.density, 1, o);
-    INFO("neurons " << p.neurons << " tokens " << p.tokens << " density " << p.density << ": measured " << p.wall << " s, estimate "
-                    << e.wall_seconds << " s");
+    INFO("neurons " << p.neurons << " tokens " << p.tokens << " density " << p.density << ": measured " << p.wall
+                    << " s, estimate " << e.wall_seconds << " s");
     CHECK(e.wall_seconds == doctest::Approx(e.layer_seconds));
     CHECK(std::fabs(e.wall_seconds - p.wall) <= 0.30 * p.wall);
     CHECK(std::fabs(double(e.peak_bytes) - p.peak_bytes) <= 0.30 * p.peak_bytes);

@@ -101,6 +101,20 @@ ImageSpec policy_spec(uint64_t order_seed, std::vector<ImageCachePolicy> policy)
 
 }  // namespace
 
+namespace {
+// Greedy tokens from token 1 over `steps` positions (each position's argmax fed back).
+std::vector<int> argmax_tokens(Model& model, int steps) {
+  std::vector<int> out;
+  int tok = 1;
+  for (int pos = 0; pos < steps; ++pos) {
+    const float* lg = model.forward_token(tok, pos);
+    tok = int(std::max_element(lg, lg + model.config().vocab_size) - lg);
+    out.push_back(tok);
+  }
+  return out;
+}
+}  // namespace
+
 TEST_CASE("generate --select gate equals dense for every layout, dtype and engine (ReLU-gated model)") {
   const std::string d = dir("gate");
   int checked = 0;
@@ -280,14 +294,7 @@ TEST_CASE("--verify-reads refuses bundles that changed on the storage after star
     if (damage) corrupt();
     Model model(dw, 12);
     model.set_ffn(&ffn);
-    std::vector<int> out;
-    int tok = 1;
-    for (int pos = 0; pos < 6; ++pos) {
-      const float* lg = model.forward_token(tok, pos);
-      tok = int(std::max_element(lg, lg + c.vocab_size) - lg);
-      out.push_back(tok);
-    }
-    return out;
+    return argmax_tokens(model, 6);
   };
   const std::vector<int> ref = run(IoKind::kPread, OverlapMode::kNone, false, false);
   for (IoKind k : {IoKind::kPread, IoKind::kPreadv, IoKind::kUring}) {
@@ -331,14 +338,7 @@ TEST_CASE("short reads are resumed and EIO mid-generation throws before any toke
     FlashFfn ffn(fi, FlashFfnOptions{});
     Model model(dw, 12);
     model.set_ffn(&ffn);
-    std::vector<int> out;
-    int tok = 1;
-    for (int pos = 0; pos < 10; ++pos) {
-      const float* lg = model.forward_token(tok, pos);
-      tok = int(std::max_element(lg, lg + c.vocab_size) - lg);
-      out.push_back(tok);
-    }
-    return out;
+    return argmax_tokens(model, 10);
   };
   for (IoKind k : {IoKind::kPread, IoKind::kPreadv, IoKind::kUring}) {
     const std::vector<int> clean = tokens_with(k, nullptr);

@@ -28,6 +28,12 @@ def load(name, path):
 
 
 def main():
+    try:
+        import sentencepiece  # noqa: F401  (train.py needs both)
+        import torch  # noqa: F401
+    except ImportError as e:
+        print("SKIP: %s (install with scripts/bootstrap.sh train)" % e, flush=True)
+        sys.exit(77)
     train = load("train", os.path.join(ROOT, "datasets/tiny-relu/train.py"))
     prepare = load("prepare", os.path.join(HERE, "prepare.py"))
     import torch
