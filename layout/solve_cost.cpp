@@ -88,11 +88,12 @@ SolveCostEstimate estimate_solve_cost(const std::vector<uint32_t>& neurons, uint
 
 std::string describe(const SolveCostEstimate& e, uint32_t layers, uint32_t threads) {
   char buf[320];
-  std::snprintf(buf, sizeof buf,
-                "solve: estimate for %u layers on %u thread%s: about %.*f s wall (a layer alone %.1f s), peak about %s "
-                "(a model fitted on one 2-core AMD EPYC machine, docs/benchmarks.md)",
-                layers, threads, threads == 1 ? "" : "s", e.wall_seconds < 100 ? 1 : 0, e.wall_seconds, e.layer_seconds,
-                format_bytes(e.peak_bytes).c_str());
+  std::snprintf(
+      buf, sizeof buf,
+      "solve: estimate for %u layer%s on %u thread%s: about %.*f s wall (a layer alone %.1f s), peak about %s "
+      "(a model fitted on one 2-core AMD EPYC machine, docs/benchmarks.md)",
+      layers, layers == 1 ? "" : "s", threads, threads == 1 ? "" : "s", e.wall_seconds < 100 ? 1 : 0, e.wall_seconds,
+      e.layer_seconds, format_bytes(e.peak_bytes).c_str());
   return buf;
 }
 
