@@ -203,15 +203,15 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
                   "the recorded path weights count only the pairs in the lists (lower bounds)");
   }
   Progress prog("solve " + o.method, n_layers, !g.quiet, "layers");
-  LayerSolve phases;  // every layer's phase times, summed (only `phases` is used)
+  PhaseTimes phases;  // every layer's, summed
   auto on_layer = [&](uint32_t layer, const LayerSolve& s) {
-    for (const auto& [name, sec] : s.phases) phases.add_phase(name, sec);
+    for (const auto& [name, sec] : s.phases.list) phases.add(name, sec);
     std::string line;
     char buf[512];
     std::snprintf(buf, sizeof buf,
                   "layer %u: %s path weight %llu, bound %.0f, %.2f s (count %.2f, greedy %.2f, search %.2f)", layer,
                   o.method.c_str(), static_cast<unsigned long long>(s.objective), s.upper_bound, s.seconds,
-                  s.seconds_count, s.seconds_greedy, s.seconds_ls);
+                  s.seconds_count(), s.seconds_greedy(), s.seconds_ls());
     line = buf;
     if (o.method == "greedy+ls") {
       std::snprintf(buf, sizeof buf, "; built on %llu tokens, chosen on %llu%s; io ms/tok build / validation:",
@@ -235,11 +235,11 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
   prog.finish();
   const auto t_write = std::chrono::steady_clock::now();
   layout_write(a.out, l);
-  phases.add_phase("write", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_write).count());
+  phases.add("write", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_write).count());
   if (g.json) {
     nlohmann::json j = {{"out", a.out}, {"method", o.method}, {"layers", l.layers.size()}};
     nlohmann::json ph = nlohmann::json::object();
-    for (const auto& [name, sec] : phases.phases) ph[name] = sec;
+    for (const auto& [name, sec] : phases.list) ph[name] = sec;
     j["phase_seconds"] = ph;
     nlohmann::json ls = nlohmann::json::array();
     for (const auto& L : l.layers)
@@ -250,7 +250,7 @@ void solve_main(const SolveArgs& a, const GlobalOptions& g) {
     if (!g.quiet) {
       std::string line = "solve phases, thread-seconds summed over layers:";
       char buf[96];
-      for (const auto& [name, sec] : phases.phases) {
+      for (const auto& [name, sec] : phases.list) {
         std::snprintf(buf, sizeof buf, " %s %.2f,", name.c_str(), sec);
         line += buf;
       }

@@ -82,13 +82,35 @@ uint64_t order_hash(const Order& order) {
   return h;
 }
 
-void LayerSolve::add_phase(const std::string& name, double s) {
-  for (auto& [n, v] : phases)
+void PhaseTimes::add(const std::string& name, double seconds) {
+  for (auto& [n, v] : list)
     if (n == name) {
-      v += s;
+      v += seconds;
       return;
     }
-  phases.emplace_back(name, s);
+  list.emplace_back(name, seconds);
+}
+
+double PhaseTimes::operator[](const std::string& name) const {
+  for (const auto& [n, v] : list)
+    if (n == name) return v;
+  return 0;
+}
+
+double LayerSolve::seconds_ls() const {
+  double s = 0;
+  for (const auto& [n, v] : phases.list)
+    if (n.rfind("build ", 0) == 0 || n.rfind("select ", 0) == 0 || n == "rebuild" || n == "replicate") s += v;
+  return s;  // "build figures" starts with "build "
+}
+
+bool keeps_full_matrix(uint32_t n_neurons, const SolveOptions& opt) {
+  const uint64_t pairs = uint64_t(n_neurons) * (n_neurons > 0 ? n_neurons - 1 : 0) / 2;
+  return (opt.method == "greedy" || opt.method == "greedy+ls") && pairs * 4 <= opt.full_matrix_bytes;
+}
+
+bool runs_ends_in(uint32_t n_neurons, uint32_t merge_gap, const SolveOptions& opt) {
+  return merge_gap > opt.ls.max_window && n_neurons >= 4;
 }
 
 namespace {
@@ -188,11 +210,11 @@ std::vector<Build> family_search(FamilyInput& in, LsStats* ls, PinRefineStats* p
   Build b;
   b.label = "search";
   b.order = local_search(in.m, in.g, in.greedy, in.lo, ls);
-  if (r) r->add_phase("search: local search", seconds_since(t));
+  if (r) r->phases.add("search: local search", seconds_since(t));
   in.add_common(b);
   if (in.can_pin) b.add(in.pol_label(opt.admission, "hot"), LayerCachePolicy{opt.admission, in.hot_pins});
   for (uint32_t q : {6u, 5u, 4u}) {
-    if (!opt.full_candidates) break;
+    if (!opt.full_candidates) break;  // the partial pinned sets are in the full set only
     const uint32_t k = in.n_pin * q / 8;
     if (!in.can_pin || k == 0 || k >= in.n_pin) continue;
     std::vector<uint32_t> part(in.hot_pins.begin(), in.hot_pins.begin() + k);
@@ -208,7 +230,7 @@ std::vector<Build> family_search(FamilyInput& in, LsStats* ls, PinRefineStats* p
     if (pins) *pins = st;
     if (st.swaps > 0)
       b.add(in.pol_label(opt.admission, "refined"), LayerCachePolicy{opt.admission, std::move(refined)});
-    if (r) r->add_phase("search: pins", seconds_since(t));
+    if (r) r->phases.add("search: pins", seconds_since(t));
   }
   return {b};
 }
@@ -260,7 +282,7 @@ std::vector<Build> family_ends_in(FamilyInput& in, const std::string* only) {
   const TokenMajorMask& tm = in.tm;
   const SolveOptions& opt = in.opt;
   std::vector<Build> out;
-  if (!(in.cost.merge_gap > in.lo.max_window && m.n_neurons >= 4)) return out;
+  if (!runs_ends_in(m.n_neurons, in.cost.merge_gap, opt)) return out;
   auto peel = [&](const std::vector<uint32_t>& pins) {
     std::vector<uint8_t> inc(m.n_neurons, 1);
     for (uint32_t v : pins) inc[v] = 0;
@@ -501,11 +523,8 @@ namespace {
 // labels (the path bound: the sum of each neuron's two largest counts). OPT-6.7B shape: the validation part's bound,
 // 16.3 thread-seconds of a 32-layer solve before, 12.2-12.5 after (docs/benchmarks.md).
 LayerMask rows_by_frequency(const LayerMask& m) {
-  std::vector<uint64_t> f(m.n_neurons, 0);
-  for (uint32_t v = 0; v < m.n_neurons; ++v) {
-    const uint64_t* r = m.row(v);
-    for (uint64_t w = 0; w < m.words; ++w) f[v] += uint64_t(__builtin_popcountll(r[w]));
-  }
+  std::vector<uint64_t> f(m.n_neurons);
+  for (uint32_t v = 0; v < m.n_neurons; ++v) f[v] = m.count(v);
   std::vector<uint32_t> by(m.n_neurons);
   for (uint32_t v = 0; v < m.n_neurons; ++v) by[v] = v;
   std::stable_sort(by.begin(), by.end(), [&](uint32_t a, uint32_t b) { return f[a] < f[b]; });
@@ -526,9 +545,8 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
   LayerSolve r;
   CoactivationOptions co;
   co.top_k = std::max<uint32_t>(opt.top_k, 2);
-  const uint64_t pairs = uint64_t(m.n_neurons) * (m.n_neurons > 0 ? m.n_neurons - 1 : 0) / 2;
   const std::string& meth = opt.method;
-  co.full_matrix = (meth == "greedy" || meth == "greedy+ls") && pairs * 4 <= opt.full_matrix_bytes;
+  co.full_matrix = keeps_full_matrix(m.n_neurons, opt);
   // With the full matrix greedy needs no candidate lists; the search reads the first `neighbours` entries and the
   // bound the first two, and exact top-k lists are prefixes of longer ones, so shorter lists change nothing.
   if (co.full_matrix) co.top_k = std::min(co.top_k, std::max<uint32_t>(2, opt.ls.neighbours));
@@ -551,7 +569,7 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
   const LayerMask& m_val = in_place ? m_val_own : m;
   const uint64_t val_begin = in_place ? 0 : r.split.build_end;
   auto tp = t0;  // phase clock
-  r.add_phase("split", seconds_since(tp));
+  r.phases.add("split", seconds_since(tp));
   LayerGraph counted;  // the build tokens' counts (completed in place below); unused when `counts` gives them
   if (!counts) counted = coactivation_count(mb, co, &t_spare_upper);
   const LayerGraph& g = counts ? counts(layer_index, co) : counted;
@@ -581,23 +599,19 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
       counted = coactivation_count(m, co);
     }
   };
-  auto lap = [t = t0]() mutable {
-    auto now = std::chrono::steady_clock::now();
-    double d = std::chrono::duration<double>(now - t).count();
-    t = now;
-    return d;
-  };
-  r.seconds_count = lap();
-  r.add_phase("count", seconds_since(tp));
+  r.phases.add("count", seconds_since(tp));
   if (meth == "identity") {
     r.order = solve_identity(m.n_neurons);
+    r.phases.add("order", seconds_since(tp));
   } else if (meth == "frequency") {
     r.order = solve_frequency(g);
+    r.phases.add("order", seconds_since(tp));
   } else if (meth == "rcm") {
     r.order = solve_rcm(g, opt.rcm_min_count);
+    r.phases.add("order", seconds_since(tp));
   } else if (meth == "greedy") {
     r.order = solve_greedy(g, &m, &r.greedy);
-    r.seconds_greedy = lap();
+    r.phases.add("greedy", seconds_since(tp));
   } else if (meth == "greedy+ls") {
     // The one objective (layout/cost_model.h): every search's estimate and the selection's exact measure.
     const CostModel cost = cost_model(opt.eval, m.n_neurons);
@@ -607,8 +621,7 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
     const TokenMajorMask tm_build(mb, 0, std::min<uint64_t>(mb.n_tokens, opt.guard_tokens));
     FamilyInput in(mb, g, tm_build, opt, cost);
     in.greedy = solve_greedy(g, &mb, &r.greedy, nullptr, &in.band);
-    r.seconds_greedy = lap();
-    r.add_phase("greedy", seconds_since(tp));
+    r.phases.add("greedy", seconds_since(tp));
     std::unique_ptr<TokenMajorMask> tm_val_own;
     if (split)
       tm_val_own = std::make_unique<TokenMajorMask>(m_val, val_begin,
@@ -621,10 +634,10 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
     sel.seen = &r.candidates;
     for (const std::string& f : families()) {
       std::vector<Build> bs = run_family(f, in, nullptr, r);
-      r.add_phase("build " + f, seconds_since(tp));
+      r.phases.add("build " + f, seconds_since(tp));
       FamilyFigure fig;
       sel.offer(f, bs, fig, f != "paper");
-      r.add_phase("select " + f, seconds_since(tp));
+      r.phases.add("select " + f, seconds_since(tp));
       if (fig.candidates == 0) continue;
       if (!opt.family_build_figures) {
         // not asked for (nobody reads them): no pass over the build tokens
@@ -647,7 +660,7 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
       } else {
         fig.build_ms = fig.validation_ms;  // built and chosen on the same tokens
       }
-      if (opt.family_build_figures) r.add_phase("build figures", seconds_since(tp));
+      if (opt.family_build_figures) r.phases.add("build figures", seconds_since(tp));
       r.families.push_back(std::move(fig));
     }
     r.chosen_family = sel.best_family;
@@ -655,17 +668,14 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
     r.chosen_validation_ms = 1e3 * sel.best_io / double(std::max<uint64_t>(1, tm_val.end - tm_val.begin));
     r.order = sel.best;
     r.cache = sel.best_policy;
-    r.seconds_ls = lap();
     complete_graph();
-    r.seconds_count += lap();
-    r.add_phase("bound", seconds_since(tp));
+    r.phases.add("bound", seconds_since(tp));
     if (split && opt.rebuild) {
       const TokenMajorMask tm_all(m, 0, std::min<uint64_t>(m.n_tokens, opt.guard_tokens));
       FamilyInput all(m, g, tm_all, opt, cost);
       all.greedy = solve_greedy(g, &m, nullptr, nullptr, &all.band);
       r.rebuilt = rebuild_recipe(all, sel, r);
-      r.seconds_ls += lap();
-      r.add_phase("rebuild", seconds_since(tp));
+      r.phases.add("rebuild", seconds_since(tp));
     }
     // Candidates from the build tokens (tm_build's range of m: in place, m is the build part; otherwise m_build_own
     // is already released by complete_graph), the level chosen on tm_val.
@@ -675,8 +685,7 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
       r.order = rep.order;
       r.replicas = rep.replicas;
       r.replicate_summary = rep.summary;
-      r.seconds_ls += lap();
-      r.add_phase("replicate", seconds_since(tp));
+      r.phases.add("replicate", seconds_since(tp));
     }
   } else {
     throw UsageError("unknown method '" + meth + "' (identity, frequency, greedy, greedy+ls, rcm)");
@@ -689,7 +698,7 @@ LayerSolve solve_layer_impl(const LayerMask& m, LayerMask* own, const SolveOptio
   r.objective = graph_covers(g, m) ? path_weight(g, m, path) : path_weight(m, path);
   if (in_place) r.objective += path_weight(m_val_own, path);
   if (!counted.upper.empty()) t_spare_upper.swap(counted.upper);  // the older spare, if any, is freed with counted
-  r.add_phase("objective", seconds_since(tp));
+  r.phases.add("objective", seconds_since(tp));
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -795,7 +804,7 @@ Layout solve_trace(const std::string& trace_path, const SolveOptions& opt,
       read_s = seconds_since(t);
     }
     LayerSolve s = solve_layer(std::move(m), opt, l, &ti.sequences);
-    s.phases.insert(s.phases.begin(), {"read", read_s});
+    s.phases.list.insert(s.phases.list.begin(), {"read", read_s});
     return s;
   });
   return out;

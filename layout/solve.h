@@ -84,6 +84,14 @@ struct SolveOptions {
   bool family_build_figures = true;
 };
 
+// Whether a layer of n neurons keeps its full pair-count matrix under `opt` (greedy over every pair): greedy and
+// greedy+ls, when the n(n-1)/2 uint32 counts fit in full_matrix_bytes. solve_layer and the cost estimate
+// (layout/solve_cost.h) both ask this.
+bool keeps_full_matrix(uint32_t n_neurons, const SolveOptions& opt);
+// Whether greedy+ls's ends-in family runs on a layer of n neurons whose planner merges gaps of `merge_gap` bundles:
+// where that is wider than the search's windows (small bundles).
+bool runs_ends_in(uint32_t n_neurons, uint32_t merge_gap, const SolveOptions& opt);
+
 // The profile tokens of one layer split by sequences: [0, build_end) builds the candidates, [build_end, n_tokens)
 // validates them. The last ceil(share x sequences) sequences validate; a trace of one sequence is split at a token.
 struct TokenSplit {
@@ -97,6 +105,13 @@ TokenSplit validation_split(const std::vector<int64_t>& sequence_starts, uint64_
 LayerMask mask_tokens(const LayerMask& m, uint64_t begin, uint64_t end);
 // Cuts m down to tokens [0, end) in its own storage and returns tokens [end, n_tokens) as a new mask.
 LayerMask split_mask_tokens(LayerMask& m, uint64_t end);
+
+// Named durations in the order first met; adding to a name already there sums.
+struct PhaseTimes {
+  std::vector<std::pair<std::string, double>> list;
+  void add(const std::string& name, double seconds);
+  double operator[](const std::string& name) const;  // 0 when absent
+};
 
 // One candidate family's figures on the layer (I/O ms per token; 0 = not tried or refused by the weight guard):
 // the best of its candidates on the validation tokens, and that candidate on the build tokens (0 when
@@ -139,14 +154,17 @@ struct LayerSolve {
   uint32_t replicas = 0;          // flash replication: copies kept (order has n + replicas slots)
   std::string replicate_summary;  // validation I/O ms/tok per replica count tried
   bool kept_paper() const { return chosen_family == "paper" || chosen_family.empty(); }
-  double seconds_count = 0, seconds_greedy = 0, seconds_ls = 0;  // time split
   double seconds = 0;
-  // Where the layer's time went, finer than the split above, in the order first met: "read" (solve_trace), "count",
-  // "greedy", "build <family>" and "select <family>" (the validation passes), "build figures", "bound", "objective";
-  // "search: local search" and "search: pins" are parts of "build search". Thread-seconds of the solving thread
-  // (nl-layout solve sums them over layers: docs/benchmarks.md "Offline: count + solve").
-  std::vector<std::pair<std::string, double>> phases;
-  void add_phase(const std::string& name, double s);
+  // Where the layer's time went: "read" (solve_trace), "split", "count", "greedy" (or "order" for identity, frequency
+  // and rcm), "build <family>" and "select <family>" (the validation passes), "build figures", "bound", "rebuild",
+  // "replicate", "objective"; "search: local search" and "search: pins" are parts of "build search". Thread-seconds of
+  // the solving thread (nl-layout solve sums them over layers: docs/benchmarks.md "Offline: count + solve").
+  PhaseTimes phases;
+  // The coarse split the progress line prints, from the phases: counting (split, count, bound), greedy, and the
+  // candidates (built, selected, rebuilt, replicated).
+  double seconds_count() const { return phases["split"] + phases["count"] + phases["bound"]; }
+  double seconds_greedy() const { return phases["greedy"]; }
+  double seconds_ls() const;
 };
 
 // Where a layer's co-activation counts come from when they are not counted from its mask (nl-layout solve --graph,

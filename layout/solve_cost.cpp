@@ -34,17 +34,11 @@ constexpr double kSteady = 0.72;
 constexpr double kMem0 = 1.49481e8, kMemMask = 1.81621, kMemPairs = 2.26587;
 
 bool counts_pairs(const SolveOptions& opt) { return opt.method == "greedy" || opt.method == "greedy+ls"; }
-// greedy+ls's ends-in family runs where the planner's merge gap is wider than the search's windows (small bundles).
-bool runs_ends_in(uint32_t n, const SolveOptions& opt) {
-  return opt.method == "greedy+ls" && n >= 4 && cost_model(opt.eval, n).merge_gap > opt.ls.max_window;
-}
-bool keeps_matrix(uint32_t n, const SolveOptions& opt) {
-  return counts_pairs(opt) && uint64_t(n) * (n > 0 ? n - 1 : 0) / 2 * 4 <= opt.full_matrix_bytes;
-}
 // A layer alone on one thread (0 for the methods that count no pairs).
 double alone_seconds(uint32_t n, uint64_t tokens, double density, const SolveOptions& opt) {
   if (!counts_pairs(opt)) return 0;
-  return kLayerAlone.at(double(n), double(tokens), density, keeps_matrix(n, opt), runs_ends_in(n, opt));
+  const bool ends_in = opt.method == "greedy+ls" && runs_ends_in(n, cost_model(opt.eval, n).merge_gap, opt);
+  return kLayerAlone.at(double(n), double(tokens), density, keeps_full_matrix(n, opt), ends_in);
 }
 
 }  // namespace
@@ -53,11 +47,10 @@ double solve_layer_seconds(uint32_t neurons, uint64_t tokens, double density, co
   return kSteady * alone_seconds(neurons, tokens, density, opt);
 }
 
-uint64_t solve_layer_bytes(uint32_t neurons, uint64_t tokens, double density, const SolveOptions& opt) {
-  (void)density;
+uint64_t solve_layer_bytes(uint32_t neurons, uint64_t tokens, const SolveOptions& opt) {
   const double n = double(neurons);
   double b = kMemMask * n * double(tokens) / 8;
-  if (keeps_matrix(neurons, opt)) b += kMemPairs * n * n;
+  if (keeps_full_matrix(neurons, opt)) b += kMemPairs * n * n;
   return uint64_t(b);
 }
 
@@ -68,7 +61,7 @@ SolveCostEstimate estimate_solve_cost(const std::vector<uint32_t>& neurons, uint
   threads = std::max<uint32_t>(1, std::min<uint32_t>(threads, uint32_t(neurons.size())));
   const uint32_t widest = *std::max_element(neurons.begin(), neurons.end());
   e.layer_seconds = alone_seconds(widest, tokens, density, opt);
-  e.full_matrix = keeps_matrix(widest, opt);
+  e.full_matrix = keeps_full_matrix(widest, opt);
   // Layers handed out in order to the first free thread; each thread's first layer is cold.
   std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;
   for (uint32_t t = 0; t < threads; ++t) free_at.push(0);
@@ -82,7 +75,7 @@ SolveCostEstimate estimate_solve_cost(const std::vector<uint32_t>& neurons, uint
     end = std::max(end, start + cost);
   }
   e.wall_seconds = end;
-  e.peak_bytes = uint64_t(kMem0) + uint64_t(threads) * solve_layer_bytes(widest, tokens, density, opt);
+  e.peak_bytes = uint64_t(kMem0) + uint64_t(threads) * solve_layer_bytes(widest, tokens, opt);
   return e;
 }
 

@@ -24,7 +24,7 @@ struct SolveCostEstimate {
 double solve_layer_seconds(uint32_t neurons, uint64_t tokens, double density, const SolveOptions& opt);
 // Resident bytes of one layer in flight (the mask, the build and validation parts, the count matrix and its spare,
 // the token lists) under `opt`.
-uint64_t solve_layer_bytes(uint32_t neurons, uint64_t tokens, double density, const SolveOptions& opt);
+uint64_t solve_layer_bytes(uint32_t neurons, uint64_t tokens, const SolveOptions& opt);
 
 // The whole solve: `neurons` per layer, `tokens` profile tokens, `density` the active fraction (a sample of the
 // trace), on `threads` threads.

@@ -76,7 +76,7 @@ TEST_CASE("layers are handed out to the first free thread; later layers reuse th
   // Memory: one layer's buffers per thread in flight, never more threads than layers.
   const uint64_t one = estimate_solve_cost(four, 131072, 0.032, 1, o).peak_bytes;
   const uint64_t two = estimate_solve_cost(four, 131072, 0.032, 2, o).peak_bytes;
-  CHECK(two - one == solve_layer_bytes(16384, 131072, 0.032, o));
+  CHECK(two - one == solve_layer_bytes(16384, 131072, o));
   CHECK(estimate_solve_cost(four, 131072, 0.032, 64, o).peak_bytes ==
         estimate_solve_cost(four, 131072, 0.032, 4, o).peak_bytes);
 }
@@ -88,9 +88,9 @@ TEST_CASE("the full pair matrix is counted only where it is kept; other methods 
   CHECK_FALSE(estimate_solve_cost({28672}, 131072, 0.032, 1, o).full_matrix);  // 1.5 GiB of pairs > 1 GiB
   o.full_matrix_bytes = 0;
   CHECK_FALSE(estimate_solve_cost({16384}, 131072, 0.032, 1, o).full_matrix);
-  CHECK(solve_layer_bytes(16384, 131072, 0.032, o) < solve_layer_bytes(16384, 131072, 0.032, defaults));
+  CHECK(solve_layer_bytes(16384, 131072, o) < solve_layer_bytes(16384, 131072, defaults));
   o = defaults;
   o.method = "frequency";
   CHECK(estimate_solve_cost({16384}, 131072, 0.032, 1, o).wall_seconds == 0);
-  CHECK(solve_layer_bytes(16384, 131072, 0.032, o) < solve_layer_bytes(16384, 131072, 0.032, defaults));
+  CHECK(solve_layer_bytes(16384, 131072, o) < solve_layer_bytes(16384, 131072, defaults));
 }
