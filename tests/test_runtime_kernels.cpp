@@ -2,6 +2,11 @@
 // reference on random data with odd sizes, matches a double-precision reference within rounding, and matrix products
 // give the same bits for any token count and thread count.
 #include <doctest/doctest.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <omp.h>
 
 #include <algorithm>
@@ -18,6 +23,7 @@
 #include "runtime/model/model.h"
 #include "runtime/model/typed_kernels.h"
 #include "runtime/parallel.h"
+#include "skip_util.h"
 
 using namespace nl;
 
@@ -407,6 +413,67 @@ TEST_CASE("the down projection of a list in pieces (accumulate) gives the bits o
     }
   }
   omp_set_num_threads(saved);
+}
+
+// A list mixing two allocations (FlashFfn's down projection under --overlap layer: bundles in the read staging and
+// cache hits in the slab, in slot order) whose first and last columns lie close together, ascending, while a column
+// between them lies far above: it once passed the packed-columns test and the streaming path requested every line
+// between the two allocations (a layer-token that never finished). In a child process with an alarm, so the bug
+// fails the test instead of hanging it; the bits must equal the same columns listed from one buffer.
+TEST_CASE("the down projection of columns from two far-apart allocations finishes, with the bits of one buffer") {
+  IsaGuard guard;
+  // Two fixed places 96 TiB apart, below the 47-bit user address space's end (x86-64 and aarch64 alike).
+  const size_t len = 1 << 20;
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+  auto map_at = [len](uintptr_t at) {
+    void* p = ::mmap(reinterpret_cast<void*>(at), len, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    if (p != MAP_FAILED && p != reinterpret_cast<void*>(at)) ::munmap(p, len), p = MAP_FAILED;  // hint not honoured
+    return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+  };
+  uint8_t* a = map_at(uintptr_t(0x100000000000));
+  uint8_t* b = map_at(uintptr_t(0x700000000000));
+  if (!a || !b) {
+    if (a) ::munmap(a, len);
+    if (b) ::munmap(b, len);
+    nl::test::skip_part("far-apart columns: no fixed mappings at 16 TiB and 112 TiB in this address space");
+    return;
+  }
+  for (ImageDtype dt : kDtypes) {
+    CAPTURE(image_dtype_name(dt));
+    const int rows = 5, cols = 256;
+    TypedMatrix m = make_matrix(dt, rows, cols, 21);
+    const std::vector<float> h = random_x(rows, 22);
+    // Rows 0, 1, 3, 4 packed in `a` (stride: the row's bytes), row 2 in `b`; the same rows packed in one buffer.
+    std::vector<const uint8_t*> mixed, one;
+    for (int r = 0; r < rows; ++r) {
+      uint8_t* at = r == 2 ? b : a + size_t(r < 2 ? r : r - 1) * m.stride;
+      std::memcpy(at, m.bytes.data() + size_t(r) * m.stride, m.stride);
+      mixed.push_back(at);
+      one.push_back(m.bytes.data() + size_t(r) * m.stride);
+    }
+    for (kernels::Isa isa : kernels::available_isas()) {
+      CAPTURE(kernels::isa_name(isa));
+      kernels::set_isa(isa);
+      std::vector<float> ref(static_cast<size_t>(cols)), got(static_cast<size_t>(cols));
+      kernels::down_project(dt, ref.data(), cols, h.data(), one.data(), rows);
+      const pid_t pid = ::fork();
+      REQUIRE(pid >= 0);
+      if (pid == 0) {
+        ::alarm(20);
+        kernels::down_project(dt, got.data(), cols, h.data(), mixed.data(), rows);
+        ::_exit(same_bits(got, ref) ? 0 : 1);
+      }
+      int status = 0;
+      REQUIRE(::waitpid(pid, &status, 0) == pid);
+      INFO("child status " << status << " (SIGALRM " << SIGALRM << ": the projection did not finish in 20 s)");
+      CHECK(WIFEXITED(status));
+      CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+    }
+  }
+  ::munmap(a, len), ::munmap(b, len);
 }
 
 TEST_CASE("the dense FFN over re-laid-out bundles equals the gated bundle FFN bit for bit (every path, 1-3 threads)") {

@@ -1106,9 +1106,17 @@ NL_512 inline void down_h16_span(float* out, int o, const float* h, const uint8_
 }
 
 // Whether the columns lie packed in ascending order, on average at most 1 KiB apart: the dense FFN's slices
-// ([chunk][neuron][outputs]). Bundles (the cache's and the staging's, 1.2-24 KiB each) are not.
+// ([chunk][neuron][outputs]). Bundles (the cache's and the staging's, 1.2-24 KiB each) are not. Every column must
+// follow the one before it: a list that mixes two allocations (bundles in the read staging and cache hits in the
+// slab, in slot order) can start and end close together, and streaming it would request every line between the two
+// allocations (terabytes of address space: a layer-token that never finished, --overlap layer with cache hits).
 inline bool packed(const uint8_t* const* cols, int na) {
-  return na > 0 && cols[na - 1] >= cols[0] && size_t(cols[na - 1] - cols[0]) <= size_t(na) * 1024;
+  if (na <= 0) return false;
+  const auto first = reinterpret_cast<uintptr_t>(cols[0]), last = reinterpret_cast<uintptr_t>(cols[na - 1]);
+  if (last < first || last - first > size_t(na) * 1024) return false;
+  for (int k = 1; k < na; ++k)  // ascending and within [first, last]: every column inside the one stream
+    if (reinterpret_cast<uintptr_t>(cols[k]) < reinterpret_cast<uintptr_t>(cols[k - 1])) return false;
+  return true;
 }
 
 // Down accumulation: out[o] gets h_0 w_0[o], h_1 w_1[o], ... added one at a time in list order. Packed columns: a
