@@ -1,15 +1,13 @@
 // Shared nl-run options and the metrics report (cli/run_flash_options.h).
 #include "cli/run_flash_options.h"
 
-#include <unistd.h>
-
 #include <cstdio>
-#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
 #include "runtime/device.h"
+#include "runtime/session.h"
 
 namespace nl::cli {
 
@@ -69,28 +67,6 @@ void add_flash_metrics_options(CLI::App* c, FlashArgs& a) {
   c->add_option("--metrics", a.metrics, "Write per-token and total metrics here (JSON)")->group("Output");
 }
 
-namespace {
-// What --image names, told apart before the image is opened (the reader would only say that IMAGE.json cannot be
-// opened, exit 4, naming a file the user never typed): an HDF5 file (a trace or graph given by mistake) is bad input
-// (exit 3); an image whose manifest is missing is a usage error (exit 2), as every missing input file is.
-void check_image_pair(const std::string& given, const std::string& image) {
-  if (std::FILE* f = std::fopen(image.c_str(), "rb")) {
-    unsigned char head[8] = {};
-    const size_t n = std::fread(head, 1, sizeof head, f);
-    std::fclose(f);
-    static const unsigned char kHdf5[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
-    if (n == sizeof head && std::memcmp(head, kHdf5, sizeof head) == 0)
-      throw InputError(image,
-                       "is an HDF5 file (a trace or a graph?), not a flash image: nl-layout pack writes an "
-                       "image (MODEL.nlw) and its manifest (MODEL.nlw.json)");
-  }
-  const std::string manifest = manifest_path_for(image);
-  if (::access(manifest.c_str(), F_OK) != 0)
-    throw UsageError("--image " + given + ": its manifest " + manifest +
-                     " does not exist (nl-layout pack writes the image and its manifest together)");
-}
-}  // namespace
-
 std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& g,
                                        const std::vector<NamedPath>& other_inputs,
                                        const std::vector<NamedPath>& other_outputs) {
@@ -108,24 +84,14 @@ std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& 
   check_paths(inputs, outputs);
   IoOptions io;
   if (a.io == "auto")
-    io.kind = io_uring_available() ? IoKind::kUring : IoKind::kPread;
+    io.kind = io_kind_auto();
   else if (!io_kind_parse(a.io, &io.kind))
     throw UsageError("unknown --io " + a.io);
   io.direct = !a.buffered;
   io.queue_depth = a.queue_depth;
   io.warn = [&g](const std::string& s) { info(g, s); };
-  check_image_pair(a.image, image);
-  auto img = std::make_unique<FlashImage>(a.image, io);
-  if (a.verify) img->verify_all();
+  auto img = open_flash_image(a.image, io, a.verify);
   a.planner = img->manifest().planner;
-  if (!a.planner.empty()) {
-    try {
-      GapPolicy::parse(a.planner.gap);
-    } catch (const UsageError&) {
-      throw InputError(img->manifest_path(),
-                       "planner.gap '" + a.planner.gap + "' is not off, auto, auto-keep-runs or a bundle count");
-    }
-  }
   // Where the planner settings came from is said with the summary (flash_report), not here: an error after the
   // image opened would otherwise follow this note, two lines instead of one.
   if (img->manifest().source.find(kSyntheticWeightsNote) != std::string::npos)
@@ -133,30 +99,27 @@ std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& 
   return img;
 }
 
-std::string FlashArgs::effective_gap() const {
-  return (gap_opt && gap_opt->count() > 0) || planner.empty() ? gap : planner.gap;
+PlannerSettings FlashArgs::settings() const {
+  PlannerSettings s;
+  if (gap_opt && gap_opt->count() > 0) s.gap = gap;
+  if (cache_ratio_opt && cache_ratio_opt->count() > 0) s.cache_ratio = cache_ratio;
+  s.device = device;
+  s.cache_window = cache_window;
+  s.run_admit_prob = run_admit_prob;
+  if (!cache_policy_mode_parse(cache_policy, &s.cache_policy))
+    throw UsageError("unknown --cache-policy " + cache_policy);
+  s.seed = seed;
+  return s;
 }
+
+std::string FlashArgs::effective_gap() const { return settings().effective_gap(planner); }
 double FlashArgs::effective_cache_ratio() const {
-  return (cache_ratio_opt && cache_ratio_opt->count() > 0) || planner.empty() ? cache_ratio : planner.cache_ratio;
+  return cache_ratio_ran >= 0 ? cache_ratio_ran : settings().effective_cache_ratio(planner);
 }
 
 FlashFfnOptions flash_ffn_options(const FlashArgs& a, SelectMode select) {
-  FlashFfnOptions o;
+  FlashFfnOptions o = nl::flash_ffn_options(a.settings(), a.planner, select);
   o.verify_reads = a.verify_reads;
-  o.select = select;
-  o.gap = GapPolicy::parse(a.effective_gap());
-  if (!a.device.empty())
-    o.cost = device_load(a.device).cost;
-  else if (!a.planner.empty())
-    o.cost = CostFit{a.planner.read_latency_us, a.planner.bandwidth_MBps};
-  if (o.gap.mode == GapMode::Auto && a.device.empty() && a.planner.empty())
-    throw UsageError("--gap auto needs --device PROFILE.json (the manifest records no device)");
-  o.cache_ratio = a.effective_cache_ratio();
-  o.cache.window_tokens = a.cache_window;
-  o.cache.run_admit_prob = a.run_admit_prob;
-  o.cache.seed = a.seed;
-  if (!cache_policy_mode_parse(a.cache_policy, &o.cache_policy))
-    throw UsageError("unknown --cache-policy " + a.cache_policy);
   return o;
 }
 

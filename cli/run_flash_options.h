@@ -8,6 +8,7 @@
 #include "cli/common.h"
 #include "runtime/flash_ffn.h"
 #include "runtime/flash_image.h"
+#include "runtime/generate.h"
 
 namespace nl::cli {
 
@@ -31,7 +32,11 @@ struct FlashArgs {
   CLI::Option* cache_ratio_opt = nullptr;
   // The opened image's planner settings (set by flash_open; empty when the manifest records none).
   mutable ImagePlanner planner;
+  // The cache ratio a run sized (generate: from --memory-budget, or 0 for --select dense); < 0 = none yet.
+  double cache_ratio_ran = -1;
 
+  // The options as runtime planner settings (options not given left unset: the manifest's, else the defaults).
+  PlannerSettings settings() const;
   // What runs: the option when given, else the manifest's planner setting, else the option's default.
   std::string effective_gap() const;
   double effective_cache_ratio() const;

@@ -2,7 +2,8 @@
 # The phone build: cross-builds a static aarch64 nl-run (cmake/aarch64-linux-gnu.cmake, runtime only, nl-run target
 # only, in its own build folder), packs the bundled tiny ReLU model and stories260K (MODELS_DIR, by default the
 # bundled datasets/), and checks that the aarch64 binary under qemu-aarch64-static generates
-# exactly the native build's tokens (gate, dense and lowrank selection, f16 and f32 images; with stories260K also a
+# exactly the native build's tokens (gate, dense and lowrank selection, f16 and f32 images; the C API's example program
+# too; with stories260K also a
 # text prompt through the llama2.c tokenizer, which the runtime-only build reads), and that its typed kernels (NEON,
 # NEON dotprod) equal the portable reference bit for bit.
 # Usage: check_cross_aarch64.sh SRC_DIR NATIVE_BUILD_DIR CROSS_BUILD_DIR MODELS_DIR. Exit 77 = skipped; every skip,
@@ -64,6 +65,16 @@ for dt in q8_0 q4_0; do
     same_tokens "$work/relu_$dt.nlw" "tiny-relu $dt --select $sel" --prompt-tokens 1,100,200 --steps 24 --select "$sel" \
       --gap 2 --cache-ratio 0.1
   done
+done
+# The C API's example program (examples/nl_run_example.c), static aarch64 under qemu: nl-run's native tokens.
+cmake --build "$cross" --target nl_run_example -j "$(nproc)" >>"$cross.build.log" 2>&1 ||
+  { tail -50 "$cross.build.log"; fail "nl_run_example build failed"; }
+for sel in gate dense lowrank:32; do
+  opts=(--prompt-tokens 1,100,200 --steps 24 --select "$sel" --gap 2 --cache-ratio 0.1)
+  n=$("$native/cli/nl-run" --quiet generate --image "$work/relu.nlw" "${opts[@]}" | grep -E '^tokens:')
+  a=$(qemu-aarch64-static "$cross/examples/nl_run_example" "$work/relu.nlw" "${opts[@]}" 2>/dev/null | grep -E '^tokens:')
+  [ "$n" = "$a" ] || fail "C API example, tiny-relu f16 --select $sel: native nl-run '$n', aarch64 example '$a'"
+  echo "cross aarch64: C API example, tiny-relu f16 --select $sel: same $n"
 done
 model=$models/llama2c-stories260K/stories260K.bin
 if [ ! -f "$model" ]; then

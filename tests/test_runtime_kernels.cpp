@@ -2,15 +2,14 @@
 // reference on random data with odd sizes, matches a double-precision reference within rounding, and matrix products
 // give the same bits for any token count and thread count.
 #include <doctest/doctest.h>
+#include <omp.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <csignal>
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <random>
 #include <string>
