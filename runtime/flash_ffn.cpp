@@ -191,10 +191,7 @@ void FlashFfn::make_caches() {
   const ModelConfig& c = m_.config;
   const uint32_t hidden = uint32_t(c.hidden_dim);
   caches_.clear();
-  slab_.clear();
-  slab_.resize(size_t(c.n_layers));
-  pool_ = Slab{};
-  pool_.bundle_bytes = m_.bundle_bytes;
+  store_.reset(c.n_layers, m_.bundle_bytes);
   pinned_bundles_ = pinned_reads_ = pinned_bytes_read_ = 0;
   for (int l = 0; l < c.n_layers; ++l) {
     CacheConfig cc = opt_.cache;
@@ -226,100 +223,8 @@ void FlashFfn::make_caches() {
         if (cc.alias.empty() || cc.alias[s] == s) cc.pinned.push_back(s);
     }
     caches_.push_back(cc.capacity > 0 || cc.window_tokens > 0 ? std::make_unique<SlotCache>(n_slots, cc) : nullptr);
-    if (caches_.back()) {
-      Slab& sl = slab_[size_t(l)];
-      sl.bundle_bytes = m_.bundle_bytes;
-      sl.of_slot.assign(n_slots, Slab::kNone);  // indexed by cache key (slab_key)
-      if (cc.capacity > 0) sl.grow(cc.capacity);
-    }
+    if (caches_.back()) store_.enable(l, n_slots, cc.capacity);  // indexed by cache key (slab_key)
     load_pinned(l, cc.pinned);
-  }
-}
-
-void FlashFfn::Slab::grow(uint32_t n) {
-  // One allocation per call (huge pages from 2 MiB on: AlignedBuffer); its pages become resident only as bundles are
-  // kept.
-  chunks.emplace_back();
-  chunks.back().resize_uninit(size_t(n) * bundle_bytes);
-  for (uint32_t e = 0; e < n; ++e) {
-    entry.push_back(chunks.back().data() + size_t(e) * bundle_bytes);
-    held.push_back(kNone);
-  }
-  for (uint32_t e = n; e-- > 0;) free.push_back(uint32_t(entry.size()) - n + e);  // the front taken first
-}
-
-uint32_t FlashFfn::Slab::take(uint32_t slot) {
-  if (free.empty()) grow(std::max<uint32_t>(64, uint32_t(entry.size() / 16)));
-  const uint32_t e = free.back();
-  free.pop_back();
-  held[e] = slot;
-  return e;
-}
-
-const uint8_t* FlashFfn::slab_find(int layer, uint32_t slot) const {
-  const uint32_t e = slab_[size_t(layer)].of_slot[slab_key(layer, slot)];
-  if (e == Slab::kNone) return nullptr;
-  return e & kPool ? pool_.entry[e & ~kPool] : slab_[size_t(layer)].entry[e];
-}
-
-void FlashFfn::slab_put(int layer, uint32_t slot, const uint8_t* bytes) {
-  slot = slab_key(layer, slot);  // a replica's bytes are its first copy's
-  Slab& sl = slab_[size_t(layer)];
-  if (sl.of_slot[slot] != Slab::kNone) return;
-  uint32_t code;
-  uint8_t* dst;
-  if (!sl.free.empty()) {
-    code = sl.take(slot);
-    dst = sl.entry[code];
-  } else {
-    const uint32_t e = pool_.take(slot);
-    code = e | kPool;
-    dst = pool_.entry[e];
-  }
-  std::memcpy(dst, bytes, m_.bundle_bytes);
-  sl.of_slot[slot] = code;
-}
-
-void FlashFfn::slab_drop(int layer, uint32_t slot) {
-  slot = slab_key(layer, slot);
-  Slab& sl = slab_[size_t(layer)];
-  const uint32_t e = sl.of_slot[slot];
-  if (e == Slab::kNone) return;
-  Slab& from = e & kPool ? pool_ : sl;
-  from.held[e & ~kPool] = Slab::kNone;
-  from.free.push_back(e & ~kPool);
-  sl.of_slot[slot] = Slab::kNone;
-}
-
-void FlashFfn::slab_drop_evicted(int layer, const SlotCache* cache, const std::vector<uint32_t>& keep) {
-  if (cache && cache->all_pinned()) return;  // nothing ever leaves (a per-token scan of every slab entry otherwise)
-  Slab& sl = slab_[size_t(layer)];
-  for (uint32_t s : sl.held)
-    if (s != Slab::kNone && !(cache && cache->resident(s)) && !std::binary_search(keep.begin(), keep.end(), s))
-      slab_drop(layer, s);
-}
-
-void FlashFfn::slab_settle(int layer) {
-  const SlotCache* cache = caches_[size_t(layer)].get();
-  if (!cache) return;
-  Slab& sl = slab_[size_t(layer)];
-  // Every key pinned: the slab holds each one since load, the pool nothing (nothing is ever read into it).
-  if (cache->all_pinned() && pool_.free.size() == pool_.entry.size()) return;
-  for (uint32_t s : sl.held)
-    if (s != Slab::kNone && !cache->resident(s)) slab_drop(layer, s);
-  // The pool holds only this layer's bundles now (every layer-token settles).
-  for (uint32_t e = 0; e < pool_.held.size(); ++e) {
-    const uint32_t s = pool_.held[e];
-    if (s == Slab::kNone) continue;
-    if (cache->resident(s)) {
-      const uint32_t e2 = sl.take(s);
-      std::memcpy(sl.entry[e2], pool_.entry[e], m_.bundle_bytes);
-      sl.of_slot[s] = e2;
-    } else {
-      sl.of_slot[s] = Slab::kNone;
-    }
-    pool_.held[e] = Slab::kNone;
-    pool_.free.push_back(e);
   }
 }
 
@@ -559,7 +464,7 @@ void FlashFfn::load_batches(int layer, const std::function<void(uint32_t, bool)>
   planners_[size_t(layer)].plan(active_.data(), active_.size(), cache, plan_);
   // Bytes of slots the cache no longer holds go (not before this token's plan: the previous token's FFN used them),
   // except this token's hits, served from the slab below.
-  if (cache) slab_drop_evicted(layer, cache, plan_.hits);
+  if (cache) store_.drop_evicted(layer, cache, plan_.hits);
   const uint64_t cap = staging_cap_;
   make_pieces(layer, plan_.reads, &pieces_, &batch_end_);
   staging_.resize(cap);
@@ -1016,23 +921,35 @@ void FlashFfn::layer_start(int layer, int pos0, int n_tokens, const float* x) {
 void FlashFfn::bundle_coefficients(size_t k0, size_t k1, GateFrom from) { coefficients(k0, k1, idx_.data(), from); }
 
 void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
-  const int dim = m_.config.dim;
-  IoEngine& io = img_.io();
+  OverlapRun r;
+  r.layer = layer;
+  r.out = out;
+  r.from = from;
+  r.per_read = opt_.overlap == OverlapMode::kLayer || opt_.overlap == OverlapMode::kBoth;
+  r.pf = pf_layer_ == layer;
+  if (pf_layer_ >= 0 && !r.pf) throw InternalError("read-ahead of another layer still pending");
+  r.tc = Clock::now();
+  overlap_plan(r);
+  // Batch by batch: its late reads submitted, its bundles computed as their pieces complete (cache hits at once),
+  // then its down projection added in slot order; the staging is then free for the next batch.
+  r.ordered = begin_ordered(layer);  // a replicated layer-token reading second copies: first-copy order
+  batch_id_.assign(batch_end_.size(), 0);
+  for (size_t bi = 0; bi < batch_end_.size(); ++bi) overlap_batch(r, bi);
+  overlap_finish(r);
+}
+
+void FlashFfn::overlap_plan(OverlapRun& r) {
+  const int layer = r.layer;
   SlotCache* cache = caches_[size_t(layer)].get();
-  const bool per_read = opt_.overlap == OverlapMode::kLayer || opt_.overlap == OverlapMode::kBoth;
-  const bool pf = pf_layer_ == layer;
-  if (pf_layer_ >= 0 && !pf) throw InternalError("read-ahead of another layer still pending");
-  auto tc = Clock::now();
-  double wait = 0;
   // The layer's window and its prediction's precision on this token (whether or not anything was read ahead), and,
   // when something was (pf: always a layer just predicted), the read-ahead figures.
   if (pred_layer_ == layer) {
-    pf_window_[size_t(layer)] = std::chrono::duration<double>(tc - win_t0_).count();
+    pf_window_[size_t(layer)] = std::chrono::duration<double>(r.tc - win_t0_).count();
     size_t hit = 0;
     for (uint32_t s : active_) {
       const bool predicted = std::binary_search(pf_pred_.begin(), pf_pred_.end(), s);
       hit += predicted;
-      if (pf && !(cache && cache->resident(s))) {
+      if (r.pf && !(cache && cache->resident(s))) {
         ++ov_.needed;
         ov_.predicted_needed += predicted;
       }
@@ -1042,17 +959,42 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
   pred_layer_ = -1;
   planners_[size_t(layer)].plan(active_.data(), active_.size(), cache, plan_);
   // As load_compute(): bytes of slots the cache no longer holds go, except this token's hits.
-  if (cache) slab_drop_evicted(layer, cache, plan_.hits);
-  const uint64_t cap = staging_cap_;
+  if (cache) store_.drop_evicted(layer, cache, plan_.hits);
+  r.cap = staging_cap_;
   make_pieces(layer, plan_.reads, &pieces_, &batch_end_);
   // Two batch buffers when there is more than one batch: batch b + 1's reads land in one while batch b is computed
   // from the other, so the device does not idle through each batch's down projection and cache admissions.
-  const bool two = batch_end_.size() > 1;
-  staging_.resize(two ? kFfnOverlapReadBuffers * cap : cap);
-  auto base = [&](size_t batch) { return staging_.data() + (batch % kFfnOverlapReadBuffers) * cap; };
+  r.two = batch_end_.size() > 1;
+  staging_.resize(r.two ? kFfnOverlapReadBuffers * r.cap : r.cap);
+  const uint64_t late_bytes = overlap_spans(r);
+  if (r.pf) ov_.late_bytes += late_bytes;
+  token_.active += plan_.active;
+  token_.bytes_needed += uint64_t(plan_.needed) * m_.bundle_bytes;
+  token_.cache_hits += plan_.hits.size();
+  token_.reads += spans_.size();
+  token_.bytes_read += late_bytes;
+  r.t_io0 = r.pf ? pf_t0_ : Clock::now();
+  r.io_started = r.pf;
+  // Active indices per piece (both ascending); the others are cache hits, in DRAM now.
+  const size_t n = r.n = active_.size();
+  h_.resize(n);
+  bundles_.resize(n);
+  idx_.resize(n);
   const size_t P = pieces_.size();
+  read_active_.resize(P);
+  size_t i = 0;
+  for (size_t ri = 0; ri < P; ++ri) {
+    while (i < n && active_[i] < pieces_[ri].slot_begin) ++i;
+    const size_t lo = i;
+    while (i < n && active_[i] < pieces_[ri].slot_end) ++i;
+    read_active_[ri] = {lo, i};
+  }
+}
+
+uint64_t FlashFfn::overlap_spans(const OverlapRun& r) {
   // Each piece: parts already read ahead (copied when their read-ahead piece lands) and late parts (read in its
   // batch). Late spans are listed in piece order, so each batch's are contiguous.
+  const size_t P = pieces_.size();
   spans_.clear();
   span_read_.clear();
   copies_.clear();
@@ -1067,12 +1009,12 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
     const uint64_t a = pieces_[ri].offset, e = a + pieces_[ri].length, pos = pieces_[ri].pos;
     uint64_t cur = a;
     auto late = [&](uint64_t lo, uint64_t hi) {
-      spans_.push_back({lo, hi - lo, base(b) + pos + (lo - a)});
+      spans_.push_back({lo, hi - lo, batch_base(b, r.cap) + pos + (lo - a)});
       span_read_.push_back(uint32_t(ri));
       ++outstanding_[ri];
       late_bytes += hi - lo;
     };
-    if (pf) {
+    if (r.pf) {
       // Pieces of one read may share a block with the next: the read-ahead scan restarts where this piece starts.
       while (pj > 0 && pr[pj - 1].offset + pr[pj - 1].length > a) --pj;
       while (pj < pr.size() && pr[pj].offset + pr[pj].length <= a) ++pj;
@@ -1098,207 +1040,205 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
   while (batch_span_.size() <= batch_end_.size()) batch_span_.push_back(spans_.size());
   // Copies grouped by read-ahead piece.
   std::stable_sort(copies_.begin(), copies_.end(), [](const Copy& x, const Copy& y) { return x.pf_read < y.pf_read; });
-  if (pf) ov_.late_bytes += late_bytes;
-  token_.active += plan_.active;
-  token_.bytes_needed += uint64_t(plan_.needed) * m_.bundle_bytes;
-  token_.cache_hits += plan_.hits.size();
-  token_.reads += spans_.size();
-  token_.bytes_read += late_bytes;
-  Clock::time_point t_io0 = pf ? pf_t0_ : Clock::now();
-  bool io_started = pf;
+  return late_bytes;
+}
 
-  // Active indices per piece (both ascending); the others are cache hits, in DRAM now.
-  const size_t n = active_.size();
-  h_.resize(n);
-  bundles_.resize(n);
-  idx_.resize(n);
-  read_active_.resize(P);
-  {
-    size_t i = 0;
-    for (size_t ri = 0; ri < P; ++ri) {
-      while (i < n && active_[i] < pieces_[ri].slot_begin) ++i;
-      const size_t lo = i;
-      while (i < n && active_[i] < pieces_[ri].slot_end) ++i;
-      read_active_[ri] = {lo, i};
-    }
-  }
-  auto copies_of = [&](size_t k) {
-    auto lo =
-        std::lower_bound(copies_.begin(), copies_.end(), k, [](const Copy& c, size_t kk) { return c.pf_read < kk; });
-    auto hi = lo;
-    while (hi != copies_.end() && hi->pf_read == k) ++hi;
-    return std::make_pair(lo, hi);
-  };
-  // Batch by batch: its late reads submitted, its bundles computed as their pieces complete (cache hits at once),
-  // then its down projection added in slot order; the staging is then free for the next batch.
-  size_t k0 = 0, p0 = 0;
-  bool first = true;
-  const bool ordered = begin_ordered(layer);  // a replicated layer-token reading second copies: first-copy order
-  batch_id_.assign(batch_end_.size(), 0);
+std::pair<std::vector<FlashFfn::Copy>::iterator, std::vector<FlashFfn::Copy>::iterator> FlashFfn::copies_of(size_t k) {
+  auto lo =
+      std::lower_bound(copies_.begin(), copies_.end(), k, [](const Copy& c, size_t kk) { return c.pf_read < kk; });
+  auto hi = lo;
+  while (hi != copies_.end() && hi->pf_read == k) ++hi;
+  return {lo, hi};
+}
+
+void FlashFfn::overlap_submit(OverlapRun& r, size_t b, bool ahead) {
   // Batch b's late spans out; `ahead`: while batch b - 1 is read and computed.
-  auto submit_batch = [&](size_t b, bool ahead) {
-    const size_t s0 = batch_span_[b], s1 = batch_span_[b + 1];
-    if (s1 > s0) {
-      if (!io_started) t_io0 = Clock::now(), io_started = true;
-      batch_id_[b] = io.submit(spans_.data() + s0, s1 - s0);
-      ov_.batches_ahead += ahead;
-    }
-    ++ov_.batches;
-  };
-  for (size_t bi = 0; bi < batch_end_.size(); ++bi) {
-    const size_t p1 = batch_end_[bi];
-    const size_t k1 =
-        size_t(std::lower_bound(active_.begin() + std::ptrdiff_t(k0), active_.end(), pieces_[p1 - 1].slot_end) -
-               active_.begin());
-    cur_batch_ = int(bi), cur_p0_ = p0, cur_p1_ = p1, cur_off_ = uint64_t(base(bi) - staging_.data());
-    std::atomic<size_t> pub{k0}, claim{k0};
-    std::atomic<bool> stop{false};
-    size_t left = 0;  // pieces of the batch not yet in place
-    auto publish = [&](size_t lo, size_t hi) {
-      size_t q = pub.load(std::memory_order_relaxed);
-      for (size_t i = lo; i < hi; ++i) {
-        bundles_[i] = bundle(layer, active_[i]);
-        idx_[q++] = uint32_t(i);
-      }
-      pub.store(q, std::memory_order_release);
-      if (io.in_flight() > 0) ov_.bundles_in_flight += hi - lo;
-      ov_.bundles_computed += hi - lo;
-    };
-    auto ready = [&](size_t ri) {
-      verify_pieces(layer, ri, ri + 1);
-      --left;
-      if (per_read) publish(read_active_[ri].first, read_active_[ri].second);
-    };
-    // Parts already read ahead are copied now; the late spans go out.
-    for (const Copy& c : copies_)
-      if (c.read >= p0 && c.read < p1 && pf_done_[c.pf_read]) {
-        std::memcpy(base(bi) + c.dst, pf_staging_.data() + c.src, c.bytes);
-        --outstanding_[c.read];
-      }
-    // This batch's late spans (unless out already) and the next batch's, into the other buffer (free: the batch
-    // before this one is done).
-    if (bi == 0 || !two) submit_batch(bi, false);
-    const bool next = two && bi + 1 < batch_end_.size();  // the next batch's spans go out now too
-    if (next) submit_batch(bi + 1, true);
-    const size_t s0 = batch_span_[bi], s1 = batch_span_[bi + 1];
-    const size_t n0 = next ? batch_span_[bi + 1] : 0, n1 = next ? batch_span_[bi + 2] : 0;
-    if (per_read) {
-      // The batch's cache hits, then its pieces already in place.
-      size_t i = k0;
-      for (size_t ri = p0; ri < p1; ++ri) {
-        if (read_active_[ri].first > i) publish(i, read_active_[ri].first);
-        i = read_active_[ri].second;
-      }
-      if (k1 > i) publish(i, k1);
-    }
-    for (size_t ri = p0; ri < p1; ++ri)
-      if (outstanding_[ri] > 0)
-        ++left;
-      else if (per_read)
-        publish(read_active_[ri].first, read_active_[ri].second);
-    auto work = [&](bool all, double* idle) {
-      bool idling = false;
-      Clock::time_point t_idle;
-      for (;;) {
-        size_t c = claim.load(std::memory_order_relaxed);
-        const size_t q = pub.load(std::memory_order_acquire);
-        if (c >= q) {
-          if (!all || c >= k1 || stop.load(std::memory_order_relaxed)) {
-            if (idling) *idle += since(t_idle);
-            return;
-          }
-          if (!idling) idling = true, t_idle = Clock::now();
-          std::this_thread::yield();
-          continue;
-        }
-        if (idling) *idle += since(t_idle), idling = false;
-        const size_t e = std::min(q, c + kClaimChunk);
-        if (claim.compare_exchange_weak(c, e, std::memory_order_relaxed)) bundle_coefficients(c, e, from);
-      }
-    };
-    const int threads = per_read && long(k1 - k0) * dim > kOverlapParallelWork ? omp_get_max_threads() : 1;
-    std::vector<double> idle(size_t(threads), 0.0);
-    double bwait = 0;
-    auto io_loop = [&] {
-      std::vector<uint64_t> done;
-      while (left > 0) {
-        done.clear();
-        auto tw = Clock::now();
-        io.wait_some(&done);
-        if (threads == 1) bwait += since(tw);
-        for (uint64_t id : done) {
-          if (pf && id >= pf_first_id_ && id < pf_first_id_ + pr.size()) {
-            const size_t k = size_t(id - pf_first_id_);
-            pf_done_[k] = 1;
-            auto [c0, c1] = copies_of(k);
-            for (auto c = c0; c != c1; ++c) {
-              if (c->read < p0 || c->read >= p1) continue;  // a later batch copies it when its turn comes
-              std::memcpy(base(bi) + c->dst, pf_staging_.data() + c->src, c->bytes);
-              if (--outstanding_[c->read] == 0) ready(c->read);
-            }
-          } else if (s1 > s0 && id >= batch_id_[bi] && id < batch_id_[bi] + (s1 - s0)) {
-            const uint32_t ri = span_read_[s0 + size_t(id - batch_id_[bi])];
-            if (--outstanding_[ri] == 0) ready(ri);
-          } else if (n1 > n0 && id >= batch_id_[bi + 1] && id < batch_id_[bi + 1] + (n1 - n0)) {
-            --outstanding_[span_read_[n0 + size_t(id - batch_id_[bi + 1])]];  // the next batch's: counted at its turn
-          } else {
-            throw InternalError("overlap: completion of a read this layer did not issue");
-          }
-        }
-        if (threads == 1) work(false, &idle[0]);
-      }
-    };
-    if (threads > 1) {
-      std::exception_ptr err;
-#pragma omp parallel num_threads(threads)
-      {
-        if (omp_get_thread_num() == 0) {
-          try {
-            io_loop();
-          } catch (...) {
-            err = std::current_exception();
-            stop.store(true);
-          }
-        }
-        work(true, &idle[size_t(omp_get_thread_num())]);
-      }
-      if (err) std::rethrow_exception(err);
-      bwait = *std::min_element(idle.begin() + 1, idle.end());
-    } else {
-      io_loop();
-      if (per_read) work(true, &idle[0]);
-    }
-    wait += bwait;
-    for (size_t ri = p0; ri < p1; ++ri)
-      if (outstanding_[ri] != 0) throw InternalError("overlap: a read never completed");
-    if (per_read && ordered) {
-      compute_ordered(layer, k0, k1, from, out, false, false);  // coefficients done as the reads completed
-    } else if (per_read) {
-      // The batch's down projection, in slot order, over the neurons ffn_bundles would keep: continuing the sums.
-      hd_.clear();
-      downs_.clear();
-      for (size_t i = k0; i < k1; ++i)
-        if (from != GateFrom::kBundleRelu || h_[i] != 0.0f) {
-          hd_.push_back(h_[i]);
-          downs_.push_back(bundles_[i] + 2 * row_bytes_);
-        }
-      kernels::down_project(m_.dtype, out, dim, hd_.data(), downs_.data(), int(hd_.size()), !first);
-    } else {
-      compute_range(layer, k0, k1, from, out, !first);
-    }
-    slab_keep(layer, p0, p1);
-    first = false;
-    k0 = k1;
-    p0 = p1;
+  const size_t s0 = batch_span_[b], s1 = batch_span_[b + 1];
+  if (s1 > s0) {
+    if (!r.io_started) r.t_io0 = Clock::now(), r.io_started = true;
+    batch_id_[b] = img_.io().submit(spans_.data() + s0, s1 - s0);
+    ov_.batches_ahead += ahead;
   }
+  ++ov_.batches;
+}
+
+void FlashFfn::overlap_publish(OverlapBatch& b, size_t lo, size_t hi) {
+  size_t q = b.pub.load(std::memory_order_relaxed);
+  for (size_t i = lo; i < hi; ++i) {
+    bundles_[i] = bundle(b.layer, active_[i]);
+    idx_[q++] = uint32_t(i);
+  }
+  b.pub.store(q, std::memory_order_release);
+  if (img_.io().in_flight() > 0) ov_.bundles_in_flight += hi - lo;
+  ov_.bundles_computed += hi - lo;
+}
+
+void FlashFfn::overlap_ready(const OverlapRun& r, OverlapBatch& b, size_t ri) {
+  verify_pieces(r.layer, ri, ri + 1);
+  --b.left;
+  if (r.per_read) overlap_publish(b, read_active_[ri].first, read_active_[ri].second);
+}
+
+void FlashFfn::overlap_work(const OverlapRun& r, OverlapBatch& b, bool all, double* idle) {
+  // Coefficients of published bundles, claimed kClaimChunk at a time; `all`: until the batch's last one is done.
+  bool idling = false;
+  Clock::time_point t_idle;
+  for (;;) {
+    size_t c = b.claim.load(std::memory_order_relaxed);
+    const size_t q = b.pub.load(std::memory_order_acquire);
+    if (c >= q) {
+      if (!all || c >= b.k1 || b.stop.load(std::memory_order_relaxed)) {
+        if (idling) *idle += since(t_idle);
+        return;
+      }
+      if (!idling) idling = true, t_idle = Clock::now();
+      std::this_thread::yield();
+      continue;
+    }
+    if (idling) *idle += since(t_idle), idling = false;
+    const size_t e = std::min(q, c + kClaimChunk);
+    if (b.claim.compare_exchange_weak(c, e, std::memory_order_relaxed)) bundle_coefficients(c, e, r.from);
+  }
+}
+
+void FlashFfn::overlap_io_loop(const OverlapRun& r, OverlapBatch& b, int threads, double* idle, double* bwait) {
+  IoEngine& io = img_.io();
+  const size_t bi = b.bi;
+  std::vector<uint64_t> done;
+  while (b.left > 0) {
+    done.clear();
+    auto tw = Clock::now();
+    io.wait_some(&done);
+    if (threads == 1) *bwait += since(tw);
+    for (uint64_t id : done) {
+      if (r.pf && id >= pf_first_id_ && id < pf_first_id_ + pf_pieces_.size()) {
+        const size_t k = size_t(id - pf_first_id_);
+        pf_done_[k] = 1;
+        auto [c0, c1] = copies_of(k);
+        for (auto c = c0; c != c1; ++c) {
+          if (c->read < b.p0 || c->read >= b.p1) continue;  // a later batch copies it when its turn comes
+          std::memcpy(batch_base(bi, r.cap) + c->dst, pf_staging_.data() + c->src, c->bytes);
+          if (--outstanding_[c->read] == 0) overlap_ready(r, b, c->read);
+        }
+      } else if (b.s1 > b.s0 && id >= batch_id_[bi] && id < batch_id_[bi] + (b.s1 - b.s0)) {
+        const uint32_t ri = span_read_[b.s0 + size_t(id - batch_id_[bi])];
+        if (--outstanding_[ri] == 0) overlap_ready(r, b, ri);
+      } else if (b.n1 > b.n0 && id >= batch_id_[bi + 1] && id < batch_id_[bi + 1] + (b.n1 - b.n0)) {
+        --outstanding_[span_read_[b.n0 + size_t(id - batch_id_[bi + 1])]];  // the next batch's: counted at its turn
+      } else {
+        throw InternalError("overlap: completion of a read this layer did not issue");
+      }
+    }
+    if (threads == 1) overlap_work(r, b, false, idle);
+  }
+}
+
+void FlashFfn::overlap_batch(OverlapRun& r, size_t bi) {
+  const int layer = r.layer;
+  const size_t p0 = r.p0, p1 = batch_end_[bi];
+  OverlapBatch b;
+  b.layer = layer;
+  b.bi = bi, b.p0 = p0, b.p1 = p1;
+  b.k1 = size_t(std::lower_bound(active_.begin() + std::ptrdiff_t(r.k0), active_.end(), pieces_[p1 - 1].slot_end) -
+                active_.begin());
+  b.pub.store(r.k0), b.claim.store(r.k0);
+  cur_batch_ = int(bi), cur_p0_ = p0, cur_p1_ = p1, cur_off_ = uint64_t(batch_base(bi, r.cap) - staging_.data());
+  // Parts already read ahead are copied now; the late spans go out.
+  for (const Copy& c : copies_)
+    if (c.read >= p0 && c.read < p1 && pf_done_[c.pf_read]) {
+      std::memcpy(batch_base(bi, r.cap) + c.dst, pf_staging_.data() + c.src, c.bytes);
+      --outstanding_[c.read];
+    }
+  // This batch's late spans (unless out already) and the next batch's, into the other buffer (free: the batch
+  // before this one is done).
+  if (bi == 0 || !r.two) overlap_submit(r, bi, false);
+  const bool next = r.two && bi + 1 < batch_end_.size();  // the next batch's spans go out now too
+  if (next) overlap_submit(r, bi + 1, true);
+  b.s0 = batch_span_[bi], b.s1 = batch_span_[bi + 1];
+  b.n0 = next ? batch_span_[bi + 1] : 0, b.n1 = next ? batch_span_[bi + 2] : 0;
+  if (r.per_read) {
+    // The batch's cache hits, then its pieces already in place.
+    size_t i = r.k0;
+    for (size_t ri = p0; ri < p1; ++ri) {
+      if (read_active_[ri].first > i) overlap_publish(b, i, read_active_[ri].first);
+      i = read_active_[ri].second;
+    }
+    if (b.k1 > i) overlap_publish(b, i, b.k1);
+  }
+  for (size_t ri = p0; ri < p1; ++ri)
+    if (outstanding_[ri] > 0)
+      ++b.left;
+    else if (r.per_read)
+      overlap_publish(b, read_active_[ri].first, read_active_[ri].second);
+  overlap_wait_batch(r, b);
+  overlap_compute_batch(r, b);
+}
+
+void FlashFfn::overlap_wait_batch(OverlapRun& r, OverlapBatch& b) {
+  const int threads =
+      r.per_read && long(b.k1 - r.k0) * m_.config.dim > kOverlapParallelWork ? omp_get_max_threads() : 1;
+  std::vector<double> idle(size_t(threads), 0.0);
+  double bwait = 0;
+  if (threads > 1) {
+    std::exception_ptr err;
+#pragma omp parallel num_threads(threads)
+    {
+      if (omp_get_thread_num() == 0) {
+        try {
+          overlap_io_loop(r, b, threads, &idle[0], &bwait);
+        } catch (...) {
+          err = std::current_exception();
+          b.stop.store(true);
+        }
+      }
+      overlap_work(r, b, true, &idle[size_t(omp_get_thread_num())]);
+    }
+    if (err) std::rethrow_exception(err);
+    bwait = *std::min_element(idle.begin() + 1, idle.end());
+  } else {
+    overlap_io_loop(r, b, threads, &idle[0], &bwait);
+    if (r.per_read) overlap_work(r, b, true, &idle[0]);
+  }
+  r.wait += bwait;
+  for (size_t ri = b.p0; ri < b.p1; ++ri)
+    if (outstanding_[ri] != 0) throw InternalError("overlap: a read never completed");
+}
+
+void FlashFfn::overlap_compute_batch(OverlapRun& r, const OverlapBatch& b) {
+  const int dim = m_.config.dim;
+  if (r.per_read && r.ordered) {
+    compute_ordered(r.layer, r.k0, b.k1, r.from, r.out, false, false);  // coefficients done as the reads completed
+  } else if (r.per_read) {
+    // The batch's down projection, in slot order, over the neurons ffn_bundles would keep: continuing the sums.
+    hd_.clear();
+    downs_.clear();
+    for (size_t i = r.k0; i < b.k1; ++i)
+      if (r.from != GateFrom::kBundleRelu || h_[i] != 0.0f) {
+        hd_.push_back(h_[i]);
+        downs_.push_back(bundles_[i] + 2 * row_bytes_);
+      }
+    kernels::down_project(m_.dtype, r.out, dim, hd_.data(), downs_.data(), int(hd_.size()), !r.first);
+  } else {
+    compute_range(r.layer, r.k0, b.k1, r.from, r.out, !r.first);
+  }
+  slab_keep(r.layer, b.p0, b.p1);
+  r.first = false;
+  r.k0 = b.k1;
+  r.p0 = b.p1;
+}
+
+void FlashFfn::overlap_finish(OverlapRun& r) {
+  const int layer = r.layer;
+  const size_t n = r.n;
+  IoEngine& io = img_.io();
   cur_batch_ = -1, cur_off_ = 0;
-  if (ordered) {
-    if (per_read) ov_.bundles_computed += n - k0;
-    compute_ordered(layer, k0, n, from, out, true);
-  } else if (k0 < n || first) {
+  if (r.ordered) {
+    if (r.per_read) ov_.bundles_computed += n - r.k0;
+    compute_ordered(layer, r.k0, n, r.from, r.out, true);
+  } else if (r.k0 < n || r.first) {
     // The hits after the last read (or a layer with nothing to read).
-    if (per_read) ov_.bundles_computed += n - k0;
-    compute_range(layer, k0, n, from, out, !first);
+    if (r.per_read) ov_.bundles_computed += n - r.k0;
+    compute_range(layer, r.k0, n, r.from, r.out, !r.first);
   }
   slab_settle(layer);
   // Read-ahead that no exact read used is collected before the next layer's.
@@ -1309,17 +1249,17 @@ void FlashFfn::load_compute_overlapped(int layer, float* out, GateFrom from) {
       done.clear();
       io.wait_some(&done);
     }
-    wait += since(tw);
+    r.wait += since(tw);
   }
   const double busy =
-      io.async() ? (io_started ? since(t_io0) : 0.0) : wait;  // a synchronous engine reads only while waited on
+      io.async() ? (r.io_started ? since(r.t_io0) : 0.0) : r.wait;  // a synchronous engine reads only while waited on
   pf_layer_ = -1;
   ++ov_.layer_tokens;
   ov_.io_busy_seconds += busy;
-  ov_.io_wait_seconds += wait;
-  token_.io_seconds += wait;
+  ov_.io_wait_seconds += r.wait;
+  token_.io_seconds += r.wait;
   token_.io_busy_seconds += busy;
-  token_.compute_seconds += since(tc) - wait;  // planning included, as load_compute() counts it
+  token_.compute_seconds += since(r.tc) - r.wait;  // planning included, as load_compute() counts it
 }
 
 }  // namespace nl

@@ -22,6 +22,7 @@
 // lowrank, dense and --overlap cross|both refuse replicated images.
 // Not thread-safe: one instance per generating thread.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -29,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/ffn/bundle_store.h"
 #include "runtime/flash_image.h"
 #include "runtime/lowrank.h"
 #include "runtime/memory.h"
@@ -192,33 +194,14 @@ class FlashFfn : public FfnProvider {
   kernels::PreparedX xq_;                     // the token's normalised input, as the kernels want it
   std::vector<float> h_;                      // per active neuron: act(gate)
   std::vector<const uint8_t*> bundles_;       // per active neuron: its bundle's bytes
-  // Cached bundles' bytes, per layer: one allocation sized by the cache capacity, entries reused through a free list
-  // (grown by further chunks only when the window keeps more). A token's admissions can evict slots that are hits of
-  // the same token, still to be computed: until the layer-token ends, admitted bundles that find no free entry go to
-  // one pool shared by all layers (at most one layer's capacity), and move into the layer's slab when it ends.
-  struct Slab {
-    static constexpr uint32_t kNone = ~0u;
-    uint64_t bundle_bytes = 0;
-    std::vector<AlignedBuffer> chunks;
-    std::vector<uint8_t*> entry;    // entry -> its bytes
-    std::vector<uint32_t> held;     // entry -> slot, kNone when free
-    std::vector<uint32_t> free;     // free entries
-    std::vector<uint32_t> of_slot;  // slot -> entry (kPool set: an entry of pool_), kNone when not held
-    void grow(uint32_t n);
-    uint32_t take(uint32_t slot);  // a free entry (grown when none), now holding `slot`
-  };
-  static constexpr uint32_t kPool = 1u << 31;
-  std::vector<Slab> slab_;
-  Slab pool_;
-  const uint8_t* slab_find(int layer, uint32_t slot) const;
-  void slab_put(int layer, uint32_t slot, const uint8_t* bytes);
-  void slab_drop(int layer, uint32_t slot);
-  // Drops the layer's held bundles the cache no longer has, except `keep` (this token's hits, ascending).
-  void slab_drop_evicted(int layer, const SlotCache* cache, const std::vector<uint32_t>& keep);
+  // Cached bundles' bytes (runtime/ffn/bundle_store.h), keyed by cache key (slab_key).
+  BundleStore store_;
+  const uint8_t* slab_find(int layer, uint32_t slot) const { return store_.find(layer, slab_key(layer, slot)); }
+  void slab_put(int layer, uint32_t slot, const uint8_t* bytes) { store_.put(layer, slab_key(layer, slot), bytes); }
+  // The layer-token is computed: evicted hits go, pooled bundles move into the layer's slab.
+  void slab_settle(int layer) { store_.settle(layer, caches_[size_t(layer)].get()); }
   // Keeps the bytes of newly resident slots covered by pieces [p0, p1) (in the staging now).
   void slab_keep(int layer, size_t p0, size_t p1);
-  // The layer-token is computed: evicted hits go, pooled bundles move into the layer's slab.
-  void slab_settle(int layer);
   TokenPlan plan_;
   // A layer-token's reads, split to fit the staging (memory.h kFfnReadBatchBytes) and grouped into batches that are
   // read, computed and released in slot order; `pos` is the piece's place in the staging buffer during its batch.
@@ -319,6 +302,8 @@ class FlashFfn : public FfnProvider {
     uint64_t src, dst, bytes;  // positions in pf_staging_ / staging_
   };
   std::vector<Copy> copies_;
+  // The copies of read-ahead piece k (copies_ is grouped by read-ahead piece).
+  std::pair<std::vector<Copy>::iterator, std::vector<Copy>::iterator> copies_of(size_t k);
   std::vector<uint32_t> outstanding_;                   // per piece: parts not yet in place
   std::vector<std::pair<size_t, size_t>> read_active_;  // per piece: its range of active_ indices
   std::vector<uint32_t> span_read_;                     // per late span: its piece
@@ -327,6 +312,44 @@ class FlashFfn : public FfnProvider {
   // Plans the exact reads, serves them from the read-ahead and new reads, and computes the FFN into `out`, batch by
   // batch (per completed read when --overlap has layer, else after the batch's reads).
   void load_compute_overlapped(int layer, float* out, GateFrom from);
+  // What the parts of one overlapped layer-token share.
+  struct OverlapRun {
+    int layer = 0;
+    float* out = nullptr;
+    GateFrom from = GateFrom::kGiven;
+    bool per_read = false;    // --overlap layer|both: bundles computed as their reads complete
+    bool pf = false;          // this layer was read ahead (cross)
+    bool two = false;         // two batch buffers (more than one batch)
+    bool ordered = false;     // replicated layer-token reading second copies: first-copy order
+    bool first = true;        // no down projection yet
+    bool io_started = false;  // a read was submitted (or read ahead): io busy from t_io0
+    uint64_t cap = 0;         // one batch buffer's bytes
+    size_t n = 0;             // active neurons
+    size_t k0 = 0, p0 = 0;    // the next batch's first active index and piece
+    double wait = 0;          // seconds blocked on completions
+    std::chrono::steady_clock::time_point tc, t_io0;
+  };
+  // One batch of it: its pieces [p0, p1), active indices up to k1, late spans [s0, s1) (the next batch's [n0, n1)
+  // when they went out with it), the published / claimed active indices of --overlap layer's workers.
+  struct OverlapBatch {
+    int layer = 0;
+    size_t bi = 0, p0 = 0, p1 = 0, k1 = 0, s0 = 0, s1 = 0, n0 = 0, n1 = 0;
+    size_t left = 0;  // pieces not yet in place
+    std::atomic<size_t> pub{0}, claim{0};
+    std::atomic<bool> stop{false};
+  };
+  uint8_t* batch_base(size_t batch, uint64_t cap) { return staging_.data() + (batch % kFfnOverlapReadBuffers) * cap; }
+  void overlap_plan(OverlapRun& r);             // plan, pieces, spans, counters, active indices per piece
+  uint64_t overlap_spans(const OverlapRun& r);  // late spans and read-ahead copies per piece; returns late bytes
+  void overlap_submit(OverlapRun& r, size_t b, bool ahead);
+  void overlap_batch(OverlapRun& r, size_t bi);
+  void overlap_publish(OverlapBatch& b, size_t lo, size_t hi);
+  void overlap_ready(const OverlapRun& r, OverlapBatch& b, size_t ri);
+  void overlap_work(const OverlapRun& r, OverlapBatch& b, bool all, double* idle);
+  void overlap_io_loop(const OverlapRun& r, OverlapBatch& b, int threads, double* idle, double* bwait);
+  void overlap_wait_batch(OverlapRun& r, OverlapBatch& b);
+  void overlap_compute_batch(OverlapRun& r, const OverlapBatch& b);
+  void overlap_finish(OverlapRun& r);
   // The arithmetic of kernels::ffn_bundles's first phase, for published bundles.
   void bundle_coefficients(size_t k0, size_t k1, GateFrom from);  // h_[idx_[k]] for k in [k0, k1)
   std::vector<std::pair<size_t, size_t>> hits_;                   // active index ranges served from DRAM
