@@ -41,6 +41,26 @@ for dt in q8_0 q4_0; do
     --gap 2 --cache-ratio 0.1
 done
 
+# libnl_run.so (every build but a static one): only nl_run_* exported, and the example linked against it gives the same tokens.
+shared=$build/examples/nl_run_example_shared
+if [ -x "$shared" ]; then
+  so=$build/examples/libnl_run.so
+  others=$(nm -D --defined-only "$so" | awk '{print $3}' | grep -v '^nl_run_' || true)
+  [ -z "$others" ] || fail "libnl_run.so exports more than nl_run_*: $(echo "$others" | head -5 | tr '\n' ' ')"
+  echo "c api: libnl_run.so exports $(nm -D --defined-only "$so" | grep -c ' nl_run_') functions, all nl_run_*"
+  for sel in gate lowrank:16; do
+    opts=(--prompt-tokens 1,100,200 --steps 24 --select "$sel" --gap 2 --cache-ratio 0.1)
+    n=$("$run" --quiet generate --image "$work/relu_f16.nlw" "${opts[@]}" | grep '^tokens:')
+    e=$("$shared" "$work/relu_f16.nlw" "${opts[@]}" 2>/dev/null | grep '^tokens:')
+    [ "$n" = "$e" ] || fail "libnl_run.so example, --select $sel: nl-run '$n', shared '$e'"
+    echo "c api: libnl_run.so, --select $sel: same $n"
+  done
+elif grep -q '^NL_STATIC:BOOL=ON' "$build/CMakeCache.txt"; then
+  echo "c api: a static build: no libnl_run.so to check"
+else
+  fail "$shared was not built (examples/CMakeLists.txt)"
+fi
+
 # The stop flag (nl_run_request_stop from the callback once 3 tokens came): exactly the first 3 tokens.
 full=$("$ex" "$work/relu_f16.nlw" --prompt-tokens 1,100,200 --steps 24 2>/dev/null | grep '^tokens:')
 three=$("$ex" "$work/relu_f16.nlw" --prompt-tokens 1,100,200 --steps 24 --stop-after 3 2>/dev/null | grep '^tokens:')

@@ -1,0 +1,164 @@
+// FlashFfn, selection: which neurons each token needs (gate rows in DRAM: exact ReLU, CATS threshold, low-rank
+// predictor with calibration; or the sets a trace names), and the phase switches that start a run afresh.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "formats/core/error.h"
+#include "runtime/ffn/internal.h"
+
+namespace nl {
+using namespace ffn_detail;
+
+void FlashFfn::set_phase(LowRankPhase p, double target_recall) {
+  if (opt_.select != SelectMode::kLowRank) throw InternalError("set_phase outside --select lowrank");
+  if (phase_ == LowRankPhase::kCalibrate) {
+    // Per layer: at most floor((1 - target) * n) of the n recorded firing neurons may score below the threshold.
+    for (size_t l = 0; l < calib_.size(); ++l) {
+      auto& v = calib_[l];
+      if (v.empty()) {
+        threshold_[l] = std::numeric_limits<float>::infinity();
+        continue;
+      }
+      std::sort(v.begin(), v.end());
+      const size_t miss = size_t(std::floor((1.0 - target_recall) * double(v.size())));
+      threshold_[l] = v[std::min(miss, v.size() - 1)];
+      v.clear();
+    }
+  }
+  phase_ = p;
+  make_caches();
+  total_ = token_ = FlashCounters{};
+  per_token_.clear();
+  pred_ = PredictorCounters{};
+  ov_ = OverlapCounters{};
+  prev_needed_.assign(prev_needed_.size(), {});
+  pf_window_.assign(pf_window_.size(), 0.0);
+  pf_precision_.assign(pf_precision_.size(), 0.0);
+  pred_layer_ = -1;
+}
+
+void FlashFfn::set_trace_active(int layer, const std::vector<uint32_t>& neurons, int token) {
+  if (opt_.select != SelectMode::kTrace) throw InternalError("set_trace_active outside --select trace");
+  if (token < 0) throw InternalError("set_trace_active: negative token");
+  auto& per_token = trace_active_[size_t(layer)];
+  if (per_token.size() <= size_t(token)) per_token.resize(size_t(token) + 1);
+  auto& a = per_token[size_t(token)];
+  a.clear();
+  for (uint32_t n : neurons) {
+    if (n >= slot_of_[size_t(layer)].size()) throw InternalError("trace: neuron index out of range");
+    // A replicated layer keeps the neurons: the copies are chosen when the layer runs, under the cache then.
+    a.push_back(rep_[size_t(layer)] ? n : slot_of_[size_t(layer)][n]);
+  }
+  std::sort(a.begin(), a.end());
+}
+
+void FlashFfn::set_thresholds(const std::vector<float>& t) {
+  if (opt_.select != SelectMode::kThreshold || t.size() != opt_.act_threshold.size())
+    throw InternalError("set_thresholds outside --select threshold or with the wrong layer count");
+  opt_.act_threshold = t;
+  make_caches();
+  total_ = token_ = FlashCounters{};
+  per_token_.clear();
+  thr_ = ThresholdCounters{};
+  ov_ = OverlapCounters{};
+  prev_needed_.assign(prev_needed_.size(), {});
+  pf_window_.assign(pf_window_.size(), 0.0);
+  pf_precision_.assign(pf_precision_.size(), 0.0);
+  pred_layer_ = -1;
+}
+
+FlashFfn::GateFrom FlashFfn::select_token(int layer, int t, const float* xt, float* g) {
+  const ModelConfig& c = m_.config;
+  const int hidden = c.hidden_dim;
+  g_by_slot_ = g;
+  if (opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kPredict) {
+    auto t0 = Clock::now();
+    const LowRankFactors& f = lowrank_[size_t(layer)];
+    score_.resize(size_t(hidden));
+    tmp_.resize(size_t(f.rank));
+    f.predict(xt, score_.data(), tmp_.data());
+    const float thr = threshold_[size_t(layer)];
+    active_.clear();
+    for (int s = 0; s < hidden; ++s)
+      if (score_[size_t(s)] >= thr) active_.push_back(uint32_t(s));
+    token_.compute_seconds += since(t0);
+    // Measurement only (untimed): the exact gate `g`, to count which predicted neurons really fire.
+    for (int s = 0; s < hidden; ++s) {
+      const bool fires = g[s] > 0.0f, chosen = score_[size_t(s)] >= thr;
+      pred_.truly_active += fires;
+      pred_.true_positive += fires && chosen;
+    }
+    pred_.predicted += active_.size();
+    prev_needed_[size_t(layer)] = active_;
+    return GateFrom::kBundleRelu;
+  }
+  if (opt_.select == SelectMode::kTrace) {
+    // The given neurons' bundles; each gate from the bundle's own row (no gate rows in DRAM), in the stored dtype.
+    // ReLU: ffn_bundles applies the gate itself (zeros add nothing); SiLU: the gates first, then the same sum.
+    const auto& per_token = trace_active_[size_t(layer)];
+    if (size_t(t) >= per_token.size())
+      throw InternalError("trace: no active set for token " + std::to_string(t) + " of layer " + std::to_string(layer));
+    const auto& given = per_token[size_t(t)];
+    if (rep_[size_t(layer)])
+      choose_copies(layer, given.data(), given.size());
+    else
+      active_ = given;
+    prev_needed_[size_t(layer)] = active_;
+    return c.act == FfnAct::kRelu ? GateFrom::kBundleRelu : GateFrom::kBundleSilu;
+  }
+  auto t0 = Clock::now();
+  active_.clear();
+  for (int s = 0; s < hidden; ++s) {
+    if (c.act == FfnAct::kRelu) {
+      if (g[s] > 0.0f) active_.push_back(uint32_t(s));
+    } else {
+      g[s] = g[s] / (1.0f + std::exp(-g[s]));
+      active_.push_back(uint32_t(s));
+    }
+  }
+  if (opt_.select == SelectMode::kThreshold) {
+    // CATS: keep |act| > t (ReLU: act > max(0, t)); the mass kept is measured on the same activations.
+    const float thr = opt_.act_threshold[size_t(layer)];
+    size_t k = 0;
+    for (int s = 0; s < hidden; ++s)
+      thr_.mass_total += std::fabs(double(c.act == FfnAct::kRelu ? std::max(0.0f, g[s]) : g[s]));
+    for (uint32_t s : active_) {
+      const float a = std::fabs(g[s]);
+      if (a > thr) {
+        active_[k++] = s;
+        thr_.mass_kept += double(a);
+      }
+    }
+    active_.resize(k);
+    thr_.kept += k;
+    thr_.total += uint64_t(hidden);
+  }
+  token_.compute_seconds += since(t0);
+  if (opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kCalibrate) {
+    const LowRankFactors& f = lowrank_[size_t(layer)];
+    score_.resize(size_t(hidden));
+    tmp_.resize(size_t(f.rank));
+    f.predict(xt, score_.data(), tmp_.data());
+    for (uint32_t s : active_) calib_[size_t(layer)].push_back(score_[s]);
+    calib_samples_ += active_.size();
+  }
+  if (const ReplicaMap* rm = rep_[size_t(layer)].get()) {
+    // active_ holds ranks of first copies (the gate rows' order): to neurons, the gates by slot, then the copies.
+    const auto& firsts = first_slots_[size_t(layer)];
+    neurons_.clear();
+    g_slot_.resize(rm->n_slots());
+    for (uint32_t r : active_) {
+      const uint32_t v = rm->neuron_of[firsts[r]];
+      neurons_.push_back(v);
+      g_slot_[rm->first[v]] = g[r];
+      if (rm->second[v] != kNoSlot) g_slot_[rm->second[v]] = g[r];
+    }
+    g_by_slot_ = g_slot_.data();
+    choose_copies(layer, neurons_.data(), neurons_.size());
+  }
+  prev_needed_[size_t(layer)] = active_;
+  return GateFrom::kGiven;
+}
+
+}  // namespace nl
