@@ -43,9 +43,25 @@ void add_report_options(CLI::App& c, EvalArgs& a) {
                "max_len, bytes_read, bytes_needed, hit_rate); exit 5 when violated")
       ->group("Report");
   c.add_option("--seed", a.seed, "Seed of the cache's admission draws")->group("Report");
-  c.add_flag("!--same-cache", a.layout_cache,
-             "Ignore the layouts' own cache policies (admission, pinned set): every layout gets the cache set by the "
-             "device options (ablation)")
+  auto* same = c.add_flag("!--same-cache", a.layout_cache,
+                          "Ignore the layouts' own cache policies (admission, pinned set): every layout gets the cache "
+                          "set by the device options (ablation); = --cache-policy linking-aligned, or all with "
+                          "--plain-s3fifo")
+                   ->group("Report");
+  // nl-run's name for the same choice (nl-run generate/replay --cache-policy manifest|linking-aligned|all; a layout's
+  // own policy is what pack records in the manifest).
+  c.add_option_function<std::string>(
+       "--cache-policy",
+       [&a](const std::string& v) {
+         a.layout_cache = v == "layout" || v == "manifest";
+         a.dev.plain_s3fifo = v == "all";
+       },
+       "Per-layer cache policy, named as nl-run names it: layout (default; each layout's own admission and pinned set, "
+       "what nl-run's manifest policy runs), linking-aligned or all (S3-FIFO admitting every miss) for every layout, "
+       "nothing pinned")
+      ->check(CLI::IsMember({"layout", "manifest", "linking-aligned", "all"}))
+      ->excludes(same)
+      ->excludes(c.get_option("--plain-s3fifo"))  // added with the device options, before these
       ->group("Report");
 }
 

@@ -65,7 +65,9 @@ void add_device_objective_options(CLI::App& c, DeviceObjectiveArgs& a) {
       ->needs(bfor)
       ->group(grp);
   bytes->excludes(bfor);
-  c.add_option("--window", a.window, "Sliding window: neurons active in the last K tokens stay resident")
+  c.add_option("--cache-window,--window", a.window,
+               "Sliding window: neurons active in the last K tokens stay resident (nl-run's --cache-window; "
+               "--window is the former name)")
       ->check(CLI::Range(0u, 1000000u))
       ->group(grp);
   c.add_option("--run-admit-prob", a.run_admit_prob, "Linking-aligned admission probability inside longer reads")

@@ -301,6 +301,11 @@ TEST_CASE("tiny-relu end to end: replay equals nl-layout eval for greedy+ls layo
       // Ablations: the manifest's policy ignored, one admission rule for every layer.
       {"--gap 2 --cache-ratio 0.1 --same-cache", "--gap 2 --cache-ratio 0.1 --cache-policy linking-aligned"},
       {"--gap 2 --cache-ratio 0.1 --same-cache --plain-s3fifo", "--gap 2 --cache-ratio 0.1 --cache-policy all"},
+      // The same settings under the names nl-run gives them (eval accepts them too).
+      {"--gap 1 --cache-ratio 0.1 --cache-window 2", "--gap 1 --cache-ratio 0.1 --cache-window 2"},
+      {"--gap 2 --cache-ratio 0.1 --cache-policy linking-aligned",
+       "--gap 2 --cache-ratio 0.1 --cache-policy linking-aligned"},
+      {"--gap 2 --cache-ratio 0.1 --cache-policy all", "--gap 2 --cache-ratio 0.1 --cache-policy all"},
   };
   std::map<std::string, uint64_t> hits_policy;
   for (const auto& s : settings) {
