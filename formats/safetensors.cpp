@@ -147,7 +147,9 @@ ModelConfig read_config(const std::string& path) {
   if (!j.is_object()) throw InputError(path, "not a JSON object");
   const std::string llama = "llama";
   const std::string type = config_get<std::string>(j, path, "model_type", &llama);
-  if (type != "llama") throw InputError(path, "model_type '" + type + "' is not supported (Llama family only)");
+  // Mistral is the Llama block with sliding-window attention (modeling_mistral.py): read as Llama plus the window.
+  if (type != "llama" && type != "mistral")
+    throw InputError(path, "model_type '" + type + "' is not supported (llama or mistral)");
   const std::string silu = "silu";
   const std::string act = config_get<std::string>(j, path, "hidden_act", &silu);
   ModelConfig c;
@@ -181,6 +183,12 @@ ModelConfig read_config(const std::string& path) {
     throw InputError(path, "rope_scaling is not supported");
   if (config_get<bool>(j, path, "attention_bias", &no) || config_get<bool>(j, path, "mlp_bias", &no))
     throw InputError(path, "attention_bias / mlp_bias are not supported");
+  if (type == "mistral" && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+    const int64_t w = config_get<int64_t>(j, path, "sliding_window", nullptr);
+    if (w <= 0 || w > (1 << 24))
+      throw InputError(path, "key 'sliding_window' = " + std::to_string(w) + " is out of range");
+    c.sliding_window = int(w);  // null / absent: every position (as HF)
+  }
   if (std::string p = model_config_problem(c); !p.empty()) throw InputError(path, p);
   if (j.contains("head_dim") && !j["head_dim"].is_null()) {
     const int64_t hd = config_get<int64_t>(j, path, "head_dim", nullptr);
@@ -256,24 +264,26 @@ std::string hf_header_text(const std::vector<HfTensor>& tensors, TensorDtype dty
 }
 
 std::string hf_config_text(const ModelConfig& c, TensorDtype dtype) {
-  const json cfg = {{"architectures", {"LlamaForCausalLM"}},
-                    {"model_type", "llama"},
-                    {"hidden_size", c.dim},
-                    {"intermediate_size", c.hidden_dim},
-                    {"num_hidden_layers", c.n_layers},
-                    {"num_attention_heads", c.n_heads},
-                    {"num_key_value_heads", c.n_kv_heads},
-                    {"vocab_size", c.vocab_size},
-                    {"max_position_embeddings", c.seq_len},
-                    {"rms_norm_eps", float_for_json(c.norm_eps)},
-                    {"rope_theta", float_for_json(c.rope_theta)},
-                    {"hidden_act", ffn_act_name(c.act)},
-                    {"tie_word_embeddings", c.shared_classifier},
-                    {"bos_token_id", 1},
-                    {"eos_token_id", 2},
-                    {"torch_dtype", dtype == TensorDtype::kF32   ? "float32"
-                                    : dtype == TensorDtype::kF16 ? "float16"
-                                                                 : "bfloat16"}};
+  const bool mistral = c.sliding_window > 0;  // the one Llama-block family with a window
+  json cfg = {{"architectures", {mistral ? "MistralForCausalLM" : "LlamaForCausalLM"}},
+              {"model_type", mistral ? "mistral" : "llama"},
+              {"hidden_size", c.dim},
+              {"intermediate_size", c.hidden_dim},
+              {"num_hidden_layers", c.n_layers},
+              {"num_attention_heads", c.n_heads},
+              {"num_key_value_heads", c.n_kv_heads},
+              {"vocab_size", c.vocab_size},
+              {"max_position_embeddings", c.seq_len},
+              {"rms_norm_eps", float_for_json(c.norm_eps)},
+              {"rope_theta", float_for_json(c.rope_theta)},
+              {"hidden_act", ffn_act_name(c.act)},
+              {"tie_word_embeddings", c.shared_classifier},
+              {"bos_token_id", 1},
+              {"eos_token_id", 2},
+              {"torch_dtype", dtype == TensorDtype::kF32   ? "float32"
+                              : dtype == TensorDtype::kF16 ? "float16"
+                                                           : "bfloat16"}};
+  if (mistral) cfg["sliding_window"] = c.sliding_window;
   return cfg.dump(2) + "\n";
 }
 

@@ -244,6 +244,10 @@ def main():
         fail(EXIT_INPUT, "%s: missing key %s" % (mpath, e))
     if dtype not in ("f32", "f16", "bf16", "q8_0", "q4_0"):
         fail(EXIT_INPUT, "%s: dtype %r is not supported" % (mpath, dtype))
+    if cfg.get("sliding_window"):  # Mistral: llama.cpp's llama arch (its Mistral-7B conversion too) has no window
+        print("gguf_from_image: warning: %s: model.sliding_window %d is not written (llama.cpp's llama architecture "
+              "attends over every position): contexts longer than the window compute otherwise than nl-run"
+              % (mpath, cfg["sliding_window"]), file=sys.stderr)
     act = cfg.get("ffn_act", "silu")
     if act not in ("silu", "relu"):
         fail(EXIT_INPUT, "%s: ffn_act %s: llama.cpp runs gated SiLU (arch llama) or gated ReLU (arch smallthinker, "

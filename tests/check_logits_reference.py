@@ -3,7 +3,8 @@
 Hugging Face modeling code (tests/hf_llama_reference.py), on the bundled tiny-relu checkpoint packed as f32: the
 greedy tokens must be the reference's (every step), every logit within 1e-4 of the reference relative to the
 step's largest |logit|, for --select dense and gate and every --overlap mode; --top-logits must list the .npy's
-largest values; the .npy must load with numpy as float32 [generated, vocab]. Users check fidelity the same way.
+largest values; the .npy must load with numpy as float32 [generated, vocab]. The same weights read as Mistral
+(model_type mistral, sliding_window 5) follow the windowed reference. Users check fidelity the same way.
 
   check_logits_reference.py SOURCE_DIR BINARY_DIR
 """
@@ -69,6 +70,58 @@ try:
                          and all(abs(p[1] - float(lg[i][p[0]])) <= 1e-6 * max(1.0, abs(p[1]))
                                  for p in j["top_logits"][i]) for i in range(len(gen)))
             check(name + ": --top-logits lists the .npy's five largest", top_ok)
+    # Mistral (model_type mistral, sliding_window 5): the same weights with a window shorter than the prompt (a
+    # batched prefill across the window) and the 21 positions run; the logits must follow the windowed reference and
+    # differ from the unwindowed model's (the window is used).
+    mprompt = prompt + [12, 99, 250, 7, 300]
+    mdir = os.path.join(work, "mistral")
+    os.makedirs(mdir)
+    shutil.copy(os.path.join(model, "model.safetensors"), mdir)
+    mc = dict(cfg, model_type="mistral", sliding_window=5, architectures=["MistralForCausalLM"])
+    json.dump(mc, open(os.path.join(mdir, "config.json"), "w"))
+    for dtype in ("f32", "f16"):
+        img = os.path.join(work, "mistral_%s.nlw" % dtype)
+        r = subprocess.run([L, "pack", "--model", mdir, "--dtype", dtype, "--out", img, "-q"], capture_output=True,
+                           text=True)
+        if r.returncode:
+            check("mistral %s pack" % dtype, False, r.stderr.strip())
+            continue
+        man = json.load(open(img + ".json"))
+        check("mistral %s: manifest 1.4 with model.sliding_window 5" % dtype,
+              man["version_minor"] == 4 and man["model"].get("sliding_window") == 5, str(man["model"]))
+        npy = os.path.join(work, "mistral_%s.npy" % dtype)
+        r = subprocess.run([R, "generate", "--image", img, "--select", "gate", "--prompt-tokens",
+                            ",".join(map(str, mprompt)), "--steps", str(steps), "--logits", npy, "--json", "-q"],
+                           capture_output=True, text=True)
+        if r.returncode:
+            check("mistral %s runs" % dtype, False, r.stderr.strip())
+            continue
+        gen = json.loads(r.stdout)["generated"]
+        lg = np.load(npy)
+        want = ref.forward(mc, t, mprompt + gen[:-1])[len(mprompt) - 1:]
+        plain = ref.forward(cfg, t, mprompt + gen[:-1])[len(mprompt) - 1:]
+        tol = 1e-4 if dtype == "f32" else 2e-2  # f16 weights against the f32 reference
+        err = max(float(np.max(np.abs(lg[i] - want[i])) / np.max(np.abs(want[i]))) for i in range(len(gen)))
+        far = max(float(np.max(np.abs(plain[i] - want[i])) / np.max(np.abs(want[i]))) for i in range(len(gen)))
+        check("mistral %s: logits within %g of the windowed reference (max relative error %.2e)" % (dtype, tol, err),
+              err <= tol)
+        check("mistral %s: the window changes the logits (%.2e from the unwindowed model, > 10x the error)" %
+              (dtype, far), far > 10 * err and far > 1e-3)
+        if dtype == "f32":
+            greedy = [int(v) for v in want.argmax(1)]
+            check("mistral f32: greedy tokens equal the windowed reference's", gen == greedy, "%s vs %s" % (gen, greedy))
+            # The id covers the window; a 1.3 manifest cannot carry one (a reader that predates it would ignore it).
+            for label, edit, want_msg in (("window edited", lambda m: m["model"].update(sliding_window=6), "image id"),
+                                          ("version 1.3", lambda m: m.update(version_minor=3), "sliding_window")):
+                bad = json.load(open(img + ".json"))
+                edit(bad)
+                shutil.copy(img, os.path.join(work, "bad.nlw"))
+                bad["image"]["file"] = "bad.nlw"
+                json.dump(bad, open(os.path.join(work, "bad.nlw.json"), "w"))
+                r = subprocess.run([R, "generate", "--image", os.path.join(work, "bad.nlw"), "--steps", "2", "-q"],
+                                   capture_output=True, text=True)
+                check("mistral manifest, %s: refused (exit 3, naming %s)" % (label, want_msg),
+                      r.returncode == 3 and want_msg in r.stderr, "exit %d: %s" % (r.returncode, r.stderr.strip()))
     print("check_logits_reference: %d passed, %d failed" % (passes, fails))
     sys.exit(1 if fails else 0)
 finally:

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Independent Hugging Face-convention Llama forward in numpy (rotate_half RoPE, as transformers' LlamaModel).
+"""Independent Hugging Face-convention Llama forward in numpy (rotate_half RoPE, as transformers' LlamaModel), and
+Mistral's (model_type mistral: the same block with sliding-window attention, key j visible from query i when
+i - sliding_window < j <= i, as transformers' masking_utils.sliding_window_overlay).
 
 Usage: hf_llama_reference.py CHECKPOINT_DIR TOKEN [TOKEN ...]
 Prints a JSON list with the float32 logits of every position. Used by tests/test_model_formats.cpp to prove
@@ -65,6 +67,9 @@ def forward(cfg, t, tokens):
         v = np.repeat(v, nh // nkv, axis=0)
         s = q @ k.transpose(0, 2, 1) / np.sqrt(hd)
         s = s + np.triu(np.full((T, T), -np.inf), 1)
+        w = cfg.get("sliding_window") if cfg.get("model_type") == "mistral" else None
+        if w:
+            s = s + np.tril(np.full((T, T), -np.inf), -w)  # j <= i - w masked
         s = np.exp(s - s.max(-1, keepdims=True))
         s /= s.sum(-1, keepdims=True)
         o = (s @ v).transpose(1, 0, 2).reshape(T, dim)

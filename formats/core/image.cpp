@@ -113,6 +113,10 @@ uint64_t image_id_of(const ImageManifest& m) {
   u64(std::bit_cast<uint32_t>(c.norm_eps));
   u64(uint64_t(c.act));
   u64(c.shared_classifier ? 1 : 0);
+  if (c.sliding_window > 0) {  // 1.4 (kImageVersionMinorSlidingWindow); absent from other images' ids
+    str("sliding_window");
+    u64(uint64_t(c.sliding_window));
+  }
   str(image_dtype_name(m.dtype));
   str(bundle_kind_name(m.bundle_kind));
   u64(m.bundle_bytes);
@@ -240,6 +244,7 @@ std::string manifest_to_json(const ImageManifest& m) {
                 {"norm_eps", double(c.norm_eps)},
                 {"ffn_act", ffn_act_name(c.act)},
                 {"shared_classifier", c.shared_classifier}};
+  if (c.sliding_window > 0) j["model"]["sliding_window"] = c.sliding_window;
   j["dtype"] = image_dtype_name(m.dtype);
   j["bundle"] = {{"kind", bundle_kind_name(m.bundle_kind)}, {"bytes", m.bundle_bytes}};
   j["tokenizer"] = m.tokenizer;
@@ -500,6 +505,13 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
     if (!need(mc, "shared_classifier", path, "model.").is_boolean())
       bad(path, "model.shared_classifier must be true or false");
     c.shared_classifier = mc.at("shared_classifier").get<bool>();
+    if (mc.contains("sliding_window")) {  // 1.4: Mistral's attention window
+      c.sliding_window = need_int(mc, "sliding_window", path, "model.");
+      if (c.sliding_window < 1) bad(path, "model.sliding_window must be at least 1");
+      if (m.version_major == 1 && m.version_minor < kImageVersionMinorSlidingWindow)
+        bad(path, "has model.sliding_window but is format version 1." + std::to_string(m.version_minor) +
+                      " (images with a window are 1." + std::to_string(kImageVersionMinorSlidingWindow) + ")");
+    }
     std::string dt = need_str(j, "dtype", path);
     if (!image_dtype_parse(dt, &m.dtype)) bad(path, "unknown dtype '" + dt + "' (f32, f16, bf16, q8_0, q4_0)");
     const json& b = need(j, "bundle", path);

@@ -28,6 +28,10 @@ inline constexpr uint32_t kImageVersionMinorReplicas = 2;
 // Written only when the manifest records thresholds, so other images keep their 1.1 / 1.2 bytes; 1.1 / 1.2 images
 // with thresholds still open, and nl-run warns that their thresholds are not covered (re-pack to cover them).
 inline constexpr uint32_t kImageVersionMinorThresholds = 3;
+// Minor 4: `model.sliding_window` (Mistral's attention window), covered by the id. Written only for models with a
+// window, so other images keep their bytes; a reader that predates it computes another id and refuses the image
+// instead of attending over every position.
+inline constexpr uint32_t kImageVersionMinorSlidingWindow = 4;
 inline constexpr uint64_t kImageAlign = 4096;      // region alignment and the image's total size granularity
 inline constexpr uint32_t kImageHeaderBytes = 64;  // meaningful header bytes; the header block is kImageAlign
 inline constexpr char kImageMagic[8] = {'N', 'L', 'W', 'I', 'M', 'G', '\r', '\n'};

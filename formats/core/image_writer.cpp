@@ -102,6 +102,7 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
       throw UsageError("cannot pack: an activation threshold is negative or not finite");
   m_.act_threshold = std::move(spec.act_threshold);
   if (!m_.act_threshold.empty()) m_.version_minor = kImageVersionMinorThresholds;  // the id covers them
+  if (c.sliding_window > 0) m_.version_minor = kImageVersionMinorSlidingWindow;    // and this (it includes 1.2, 1.3)
 
   // Fixed layout: header block, dense region, one region per layer, each aligned.
   m_.dense_tensors = image_dense_tensor_list(c, m_.dtype);

@@ -30,6 +30,9 @@ struct ModelConfig {
   float norm_eps = 1e-5f;
   FfnAct act = FfnAct::kSilu;
   bool shared_classifier = true;  // classifier = token embedding (tie_word_embeddings)
+  // Sliding-window attention (Mistral): position i attends to positions j with i - window < j <= i; 0 = every
+  // earlier position (Llama).
+  int sliding_window = 0;
 
   int head_dim() const { return n_heads ? dim / n_heads : 0; }
   int kv_dim() const { return n_heads ? dim / n_heads * n_kv_heads : 0; }
@@ -68,6 +71,7 @@ inline std::string model_config_problem(const ModelConfig& c) {
   if (c.n_heads % c.n_kv_heads != 0) return "n_heads is not a multiple of n_kv_heads";
   if (c.head_dim() % 2 != 0) return "head dimension is odd (RoPE needs pairs)";
   if (!(c.norm_eps > 0.0f) || !(c.rope_theta > 0.0f)) return "rms_norm_eps and rope_theta must be positive";
+  if (c.sliding_window < 0) return "sliding_window must be positive (or absent)";
   return "";
 }
 

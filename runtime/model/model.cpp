@@ -228,8 +228,11 @@ void Model::pass(const int* tokens, int n, int pos0, float* logits, bool last_on
       float* att = att_.data() + size_t(omp_get_thread_num()) * att_stride;
       const float* q = q_.data() + size_t(t) * dim + size_t(h) * hd;
       const int kvh = h / group;
-      kernels::attend(att_out_.data() + size_t(t) * dim + size_t(h) * hd, q, kc + size_t(kvh) * hd,
-                      vc + size_t(kvh) * hd, size_t(kv_dim), pos0 + t + 1, hd, att_scale, att);
+      // Positions first .. pos0 + t: every earlier one, or the last sliding_window (Mistral).
+      const int last = pos0 + t, first = c.sliding_window > 0 ? std::max(0, last - c.sliding_window + 1) : 0;
+      kernels::attend(att_out_.data() + size_t(t) * dim + size_t(h) * hd, q,
+                      kc + size_t(first) * kv_dim + size_t(kvh) * hd, vc + size_t(first) * kv_dim + size_t(kvh) * hd,
+                      size_t(kv_dim), last - first + 1, hd, att_scale, att);
     };
     if (parallel_worth(att_work > (1L << 14))) {
 #pragma omp parallel for collapse(2) schedule(static, 1)
