@@ -296,6 +296,8 @@ class FlashFfn : public FfnProvider {
   void compute_ordered(int layer, size_t k0, size_t k1, GateFrom from, float* out, bool last, bool coefficients = true);
 
   void make_caches();
+  // A new run (set_phase, set_thresholds): caches and pinned bundles anew, counters and read-ahead state cleared.
+  void start_afresh();
   // Reads the bundles the layer's cache pins (resident from the first token) into the slab.
   void load_pinned(int layer, const std::vector<uint32_t>& pinned);
   // Set while the constructor reads every FFN region anyway (gate rows): load_pinned only lists the slots to fill

@@ -27,15 +27,8 @@ void FlashFfn::set_phase(LowRankPhase p, double target_recall) {
     }
   }
   phase_ = p;
-  make_caches();
-  total_ = token_ = FlashCounters{};
-  per_token_.clear();
   pred_ = PredictorCounters{};
-  ov_ = OverlapCounters{};
-  prev_needed_.assign(prev_needed_.size(), {});
-  pf_window_.assign(pf_window_.size(), 0.0);
-  pf_precision_.assign(pf_precision_.size(), 0.0);
-  pred_layer_ = -1;
+  start_afresh();
 }
 
 void FlashFfn::set_trace_active(int layer, const std::vector<uint32_t>& neurons, int token) {
@@ -57,10 +50,14 @@ void FlashFfn::set_thresholds(const std::vector<float>& t) {
   if (opt_.select != SelectMode::kThreshold || t.size() != opt_.act_threshold.size())
     throw InternalError("set_thresholds outside --select threshold or with the wrong layer count");
   opt_.act_threshold = t;
+  thr_ = ThresholdCounters{};
+  start_afresh();
+}
+
+void FlashFfn::start_afresh() {
   make_caches();
   total_ = token_ = FlashCounters{};
   per_token_.clear();
-  thr_ = ThresholdCounters{};
   ov_ = OverlapCounters{};
   prev_needed_.assign(prev_needed_.size(), {});
   pf_window_.assign(pf_window_.size(), 0.0);
