@@ -216,13 +216,16 @@ TEST_CASE("--memory-budget: the cache gets what is left; the child's peak RSS st
   const json& m = big["memory"];
   CHECK(m["cache_sized_by"] == "--memory-budget");
   CHECK(m["cache_bundles_per_layer"] == 512);
-  const uint64_t fixed = m["fixed_bytes"].get<uint64_t>();
+  // The larger of two runs' fixed parts: a run's measured baseline moves between processes (a first run ~450 KB below
+  // the second under ctest -j2 on a fresh clone, 2026-12-07, which then needed more than the budget built from it).
+  const uint64_t fixed = std::max(m["fixed_bytes"].get<uint64_t>(),
+                                  run_json(base + "--memory-budget 64GiB")["memory"]["fixed_bytes"].get<uint64_t>());
   CHECK(m["dense_bytes"].get<uint64_t>() > 2000000);       // embeddings + classifier of the 2048 x 128 model, f32
   CHECK(m["ffn_resident_bytes"] == 4ULL * 512 * 128 * 4);  // gate rows, f32
-  // Budget: the fixed part + 64 bundles per layer (1536-byte f32 bundles + bookkeeping) + 64 KiB of slack for the
-  // baseline moving between runs.
+  // Budget: the fixed part + 64 bundles per layer (1536-byte f32 bundles + bookkeeping) + 512 KiB of slack for the
+  // baseline moving between runs (at most ~63 more bundles per layer: still far below the whole FFN's 512).
   const uint64_t per_bundle = 1536 + 128;
-  const uint64_t budget = fixed + 4 * 64 * per_bundle + (64 << 10);
+  const uint64_t budget = fixed + 4 * 64 * per_bundle + (512 << 10);
   Run r;
   const json j = run_json(base + "--memory-budget " + std::to_string(budget) + " --metrics gen_tiny/budget.json", &r);
   const uint32_t cache = j["memory"]["cache_bundles_per_layer"].get<uint32_t>();
