@@ -79,6 +79,17 @@ try:
     shutil.copy(os.path.join(model, "model.safetensors"), mdir)
     mc = dict(cfg, model_type="mistral", sliding_window=5, architectures=["MistralForCausalLM"])
     json.dump(mc, open(os.path.join(mdir, "config.json"), "w"))
+    # nl-profile convert keeps the window in a Hugging Face folder and refuses a llama2.c file (no field for it).
+    P = os.path.join(build, "cli", "nl-profile")
+    r = subprocess.run([P, "convert", "--model", mdir, "--out", os.path.join(work, "mistral_hf"), "-q"],
+                       capture_output=True, text=True)
+    conv = json.load(open(os.path.join(work, "mistral_hf", "config.json"))) if r.returncode == 0 else {}
+    check("mistral: convert --to hf keeps model_type mistral and sliding_window 5",
+          conv.get("model_type") == "mistral" and conv.get("sliding_window") == 5, r.stderr.strip() + str(conv))
+    r = subprocess.run([P, "convert", "--model", mdir, "--to", "llama2c", "--out", os.path.join(work, "m.bin"), "-q"],
+                       capture_output=True, text=True)
+    check("mistral: convert --to llama2c refused (exit 2, no field for the window)",
+          r.returncode == 2 and "sliding attention window" in r.stderr, "exit %d: %s" % (r.returncode, r.stderr))
     for dtype in ("f32", "f16"):
         img = os.path.join(work, "mistral_%s.nlw" % dtype)
         r = subprocess.run([L, "pack", "--model", mdir, "--dtype", dtype, "--out", img, "-q"], capture_output=True,
