@@ -8,7 +8,9 @@
  *
  * Errors: every function that can fail returns an nl_run_status (0 = NL_RUN_OK); the message of the last failure is
  * nl_run_last_error(ctx) (one line, naming the file and what is wrong), or nl_run_last_error(NULL) for a failed
- * nl_run_open on the calling thread. No C++ type or exception crosses this interface.
+ * nl_run_open on the calling thread. No C++ type or exception crosses this interface. Messages name settings as
+ * nl-run's options do (image: --image, select: --select, memory_budget: --memory-budget, cache_ratio: --cache-ratio,
+ * gap: --gap, overlap: --overlap): the runtime reports both the same way.
  *
  * Threads: one generation at a time per context; nl_run_request_stop may be called from any thread. `n_threads`
  * sets OpenMP's worker count for the whole process.
