@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Behaviour identity of nl-run across a refactor: runs `nl-run generate` over every --select x --overlap x dtype on
-# the bundled tiny-relu and small-relu models (and 1 vs 2 threads for gate), and writes each run's tokens and its
+# the bundled tiny-relu and small-relu models (and 1 vs 2 threads for gate; a replicated image too), and writes each
+# run's tokens and its
 # --metrics JSON with the timing-dependent fields removed (bench/runtime_identity_norm.py) into OUT_DIR. Two OUT_DIRs
 # from two builds are compared with `diff -r`: identical means the same tokens, reads, bytes, cache hits and
 # counters for every cell.
@@ -33,6 +34,21 @@ for m in "${models[@]}"; do
           { grep -E '^tokens:' "$work/stdout.txt"; python3 "$norm" "$work/m.json"; } >"$out/$tag.txt"
         done
       done
+    done
+  done
+  # Flash replication: a layout with second copies (solved with a replication budget), f16; the selections and
+  # overlap modes that read replicated images (cross, dense and lowrank refuse them).
+  "$layout" --quiet solve --trace "$work/$m.h5" --replicate-budget 10% --bundle-for "$dir" --dtype f16 \
+    --out "$work/$m-rep.json" >/dev/null
+  "$layout" --quiet pack --model "$dir" --dtype f16 --layout "$work/$m-rep.json" --out "$work/$m-rep.nlw"
+  grep -q '"replicas"' "$work/$m-rep.nlw.json" || echo "runtime identity: note: $m's solver kept no replicas" >&2
+  for sel in gate threshold:0.05 trace; do
+    s=$sel; [ "$sel" = trace ] && s=trace:$work/$m.h5
+    for ov in none layer; do
+      tag=$m-rep-${sel%%:*}-$ov
+      "$run" --quiet generate --image "$work/$m-rep.nlw" --prompt-tokens 1,100,200,300,400 --steps 12 --select "$s" \
+        --overlap "$ov" --cache-ratio 0.1 --gap 2 --metrics "$work/m.json" >"$work/stdout.txt"
+      { grep -E '^tokens:' "$work/stdout.txt"; python3 "$norm" "$work/m.json"; } >"$out/$tag.txt"
     done
   done
 done
