@@ -38,19 +38,6 @@ uint64_t parse_uint_arg(const std::string& option, const std::string& text, uint
   return v;
 }
 
-std::string float_arg_problem(const std::string& text) {
-  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return "is not a number";
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || *end != '\0') return "is not a number";
-  if (std::isnan(v)) return "is not a number (NaN)";
-  if (std::isinf(v)) return "is not a finite number";
-  if (std::fpclassify(v) == FP_SUBNORMAL || (v == 0 && errno == ERANGE))  // strtod's underflow
-    return "is too close to zero (below the smallest normal double; use 0 or a larger value)";
-  return "";
-}
-
 double parse_double_arg(const std::string& option, const std::string& text, double lo, double hi) {
   if (std::string p = float_arg_problem(text); !p.empty()) throw UsageError(option + ": '" + text + "' " + p);
   const double v = std::strtod(text.c_str(), nullptr);

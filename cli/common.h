@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "formats/core/number_text.h"  // float_arg_problem
+
 namespace nl::cli {
 
 // The most worker threads a command may use (--threads, OMP_NUM_THREADS): each costs a stack and per-thread
@@ -28,9 +30,7 @@ uint64_t parse_uint_arg(const std::string& option, const std::string& text, uint
 // A finite, non-subnormal decimal (0 allowed) within [lo, hi]: NaN, infinities, subnormals and trailing junk are a
 // UsageError naming `option`.
 double parse_double_arg(const std::string& option, const std::string& text, double lo = -1e308, double hi = 1e308);
-// What is wrong with `text` as a floating-point option value ("" when it is a finite, normal-or-zero number): the
-// check every FLOAT option of the three binaries gets (run_main adds it), because CLI::Range lets NaN through.
-std::string float_arg_problem(const std::string& text);
+// float_arg_problem (formats/core/number_text.h): the check every FLOAT option gets (run_main adds it).
 
 // Work that cannot fit is refused before it starts (docs/robustness.md "Impossible work"): `what` needs about
 // `bytes` of memory and MemAvailable is less: IoError (exit 4, the out-of-memory code) with both figures.

@@ -83,10 +83,7 @@ std::unique_ptr<FlashImage> flash_open(const FlashArgs& a, const GlobalOptions& 
   outputs.push_back({"--metrics", a.metrics});
   check_paths(inputs, outputs);
   IoOptions io;
-  if (a.io == "auto")
-    io.kind = io_kind_auto();
-  else if (!io_kind_parse(a.io, &io.kind))
-    throw UsageError("unknown --io " + a.io);
+  if (!io_kind_choose(a.io, &io.kind)) throw UsageError("unknown --io " + a.io);
   io.direct = !a.buffered;
   io.queue_depth = a.queue_depth;
   io.warn = [&g](const std::string& s) { info(g, s); };

@@ -18,7 +18,7 @@ struct FlashArgs {
   bool verify_reads = false;  // --verify-reads: every bundle read checked against start-up checksums
   std::string io = "auto";    // uring where this kernel and build have it (overlap is real there), else pread
   bool buffered = false;      // --no-direct
-  uint32_t queue_depth = 32;
+  uint32_t queue_depth = IoOptions{}.queue_depth;
   std::string gap = "off";
   std::string device;  // device profile for --gap auto
   double cache_ratio = 0;

@@ -55,7 +55,6 @@ struct GenerateArgs {
   std::string overlap = "auto";            // auto | none | layer | cross | both; default measured in docs/runtime.md
   std::string logits_out;                  // --logits FILE.npy: every generated token's logits
   int top_logits = 0;                      // --top-logits K: the K largest logits per step in --json
-  CLI::Option* cache_ratio_opt = nullptr;  // to tell an explicit --cache-ratio from its default
   CLI::Option* prompt_opt = nullptr;       // to tell --prompt "" from no --prompt
   CLI::Option* queue_depth_opt = nullptr;  // to tell an explicit --queue-depth from its default
 };
@@ -204,16 +203,6 @@ void add_generate_predictor_options(CLI::App* c, GenerateArgs& a) {
       ->group("Predictor");
 }
 
-std::unique_ptr<Tokenizer> open_run_tokenizer(const std::string& path) {
-#ifdef NL_FULL_BUILD
-  return open_tokenizer(path);
-#else
-  if (is_sentencepiece_file(path))
-    throw InputError(path, "is a SentencePiece model; this runtime-only build reads llama2.c tokenizers only");
-  return open_llama2c_tokenizer(path);
-#endif
-}
-
 // `option` names the flag the ids came from (--prompt-tokens, --calibrate-prompt-tokens) in its errors.
 std::vector<int> parse_tokens(const std::string& s, int vocab, const std::string& option) {
   std::vector<int> v;
@@ -340,7 +329,9 @@ SessionOptions session_options(const GenerateArgs& a, const FlashArgs& fa) {
   o.prefill_block = a.prefill_block;
   o.verify_reads = fa.verify_reads;
   o.tokenizer = a.tokenizer;
-  o.open_tokenizer = open_run_tokenizer;
+#ifdef NL_FULL_BUILD
+  o.open_tokenizer = open_tokenizer;  // SentencePiece too; the runtime-only build keeps the Session's llama2.c reader
+#endif
   o.warn = [](const std::string& s) { std::fprintf(stderr, "nl-run: warning: %s\n", s.c_str()); };
   o.target_recall = a.target_recall;
   o.calibrate_steps = a.calibrate_steps;
@@ -427,8 +418,8 @@ DecodeTimes decode_times(const FlashFfn* ffn, int prompt_forwards) {
 
 nlohmann::json overlap_json(const Session& s, const OverlapCounters& o) {
   // Whole run, prompt included; io_wait is the I/O nobody computed under.
-  return {{"mode", s.overlap()},
-          {"engine_async", const_cast<Session&>(s).image().io().async()},
+  return {{"mode", overlap_mode_name(s.overlap())},
+          {"engine_async", s.image().io().async()},
           {"layer_tokens", o.layer_tokens},
           {"bundles_computed", o.bundles_computed},
           {"bundles_computed_in_flight", o.bundles_in_flight},
@@ -565,13 +556,13 @@ void print_summary(const GenerateArgs& a, const GlobalOptions& g, Session& s, co
                format_bytes(gj["peak_rss_bytes"].get<uint64_t>()).c_str(),
                budget ? (" (budget " + format_bytes(budget) + ")").c_str() : "",
                !label.empty() ? (" [" + label + "]").c_str() : "");
-  if (extra.contains("overlap") && s.overlap() != "none") {
+  if (extra.contains("overlap") && s.overlap() != OverlapMode::kNone) {
     const OverlapCounters& o = s.ffn()->overlap();
     std::fprintf(
         stderr,
         "overlap %s (%s): I/O busy %.3f s, waited %.3f s (%.1f%% hidden); %llu of %llu bundles computed with "
         "reads in flight; read-ahead: %llu predicted, %llu needed, %llu both, %s extra, %s late\n",
-        s.overlap().c_str(),
+        overlap_mode_name(s.overlap()),
         s.image().io().async() ? "async engine" : "synchronous engine: reads overlap compute only across threads",
         o.io_busy_seconds, o.io_wait_seconds, o.overlap_share() * 100,
         static_cast<unsigned long long>(o.bundles_in_flight), static_cast<unsigned long long>(o.bundles_computed),
@@ -586,11 +577,8 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   CommitGroup outputs;  // --logits and --metrics commit together or not at all
   if (std::string p = sampler_config_problem(a.sampler); !p.empty()) throw UsageError(p);
   FlashArgs fa = a.flash;
-  // Read-ahead runs while nobody collects completions (during attention): only reads already in the kernel's hands
-  // progress then, so cross overlap puts a whole layer's reads in flight unless --queue-depth says otherwise.
-  if ((a.overlap == "cross" || a.overlap == "both" || a.overlap == "auto") && a.queue_depth_opt &&
-      a.queue_depth_opt->count() == 0)
-    fa.queue_depth = kReadAheadQueueDepth;
+  // A whole layer's reads in flight under read-ahead overlap unless --queue-depth says otherwise (default_queue_depth).
+  if (a.queue_depth_opt && a.queue_depth_opt->count() == 0) fa.queue_depth = default_queue_depth(a.overlap);
   SessionOptions so = session_options(a, fa);
   auto img = flash_open(fa, g, {}, {{"--logits", a.logits_out}});
   if (a.select.rfind("lowrank:", 0) == 0)
@@ -672,7 +660,6 @@ void add_run_generate(CLI::App& app, GlobalOptions& g) {
   add_generate_overlap_options(c, a);
   add_flash_plan_options(c, a.flash);
   add_flash_metrics_options(c, a.flash);
-  a.cache_ratio_opt = c->get_option("--cache-ratio");
   a.queue_depth_opt = c->get_option("--queue-depth");
   c->callback([&g] { generate_main(a, g); });
 }

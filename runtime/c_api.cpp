@@ -54,15 +54,10 @@ std::string str_or(const char* s, const char* dflt) { return s ? std::string(s) 
 nl::IoOptions io_options(const nl_run_params& p, const std::string& overlap) {
   nl::IoOptions io;
   const std::string kind = str_or(p.io, "auto");
-  if (kind == "auto")
-    io.kind = nl::io_kind_auto();
-  else if (!nl::io_kind_parse(kind, &io.kind))
+  if (!nl::io_kind_choose(kind, &io.kind))
     throw nl::UsageError("io: unknown engine '" + kind + "' (auto, pread, preadv, uring, mmap)");
   io.direct = p.direct != 0;
-  // As nl-run generate: read-ahead (cross overlap) wants a whole layer's reads in flight.
-  io.queue_depth = p.queue_depth                                                  ? p.queue_depth
-                   : overlap == "cross" || overlap == "both" || overlap == "auto" ? nl::kReadAheadQueueDepth
-                                                                                  : 32;
+  io.queue_depth = p.queue_depth ? p.queue_depth : nl::default_queue_depth(overlap);  // as nl-run generate
   return io;
 }
 

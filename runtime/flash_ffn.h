@@ -231,8 +231,6 @@ class FlashFfn : public FfnProvider {
     bool ordered = false;     // replicated layer-token reading second copies: first-copy order
     bool first = true;        // no down projection yet
     bool io_started = false;  // a read was submitted (or read ahead): io busy from t_io0
-    uint64_t cap = 0;         // one batch buffer's bytes
-    size_t n = 0;             // active neurons
     size_t k0 = 0, p0 = 0;    // the next batch's first active index and piece
     double wait = 0;          // seconds blocked on completions
     std::chrono::steady_clock::time_point tc, t_io0;
@@ -246,7 +244,8 @@ class FlashFfn : public FfnProvider {
     std::atomic<size_t> pub{0}, claim{0};
     std::atomic<bool> stop{false};
   };
-  uint8_t* batch_base(size_t batch, uint64_t cap) { return staging_.data() + (batch % kFfnOverlapReadBuffers) * cap; }
+  // Batch `batch`'s buffer: the two staging_cap_ halves of staging_ alternate (one when a layer-token has one batch).
+  uint8_t* batch_base(size_t batch) { return staging_.data() + (batch % kFfnOverlapReadBuffers) * staging_cap_; }
   void overlap_plan(OverlapRun& r);             // plan, pieces, spans, counters, active indices per piece
   uint64_t overlap_spans(const OverlapRun& r);  // late spans and read-ahead copies per piece; returns late bytes
   void overlap_submit(OverlapRun& r, size_t b, bool ahead);

@@ -2,12 +2,11 @@
 #include "runtime/generate.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <cstdlib>
 
 #include "formats/core/error.h"
+#include "formats/core/number_text.h"
 #include "runtime/device.h"
 
 namespace nl {
@@ -23,15 +22,10 @@ int positive_int(const std::string& s) {
   return v >= 1 ? v : -1;
 }
 
-// A finite number >= 0 written out whole (no spaces, not NaN, not subnormal), or -1.
+// A number >= 0 that float_arg_problem accepts, or -1.
 double nonnegative_number(const std::string& s) {
-  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) return -1;
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (end == s.c_str() || *end != '\0' || !std::isfinite(v) || std::fpclassify(v) == FP_SUBNORMAL ||
-      (v == 0 && errno == ERANGE))
-    return -1;
+  if (!float_arg_problem(s).empty()) return -1;
+  const double v = std::strtod(s.c_str(), nullptr);
   return v >= 0 ? v : -1;
 }
 

@@ -42,7 +42,15 @@ std::unique_ptr<Tokenizer> open_llama2c_only(const std::string& path) {
 
 }  // namespace
 
-IoKind io_kind_auto() { return io_uring_available() ? IoKind::kUring : IoKind::kPread; }
+uint32_t default_queue_depth(const std::string& overlap) {
+  return overlap == "cross" || overlap == "both" || overlap == "auto" ? kReadAheadQueueDepth : IoOptions{}.queue_depth;
+}
+
+bool io_kind_choose(const std::string& name, IoKind* out) {
+  if (name != "auto") return io_kind_parse(name, out);
+  *out = io_uring_available() ? IoKind::kUring : IoKind::kPread;
+  return true;
+}
 
 std::unique_ptr<FlashImage> open_flash_image(const std::string& path, const IoOptions& io, bool verify) {
   const std::string suffix = ".json";
@@ -68,9 +76,8 @@ Session::Session(std::unique_ptr<FlashImage> image, SessionOptions o) : img_(std
   const ModelConfig& c = man.config;
   if (std::string p = selection_parse(o_.select, &sel_); !p.empty())
     throw UsageError("--select " + o_.select + ": " + p);
-  overlap_ = o_.overlap != "auto" ? o_.overlap : man.replicated() ? "layer" : "both";
-  OverlapMode unused;
-  if (!overlap_mode_parse(overlap_, &unused)) throw UsageError("unknown --overlap " + overlap_);
+  const std::string overlap = o_.overlap != "auto" ? o_.overlap : man.replicated() ? "layer" : "both";
+  if (!overlap_mode_parse(overlap, &overlap_)) throw UsageError("unknown --overlap " + overlap);
   // The tokenizer: the option, else the manifest's reference (relative to the manifest's folder; manifest_load
   // accepts only a file name there) when that file exists.
   tok_path_ = o_.tokenizer;
@@ -114,7 +121,7 @@ std::vector<int> Session::stop_tokens() const {
 void Session::load(int context) {
   const ImageManifest& man = img_->manifest();
   const ModelConfig& c = man.config;
-  const bool ahead = overlap_ == "cross" || overlap_ == "both";
+  const bool ahead = overlap_ == OverlapMode::kCross || overlap_ == OverlapMode::kBoth;
   MemoryRequest r;
   r.budget = o_.memory_budget;
   r.budget_text = o_.memory_budget_text.empty() ? std::to_string(o_.memory_budget) : o_.memory_budget_text;
@@ -127,7 +134,7 @@ void Session::load(int context) {
   r.read_batch = o_.read_batch;
   r.read_ahead = ahead ? o_.read_ahead : 0;
   r.prefill_block = o_.prefill_block;
-  r.read_buffers = overlap_ == "none" ? 1 : kFfnOverlapReadBuffers;
+  r.read_buffers = overlap_ == OverlapMode::kNone ? 1 : kFfnOverlapReadBuffers;
   r.lowrank_rank = sel_.rank;
   r.verify_reads = o_.verify_reads;
   r.cache_ratio = o_.planner.effective_cache_ratio(man.planner);
@@ -142,7 +149,7 @@ void Session::load(int context) {
   fo.verify_reads = o_.verify_reads;
   if (sel_.mode != SelectMode::kDense) {
     fo.lowrank_rank = sel_.rank;
-    overlap_mode_parse(overlap_, &fo.overlap);
+    fo.overlap = overlap_;
     fo.read_batch_bytes = o_.read_batch;
     fo.read_ahead_bytes = r.read_ahead;
     if (sel_.mode == SelectMode::kThreshold)

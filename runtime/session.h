@@ -22,8 +22,12 @@ std::unique_ptr<FlashImage> open_flash_image(const std::string& path, const IoOp
 
 // io_uring reads in flight under --overlap cross|both (a layer's read-ahead; the ring itself is a few hundred KiB).
 constexpr uint32_t kReadAheadQueueDepth = 4096;
-// The I/O engine "auto" picks: uring where this kernel and build have it, else pread.
-IoKind io_kind_auto();
+// The queue depth a run gets when none is given: read-ahead runs while nobody collects completions (during
+// attention), so only reads already in the kernel's hands progress then; --overlap cross|both (and auto, which is both
+// on images without replicas) put a whole layer's reads in flight. Otherwise the engine's default.
+uint32_t default_queue_depth(const std::string& overlap);
+// An I/O engine by name: "auto" (uring where this kernel and build have it, else pread) or io_kind_parse's names.
+bool io_kind_choose(const std::string& name, IoKind* out);
 
 struct SessionOptions {
   std::string select = "gate";   // selection_parse's forms
@@ -53,10 +57,11 @@ class Session {
   Session(std::unique_ptr<FlashImage> image, SessionOptions o);
 
   FlashImage& image() { return *img_; }
+  const FlashImage& image() const { return *img_; }
   const ImageManifest& manifest() const { return img_->manifest(); }
   const SessionOptions& options() const { return o_; }
   const Selection& selection() const { return sel_; }
-  const std::string& overlap() const { return overlap_; }  // as resolved from auto
+  OverlapMode overlap() const { return overlap_; }  // as resolved from auto
   const Tokenizer* tokenizer() const { return tok_.get(); }
   const std::string& tokenizer_path() const { return tok_path_; }
   const std::vector<float>& thresholds() const { return thresholds_; }  // threshold: per layer
@@ -87,7 +92,7 @@ class Session {
   std::unique_ptr<FlashImage> img_;
   SessionOptions o_;
   Selection sel_;
-  std::string overlap_;
+  OverlapMode overlap_ = OverlapMode::kNone;
   std::unique_ptr<Tokenizer> tok_;
   std::string tok_path_;
   std::vector<float> thresholds_;

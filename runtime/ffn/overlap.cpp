@@ -127,12 +127,11 @@ void FlashFfn::overlap_plan(OverlapRun& r) {
   planners_[size_t(layer)].plan(active_.data(), active_.size(), cache, plan_);
   // As load_compute(): bytes of slots the cache no longer holds go, except this token's hits.
   if (cache) store_.drop_evicted(layer, cache, plan_.hits);
-  r.cap = staging_cap_;
   make_pieces(layer, plan_.reads, &pieces_, &batch_end_);
   // Two batch buffers when there is more than one batch: batch b + 1's reads land in one while batch b is computed
   // from the other, so the device does not idle through each batch's down projection and cache admissions.
   r.two = batch_end_.size() > 1;
-  staging_.resize(r.two ? kFfnOverlapReadBuffers * r.cap : r.cap);
+  staging_.resize(r.two ? kFfnOverlapReadBuffers * staging_cap_ : staging_cap_);
   const uint64_t late_bytes = overlap_spans(r);
   if (r.pf) ov_.late_bytes += late_bytes;
   token_.active += plan_.active;
@@ -143,7 +142,7 @@ void FlashFfn::overlap_plan(OverlapRun& r) {
   r.t_io0 = r.pf ? pf_t0_ : Clock::now();
   r.io_started = r.pf;
   // Active indices per piece (both ascending); the others are cache hits, in DRAM now.
-  const size_t n = r.n = active_.size();
+  const size_t n = active_.size();
   h_.resize(n);
   bundles_.resize(n);
   idx_.resize(n);
@@ -176,7 +175,7 @@ uint64_t FlashFfn::overlap_spans(const OverlapRun& r) {
     const uint64_t a = pieces_[ri].offset, e = a + pieces_[ri].length, pos = pieces_[ri].pos;
     uint64_t cur = a;
     auto late = [&](uint64_t lo, uint64_t hi) {
-      spans_.push_back({lo, hi - lo, batch_base(b, r.cap) + pos + (lo - a)});
+      spans_.push_back({lo, hi - lo, batch_base(b) + pos + (lo - a)});
       span_read_.push_back(uint32_t(ri));
       ++outstanding_[ri];
       late_bytes += hi - lo;
@@ -284,7 +283,7 @@ void FlashFfn::overlap_io_loop(const OverlapRun& r, OverlapBatch& b, int threads
         auto [c0, c1] = copies_of(k);
         for (auto c = c0; c != c1; ++c) {
           if (c->read < b.p0 || c->read >= b.p1) continue;  // a later batch copies it when its turn comes
-          std::memcpy(batch_base(bi, r.cap) + c->dst, pf_staging_.data() + c->src, c->bytes);
+          std::memcpy(batch_base(bi) + c->dst, pf_staging_.data() + c->src, c->bytes);
           if (--outstanding_[c->read] == 0) overlap_ready(r, b, c->read);
         }
       } else if (b.s1 > b.s0 && id >= batch_id_[bi] && id < batch_id_[bi] + (b.s1 - b.s0)) {
@@ -309,11 +308,11 @@ void FlashFfn::overlap_batch(OverlapRun& r, size_t bi) {
   b.k1 = size_t(std::lower_bound(active_.begin() + std::ptrdiff_t(r.k0), active_.end(), pieces_[p1 - 1].slot_end) -
                 active_.begin());
   b.pub.store(r.k0), b.claim.store(r.k0);
-  cur_batch_ = int(bi), cur_p0_ = p0, cur_p1_ = p1, cur_off_ = uint64_t(batch_base(bi, r.cap) - staging_.data());
+  cur_batch_ = int(bi), cur_p0_ = p0, cur_p1_ = p1, cur_off_ = uint64_t(batch_base(bi) - staging_.data());
   // Parts already read ahead are copied now; the late spans go out.
   for (const Copy& c : copies_)
     if (c.read >= p0 && c.read < p1 && pf_done_[c.pf_read]) {
-      std::memcpy(batch_base(bi, r.cap) + c.dst, pf_staging_.data() + c.src, c.bytes);
+      std::memcpy(batch_base(bi) + c.dst, pf_staging_.data() + c.src, c.bytes);
       --outstanding_[c.read];
     }
   // This batch's late spans (unless out already) and the next batch's, into the other buffer (free: the batch
@@ -396,7 +395,7 @@ void FlashFfn::overlap_compute_batch(OverlapRun& r, const OverlapBatch& b) {
 
 void FlashFfn::overlap_finish(OverlapRun& r) {
   const int layer = r.layer;
-  const size_t n = r.n;
+  const size_t n = active_.size();
   IoEngine& io = img_.io();
   cur_batch_ = -1, cur_off_ = 0;
   if (r.ordered) {
