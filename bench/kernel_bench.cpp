@@ -238,7 +238,9 @@ class BundleFfn : public FfnProvider {
   }
   size_t bytes() const { return layers_.size() * layers_[0].bytes(); }
   void ffn(int layer, int, int n, const float* x, float* out, FfnObserver*) override {
-    layers_[size_t(layer)].ffn(x, n, FfnAct::kSilu, out);
+    ModelConfig silu = c_;
+    silu.act = FfnAct::kSilu;
+    layers_[size_t(layer)].ffn(x, n, silu, out);
   }
 
  private:

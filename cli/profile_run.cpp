@@ -99,9 +99,11 @@ void add_run_output_options(CLI::App* c, RunArgs& a) {
 }
 
 void add_run_activation_options(CLI::App* c, RunArgs& a) {
-  c->add_option("--activation", a.activation,
-                "When a neuron fires: auto (relu>0 for ReLU FFNs, calibrated:0.3 for SiLU), relu>0, abs>X, "
-                "calibrated:F (per-layer |act(gate x)| threshold keeping a fraction F active, CATS-style)")
+  c->add_option(
+       "--activation", a.activation,
+       "When a neuron fires: auto (exact for relu / fatrelu / drelu FFNs, calibrated:0.3 for SiLU), exact (the "
+       "model's exact zeros: relu>0, fatrelu>T, drelu: gate x > 0 and up x > 0; relu>0 is an old name), "
+       "abs>X, calibrated:F (per-layer |act(gate x)| threshold keeping a fraction F active, CATS-style)")
       ->capture_default_str()
       ->group("Activation");
   c->add_option("--calibrate-tokens", a.calibrate_tokens, "Profile-split tokens used to calibrate thresholds")
@@ -173,7 +175,7 @@ void run_main(const RunArgs& a, const GlobalOptions& g) {
   Model model(w, seq_len);
   ProfileOptions po;
   po.model_name = a.model_name.empty() ? default_model_name(a.model) : a.model_name;
-  po.rule = ActivationRule::parse(a.activation == "auto" ? (c.act == FfnAct::kRelu ? "relu>0" : "calibrated:0.3")
+  po.rule = ActivationRule::parse(a.activation == "auto" ? (ffn_act_sparse(c.act) ? "exact" : "calibrated:0.3")
                                                          : a.activation);
   po.batch_tokens = a.batch;
   po.store_tokens = !a.no_store_tokens;

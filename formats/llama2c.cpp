@@ -245,7 +245,8 @@ void write_llama2c(const std::string& path, const ModelWeights& w) {
   const ModelConfig& c = w.config;
   if (c.sliding_window > 0)
     throw UsageError(path + ": llama2.c files cannot store a sliding attention window (Mistral; no field for it)");
-  if (c.act != FfnAct::kSilu) throw UsageError(path + ": llama2.c files cannot store a ReLU FFN (no field for it)");
+  if (c.act != FfnAct::kSilu)
+    throw UsageError(path + ": llama2.c files cannot store a " + ffn_act_name(c.act) + " FFN (no field for it)");
   if (c.rope_theta != 10000.0f || c.norm_eps != 1e-5f)
     throw UsageError(path + ": llama2.c files assume rope_theta 10000 and norm_eps 1e-5");
   for (const auto& L : w.layers)

@@ -153,12 +153,18 @@ ModelConfig read_config(const std::string& path) {
   const std::string silu = "silu";
   const std::string act = config_get<std::string>(j, path, "hidden_act", &silu);
   ModelConfig c;
-  if (act == "silu" || act == "swish") {
+  // silu (swish), relu, fatrelu (ProSparse: ReLU with the threshold hidden_act_param, as vLLM's FatreluAndMul),
+  // drelu (TurboSparse: ReLU on both gate and up).
+  if (act == "swish")
     c.act = FfnAct::kSilu;
-  } else if (act == "relu") {
-    c.act = FfnAct::kRelu;
-  } else {
-    throw InputError(path, "hidden_act '" + act + "' is not supported (silu or relu)");
+  else if (!ffn_act_parse(act, &c.act))
+    throw InputError(path, "hidden_act '" + act + "' is not supported (silu, relu, fatrelu or drelu)");
+  if (c.act == FfnAct::kFatRelu) {
+    if (!j.contains("hidden_act_param"))
+      throw InputError(path, "hidden_act fatrelu needs hidden_act_param (the threshold)");
+    const double t = config_get<double>(j, path, "hidden_act_param", nullptr);
+    if (!(t >= 0.0 && t < 1e30)) throw InputError(path, "hidden_act_param must be finite and >= 0");
+    c.fatrelu_threshold = float(t);
   }
   auto get_int = [&](const char* key, const int64_t* fb) {
     const int64_t v = config_get<int64_t>(j, path, key, fb);
@@ -284,6 +290,7 @@ std::string hf_config_text(const ModelConfig& c, TensorDtype dtype) {
                               : dtype == TensorDtype::kF16 ? "float16"
                                                            : "bfloat16"}};
   if (mistral) cfg["sliding_window"] = c.sliding_window;
+  if (c.act == FfnAct::kFatRelu) cfg["hidden_act_param"] = float_for_json(c.fatrelu_threshold);
   return cfg.dump(2) + "\n";
 }
 

@@ -29,8 +29,9 @@ struct SafetensorsEntry {
 std::vector<SafetensorsEntry> safetensors_header(const std::string& path, uint64_t* data_start = nullptr);
 
 // Reads a checkpoint. `path` is the folder, its config.json, or its model.safetensors (config.json must sit
-// beside it). Supported: model_type llama, hidden_act silu|relu, num_key_value_heads, tie_word_embeddings,
-// rope_theta, rms_norm_eps; no rope_scaling, no attention/MLP biases. Errors: InputError naming the file.
+// beside it). Supported: model_type llama|mistral (sliding_window), hidden_act silu|relu|fatrelu
+// (hidden_act_param)|drelu, num_key_value_heads, tie_word_embeddings, rope_theta, rms_norm_eps; no rope_scaling, no
+// attention/MLP biases. Errors: InputError naming the file.
 ModelWeights read_safetensors_model(const std::string& path);
 
 // Writes `w` as a Hugging Face folder `dir` (created if missing): config.json + model.safetensors with HF tensor

@@ -50,19 +50,21 @@ struct MaskObserver : FfnObserver {
   std::vector<std::vector<uint64_t>>& counts;
   MaskObserver(const ActivationRule& r, const std::vector<double>& th, int hid, std::vector<std::vector<uint64_t>>& c)
       : rule(r), thresholds(th), hidden(hid), counts(c) {}
-  int base = 0;  // position of active[0]
-  void on_ffn(int layer, int pos0, int n, const float* a, const float*) override {
-    const float thr = rule.kind == ActivationRule::Kind::kRelu  ? 0.0f
+  int base = 0;         // position of active[0]
+  bool need_h = false;  // kExact on a dReLU model: h != 0 too (up x > 0)
+  void on_ffn(int layer, int pos0, int n, const float* a, const float* h) override {
+    const float thr = rule.kind == ActivationRule::Kind::kExact ? 0.0f
                       : rule.kind == ActivationRule::Kind::kAbs ? float(rule.value)
                                                                 : float(thresholds[size_t(layer)]);
-    const bool relu = rule.kind == ActivationRule::Kind::kRelu;
+    const bool exact = rule.kind == ActivationRule::Kind::kExact;
     auto& cnt = counts[size_t(layer)];
     for (int t = 0; t < n; ++t) {
       auto& list = active[size_t(pos0 - base + t)][size_t(layer)];
       list.clear();
       const float* row = a + size_t(t) * size_t(hidden);
+      const float* hrow = h + size_t(t) * size_t(hidden);
       for (int j = 0; j < hidden; ++j) {
-        const bool on = relu ? row[j] > 0.0f : std::fabs(row[j]) > thr;
+        const bool on = exact ? row[j] > 0.0f && (!need_h || hrow[j] != 0.0f) : std::fabs(row[j]) > thr;
         if (on) {
           list.push_back(uint32_t(j));
           ++cnt[size_t(j)];
@@ -83,8 +85,8 @@ ActivationRule ActivationRule::parse(const std::string& s) {
       throw UsageError("activation rule '" + s + "': '" + text + "' is not a number");
     return v;
   };
-  if (s == "relu>0") {
-    r.kind = Kind::kRelu;
+  if (s == "exact" || s == "relu>0") {
+    r.kind = Kind::kExact;
   } else if (s.rfind("abs>calibrated:", 0) == 0 || s.rfind("calibrated:", 0) == 0) {
     r.kind = Kind::kCalibrated;
     r.value = number(s.substr(s.find(':') + 1));
@@ -95,15 +97,16 @@ ActivationRule ActivationRule::parse(const std::string& s) {
     r.value = number(s.substr(4));
     if (r.value < 0.0) throw UsageError("activation rule '" + s + "': the threshold must be >= 0");
   } else {
-    throw UsageError("unknown activation rule '" + s + "' (relu>0, abs>X, calibrated:F)");
+    throw UsageError("unknown activation rule '" + s + "' (exact, abs>X, calibrated:F)");
   }
   return r;
 }
 
-std::string ActivationRule::trace_name() const {
+std::string ActivationRule::trace_name(FfnAct act, float threshold) const {
   switch (kind) {
-    case Kind::kRelu:
-      return "relu>0";
+    case Kind::kExact:
+      return act == FfnAct::kFatRelu ? "fatrelu>" + format_threshold(double(threshold))
+                                     : std::string(ffn_act_name(act)) + ">0";
     case Kind::kAbs:
       return "abs>" + format_threshold(value);
     case Kind::kCalibrated:
@@ -225,9 +228,9 @@ std::vector<double> calibrate_thresholds(Model& model, const Corpus& calib, doub
 ProfileResult profile_corpus(const ModelWeights& w, int max_seq, const Corpus& corpus, const std::string& out_path,
                              const ProfileOptions& opts) {
   const ModelConfig& c = w.config;
-  if (opts.rule.kind == ActivationRule::Kind::kRelu && c.act != FfnAct::kRelu)
-    throw UsageError("activation rule relu>0 needs a ReLU FFN; this model uses " + std::string(ffn_act_name(c.act)) +
-                     " (use calibrated:F or abs>X)");
+  if (opts.rule.kind == ActivationRule::Kind::kExact && !ffn_act_sparse(c.act))
+    throw UsageError("activation rule exact needs an FFN with exact zeros (relu, fatrelu, drelu); this model uses " +
+                     std::string(ffn_act_name(c.act)) + " (use calibrated:F or abs>X)");
   if (opts.rule.kind == ActivationRule::Kind::kCalibrated && opts.thresholds.size() != size_t(c.n_layers))
     throw InternalError("profile_corpus: calibrated rule without per-layer thresholds");
   if (max_seq <= 0 || max_seq > c.seq_len) max_seq = c.seq_len;
@@ -237,7 +240,7 @@ ProfileResult profile_corpus(const ModelWeights& w, int max_seq, const Corpus& c
                        std::to_string(max_seq));
 
   ProfileResult r;
-  r.activation = opts.rule.trace_name();
+  r.activation = opts.rule.trace_name(c.act, c.fatrelu_threshold);
   r.n_neurons.assign(size_t(c.n_layers), uint32_t(c.hidden_dim));
   if (opts.rule.kind == ActivationRule::Kind::kCalibrated) r.thresholds = opts.thresholds;
   if (opts.rule.kind == ActivationRule::Kind::kAbs) r.thresholds.assign(size_t(c.n_layers), opts.rule.value);
@@ -260,6 +263,7 @@ ProfileResult profile_corpus(const ModelWeights& w, int max_seq, const Corpus& c
     models.push_back(std::make_unique<Model>(w, max_seq));
     counts[size_t(i)].assign(size_t(c.n_layers), std::vector<uint64_t>(size_t(c.hidden_dim), 0));
     observers.push_back(std::make_unique<MaskObserver>(opts.rule, r.thresholds, c.hidden_dim, counts[size_t(i)]));
+    observers.back()->need_h = c.act == FfnAct::kDRelu;
     models.back()->set_observer(observers.back().get());
   }
   const uint64_t total = corpus.n_tokens();

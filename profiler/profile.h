@@ -11,17 +11,21 @@
 
 namespace nl {
 
-// Which neurons count as "fired". The rule reads the gate activation a = act(gate x) that FfnObserver reports:
-// a neuron whose a is zero (ReLU) or below the magnitude threshold (CATS: Lee et al. 2024 threshold |SiLU(gate x)|,
-// and skip the up/down work for the rest) contributes nothing, so the runtime need not read its bundle.
+// Which neurons count as "fired". The rule reads the gate activation a = gate_act(gate x) and h that FfnObserver
+// reports: kExact is the model's own exact zeros (relu and fatrelu: a != 0; drelu: a != 0 and h != 0, i.e. gate x > 0
+// and up x > 0), a neuron that contributes exactly nothing; kAbs / kCalibrated keep |a| above a magnitude threshold
+// (CATS: Lee et al. 2024 threshold |SiLU(gate x)| and skip the up/down work for the rest). The runtime need not read
+// the bundle of a neuron that did not fire.
 struct ActivationRule {
-  enum class Kind { kRelu, kAbs, kCalibrated };
-  Kind kind = Kind::kRelu;
+  enum class Kind { kExact, kAbs, kCalibrated };
+  Kind kind = Kind::kExact;
   double value = 0.0;  // kAbs: the threshold; kCalibrated: target active fraction in (0, 1)
 
-  // "relu>0", "abs>X" or "calibrated:F" (the trace stores "relu>0", "abs>X", "abs>calibrated:F").
+  // "exact" (or its old name "relu>0"), "abs>X" or "calibrated:F".
   static ActivationRule parse(const std::string& s);
-  std::string trace_name() const;
+  // What the trace stores: kExact by the model's activation ("relu>0", "fatrelu>T", "drelu>0"), "abs>X",
+  // "abs>calibrated:F".
+  std::string trace_name(FfnAct act = FfnAct::kRelu, float threshold = 0.0f) const;
 };
 
 // Sequences of token ids, each an independent context that starts at position 0.

@@ -113,9 +113,9 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
   pf_window_.assign(size_t(c.n_layers), 0.0);
   pf_precision_.assign(size_t(c.n_layers), 0.0);
   if (o.select == SelectMode::kLowRank) {
-    if (c.act != FfnAct::kRelu)
+    if (!ffn_act_sparse(c.act))
       throw UsageError(
-          "--select lowrank predicts ReLU sparsity; this model's FFN activation is SiLU (every neuron fires)");
+          "--select lowrank predicts ReLU-family sparsity; this model's FFN activation is SiLU (every neuron fires)");
     if (o.lowrank_rank < 1) throw UsageError("--select lowrank:R needs R >= 1");
   }
   row_bytes_ = image_row_bytes(m_.dtype, size_t(c.dim));
@@ -225,7 +225,7 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
   if (opt_.select == SelectMode::kDense) {
     // Every token of the pass at once over the re-laid-out bundles (gate's numbers); the time split evenly.
     const auto t0 = Clock::now();
-    dense_[size_t(layer)].ffn(x, n_tokens, c.act, out);
+    dense_[size_t(layer)].ffn(x, n_tokens, c, out);
     const double each = since(t0) / n_tokens;
     for (int t = 0; t < n_tokens; ++t) (n_tokens > 1 ? batch_[size_t(t)] : token_).compute_seconds += each;
     return;

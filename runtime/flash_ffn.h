@@ -142,7 +142,10 @@ class FlashFfn : public FfnProvider {
   std::vector<FlashCounters> batch_;  // per token of a multi-token forward pass, until end_token()
   std::vector<FlashCounters> per_token_;
 
-  enum class GateFrom { kGiven, kBundleRelu, kBundleSilu };  // where each bundle's gate value comes from
+  // Where each bundle's gate value comes from: given (gate rows in DRAM), or the bundle's own gate row through the
+  // model's activation (kBundleSparse: relu / fatrelu / drelu, h = 0 drops out; kBundleSilu).
+  enum class GateFrom { kGiven, kBundleSparse, kBundleSilu };
+  kernels::BundleAct bundle_act(GateFrom from) const;
   // Plans and reads `active_` (ascending slots) of `layer` batch by batch and, with `out`, computes the FFN into it as
   // each batch lands (down projection accumulated in slot order: the bits of one sum over the layer).
   void load_compute(int layer, float* out, GateFrom from);

@@ -4,7 +4,9 @@ Hugging Face modeling code (tests/hf_llama_reference.py), on the bundled tiny-re
 greedy tokens must be the reference's (every step), every logit within 1e-4 of the reference relative to the
 step's largest |logit|, for --select dense and gate and every --overlap mode; --top-logits must list the .npy's
 largest values; the .npy must load with numpy as float32 [generated, vocab]. The same weights read as Mistral
-(model_type mistral, sliding_window 5) follow the windowed reference. Users check fidelity the same way.
+(model_type mistral, sliding_window 5) follow the windowed reference; read with ProSparse's fatrelu and TurboSparse's
+drelu activations they follow the reference of those, and the profiler's exact rule replayed gives the same output.
+Users check fidelity the same way.
 
   check_logits_reference.py SOURCE_DIR BINARY_DIR
 """
@@ -20,6 +22,14 @@ import numpy as np
 src, build = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(src, "tests"))
 import hf_llama_reference as ref  # noqa: E402
+
+sys.path.insert(0, os.path.join(src, "profiler", "python"))
+try:
+    import h5py  # noqa: F401
+    import torch  # noqa: F401
+    torch_ok = True
+except ImportError:
+    torch_ok = False
 
 L, R = os.path.join(build, "cli", "nl-layout"), os.path.join(build, "cli", "nl-run")
 model = os.path.join(src, "datasets", "tiny-relu", "model")
@@ -133,6 +143,128 @@ try:
                                    capture_output=True, text=True)
                 check("mistral manifest, %s: refused (exit 3, naming %s)" % (label, want_msg),
                       r.returncode == 3 and want_msg in r.stderr, "exit %d: %s" % (r.returncode, r.stderr.strip()))
+    # The sparse Llama families: ProSparse's fatrelu (hidden_act_param 0.1: about a fifth of the positive gates of
+    # these weights fall below it) and TurboSparse's drelu, on the same weights. Logits follow the reference's and
+    # differ from the ReLU model's; the profiler's exact rule (fatrelu>0.1, drelu>0) recorded on the generated
+    # sequence, replayed by --select trace, gives the gate's tokens and logits with no more neurons (dReLU: fewer,
+    # the gate alone over-selects); the manifest is 1.5 and its id covers the threshold.
+    for fam, extra in (("fatrelu", {"hidden_act_param": 0.1}), ("drelu", {})):
+        fdir = os.path.join(work, fam)
+        os.makedirs(fdir)
+        shutil.copy(os.path.join(model, "model.safetensors"), fdir)
+        fc = dict(cfg, hidden_act=fam, **extra)
+        json.dump(fc, open(os.path.join(fdir, "config.json"), "w"))
+        r = subprocess.run([P, "convert", "--model", fdir, "--out", os.path.join(work, fam + "_hf"), "-q"],
+                           capture_output=True, text=True)
+        conv = json.load(open(os.path.join(work, fam + "_hf", "config.json"))) if r.returncode == 0 else {}
+        check("%s: convert --to hf keeps hidden_act%s" % (fam, " and hidden_act_param" if extra else ""),
+              conv.get("hidden_act") == fam and all(conv.get(k) == v for k, v in extra.items()),
+              r.stderr.strip() + str(conv))
+        r = subprocess.run([P, "convert", "--model", fdir, "--to", "llama2c", "--out", os.path.join(work, "f.bin"),
+                            "-q"], capture_output=True, text=True)
+        check("%s: convert --to llama2c refused (exit 2)" % fam, r.returncode == 2 and fam in r.stderr,
+              "exit %d: %s" % (r.returncode, r.stderr))
+        for dtype in ("f32", "f16", "q8_0"):
+            img = os.path.join(work, "%s_%s.nlw" % (fam, dtype))
+            r = subprocess.run([L, "pack", "--model", fdir, "--dtype", dtype, "--out", img, "-q"], capture_output=True,
+                               text=True)
+            if r.returncode:
+                check("%s %s pack" % (fam, dtype), False, r.stderr.strip())
+                continue
+            man = json.load(open(img + ".json"))
+            thr_ok = abs(man["model"].get("fatrelu_threshold", 0.0) - extra.get("hidden_act_param", 0.0)) < 1e-7
+            check("%s %s: manifest 1.5, ffn_act %s%s" % (fam, dtype, fam, ", fatrelu_threshold 0.1" if extra else ""),
+                  man["version_minor"] == 5 and man["model"]["ffn_act"] == fam and thr_ok
+                  and ("fatrelu_threshold" in man["model"]) == bool(extra), str(man["model"]))
+            runs = {}
+            for select, overlap in (("gate", "none"), ("gate", "layer"), ("dense", "none")):
+                npy = os.path.join(work, "%s_%s_%s_%s.npy" % (fam, dtype, select, overlap))
+                r = subprocess.run([R, "generate", "--image", img, "--select", select, "--overlap", overlap,
+                                    "--prompt-tokens", ",".join(map(str, prompt)), "--steps", str(steps), "--logits",
+                                    npy, "--json", "-q"], capture_output=True, text=True)
+                if r.returncode:
+                    check("%s %s --select %s --overlap %s runs" % (fam, dtype, select, overlap), False, r.stderr)
+                    continue
+                j = json.loads(r.stdout)
+                runs[(select, overlap)] = (j["generated"], np.load(npy), j["totals"]["active"])
+            if len(runs) != 3:
+                continue
+            gen, lg, gate_active = runs[("gate", "none")]
+            check("%s %s: --select gate (overlap none / layer) and dense give the same tokens" % (fam, dtype),
+                  all(v[0] == gen for v in runs.values()), str({k: v[0] for k, v in runs.items()}))
+            want = ref.forward(fc, t, prompt + gen[:-1])[len(prompt) - 1:]
+            if dtype == "q8_0":
+                continue  # quantized activations: no float reference; the same tokens on every path above
+            tol = 1e-4 if dtype == "f32" else 2e-2
+            err = max(float(np.max(np.abs(lg[i] - want[i])) / np.max(np.abs(want[i]))) for i in range(len(gen)))
+            check("%s %s: logits within %g of the reference (max relative error %.2e)" % (fam, dtype, tol, err),
+                  err <= tol)
+            if dtype != "f32":
+                continue
+            greedy = [int(v) for v in want.argmax(1)]
+            check("%s f32: greedy tokens equal the reference's" % fam, gen == greedy, "%s vs %s" % (gen, greedy))
+            plain = ref.forward(cfg, t, prompt + gen[:-1])[len(prompt) - 1:]
+            far = max(float(np.max(np.abs(plain[i] - want[i])) / np.max(np.abs(want[i]))) for i in range(len(gen)))
+            check("%s f32: the activation changes the logits (%.2e from the ReLU model's, > 10x the error)" %
+                  (fam, far), far > 10 * err and far > 1e-3)
+            # The profiler's exact rule on the generated sequence, replayed.
+            ids = os.path.join(work, fam + ".ids")
+            open(ids, "w").write(" ".join(map(str, prompt[1:] + gen[:-1])) + "\n")
+            tr = os.path.join(work, fam + ".h5")
+            r = subprocess.run([P, "run", "--model", fdir, "--token-ids", ids, "--seq-len", "64", "--out", tr,
+                                "--json", "-q"], capture_output=True, text=True)
+            rule = json.loads(r.stdout).get("activation") if r.returncode == 0 else None
+            want_rule = "fatrelu>0.1" if extra else "drelu>0"
+            check("%s: nl-profile run records the exact rule %s" % (fam, want_rule), rule == want_rule,
+                  "exit %d: %s %s" % (r.returncode, rule, r.stderr.strip()))
+            # The PyTorch hooks (profiler/python/trace_hooks.py) on the tiny torch Llama with the family's MLP record
+            # the same masks bit for bit (relu>0 sees fatrelu's zeros; drelu>0 hooks up_proj too).
+            if torch_ok:
+                import h5py
+                import trace_hooks
+                from torch_llama import load_llama
+                rec = trace_hooks.TraceRecorder(load_llama(fdir), "drelu>0" if fam == "drelu" else "relu>0")
+                for seq in trace_hooks.corpus_from_token_files([ids], 64):
+                    rec.run(seq)
+                rec.write(tr + ".py.h5", model_name="torch_llama")
+                with h5py.File(tr, "r") as fc_, h5py.File(tr + ".py.h5", "r") as fp_:
+                    same = all(np.array_equal(fc_["layers/%d/mask" % lay][...], fp_["layers/%d/mask" % lay][...])
+                               for lay in range(cfg["num_hidden_layers"]))
+                check("%s: trace_hooks.py's masks equal nl-profile's bit for bit" % fam, same)
+            else:
+                print("SKIP %s: trace_hooks.py's masks (no torch/h5py for %s)" % (fam, sys.executable))
+            npy = os.path.join(work, fam + "_trace.npy")
+            r = subprocess.run([R, "generate", "--image", img, "--select", "trace:" + tr, "--prompt-tokens",
+                                ",".join(map(str, prompt)), "--steps", str(steps), "--logits", npy, "--json", "-q"],
+                               capture_output=True, text=True)
+            if r.returncode:
+                check("%s: --select trace runs" % fam, False, r.stderr.strip())
+                continue
+            jt = json.loads(r.stdout)
+            lt = np.load(npy)
+            diff = float(np.max(np.abs(lt - lg)) / np.max(np.abs(lg)))
+            check("%s: the trace's sets give the gate's tokens and logits (max relative difference %.2e)" % (fam, diff),
+                  jt["generated"] == gen and diff <= 1e-6, "%s vs %s" % (jt["generated"], gen))
+            ta = jt["totals"]["active"]
+            if fam == "drelu":
+                check("drelu: the exact sets are smaller than the gate's (%d vs %d neurons: gate x > 0 over-selects)"
+                      % (ta, gate_active), ta < gate_active)
+            else:
+                check("fatrelu: the exact sets are the gate's (%d vs %d neurons)" % (ta, gate_active),
+                      ta == gate_active)
+            if fam == "fatrelu":
+                for label, edit, want_msg in (
+                        ("threshold edited", lambda m: m["model"].update(fatrelu_threshold=0.2), "image id"),
+                        ("version 1.4", lambda m: m.update(version_minor=4), "format version 1.5")):
+                    bad = json.load(open(img + ".json"))
+                    edit(bad)
+                    shutil.copy(img, os.path.join(work, "bad.nlw"))
+                    bad["image"]["file"] = "bad.nlw"
+                    json.dump(bad, open(os.path.join(work, "bad.nlw.json"), "w"))
+                    r = subprocess.run([R, "generate", "--image", os.path.join(work, "bad.nlw"), "--steps", "2",
+                                        "-q"], capture_output=True, text=True)
+                    check("fatrelu manifest, %s: refused (exit 3, naming %s)" % (label, want_msg),
+                          r.returncode == 3 and want_msg in r.stderr, "exit %d: %s" % (r.returncode, r.stderr.strip()))
     print("check_logits_reference: %d passed, %d failed" % (passes, fails))
     sys.exit(1 if fails else 0)
 finally:

@@ -54,7 +54,14 @@ def forward(cfg, t, tokens):
     emb = np.concatenate([ang, ang], axis=-1)
     cos, sin = np.cos(emb), np.sin(emb)
     x = t["model.embed_tokens.weight"][tokens].astype(np.float64)
-    act = {"silu": lambda v: v / (1 + np.exp(-v)), "relu": lambda v: np.maximum(v, 0)}[cfg.get("hidden_act", "silu")]
+    # The gated MLP of modeling_llama.py, act_fn(gate x) * (up x), with the sparse families' activations: fatrelu
+    # (ProSparse; vLLM's FatreluAndMul: gate x where gate x > hidden_act_param, else 0) and drelu (TurboSparse:
+    # relu(gate x) * relu(up x)).
+    name = cfg.get("hidden_act", "silu")
+    t_fat = cfg.get("hidden_act_param", 0.0)
+    act = {"silu": lambda v: v / (1 + np.exp(-v)), "relu": lambda v: np.maximum(v, 0),
+           "fatrelu": lambda v: np.where(v > t_fat, v, 0.0), "drelu": lambda v: np.maximum(v, 0)}[name]
+    up_act = (lambda v: np.maximum(v, 0)) if name == "drelu" else (lambda v: v)
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         h = rmsnorm(x, t[p + "input_layernorm.weight"], eps)
@@ -75,7 +82,7 @@ def forward(cfg, t, tokens):
         o = (s @ v).transpose(1, 0, 2).reshape(T, dim)
         x = x + o @ t[p + "self_attn.o_proj.weight"].T
         h = rmsnorm(x, t[p + "post_attention_layernorm.weight"], eps)
-        g = act(h @ t[p + "mlp.gate_proj.weight"].T) * (h @ t[p + "mlp.up_proj.weight"].T)
+        g = act(h @ t[p + "mlp.gate_proj.weight"].T) * up_act(h @ t[p + "mlp.up_proj.weight"].T)
         x = x + g @ t[p + "mlp.down_proj.weight"].T
     x = rmsnorm(x, t["model.norm.weight"], eps)
     head = t["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings", False) else t["lm_head.weight"]

@@ -74,7 +74,7 @@ TEST_CASE("nl-profile run: text -> profile + test traces with a JSON summary" *
   CHECK_FALSE(fs::exists(tmp("x.h5")));
   r = run("run --model " + bin + " --token-ids " + tmp("ids.txt") + " --out " + tmp("x.h5") + " --activation 'relu>0'");
   CHECK(r.code == 2);
-  CHECK(r.err.find("needs a ReLU FFN") != std::string::npos);
+  CHECK(r.err.find("needs an FFN with exact zeros") != std::string::npos);
   r = run("run --model " + bin + " --text " + tmp("story.txt") + " --out " + tmp("x.h5"));
   CHECK(r.code == 2);
 }

@@ -158,6 +158,9 @@ TEST_CASE("batched and token-by-token profiling write identical masks; ReLU rule
 
 TEST_CASE("rules: parsing, names, and relu>0 refused for a SiLU model") {
   CHECK(ActivationRule::parse("relu>0").trace_name() == "relu>0");
+  CHECK(ActivationRule::parse("exact").trace_name(FfnAct::kRelu) == "relu>0");
+  CHECK(ActivationRule::parse("exact").trace_name(FfnAct::kFatRelu, 0.25f) == "fatrelu>0.25");
+  CHECK(ActivationRule::parse("exact").trace_name(FfnAct::kDRelu) == "drelu>0");
   CHECK(ActivationRule::parse("abs>0.05").trace_name() == "abs>0.05");
   CHECK(ActivationRule::parse("calibrated:0.3").trace_name() == "abs>calibrated:0.3");
   CHECK(ActivationRule::parse("abs>calibrated:0.25").value == 0.25);

@@ -229,25 +229,39 @@ TEST_CASE("row_dots and bundle_coefficients equal row_dot row by row, bit for bi
             CHECK(std::memcmp(&got[size_t(i)], &want, sizeof want) == 0);
           }
         }
-        for (auto gate : {kernels::BundleGate::kGiven, kernels::BundleGate::kRelu, kernels::BundleGate::kSilu}) {
+        // Given / ReLU / FATReLU (floor 0.3) / SiLU gates, and dReLU's up through max(., 0) with given and own gates.
+        const kernels::BundleAct acts[] = {
+            {kernels::BundleGate::kGiven, 0.0f, false}, {kernels::BundleGate::kRelu, 0.0f, false},
+            {kernels::BundleGate::kRelu, 0.3f, false},  {kernels::BundleGate::kSilu, 0.0f, false},
+            {kernels::BundleGate::kGiven, 0.0f, true},  {kernels::BundleGate::kRelu, 0.0f, true}};
+        for (const kernels::BundleAct& act : acts) {
+          CAPTURE(int(act.gate));
+          CAPTURE(act.floor);
+          CAPTURE(act.up_relu);
           std::vector<float> h(static_cast<size_t>(rows), -1.0f);
           // the matrix rows hold [gate | up] pairs: stride 2 rows, so the up row follows at m.stride bytes, which
           // image_row_bytes(dt, cols) is (rows packed at their own size)
           REQUIRE(m.stride == image_row_bytes(dt, size_t(cols)));
-          kernels::bundle_coefficients(dt, cols, px.row(0), gate, gv.data(), bundles.data(), rows, h.data());
+          kernels::bundle_coefficients(dt, cols, px.row(0), act, gv.data(), bundles.data(), rows, h.data());
+          int up_zeroed = 0;
           for (int r = 0; r < rows; ++r) {
             float g = gv[size_t(r)];
-            if (gate != kernels::BundleGate::kGiven) {
+            if (act.gate != kernels::BundleGate::kGiven) {
               g = kernels::row_dot(dt, bundles[size_t(r)], px.row(0), cols);
-              if (gate == kernels::BundleGate::kRelu)
-                g = g > 0.0f ? g : 0.0f;
+              if (act.gate == kernels::BundleGate::kRelu)
+                g = g > act.floor ? g : 0.0f;
               else
                 g = g / (1.0f + std::exp(-g));
             }
-            const float want =
-                g == 0.0f ? 0.0f : g * kernels::row_dot(dt, bundles[size_t(r)] + m.stride, px.row(0), cols);
+            float u = kernels::row_dot(dt, bundles[size_t(r)] + m.stride, px.row(0), cols);
+            if (act.up_relu && !(u > 0.0f)) {
+              u = 0.0f;
+              up_zeroed += g != 0.0f;
+            }
+            const float want = g == 0.0f ? 0.0f : g * u;
             CHECK(std::memcmp(&h[size_t(r)], &want, sizeof want) == 0);
           }
+          if (act.up_relu) CHECK(up_zeroed > 0);  // the case has neurons whose up x <= 0 under a nonzero gate
         }
       }
     }
@@ -497,9 +511,17 @@ TEST_CASE("the dense FFN over re-laid-out bundles equals the gated bundle FFN bi
     }
     const std::vector<float> x = random_x(n * dim, 21);
     kernels::DenseBundles db(dt, dim, hidden, bundles.data(), bb);
-    for (FfnAct act : {FfnAct::kRelu, FfnAct::kSilu}) {
+    for (FfnAct act : {FfnAct::kRelu, FfnAct::kFatRelu, FfnAct::kDRelu, FfnAct::kSilu}) {
       CAPTURE(ffn_act_name(act));
-      // The gated path: per token, ReLU gates from the bundles' own rows; SiLU gates given (as FlashFfn computes them).
+      ModelConfig c;
+      c.act = act;
+      if (act == FfnAct::kFatRelu) c.fatrelu_threshold = 0.2f;
+      // The gated path: per token, sparse gates from the bundles' own rows (with the model's floor and dReLU's up
+      // rule); SiLU gates given (as FlashFfn computes them).
+      const bool sparse = ffn_act_sparse(act);
+      kernels::BundleAct ba;
+      ba.floor = c.gate_floor();
+      ba.up_relu = act == FfnAct::kDRelu;
       std::vector<float> want(size_t(n) * dim);
       for (int t = 0; t < n; ++t) {
         kernels::PreparedX px;
@@ -507,8 +529,8 @@ TEST_CASE("the dense FFN over re-laid-out bundles equals the gated bundle FFN bi
         std::vector<float> g(static_cast<size_t>(hidden));
         kernels::matmul(g.data(), px, gate.view(), 1);
         for (float& v : g) v = v / (1.0f + std::exp(-v));
-        kernels::ffn_bundles(dt, dim, px, act == FfnAct::kRelu ? nullptr : g.data(), bp.data(), hidden,
-                             want.data() + size_t(t) * dim);
+        kernels::ffn_bundles(dt, dim, px, sparse ? nullptr : g.data(), bp.data(), hidden, want.data() + size_t(t) * dim,
+                             ba);
       }
       for (kernels::Isa isa : kernels::available_isas()) {
         CAPTURE(kernels::isa_name(isa));
@@ -516,10 +538,10 @@ TEST_CASE("the dense FFN over re-laid-out bundles equals the gated bundle FFN bi
         for (int threads : {1, 2, 3}) {
           omp_set_num_threads(threads);
           std::vector<float> got(size_t(n) * dim, -1.0f);
-          db.ffn(x.data(), n, act, got.data());
+          db.ffn(x.data(), n, c, got.data());
           CHECK(same_bits(got, want));
           std::vector<float> one(static_cast<size_t>(dim));  // token by token: the same numbers
-          db.ffn(x.data() + dim, 1, act, one.data());
+          db.ffn(x.data() + dim, 1, c, one.data());
           CHECK(std::memcmp(one.data(), want.data() + dim, sizeof(float) * dim) == 0);
         }
       }

@@ -65,10 +65,15 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(d, h, bias=False)
         self.up_proj = nn.Linear(d, h, bias=False)
         self.down_proj = nn.Linear(h, d, bias=False)
-        self.act_fn = {"silu": nn.SiLU(), "relu": nn.ReLU()}[c.get("hidden_act", "silu")]
+        name, t = c.get("hidden_act", "silu"), c.get("hidden_act_param", 0.0)
+        # fatrelu as ProSparse / vLLM's FatreluAndMul (gate x where it exceeds t, else 0); drelu as TurboSparse
+        # (relu on gate and up).
+        self.act_fn = {"silu": nn.SiLU(), "relu": nn.ReLU(), "drelu": nn.ReLU(),
+                       "fatrelu": nn.Threshold(t, 0.0)}[name]
+        self.up_act = nn.ReLU() if name == "drelu" else nn.Identity()
 
     def forward(self, x):
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_act(self.up_proj(x)))
 
 
 class Layer(nn.Module):

@@ -48,7 +48,7 @@ for name, folder, rule, cpp in (("relu", hf_relu, "relu>0", cpp_relu), ("silu", 
     rec = trace_hooks.TraceRecorder(model, rule)
     # Record the activation values too, to say where disagreements sit.
     values = [[] for _ in rec.ffns]
-    for i, (_, proj, act) in enumerate(rec.ffns):
+    for i, (_, proj, act, _ffn) in enumerate(rec.ffns):
         proj.register_forward_hook(lambda _m, _i, out, i=i, act=act: values[i].append(act(out.detach())[0]))
     for s in seqs:
         rec.run(s)

@@ -117,6 +117,10 @@ uint64_t image_id_of(const ImageManifest& m) {
     str("sliding_window");
     u64(uint64_t(c.sliding_window));
   }
+  if (c.act == FfnAct::kFatRelu) {  // 1.5 (kImageVersionMinorActivations)
+    str("fatrelu_threshold");
+    u64(std::bit_cast<uint32_t>(c.fatrelu_threshold));
+  }
   str(image_dtype_name(m.dtype));
   str(bundle_kind_name(m.bundle_kind));
   u64(m.bundle_bytes);
@@ -245,6 +249,7 @@ std::string manifest_to_json(const ImageManifest& m) {
                 {"ffn_act", ffn_act_name(c.act)},
                 {"shared_classifier", c.shared_classifier}};
   if (c.sliding_window > 0) j["model"]["sliding_window"] = c.sliding_window;
+  if (c.act == FfnAct::kFatRelu) j["model"]["fatrelu_threshold"] = double(c.fatrelu_threshold);
   j["dtype"] = image_dtype_name(m.dtype);
   j["bundle"] = {{"kind", bundle_kind_name(m.bundle_kind)}, {"bytes", m.bundle_bytes}};
   j["tokenizer"] = m.tokenizer;
@@ -496,12 +501,20 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
     c.rope_theta = mc.at("rope_theta").get<float>();
     c.norm_eps = mc.at("norm_eps").get<float>();
     std::string act = need_str(mc, "ffn_act", path, "model.");
-    if (act == "relu")
-      c.act = FfnAct::kRelu;
-    else if (act == "silu")
-      c.act = FfnAct::kSilu;
-    else
-      bad(path, "model.ffn_act '" + act + "' is not relu or silu");
+    if (!ffn_act_parse(act, &c.act)) bad(path, "model.ffn_act '" + act + "' is not silu, relu, fatrelu or drelu");
+    if ((c.act == FfnAct::kFatRelu || c.act == FfnAct::kDRelu) && m.version_major == 1 &&
+        m.version_minor < kImageVersionMinorActivations)
+      bad(path, "model.ffn_act " + act + " needs format version 1." + std::to_string(kImageVersionMinorActivations) +
+                    " (this manifest is 1." + std::to_string(m.version_minor) + ")");
+    if (c.act == FfnAct::kFatRelu) {
+      if (!need(mc, "fatrelu_threshold", path, "model.").is_number())
+        bad(path, "model.fatrelu_threshold must be a number");
+      const double t = mc.at("fatrelu_threshold").get<double>();
+      if (!(t >= 0.0 && t < 1e30)) bad(path, "model.fatrelu_threshold must be finite and >= 0");
+      c.fatrelu_threshold = float(t);
+    } else if (mc.contains("fatrelu_threshold")) {
+      bad(path, "model.fatrelu_threshold is set but model.ffn_act is " + act);
+    }
     if (!need(mc, "shared_classifier", path, "model.").is_boolean())
       bad(path, "model.shared_classifier must be true or false");
     c.shared_classifier = mc.at("shared_classifier").get<bool>();

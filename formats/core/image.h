@@ -32,6 +32,9 @@ inline constexpr uint32_t kImageVersionMinorThresholds = 3;
 // window, so other images keep their bytes; a reader that predates it computes another id and refuses the image
 // instead of attending over every position.
 inline constexpr uint32_t kImageVersionMinorSlidingWindow = 4;
+// Minor 5: `model.ffn_act` fatrelu (with `model.fatrelu_threshold`, covered by the id) and drelu. Written only for
+// those activations; a reader that predates them refuses the activation's name.
+inline constexpr uint32_t kImageVersionMinorActivations = 5;
 inline constexpr uint64_t kImageAlign = 4096;      // region alignment and the image's total size granularity
 inline constexpr uint32_t kImageHeaderBytes = 64;  // meaningful header bytes; the header block is kImageAlign
 inline constexpr char kImageMagic[8] = {'N', 'L', 'W', 'I', 'M', 'G', '\r', '\n'};

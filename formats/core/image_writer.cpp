@@ -103,6 +103,7 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
   m_.act_threshold = std::move(spec.act_threshold);
   if (!m_.act_threshold.empty()) m_.version_minor = kImageVersionMinorThresholds;  // the id covers them
   if (c.sliding_window > 0) m_.version_minor = kImageVersionMinorSlidingWindow;    // and this (it includes 1.2, 1.3)
+  if (c.act == FfnAct::kFatRelu || c.act == FfnAct::kDRelu) m_.version_minor = kImageVersionMinorActivations;
 
   // Fixed layout: header block, dense region, one region per layer, each aligned.
   m_.dense_tensors = image_dense_tensor_list(c, m_.dtype);

@@ -6,7 +6,11 @@
 // - Row-major matrices, `[out][in]`: y = W x with W[o * in + i].
 // - RoPE rotates interleaved pairs (2j, 2j+1) of each head, as llama2.c does. Readers of Hugging Face
 //   checkpoints (rotate_half convention) un-permute the q/k rows at load; writers permute them back.
-// - FFN: h = act(gate x) * (up x); out = down h. `gate` = llama2.c w1, `down` = w2, `up` = w3.
+// - FFN: h = gate_act(gate x) * up_act(up x); out = down h. `gate` = llama2.c w1, `down` = w2, `up` = w3. The
+//   activations (FfnAct): silu: gate_act = v / (1 + e^-v), up_act = identity; relu: gate_act = max(v, 0);
+//   fatrelu (ProSparse): gate_act = v if v > t else 0 (t = ModelConfig::fatrelu_threshold >= 0); drelu (TurboSparse):
+//   gate_act = up_act = max(v, 0). Every activation but silu gives exact zeros: a neuron fires (is needed) when its h
+//   is not 0, which the gate alone decides except for drelu (gate x > 0 and up x > 0).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -14,9 +18,33 @@
 
 namespace nl {
 
-enum class FfnAct : int { kSilu = 0, kRelu = 1 };
+enum class FfnAct : int { kSilu = 0, kRelu = 1, kFatRelu = 2, kDRelu = 3 };
 
-inline const char* ffn_act_name(FfnAct a) { return a == FfnAct::kRelu ? "relu" : "silu"; }
+// The manifest's and config.json's names (hidden_act): silu, relu, fatrelu, drelu.
+inline const char* ffn_act_name(FfnAct a) {
+  switch (a) {
+    case FfnAct::kRelu:
+      return "relu";
+    case FfnAct::kFatRelu:
+      return "fatrelu";
+    case FfnAct::kDRelu:
+      return "drelu";
+    case FfnAct::kSilu:
+      break;
+  }
+  return "silu";
+}
+// Parses ffn_act_name's names; false when `s` is none of them.
+inline bool ffn_act_parse(const std::string& s, FfnAct* out) {
+  for (FfnAct a : {FfnAct::kSilu, FfnAct::kRelu, FfnAct::kFatRelu, FfnAct::kDRelu})
+    if (s == ffn_act_name(a)) {
+      *out = a;
+      return true;
+    }
+  return false;
+}
+// True when the activation gives exact zeros (every one but SiLU): a neuron with h = 0 adds nothing and is not read.
+inline bool ffn_act_sparse(FfnAct a) { return a != FfnAct::kSilu; }
 
 struct ModelConfig {
   int dim = 0;         // model width
@@ -29,11 +57,14 @@ struct ModelConfig {
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;
   FfnAct act = FfnAct::kSilu;
-  bool shared_classifier = true;  // classifier = token embedding (tie_word_embeddings)
+  float fatrelu_threshold = 0.0f;  // fatrelu's t (config.json hidden_act_param); 0 for every other activation
+  bool shared_classifier = true;   // classifier = token embedding (tie_word_embeddings)
   // Sliding-window attention (Mistral): position i attends to positions j with i - window < j <= i; 0 = every
   // earlier position (Llama).
   int sliding_window = 0;
 
+  // The gate's zero threshold: gate_act(v) = 0 unless v > gate_floor() (relu / drelu 0, fatrelu t).
+  float gate_floor() const { return act == FfnAct::kFatRelu ? fatrelu_threshold : 0.0f; }
   int head_dim() const { return n_heads ? dim / n_heads : 0; }
   int kv_dim() const { return n_heads ? dim / n_heads * n_kv_heads : 0; }
 };
@@ -71,6 +102,9 @@ inline std::string model_config_problem(const ModelConfig& c) {
   if (c.n_heads % c.n_kv_heads != 0) return "n_heads is not a multiple of n_kv_heads";
   if (c.head_dim() % 2 != 0) return "head dimension is odd (RoPE needs pairs)";
   if (!(c.norm_eps > 0.0f) || !(c.rope_theta > 0.0f)) return "rms_norm_eps and rope_theta must be positive";
+  if (c.act == FfnAct::kFatRelu ? !(c.fatrelu_threshold >= 0.0f && c.fatrelu_threshold < 1e30f)
+                                : c.fatrelu_threshold != 0.0f)
+    return "the activation threshold must be finite and >= 0, and set only for fatrelu";
   if (c.sliding_window < 0) return "sliding_window must be positive (or absent)";
   return "";
 }

@@ -7,7 +7,7 @@ act_fn(gate_proj(x))) or OPT-style layers (a module with `fc1` and `activation_f
 module order, so Hugging Face Llama/Mistral/OPT models work as loaded by transformers.
 
 Library use:
-    rec = TraceRecorder(model, rule="relu>0")      # or "abs>0.05"
+    rec = TraceRecorder(model, rule="relu>0")      # or "abs>0.05", or "drelu>0" (TurboSparse: up x > 0 too)
     for ids in sequences:                           # each a list of token ids, one independent sequence
         rec.run(ids)                                # model(input_ids) under the hooks
     rec.run_batch([ids0, ids1, ...])                # or several at once, right-padded; padding is not recorded
@@ -16,7 +16,7 @@ Library use:
 Command line (needs `transformers` for --model unless --loader names your own loader; Debian's python3-torch
 and python3-h5py otherwise):
     trace_hooks.py --model HF_DIR (--token-ids FILE... | --tokens-from TRACE.h5) --out trace.h5
-                   [--rule relu>0|abs>X] [--seq-len 256] [--max-tokens N] [--no-bos] [--device cuda]
+                   [--rule relu>0|drelu>0|abs>X] [--seq-len 256] [--max-tokens N] [--no-bos] [--device cuda]
                    [--batch-size 8] [--loader FILE.py:FUNCTION] [--device-map auto [--gpus-per-rank G]]
 --token-ids reads token-id files and cuts them into sequences exactly as `nl-profile run --token-ids` does;
 --tokens-from replays the sequences stored in an existing trace (e.g. to compare with nl-profile's masks).
@@ -41,7 +41,8 @@ import torch
 
 
 def find_ffns(model):
-    """[(name, projection module, activation callable)] in module order: the neurons are the projection's outputs."""
+    """[(name, projection module, activation callable, FFN module)] in module order: the neurons are the projection's
+    outputs."""
     out = []
     for name, m in model.named_modules():
         act = getattr(m, "act_fn", None)
@@ -50,23 +51,25 @@ def find_ffns(model):
         if act is None:
             continue
         if isinstance(getattr(m, "gate_proj", None), torch.nn.Module):
-            out.append((name, m.gate_proj, act))
+            out.append((name, m.gate_proj, act, m))
         elif isinstance(getattr(m, "fc1", None), torch.nn.Module):
-            out.append((name, m.fc1, act))
+            out.append((name, m.fc1, act, m))
     if not out:
         raise ValueError("no FFN found: expected modules with gate_proj + act_fn (Llama) or fc1 + activation_fn (OPT)")
     return out
 
 
 def parse_rule(rule):
-    if rule == "relu>0":
+    """None for the exact zero rules: relu>0 (a > 0: ReLU, and fatrelu, whose act_fn zeroes gate x <= t) and drelu>0
+    (a > 0 and up_proj x > 0: TurboSparse's relu(gate x) * relu(up x)); the threshold X for abs>X."""
+    if rule in ("relu>0", "drelu>0"):
         return None
     if rule.startswith("abs>"):
         x = float(rule[4:])
         if not x >= 0:
             raise ValueError(f"rule '{rule}': the threshold must be >= 0")
         return x
-    raise ValueError(f"unknown rule '{rule}' (relu>0 or abs>X)")
+    raise ValueError(f"unknown rule '{rule}' (relu>0, drelu>0 or abs>X)")
 
 
 class TraceRecorder:
@@ -79,14 +82,33 @@ class TraceRecorder:
         self.masks = [[] for _ in self.ffns]  # per layer, per sequence: bool [tokens, neurons] on the CPU
         self.sequences, self.tokens = [], []
         self._handles = []
-        for i, (_, proj, act) in enumerate(self.ffns):
+        self._gate_on = [None] * len(self.ffns)  # drelu>0: the gate's half of the mask, until up_proj runs
+        for i, (name, proj, act, ffn) in enumerate(self.ffns):
             self._handles.append(proj.register_forward_hook(self._hook(i, act)))
+            if rule == "drelu>0":
+                up = getattr(ffn, "up_proj", None)
+                if not isinstance(up, torch.nn.Module):
+                    raise ValueError(f"rule drelu>0 needs an up_proj in FFN {name}")
+                self._handles.append(up.register_forward_hook(self._up_hook(i)))
 
     def _hook(self, i, act):
         def hook(_module, _inputs, output):
             a = act(output.detach())
             on = (a > 0) if self.threshold is None else (a.abs() > self.threshold)
-            self.masks[i].append(on.reshape(-1, on.shape[-1]).cpu())
+            on = on.reshape(-1, on.shape[-1])
+            if self.rule == "drelu>0":
+                self._gate_on[i] = on
+            else:
+                self.masks[i].append(on.cpu())
+        return hook
+
+    def _up_hook(self, i):
+        def hook(_module, _inputs, output):
+            if self._gate_on[i] is None:
+                raise RuntimeError(f"FFN {self.ffns[i][0]}: up_proj ran before gate_proj")
+            up = output.detach()
+            self.masks[i].append((self._gate_on[i] & (up.reshape(-1, up.shape[-1]) > 0)).cpu())
+            self._gate_on[i] = None
         return hook
 
     @torch.no_grad()
@@ -304,7 +326,7 @@ def main(argv=None):
     src.add_argument("--token-ids", nargs="+", help="token-id files (docs/formats.md)")
     src.add_argument("--tokens-from", help="replay the sequences stored in this trace")
     p.add_argument("--out", required=True, help="trace to write; under torchrun each rank writes OUT.rankRR-of-NN.h5")
-    p.add_argument("--rule", default="relu>0", help="relu>0 or abs>X")
+    p.add_argument("--rule", default="relu>0", help="relu>0 (also fatrelu models), drelu>0 or abs>X")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--max-tokens", type=int, default=0)
     p.add_argument("--no-bos", action="store_true")

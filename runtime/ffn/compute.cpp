@@ -10,11 +10,19 @@
 namespace nl {
 using namespace ffn_detail;
 
+kernels::BundleAct FlashFfn::bundle_act(GateFrom from) const {
+  kernels::BundleAct a;
+  a.gate = from == GateFrom::kGiven          ? kernels::BundleGate::kGiven
+           : from == GateFrom::kBundleSparse ? kernels::BundleGate::kRelu
+                                             : kernels::BundleGate::kSilu;
+  a.floor = m_.config.gate_floor();
+  a.up_relu = m_.config.act == FfnAct::kDRelu;
+  return a;
+}
+
 void FlashFfn::coefficients(size_t j0, size_t j1, const uint32_t* ids, GateFrom from) {
-  // kernels::ffn_bundles's first phase, number for number: h_k = g_k * (up_k . x), zero when g_k is zero.
-  const kernels::BundleGate gate = from == GateFrom::kGiven        ? kernels::BundleGate::kGiven
-                                   : from == GateFrom::kBundleRelu ? kernels::BundleGate::kRelu
-                                                                   : kernels::BundleGate::kSilu;
+  // kernels::ffn_bundles's first phase, number for number: h_k = g_k * u_k, zero when g_k is zero.
+  const kernels::BundleAct act = bundle_act(from);
   const void* xr = xq_.row(xrow_);
   constexpr size_t kC = kernels::kBundleChunk;
   const uint8_t* b[kC];
@@ -32,9 +40,9 @@ void FlashFfn::coefficients(size_t j0, size_t j1, const uint32_t* ids, GateFrom 
       const uint8_t* nb[kernels::kRowBlock];
       const size_t mn = std::min<size_t>(kernels::kRowBlock, j1 - c - kC);
       for (size_t i = 0; i < mn; ++i) nb[i] = bundles_[index(c + kC + i)];
-      kernels::prefetch_bundles(m_.dtype, m_.config.dim, gate, nb, int(mn));
+      kernels::prefetch_bundles(m_.dtype, m_.config.dim, act.gate, nb, int(mn));
     }
-    kernels::bundle_coefficients(m_.dtype, m_.config.dim, xr, gate, g, b, int(m), h);
+    kernels::bundle_coefficients(m_.dtype, m_.config.dim, xr, act, g, b, int(m), h);
     for (size_t i = 0; i < m; ++i) h_[ks[i]] = h[i];
   }
 }
@@ -54,7 +62,7 @@ void FlashFfn::compute_range(int layer, size_t k0, size_t k1, GateFrom from, flo
   hd_.clear();
   downs_.clear();
   for (size_t k = k0; k < k1; ++k)
-    if (from != GateFrom::kBundleRelu || h_[k] != 0.0f) {
+    if (from != GateFrom::kBundleSparse || h_[k] != 0.0f) {
       hd_.push_back(h_[k]);
       downs_.push_back(bundles_[k] + 2 * row_bytes_);
     }

@@ -379,7 +379,7 @@ void FlashFfn::overlap_compute_batch(OverlapRun& r, const OverlapBatch& b) {
     hd_.clear();
     downs_.clear();
     for (size_t i = r.k0; i < b.k1; ++i)
-      if (r.from != GateFrom::kBundleRelu || h_[i] != 0.0f) {
+      if (r.from != GateFrom::kBundleSparse || h_[i] != 0.0f) {
         hd_.push_back(h_[i]);
         downs_.push_back(bundles_[i] + 2 * row_bytes_);
       }

@@ -54,7 +54,7 @@ void FlashFfn::compute_ordered(int layer, size_t k0, size_t k1, GateFrom from, f
   const size_t n = active_.size();
   for (; ord_q_ < n && ord_[ord_q_] < k1; ++ord_q_) {
     const size_t k = ord_[ord_q_];
-    if (from != GateFrom::kBundleRelu || h_[k] != 0.0f) {
+    if (from != GateFrom::kBundleSparse || h_[k] != 0.0f) {
       hd_.push_back(h_[k]);
       downs_.push_back(down_of_[k]);
     }

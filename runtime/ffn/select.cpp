@@ -82,17 +82,18 @@ FlashFfn::GateFrom FlashFfn::select_token(int layer, int t, const float* xt, flo
     token_.compute_seconds += since(t0);
     // Measurement only (untimed): the exact gate `g`, to count which predicted neurons really fire.
     for (int s = 0; s < hidden; ++s) {
-      const bool fires = g[s] > 0.0f, chosen = score_[size_t(s)] >= thr;
+      const bool fires = g[s] > c.gate_floor(), chosen = score_[size_t(s)] >= thr;
       pred_.truly_active += fires;
       pred_.true_positive += fires && chosen;
     }
     pred_.predicted += active_.size();
     prev_needed_[size_t(layer)] = active_;
-    return GateFrom::kBundleRelu;
+    return GateFrom::kBundleSparse;
   }
   if (opt_.select == SelectMode::kTrace) {
     // The given neurons' bundles; each gate from the bundle's own row (no gate rows in DRAM), in the stored dtype.
-    // ReLU: ffn_bundles applies the gate itself (zeros add nothing); SiLU: the gates first, then the same sum.
+    // ReLU / FATReLU / dReLU: ffn_bundles applies the activation itself (zeros add nothing); SiLU: the gates first,
+    // then the same sum.
     const auto& per_token = trace_active_[size_t(layer)];
     if (size_t(t) >= per_token.size())
       throw InternalError("trace: no active set for token " + std::to_string(t) + " of layer " + std::to_string(layer));
@@ -102,24 +103,28 @@ FlashFfn::GateFrom FlashFfn::select_token(int layer, int t, const float* xt, flo
     else
       active_ = given;
     prev_needed_[size_t(layer)] = active_;
-    return c.act == FfnAct::kRelu ? GateFrom::kBundleRelu : GateFrom::kBundleSilu;
+    return ffn_act_sparse(c.act) ? GateFrom::kBundleSparse : GateFrom::kBundleSilu;
   }
   auto t0 = Clock::now();
   active_.clear();
+  const bool sparse = ffn_act_sparse(c.act);
+  const float floor = c.gate_floor();
+  // Sparse activations: the gate decides (dReLU's up x > 0 is known only once the bundle is read: its gate-positive
+  // neurons are read and those with up x <= 0 add exactly nothing).
   for (int s = 0; s < hidden; ++s) {
-    if (c.act == FfnAct::kRelu) {
-      if (g[s] > 0.0f) active_.push_back(uint32_t(s));
+    if (sparse) {
+      if (g[s] > floor) active_.push_back(uint32_t(s));
     } else {
       g[s] = g[s] / (1.0f + std::exp(-g[s]));
       active_.push_back(uint32_t(s));
     }
   }
   if (opt_.select == SelectMode::kThreshold) {
-    // CATS: keep |act| > t (ReLU: act > max(0, t)); the mass kept is measured on the same activations.
+    // CATS: keep |act| > t (sparse activations: act > max(floor, t)); the mass kept is measured on the same
+    // activations.
     const float thr = opt_.act_threshold[size_t(layer)];
     size_t k = 0;
-    for (int s = 0; s < hidden; ++s)
-      thr_.mass_total += std::fabs(double(c.act == FfnAct::kRelu ? std::max(0.0f, g[s]) : g[s]));
+    for (int s = 0; s < hidden; ++s) thr_.mass_total += std::fabs(double(!sparse ? g[s] : g[s] > floor ? g[s] : 0.0f));
     for (uint32_t s : active_) {
       const float a = std::fabs(g[s]);
       if (a > thr) {

@@ -93,7 +93,7 @@ void DenseBundles::reserve(int n) const {
   sc.down.prepare(sc.h.data(), size_t(hidden_), hidden_, n);
 }
 
-void DenseBundles::ffn(const float* x, int n, FfnAct act, float* out) {
+void DenseBundles::ffn(const float* x, int n, const ModelConfig& c, float* out) {
   Scratch& sc = scratch();
   const size_t hid = size_t(hidden_), total = size_t(n) * hid;
   sc.g.resize(total);
@@ -102,14 +102,17 @@ void DenseBundles::ffn(const float* x, int n, FfnAct act, float* out) {
   sc.xq.prepare(dt_, x, n, dim_);
   matmul(sc.g.data(), sc.xq, gate(), n);
   matmul(sc.u.data(), sc.xq, up(), n);
-  // The gated path's numbers: ReLU lists neurons with gate > 0; SiLU lists every neuron with act = v / (1 + e^-v);
-  // h = g * u (0 when g is 0). A neuron with h = 0 adds exactly nothing to a sum, so it is left out.
+  // The gated path's numbers: the sparse activations list neurons with gate > floor (ReLU / dReLU 0, FATReLU t); SiLU
+  // lists every neuron with act = v / (1 + e^-v); h = g * u (0 when g is 0; dReLU: u through max(., 0)). A neuron
+  // with h = 0 adds exactly nothing to a sum, so it is left out.
+  const bool sparse = ffn_act_sparse(c.act), up_relu = c.act == FfnAct::kDRelu;
+  const float floor = c.gate_floor();
   // Element-wise, so any split gives the same numbers; in parallel once there is enough of it (SiLU's exp per neuron).
   parallel_for(long(total), total >= size_t(kParallelAct), [&](long i) {  // [n][hidden] flat: decode's token splits
-    const float g = sc.g[size_t(i)], u = sc.u[size_t(i)];
+    const float g = sc.g[size_t(i)], u = up_relu && !(sc.u[size_t(i)] > 0.0f) ? 0.0f : sc.u[size_t(i)];
     float a = 0.0f;
-    if (act == FfnAct::kRelu)
-      a = g > 0.0f ? g : 0.0f;
+    if (sparse)
+      a = g > floor ? g : 0.0f;
     else
       a = g / (1.0f + std::exp(-g));
     sc.h[size_t(i)] = a == 0.0f ? 0.0f : a * u;

@@ -31,9 +31,9 @@ class DenseBundles {
   WeightView gate() const { return {dt_, data_, hidden_, dim_, rb_, x8_}; }
   WeightView up() const { return {dt_, data_ + size_t(hidden_) * rb_, hidden_, dim_, rb_, x8_}; }
 
-  // out [n][dim] = the gated FFN of x [n][dim] (f32, normalised), act = SiLU (v / (1 + exp(-v))) or ReLU, for n
+  // out [n][dim] = the gated FFN of x [n][dim] (f32, normalised) with c's activation (model_weights.h), for n
   // tokens at once (each token's numbers are those of the same token alone).
-  void ffn(const float* x, int n, FfnAct act, float* out);
+  void ffn(const float* x, int n, const ModelConfig& c, float* out);
   // Sizes and touches the calling thread's scratch (shared by every layer) for passes of up to n tokens.
   void reserve(int n) const;
 

@@ -65,8 +65,11 @@ void DenseFfn::ffn(int layer, int pos0, int n, const float* x, float* out, FfnOb
   }
   kernels::matmul(gate_.data(), x, L.w_gate.data(), n, c.dim, c.hidden_dim);
   kernels::matmul(up_.data(), x, L.w_up.data(), n, c.dim, c.hidden_dim);
-  if (c.act == FfnAct::kRelu) {
-    for (size_t i = 0; i < total; ++i) gate_[i] = gate_[i] > 0.0f ? gate_[i] : 0.0f;
+  if (ffn_act_sparse(c.act)) {
+    const float floor = c.gate_floor();
+    for (size_t i = 0; i < total; ++i) gate_[i] = gate_[i] > floor ? gate_[i] : 0.0f;
+    if (c.act == FfnAct::kDRelu)
+      for (size_t i = 0; i < total; ++i) up_[i] = up_[i] > 0.0f ? up_[i] : 0.0f;
   } else {
     for (size_t i = 0; i < total; ++i) gate_[i] = silu(gate_[i]);
   }

@@ -2053,8 +2053,10 @@ void prefetch_bundles(ImageDtype dt, int dim, BundleGate gate, const uint8_t* co
     prefetch_bytes(bundles[i] + (gate == BundleGate::kGiven ? rb : 0), gate == BundleGate::kGiven ? rb : 2 * rb);
 }
 
-void bundle_coefficients(ImageDtype dt, int dim, const void* x, BundleGate gate, const float* g,
+void bundle_coefficients(ImageDtype dt, int dim, const void* x, const BundleAct& act, const float* g,
                          const uint8_t* const* bundles, int n, float* h) {
+  const BundleGate gate = act.gate;
+  const float floor = act.floor;
   const size_t rb = image_row_bytes(dt, size_t(dim));
   const uint8_t* rows[kBundleChunk];
   float gv[kBundleChunk], up[kBundleChunk];
@@ -2069,7 +2071,7 @@ void bundle_coefficients(ImageDtype dt, int dim, const void* x, BundleGate gate,
       for (int i = 0; i < m; ++i) {
         float& gi = gv[i];
         if (gate == BundleGate::kRelu) {
-          if (!(gi > 0.0f)) gi = 0.0f;
+          if (!(gi > floor)) gi = 0.0f;
         } else {
           gi = gi / (1.0f + std::exp(-gi));
         }
@@ -2085,12 +2087,14 @@ void bundle_coefficients(ImageDtype dt, int dim, const void* x, BundleGate gate,
       }
     }
     row_dots(dt, rows, u, x, dim, up);
+    if (act.up_relu)
+      for (int q = 0; q < u; ++q) up[q] = up[q] > 0.0f ? up[q] : 0.0f;
     for (int q = 0; q < u; ++q) h[c + keep[q]] = gv[keep[q]] * up[q];
   }
 }
 
 void ffn_bundles(ImageDtype dt, int dim, const PreparedX& x, const float* g, const uint8_t* const* bundles, int n,
-                 float* out) {
+                 float* out, const BundleAct& act) {
   // Scratch per calling thread, used through plain pointers (a thread_local named inside the parallel region would
   // be each worker's own, empty one).
   thread_local std::vector<float> h_buf;
@@ -2104,8 +2108,9 @@ void ffn_bundles(ImageDtype dt, int dim, const PreparedX& x, const float* g, con
   const int chunks = (n + kBundleChunk - 1) / kBundleChunk;
   parallel_for(chunks, 2L * n * long(rb) > kParallelBytes, [&](long c) {  // gate and up rows
     const int i0 = int(c) * kBundleChunk, m = std::min(kBundleChunk, n - i0);
-    bundle_coefficients(dt, dim, xr, g ? BundleGate::kGiven : BundleGate::kRelu, g ? g + i0 : nullptr, bundles + i0, m,
-                        h + i0);
+    BundleAct a = act;
+    a.gate = g ? BundleGate::kGiven : BundleGate::kRelu;
+    bundle_coefficients(dt, dim, xr, a, g ? g + i0 : nullptr, bundles + i0, m, h + i0);
   });
   int k = 0;
   for (int i = 0; i < n; ++i)

@@ -150,22 +150,30 @@ void down_tokens(ImageDtype dt, float* out, size_t out_stride, int len, const Do
                  size_t slice_bytes);
 
 // The first phase of the gated FFN over bundles ([gate row | up row | down column], each image_row_bytes(dt, dim)
-// bytes): h[i] = g_i * (up_i . x) for i < n, 0 where g_i is 0, with g_i = g[i] (kGiven) or the bundle's own gate row
-// dotted with x through relu or silu (g unused). x = PreparedX::row(t). Rows go kRowBlock at a time through row_dots
-// in chunks of kBundleChunk neurons: the same numbers as row_dot one neuron at a time.
+// bytes): h[i] = g_i * u_i for i < n, 0 where g_i is 0, with g_i = g[i] (kGiven) or the bundle's own gate row dotted
+// with x through the gate activation (g unused): kRelu keeps v when v > floor (ReLU: floor 0; FATReLU: floor t), kSilu
+// gives v / (1 + e^-v); u_i = up_i . x, through max(., 0) when up_relu (dReLU). x = PreparedX::row(t). Rows go
+// kRowBlock at a time through row_dots in chunks of kBundleChunk neurons: the same numbers as row_dot one neuron at a
+// time.
 enum class BundleGate { kGiven, kRelu, kSilu };
+struct BundleAct {
+  BundleGate gate = BundleGate::kRelu;
+  float floor = 0.0f;    // kRelu: the gate's zero threshold (ModelConfig::gate_floor)
+  bool up_relu = false;  // dReLU: the up dot through max(., 0)
+};
 constexpr int kBundleChunk = 16;
-void bundle_coefficients(ImageDtype dt, int dim, const void* x, BundleGate gate, const float* g,
+void bundle_coefficients(ImageDtype dt, int dim, const void* x, const BundleAct& act, const float* g,
                          const uint8_t* const* bundles, int n, float* h);
 // Requests the bytes bundle_coefficients reads first from `bundles` (the first kRowBlock bundles' up rows, with their
 // gate rows unless kGiven): a caller that goes chunk by chunk names the next chunk's before computing this one.
 void prefetch_bundles(ImageDtype dt, int dim, BundleGate gate, const uint8_t* const* bundles, int n);
 
 // One token's gated FFN over bundles ([gate row | up row | down column], each image_row_bytes(dt, dim) bytes) of the
-// listed neurons, in list order: h_i = g[i] * (up_i . x); when g is null, g_i = relu(gate_i . x) from the bundle's own
-// gate row and neurons with h_i = 0 drop out. out[dim] = sum_i h_i * down_i (down_project). The up dots run in
-// parallel over neurons; every number is independent of the thread count.
+// listed neurons, in list order: h_i = g[i] * u_i; when g is null, g_i = the gate activation of act (kRelu with its
+// floor) of the bundle's own gate row and neurons with h_i = 0 drop out; u_i as bundle_coefficients (act.up_relu).
+// out[dim] = sum_i h_i * down_i (down_project). The up dots run in parallel over neurons; every number is independent
+// of the thread count.
 void ffn_bundles(ImageDtype dt, int dim, const PreparedX& x, const float* g, const uint8_t* const* bundles, int n,
-                 float* out);
+                 float* out, const BundleAct& act = {});
 
 }  // namespace nl::kernels
