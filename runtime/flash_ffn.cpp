@@ -142,9 +142,10 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
     // and up matrices of small-relu streamed 1.5x slower (1 thread, AMD EPYC Zen 4: 514-562 against 348-361 us per
     // token for the 8 gate products).
     const auto piece = [](size_t b) { return (b + 63) / 64 * 64; };
+    const bool up_rows = selection_keeps_up_rows(o.select, c.act);
     const size_t layer_dram =
         piece(o.select == SelectMode::kDense ? kernels::DenseBundles::bytes_for(m_.dtype, c.dim, int(hidden))
-                                             : size_t(hidden) * row_bytes_);
+                                             : size_t(hidden) * row_bytes_ * (up_rows ? 2 : 1));
     ffn_dram_.resize_uninit(size_t(c.n_layers) * layer_dram);
     for (int l = 0; l < c.n_layers; ++l) {
       uint8_t* dram = ffn_dram_.data() + size_t(l) * layer_dram;
@@ -162,14 +163,20 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
       } else {
         // Only the gate rows stay in DRAM, in the stored dtype; a replicated layer keeps its first copies' (row r is
         // the r-th first copy in slot order).
+        // dReLU's gate / threshold: the up rows too, after the gate rows.
         const auto& firsts = first_slots_[size_t(l)];
-        for (uint32_t s = 0; s < hidden; ++s)
-          std::memcpy(dram + s * row_bytes_, buf.data() + (firsts.empty() ? s : firsts[s]) * m_.bundle_bytes,
-                      row_bytes_);
-        gate_view_.push_back({m_.dtype, dram, int(hidden), c.dim, row_bytes_});
-        // Only matrix products read these rows: q8_0 takes the interleaved layout where the path has kernels for it
-        // (the same numbers; the copy is ours).
-        kernels::q8_interleave_if_pays(&gate_view_.back());
+        for (int part = 0; part < (up_rows ? 2 : 1); ++part) {
+          uint8_t* rows = dram + size_t(part) * hidden * row_bytes_;
+          for (uint32_t s = 0; s < hidden; ++s)
+            std::memcpy(rows + s * row_bytes_,
+                        buf.data() + (firsts.empty() ? s : firsts[s]) * m_.bundle_bytes + size_t(part) * row_bytes_,
+                        row_bytes_);
+          auto& views = part == 0 ? gate_view_ : up_view_;
+          views.push_back({m_.dtype, rows, int(hidden), c.dim, row_bytes_});
+          // Only matrix products read these rows: q8_0 takes the interleaved layout where the path has kernels for
+          // it (the same numbers; the copy is ours).
+          kernels::q8_interleave_if_pays(&views.back());
+        }
       }
     }
     threshold_.assign(size_t(c.n_layers), -std::numeric_limits<float>::infinity());
@@ -244,8 +251,13 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
     if (gates) {
       auto t0 = Clock::now();
       kernels::matmul(g_.data(), xq_, gate_view_[size_t(layer)], 1);
+      if (!up_view_.empty()) {
+        u_.resize(size_t(hidden));
+        kernels::matmul(u_.data(), xq_, up_view_[size_t(layer)], 1);
+      }
       if (!predict) token_.compute_seconds += since(t0);  // predict: the exact gate is a measurement (untimed)
     }
+    u_by_slot_ = up_view_.empty() ? nullptr : u_.data();
     const GateFrom from = select_token(layer, t, xt, g_.data());
     if (overlapped)
       load_compute_overlapped(layer, ot, from);

@@ -99,6 +99,7 @@ class FlashFfn : public FfnProvider {
   AlignedBuffer ffn_dram_;
   std::vector<kernels::DenseBundles> dense_;  // dense: every FFN layer in DRAM, re-laid out
   std::vector<WeightView> gate_view_;         // per layer: the gate rows (in ffn_dram_)
+  std::vector<WeightView> up_view_;           // per layer: the up rows (selection_keeps_up_rows), else empty
   kernels::PreparedX xq_;                     // the token's normalised input, as the kernels want it
   std::vector<float> h_;                      // per active neuron: act(gate)
   std::vector<const uint8_t*> bundles_;       // per active neuron: its bundle's bytes
@@ -138,6 +139,8 @@ class FlashFfn : public FfnProvider {
   std::vector<ReadSpan> spans_;
   std::vector<uint32_t> active_;
   std::vector<float> g_;
+  std::vector<float> u_;  // selection_keeps_up_rows: the up outputs beside g_ (blk_u_ in ffn_block)
+  const float* u_by_slot_ = nullptr;
   FlashCounters total_, token_;
   std::vector<FlashCounters> batch_;  // per token of a multi-token forward pass, until end_token()
   std::vector<FlashCounters> per_token_;
@@ -171,6 +174,7 @@ class FlashFfn : public FfnProvider {
   void ffn_block(int layer, int n, const float* x, float* out);
   std::vector<std::vector<uint32_t>> blk_active_;  // ffn_block: per token, its ascending slots
   std::vector<float> blk_g_;                       // ffn_block: per token, its gate outputs (hidden each)
+  std::vector<float> blk_u_;                       // ffn_block: the up outputs (selection_keeps_up_rows)
   std::vector<size_t> blk_k_;                      // ffn_block: per token, its next active index to compute
   std::vector<float> hd_;                          // compute_range: the kept coefficients
   std::vector<const uint8_t*> downs_;              // compute_range: their down columns

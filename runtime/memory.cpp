@@ -155,6 +155,7 @@ MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, in
   p.baseline = baseline;
   p.dense = dense_dram_bytes(m);
   if (ffn == FfnResidency::kGateRows) p.ffn_resident = L * hid * gate_row_dram_bytes(m);
+  if (ffn == FfnResidency::kGateUpRows) p.ffn_resident = 2 * L * hid * gate_row_dram_bytes(m);
   if (ffn == FfnResidency::kAll) p.ffn_resident = ffn_dense_dram_bytes(m);
   p.kv = kv_cache_bytes(c, context);
   // Model activations (x, xb, q, attention out, tmp; k, v), logits, RoPE tables, one attention row per thread,
@@ -173,7 +174,7 @@ MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, in
   p.scratch += kF32 * (block - 1) * (5 * dim + 2 * uint64_t(c.kv_dim()) + 2 * hid);
   // The dense region is read straight into its store (counted in `dense`); gate-row modes read one FFN region at a
   // time to copy its gate rows out, --select dense keeps its regions (counted in `ffn_resident`).
-  p.load_transient = ffn == FfnResidency::kGateRows ? largest_ffn_region(m) : 0;
+  p.load_transient = ffn == FfnResidency::kGateRows || ffn == FfnResidency::kGateUpRows ? largest_ffn_region(m) : 0;
   p.cache_bundle_cost = m.bundle_bytes + kCacheEntryOverhead;
   return p;
 }

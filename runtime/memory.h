@@ -74,7 +74,8 @@ struct MemoryPlan {
   }
 };
 
-enum class FfnResidency { kNone, kGateRows, kAll };
+// kGateUpRows: the gate and the up rows (dReLU's exact selection: selection_keeps_up_rows).
+enum class FfnResidency { kNone, kGateRows, kGateUpRows, kAll };
 
 // The fixed part for this image, context and threads; the cache left at zero. `read_batch`: the FFN read batch,
 // `read_ahead`: the read-ahead buffer (--overlap cross|both; 0 otherwise), `prefill_block`: tokens per prefill pass,

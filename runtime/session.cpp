@@ -126,9 +126,10 @@ void Session::load(int context) {
   r.budget = o_.memory_budget;
   r.budget_text = o_.memory_budget_text.empty() ? std::to_string(o_.memory_budget) : o_.memory_budget_text;
   r.context = context;
-  r.residency = sel_.mode == SelectMode::kDense   ? FfnResidency::kAll
-                : sel_.mode == SelectMode::kTrace ? FfnResidency::kNone
-                                                  : FfnResidency::kGateRows;
+  r.residency = sel_.mode == SelectMode::kDense             ? FfnResidency::kAll
+                : sel_.mode == SelectMode::kTrace           ? FfnResidency::kNone
+                : selection_keeps_up_rows(sel_.mode, c.act) ? FfnResidency::kGateUpRows
+                                                            : FfnResidency::kGateRows;
   r.threads = omp_get_max_threads();
   r.baseline = current_rss_bytes();
   r.read_batch = o_.read_batch;

@@ -148,6 +148,7 @@ try:
     # differ from the ReLU model's; the profiler's exact rule (fatrelu>0.1, drelu>0) recorded on the generated
     # sequence, replayed by --select trace, gives the gate's tokens and logits with no more neurons (dReLU: fewer,
     # the gate alone over-selects); the manifest is 1.5 and its id covers the threshold.
+    resident = {}
     for fam, extra in (("fatrelu", {"hidden_act_param": 0.1}), ("drelu", {})):
         fdir = os.path.join(work, fam)
         os.makedirs(fdir)
@@ -160,6 +161,20 @@ try:
         check("%s: convert --to hf keeps hidden_act%s" % (fam, " and hidden_act_param" if extra else ""),
               conv.get("hidden_act") == fam and all(conv.get(k) == v for k, v in extra.items()),
               r.stderr.strip() + str(conv))
+        if extra:  # a fatrelu config without its threshold, or a negative one: exit 3 naming config.json
+            for label, bad_cfg in (("without hidden_act_param", dict(cfg, hidden_act=fam)),
+                                   ("with hidden_act_param -1", dict(cfg, hidden_act=fam, hidden_act_param=-1.0))):
+                bdir = os.path.join(work, "bad_" + fam)
+                shutil.rmtree(bdir, ignore_errors=True)
+                os.makedirs(bdir)
+                shutil.copy(os.path.join(model, "model.safetensors"), bdir)
+                json.dump(bad_cfg, open(os.path.join(bdir, "config.json"), "w"))
+                r = subprocess.run([L, "pack", "--model", bdir, "--out", os.path.join(work, "bad_f.nlw"), "-q"],
+                                   capture_output=True, text=True)
+                check("fatrelu %s: pack refused (exit 3, one line naming config.json)" % label,
+                      r.returncode == 3 and "config.json" in r.stderr and "hidden_act_param" in r.stderr
+                      and r.stderr.count("\n") == 1 and not os.path.exists(os.path.join(work, "bad_f.nlw")),
+                      "exit %d: %s" % (r.returncode, r.stderr))
         r = subprocess.run([P, "convert", "--model", fdir, "--to", "llama2c", "--out", os.path.join(work, "f.bin"),
                             "-q"], capture_output=True, text=True)
         check("%s: convert --to llama2c refused (exit 2)" % fam, r.returncode == 2 and fam in r.stderr,
@@ -177,7 +192,7 @@ try:
                   man["version_minor"] == 5 and man["model"]["ffn_act"] == fam and thr_ok
                   and ("fatrelu_threshold" in man["model"]) == bool(extra), str(man["model"]))
             runs = {}
-            for select, overlap in (("gate", "none"), ("gate", "layer"), ("dense", "none")):
+            for select, overlap in (("gate", "none"), ("gate", "layer"), ("gate", "both"), ("dense", "none")):
                 npy = os.path.join(work, "%s_%s_%s_%s.npy" % (fam, dtype, select, overlap))
                 r = subprocess.run([R, "generate", "--image", img, "--select", select, "--overlap", overlap,
                                     "--prompt-tokens", ",".join(map(str, prompt)), "--steps", str(steps), "--logits",
@@ -187,10 +202,12 @@ try:
                     continue
                 j = json.loads(r.stdout)
                 runs[(select, overlap)] = (j["generated"], np.load(npy), j["totals"]["active"])
-            if len(runs) != 3:
+                if select == "gate" and overlap == "none":
+                    resident[(fam, dtype)] = j["memory"]["ffn_resident_bytes"]
+            if len(runs) != 4:
                 continue
             gen, lg, gate_active = runs[("gate", "none")]
-            check("%s %s: --select gate (overlap none / layer) and dense give the same tokens" % (fam, dtype),
+            check("%s %s: --select gate (overlap none / layer / both) and dense give the same tokens" % (fam, dtype),
                   all(v[0] == gen for v in runs.values()), str({k: v[0] for k, v in runs.items()}))
             want = ref.forward(fc, t, prompt + gen[:-1])[len(prompt) - 1:]
             if dtype == "q8_0":
@@ -246,12 +263,25 @@ try:
             check("%s: the trace's sets give the gate's tokens and logits (max relative difference %.2e)" % (fam, diff),
                   jt["generated"] == gen and diff <= 1e-6, "%s vs %s" % (jt["generated"], gen))
             ta = jt["totals"]["active"]
+            check("%s: --select gate reads the exact sets (%d neurons, the trace's %d)" % (fam, gate_active, ta),
+                  ta == gate_active)
             if fam == "drelu":
-                check("drelu: the exact sets are smaller than the gate's (%d vs %d neurons: gate x > 0 over-selects)"
-                      % (ta, gate_active), ta < gate_active)
-            else:
-                check("fatrelu: the exact sets are the gate's (%d vs %d neurons)" % (ta, gate_active),
-                      ta == gate_active)
+                # The gate alone (nl-profile's abs>0: relu(gate x) != 0) names more neurons; replayed, they give the
+                # same tokens (the extra ones add exactly nothing) and read more. The up rows in DRAM are what makes
+                # --select gate exact, and the memory plan counts them.
+                tg = os.path.join(work, "drelu_gate.h5")
+                r = subprocess.run([P, "run", "--model", fdir, "--token-ids", ids, "--seq-len", "64", "--activation",
+                                    "abs>0", "--out", tg, "-q"], capture_output=True, text=True)
+                r = r if r.returncode else subprocess.run(
+                    [R, "generate", "--image", img, "--select", "trace:" + tg, "--prompt-tokens",
+                     ",".join(map(str, prompt)), "--steps", str(steps), "--json", "-q"], capture_output=True, text=True)
+                jg = json.loads(r.stdout) if r.returncode == 0 else {}
+                over = jg.get("totals", {}).get("active")
+                check("drelu: gate x > 0 alone names more neurons (%s vs %d), same tokens" % (over, ta),
+                      over is not None and over > ta and jg.get("generated") == gen, r.stderr.strip())
+                check("drelu: the gate and up rows in DRAM are counted (%d bytes, twice fatrelu's %d)" %
+                      (resident[("drelu", "f32")], resident[("fatrelu", "f32")]),
+                      resident[("drelu", "f32")] == 2 * resident[("fatrelu", "f32")])
             if fam == "fatrelu":
                 for label, edit, want_msg in (
                         ("threshold edited", lambda m: m["model"].update(fatrelu_threshold=0.2), "image id"),

@@ -80,6 +80,10 @@ void FlashFfn::ffn_block(int layer, int n, const float* x, float* out) {
     blk_g_.resize(size_t(n) * size_t(hidden));
     auto t0 = Clock::now();
     kernels::matmul(blk_g_.data(), xq_, gate_view_[size_t(layer)], n);
+    if (!up_view_.empty()) {
+      blk_u_.resize(size_t(n) * size_t(hidden));
+      kernels::matmul(blk_u_.data(), xq_, up_view_[size_t(layer)], n);
+    }
     const double each = since(t0) / n;
     if (!predict)
       for (int t = 0; t < n; ++t) batch_[size_t(t)].compute_seconds += each;
@@ -88,6 +92,7 @@ void FlashFfn::ffn_block(int layer, int n, const float* x, float* out) {
   GateFrom from = GateFrom::kGiven;
   for (int t = 0; t < n; ++t) {
     CountersSwap swap(&token_, &batch_[size_t(t)]);
+    u_by_slot_ = up_view_.empty() ? nullptr : blk_u_.data() + size_t(t) * size_t(hidden);
     from = select_token(layer, t, x + size_t(t) * dim, gates ? blk_g_.data() + size_t(t) * size_t(hidden) : nullptr);
     blk_active_[size_t(t)].swap(active_);
     token_.active += blk_active_[size_t(t)].size();  // token t's own set (token_ is its counters here)

@@ -17,6 +17,12 @@ namespace nl {
 // kTrace: the active neurons come from a trace (set_trace_active); kThreshold: CATS, |act(gate x)| > t per layer.
 enum class SelectMode { kGate, kReplay, kLowRank, kDense, kTrace, kThreshold };
 
+// dReLU fires when gate x > 0 and up x > 0: --select gate / threshold keep the up rows in DRAM beside the gate rows,
+// so that they select (and read) only the neurons that fire, instead of every gate-positive one.
+inline bool selection_keeps_up_rows(SelectMode s, FfnAct a) {
+  return a == FfnAct::kDRelu && (s == SelectMode::kGate || s == SelectMode::kThreshold);
+}
+
 // Lowrank phases: exact (as gate: the reference run), calibrate (exact, and records the predictor's scores of the
 // neurons that really fire), predict (reads what the predictor selects).
 enum class LowRankPhase { kExact, kCalibrate, kPredict };

@@ -109,11 +109,12 @@ FlashFfn::GateFrom FlashFfn::select_token(int layer, int t, const float* xt, flo
   active_.clear();
   const bool sparse = ffn_act_sparse(c.act);
   const float floor = c.gate_floor();
-  // Sparse activations: the gate decides (dReLU's up x > 0 is known only once the bundle is read: its gate-positive
-  // neurons are read and those with up x <= 0 add exactly nothing).
+  // Sparse activations: the gate decides, and for dReLU the up rows in DRAM too (selection_keeps_up_rows; without
+  // them, as in lowrank's exact phases, every gate-positive neuron is read and those with up x <= 0 add nothing).
+  const float* u = u_by_slot_;
   for (int s = 0; s < hidden; ++s) {
     if (sparse) {
-      if (g[s] > floor) active_.push_back(uint32_t(s));
+      if (g[s] > floor && (!u || u[s] > 0.0f)) active_.push_back(uint32_t(s));
     } else {
       g[s] = g[s] / (1.0f + std::exp(-g[s]));
       active_.push_back(uint32_t(s));
