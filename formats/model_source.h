@@ -61,6 +61,11 @@ ImageManifest image_write_source(const std::string& image_path, ModelSource& src
 // write_llama2c / write_safetensors_model of its result give write_permuted's bytes.
 void ffn_permute(ModelWeights& w, const std::vector<std::vector<uint32_t>>& order);
 
+// q/k rows in rotate_half order (Hugging Face, and llama.cpp's NEOX-RoPE architectures: head h, half s, pair j at row
+// h*hd + s*hd/2 + j) <-> the canonical interleaved rows (h*hd + 2j + s). to_hf = false un-permutes (reading), true
+// permutes (writing).
+std::vector<float> permute_rope_rows(const std::vector<float>& w, int n_heads, int head_dim, int cols, bool to_hf);
+
 // Shared by the sources' write_permuted (formats/ internals).
 // Throws UsageError unless `order` is empty or holds one permutation of 0..hidden_dim-1 per layer.
 void ffn_order_check(const std::vector<std::vector<uint32_t>>& order, const ModelConfig& c);

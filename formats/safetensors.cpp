@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -17,6 +19,7 @@
 #include "formats/core/atomic_file.h"
 #include "formats/core/error.h"
 #include "formats/core/half.h"
+#include "formats/gguf.h"
 #include "formats/llama2c.h"
 #include "formats/model_source.h"
 
@@ -61,8 +64,8 @@ uint64_t dtype_bytes(const std::string& d) {
   return 0;
 }
 
-// HF q/k rows (rotate_half: head h, half s, pair j at row h*hd + s*hd/2 + j) <-> canonical interleaved rows
-// (h*hd + 2j + s). to_hf = false un-permutes (reading), true permutes (writing).
+}  // namespace
+
 std::vector<float> permute_rope_rows(const std::vector<float>& w, int n_heads, int head_dim, int cols, bool to_hf) {
   std::vector<float> out(w.size());
   const int half = head_dim / 2;
@@ -75,6 +78,8 @@ std::vector<float> permute_rope_rows(const std::vector<float>& w, int n_heads, i
       }
   return out;
 }
+
+namespace {
 
 // A checkpoint's files: config.json and either one model.safetensors or, for a sharded checkpoint (as
 // transformers' save_pretrained writes models above its shard size), model.safetensors.index.json and its shards.
@@ -688,7 +693,16 @@ std::unique_ptr<ModelSource> open_model_source(const std::string& path) {
   std::error_code ec;
   const fs::path p(path);
   if (!fs::exists(p, ec)) throw IoError(path, "no such file or folder");
-  if (!fs::is_directory(p, ec) && p.extension() == ".bin") return open_llama2c_source(path);
+  if (!fs::is_directory(p, ec)) {
+    if (p.extension() == ".bin") return open_llama2c_source(path);
+    char magic[4] = {};
+    if (FILE* f = fs::is_regular_file(p, ec) ? std::fopen(path.c_str(), "rb") : nullptr) {
+      const size_t got = std::fread(magic, 1, 4, f);
+      std::fclose(f);
+      if (got == 4 && std::memcmp(magic, "GGUF", 4) == 0) return open_gguf_source(path);
+    }
+    if (p.extension() == ".gguf") return open_gguf_source(path);  // names the problem (no magic, truncated, ...)
+  }
   return open_safetensors_source(path);
 }
 
