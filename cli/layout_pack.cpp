@@ -18,6 +18,7 @@
 #include "formats/layout.h"
 #include "formats/llama2c.h"
 #include "formats/model_source.h"
+#include "formats/predictor_file.h"
 #include "formats/safetensors.h"
 #include "formats/trace.h"
 #include "layout/evaluate.h"
@@ -31,7 +32,7 @@ namespace nl::cli {
 namespace {
 
 struct PackArgs {
-  std::string model, layout, out, dtype, tokenizer, export_permuted, synthetic_shape, device;
+  std::string model, layout, out, dtype, tokenizer, export_permuted, synthetic_shape, device, predictor;
   std::string synthetic_act;       // whole synthetic models: "relu" (their own) or "silu"
   std::string act_threshold_from;  // trace whose per-layer thresholds go to the manifest's act_threshold
   int synthetic_layers = 4;
@@ -147,6 +148,11 @@ void add_pack_input_options(CLI::App* c, PackArgs& a) {
        "Tokenizer copied beside the image as OUT.tokenizer and named in the manifest (nl-run --prompt finds it)")
       ->check(CLI::ExistingFile)
       ->group("Input");
+  c->add_option("--predictor", a.predictor,
+                "Activation predictor stored in the image for nl-run --select predictor: safetensors with PowerInfer's "
+                "names blk.{l}.fc1.weight [rank][dim] and blk.{l}.fc2.weight [hidden][rank] (score = fc2 relu(fc1 x))")
+      ->check(CLI::ExistingFile)
+      ->group("Input");
   c->add_option("--act-threshold-from", a.act_threshold_from,
                 "Trace (nl-profile run --activation calibrated:F or abs>X) whose per-layer thresholds go to the "
                 "manifest's act_threshold (nl-run --select threshold)")
@@ -238,7 +244,9 @@ void pack_check_paths(const PackArgs& a) {
       for (const NamedPath& n : hf_folder_outputs("--export-permuted", a.export_permuted)) outputs.push_back(n);
     }
   }
-  check_paths({{"--model", a.model}, {"--layout", a.layout}, {"--tokenizer", a.tokenizer}}, outputs);
+  check_paths(
+      {{"--model", a.model}, {"--layout", a.layout}, {"--tokenizer", a.tokenizer}, {"--predictor", a.predictor}},
+      outputs);
 }
 
 // A whole synthetic model, tensor by tensor: uniform weights of variance 1/in (scale sqrt(3/in)), so activations
@@ -517,6 +525,13 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
     spec.layout_method = lay.method;
   }
   if (!a.act_threshold_from.empty()) spec.act_threshold = trace_act_thresholds(a.act_threshold_from, w.config.n_layers);
+  std::unique_ptr<PredictorFile> predictor;
+  if (!a.predictor.empty()) {
+    if (synthetic) throw UsageError("--predictor needs --model (synthetic models have no trained predictor)");
+    predictor = std::make_unique<PredictorFile>(a.predictor, w.config);
+    spec.predictor_rank = predictor->rank();
+    spec.predictor_source = a.predictor;
+  }
   // The permuted model export has one copy of each neuron: a replicated layer exports its order without the replicas
   // (each neuron at its first copy's place), which computes the same.
   std::vector<std::vector<uint32_t>> order = spec.order;
@@ -537,7 +552,7 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
     else if (synthetic)
       m = write_synthetic(a.out, shape, a.synthetic_layers, a.seed, std::move(spec), on_layer, e);
     else
-      m = image_write_source(a.out, *src, w, std::move(spec), on_layer, e);
+      m = image_write_source(a.out, *src, w, std::move(spec), on_layer, e, predictor.get());
     prog.finish();
   }
   w = ModelWeights{};  // the dense weights are not needed by the export, which streams

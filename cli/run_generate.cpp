@@ -99,7 +99,8 @@ void add_generate_prompt_options(CLI::App* c, GenerateArgs& a) {
   c->add_option(
        "--select", a.select,
        "Which neurons to read: gate (exact, gate rows in DRAM) | dense (whole FFN decoded into DRAM: the "
-       "reference) | lowrank:R (ReLU models: rank-R SVD predictor of the gate, threshold calibrated to "
+       "reference) | predictor (the image's stored predictor, nl-layout pack --predictor; threshold calibrated as "
+       "lowrank's) | lowrank:R (ReLU models: rank-R SVD predictor of the gate, threshold calibrated to "
        "--target-recall) | threshold:T (CATS: |act(gate x)| > T, gate rows in DRAM) | threshold (the same with the "
        "manifest's per-layer act_threshold) | trace:T.h5 (full "
        "builds: each token's neurons from a trace of the same shape; timing benchmarks)")
@@ -468,6 +469,7 @@ void selection_json(const GenerateArgs& a, const Session& s, const std::vector<i
     const int layers = s.manifest().config.n_layers;
     extra["predictor"] = {
         {"rank", s.selection().rank},
+        {"source", s.selection().stored ? "stored: " + s.manifest().predictor_source : "lowrank SVD fit"},
         {"target_recall", a.target_recall},
         {"calibration_prompt_tokens", s.options().calibrate_tokens},
         {"calibration_steps", a.calibrate_steps},
@@ -528,9 +530,10 @@ void print_summary(const GenerateArgs& a, const GlobalOptions& g, Session& s, co
     if (extra.contains("predictor")) {
       const auto& p = extra["predictor"];
       std::printf(
-          "lowrank:%d predictor: recall %.4f, precision %.4f (target recall %.3f on %llu calibration samples); "
+          "%s%d predictor: recall %.4f, precision %.4f (target recall %.3f on %llu calibration samples); "
           "token agreement with dense %.4f, first %zu tokens identical\n",
-          s.selection().rank, p["recall"].get<double>(), p["precision"].get<double>(), a.target_recall,
+          s.selection().stored ? "stored rank-" : "lowrank:", s.selection().rank, p["recall"].get<double>(),
+          p["precision"].get<double>(), a.target_recall,
           static_cast<unsigned long long>(s.ffn()->calibration_samples()), p["token_agreement"].get<double>(),
           p["agreeing_prefix"].get<size_t>());
     }
@@ -581,7 +584,7 @@ void generate_main(const GenerateArgs& a, const GlobalOptions& g) {
   if (a.queue_depth_opt && a.queue_depth_opt->count() == 0) fa.queue_depth = default_queue_depth(a.overlap);
   SessionOptions so = session_options(a, fa);
   auto img = flash_open(fa, g, {}, {{"--logits", a.logits_out}});
-  if (a.select.rfind("lowrank:", 0) == 0)
+  if (a.select.rfind("lowrank:", 0) == 0 || a.select == "predictor")
     so.calibrate_tokens =
         parse_tokens(a.calibrate_tokens, img->manifest().config.vocab_size, "--calibrate-prompt-tokens");
   Session s(std::move(img), so);

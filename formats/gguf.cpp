@@ -99,6 +99,7 @@ class HeaderReader {
   std::string string() {
     const uint64_t n = get<uint64_t>();
     if (n > kMaxString) throw InputError(path_, "a string of " + std::to_string(n) + " bytes in the header");
+    if (n > size_ - pos_) throw InputError(path_, "the header runs past the end of the file (truncated?)");
     std::string s(size_t(n), '\0');
     read(s.data(), n);
     return s;
@@ -203,16 +204,13 @@ class GgufSource : public ModelSource {
  public:
   explicit GgufSource(const std::string& path) {
     path_ = path;
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) throw IoError(path, errno_text("open"));
+    fd_.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_.fd < 0) throw IoError(path, errno_text("open"));
     struct stat st {};
-    if (::fstat(fd_, &st) != 0) throw IoError(path, errno_text("stat"));
+    if (::fstat(fd_.fd, &st) != 0) throw IoError(path, errno_text("stat"));
     if (!S_ISREG(st.st_mode)) throw InputError(path, "not a regular file");
     parse(uint64_t(st.st_size));
     configure();
-  }
-  ~GgufSource() override {
-    if (fd_ >= 0) ::close(fd_);
   }
 
   ModelWeights read_dense() override {
@@ -258,14 +256,20 @@ class GgufSource : public ModelSource {
   }
 
  private:
-  int fd_ = -1;
+  // Closed by its own destructor, so also when the constructor throws (a bad header).
+  struct Fd {
+    int fd = -1;
+    ~Fd() {
+      if (fd >= 0) ::close(fd);
+    }
+  } fd_;
   std::map<std::string, Value> kv_;
   std::map<std::string, TensorInfo> tensors_;
   uint64_t data_start_ = 0;
   bool neox_ = false;
 
   void parse(uint64_t size) {
-    HeaderReader r(fd_, path_, size);
+    HeaderReader r(fd_.fd, path_, size);
     char magic[4];
     r.read(magic, 4);
     if (std::memcmp(magic, "GGUF", 4) != 0) throw InputError(path_, "not a GGUF file (no GGUF magic)");
@@ -352,6 +356,10 @@ class GgufSource : public ModelSource {
     ModelConfig& c = config_;
     c.dim = int(int_key(key("embedding_length"), nullptr));
     c.n_layers = int(int_key(key("block_count"), nullptr));
+    // Each block has 9 tensors: a block count the tensor table cannot hold is refused before anything is sized by it.
+    if (uint64_t(c.n_layers) * 9 > tensors_.size())
+      throw InputError(path_, "key '" + key("block_count") + "' = " + std::to_string(c.n_layers) +
+                                  ", but the file has " + std::to_string(tensors_.size()) + " tensors");
     c.n_heads = int(int_key(key("attention.head_count"), nullptr));
     const uint64_t heads = uint64_t(c.n_heads), one = 1, ctx = 2048;
     c.n_kv_heads = int(int_key(key("attention.head_count_kv"), &heads));
@@ -442,7 +450,7 @@ class GgufSource : public ModelSource {
   void pread_all(uint64_t off, void* dst, uint64_t n) {
     char* p = static_cast<char*>(dst);
     while (n > 0) {
-      const ssize_t r = ::pread(fd_, p, std::min<uint64_t>(n, 1u << 30), off_t(off));
+      const ssize_t r = ::pread(fd_.fd, p, std::min<uint64_t>(n, 1u << 30), off_t(off));
       if (r < 0) throw IoError(path_, errno_text("read"));
       if (r == 0) throw InputError(path_, "file ends early (truncated)");
       p += r;

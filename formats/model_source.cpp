@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "formats/core/error.h"
+#include "formats/predictor_file.h"
 
 namespace nl {
 
@@ -86,7 +87,7 @@ void write_cols_permuted(AtomicWriter& out, const std::vector<float>& m, size_t 
 }
 
 ImageManifest image_write_source(const std::string& out, ModelSource& src, const ModelWeights& dense, ImageSpec spec,
-                                 const ProgressFn& progress, StoredErrors* errors) {
+                                 const ProgressFn& progress, StoredErrors* errors, const PredictorFile* predictor) {
   spec.config = src.config();
   ImageWriter iw(out, std::move(spec));
   iw.set_progress(progress);
@@ -96,6 +97,13 @@ ImageManifest image_write_source(const std::string& out, ModelSource& src, const
   for (int l = 0; l < src.config().n_layers; ++l) {
     src.read_ffn(l, &f);
     iw.add_layer(l, f.w_gate.data(), f.w_up.data(), f.w_down.data());
+  }
+  if (predictor) {
+    std::vector<float> fc1, fc2;
+    for (int l = 0; l < src.config().n_layers; ++l) {
+      predictor->read_layer(l, &fc1, &fc2);
+      iw.add_predictor_layer(l, fc1.data(), fc2.data());
+    }
   }
   return iw.commit();
 }

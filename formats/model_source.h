@@ -54,8 +54,11 @@ ModelWeights read_model_source(ModelSource& src);
 // at a time read from `src`, so peak memory is the dense weights plus one layer's FFN. spec.config is src's.
 // progress(done, total) counts FFN layers written.
 // errors: when given, the storage error of every tensor against the source is added (ImageWriter::set_error_stats).
+// predictor: a stored activation predictor written after the FFN (spec.predictor_rank must be its rank).
+class PredictorFile;
 ImageManifest image_write_source(const std::string& image_path, ModelSource& src, const ModelWeights& dense,
-                                 ImageSpec spec, const ProgressFn& progress = {}, StoredErrors* errors = nullptr);
+                                 ImageSpec spec, const ProgressFn& progress = {}, StoredErrors* errors = nullptr,
+                                 const PredictorFile* predictor = nullptr);
 
 // The in-memory counterpart of write_permuted (every FFN matrix present), for tests and benchmarks:
 // write_llama2c / write_safetensors_model of its result give write_permuted's bytes.

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "formats/core/atomic_file.h"
 #include "formats/core/image_writer.h"
@@ -38,13 +39,73 @@ std::string tokenizer_bin(const std::vector<std::string>& pieces) {
 
 }  // namespace
 
+// A GGUF (version 3, architecture llama, F32 tensors) of `w`, written by hand: the toolkit reads GGUF, it does not
+// write it (scripts/gguf_from_image.py does, with llama.cpp's gguf-py).
+void write_gguf_seed(const std::string& path, const ModelWeights& w) {
+  std::string b;
+  auto put = [&b](const void* p, size_t n) { b.append(static_cast<const char*>(p), n); };
+  auto u32 = [&](uint32_t v) { put(&v, 4); };
+  auto u64 = [&](uint64_t v) { put(&v, 8); };
+  auto str = [&](const std::string& s) { u64(s.size()), put(s.data(), s.size()); };
+  const ModelConfig& c = w.config;
+  std::vector<std::pair<std::string, const std::vector<float>*>> tensors = {{"token_embd.weight", &w.tok_embeddings}};
+  std::vector<std::vector<uint64_t>> shapes = {{uint64_t(c.dim), uint64_t(c.vocab_size)}};
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const LayerWeights& L = w.layers[l];
+    const std::string p = "blk." + std::to_string(l) + ".";
+    const uint64_t d = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), h = uint64_t(c.hidden_dim);
+    for (auto [n, v, s] : {std::tuple{"attn_norm", &L.rms_att, std::vector<uint64_t>{d}},
+                           std::tuple{"attn_q", &L.wq, std::vector<uint64_t>{d, d}},
+                           std::tuple{"attn_k", &L.wk, std::vector<uint64_t>{d, kv}},
+                           std::tuple{"attn_v", &L.wv, std::vector<uint64_t>{d, kv}},
+                           std::tuple{"attn_output", &L.wo, std::vector<uint64_t>{d, d}},
+                           std::tuple{"ffn_norm", &L.rms_ffn, std::vector<uint64_t>{d}},
+                           std::tuple{"ffn_gate", &L.w_gate, std::vector<uint64_t>{d, h}},
+                           std::tuple{"ffn_up", &L.w_up, std::vector<uint64_t>{d, h}},
+                           std::tuple{"ffn_down", &L.w_down, std::vector<uint64_t>{h, d}}}) {
+      tensors.push_back({p + n + ".weight", v});
+      shapes.push_back(s);
+    }
+  }
+  tensors.push_back({"output_norm.weight", &w.rms_final});
+  shapes.push_back({uint64_t(c.dim)});
+  put("GGUF", 4);
+  u32(3);
+  u64(tensors.size());
+  u64(7);
+  auto kv_u32 = [&](const std::string& k, uint32_t v) { str(k), u32(4), u32(v); };
+  str("general.architecture"), u32(8), str("llama");
+  kv_u32("llama.embedding_length", uint32_t(c.dim));
+  kv_u32("llama.block_count", uint32_t(c.n_layers));
+  kv_u32("llama.feed_forward_length", uint32_t(c.hidden_dim));
+  kv_u32("llama.attention.head_count", uint32_t(c.n_heads));
+  kv_u32("llama.attention.head_count_kv", uint32_t(c.n_kv_heads));
+  str("llama.attention.layer_norm_rms_epsilon"), u32(6), put(&c.norm_eps, 4);
+  uint64_t off = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    str(tensors[i].first);
+    u32(uint32_t(shapes[i].size()));
+    for (uint64_t n : shapes[i]) u64(n);
+    u32(0);  // F32
+    u64(off);
+    off += (tensors[i].second->size() * 4 + 31) / 32 * 32;
+  }
+  b.resize((b.size() + 31) / 32 * 32, '\0');
+  for (const auto& t : tensors) {
+    put(t.second->data(), t.second->size() * 4);
+    b.resize((b.size() + 31) / 32 * 32, '\0');
+  }
+  std::ofstream(path, std::ios::binary).write(b.data(), std::streamsize(b.size()));
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: make_corpus OUT_DIR\n");
     return 2;
   }
   const fs::path out = argv[1];
-  for (const char* d : {"manifest", "layout", "safetensors", "llama2c", "trace", "trace_struct", "device", "tokenizer"})
+  for (const char* d :
+       {"manifest", "layout", "safetensors", "gguf", "llama2c", "trace", "trace_struct", "device", "tokenizer"})
     fs::create_directories(out / d);
   const fs::path tmp = out / "tmp";
   fs::create_directories(tmp);
@@ -58,6 +119,8 @@ int main(int argc, char** argv) {
                 fs::copy_options::overwrite_existing);
   fs::copy_file(tmp / "st16/model.safetensors", out / "safetensors/bf16.safetensors",
                 fs::copy_options::overwrite_existing);
+
+  write_gguf_seed((out / "gguf/tiny.gguf").string(), w);
 
   // Flash image manifests: identity and permuted order, f32 and f16.
   ImageSpec spec;

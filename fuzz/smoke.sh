@@ -9,7 +9,7 @@ targets=("$@")
 # Raw-bytes trace fuzzing (target "trace") reaches known libhdf5 crashes within seconds (docs/robustness.md), so
 # by default it only replays its seeds and reproducers; trace_struct fuzzes the trace reader's own checks.
 replay_trace=0
-if [ ${#targets[@]} -eq 0 ]; then targets=(manifest layout safetensors llama2c trace_struct device tokenizer); replay_trace=1; fi
+if [ ${#targets[@]} -eq 0 ]; then targets=(manifest layout safetensors gguf llama2c trace_struct device tokenizer); replay_trace=1; fi
 command -v clang++-14 >/dev/null || { echo "fuzz smoke: clang++-14 missing: scripts/bootstrap.sh fuzz" >&2; exit 1; }
 gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
 if [ ! -f "$build/CMakeCache.txt" ]; then

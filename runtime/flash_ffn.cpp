@@ -117,6 +117,7 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
       throw UsageError(
           "--select lowrank predicts ReLU-family sparsity; this model's FFN activation is SiLU (every neuron fires)");
     if (o.lowrank_rank < 1) throw UsageError("--select lowrank:R needs R >= 1");
+    if (o.stored_predictor) load_stored_predictor();
   }
   row_bytes_ = image_row_bytes(m_.dtype, size_t(c.dim));
   if (image_dtype_quantized(m_.dtype) && c.dim % kQuantBlock != 0)
@@ -151,7 +152,7 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
       uint8_t* dram = ffn_dram_.data() + size_t(l) * layer_dram;
       const uint64_t bytes = img_.read_region(size_t(1 + l), &buf);  // checksummed here, once
       fill_pinned(l, buf.data(), bytes);
-      if (o.select == SelectMode::kLowRank) {
+      if (o.select == SelectMode::kLowRank && !o.stored_predictor) {
         // The predictor is fitted on f32 gate rows, decoded for the fit only.
         std::vector<float> g(size_t(hidden) * dim);
         const WeightView gv{m_.dtype, buf.data(), int(hidden), c.dim, size_t(m_.bundle_bytes)};

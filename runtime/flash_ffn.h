@@ -302,6 +302,8 @@ class FlashFfn : public FfnProvider {
   void compute_ordered(int layer, size_t k0, size_t k1, GateFrom from, float* out, bool last, bool coefficients = true);
 
   void make_caches();
+  // --select predictor: the image's predictor region (checksummed) decoded into lowrank_ (relu_mid factors).
+  void load_stored_predictor();
   // A new run (set_phase, set_thresholds): caches and pinned bundles anew, counters and read-ahead state cleared.
   void start_afresh();
   // Reads the bundles the layer's cache pins (resident from the first token) into the slab.

@@ -43,6 +43,9 @@ std::string selection_parse(const std::string& s, Selection* out) {
     r.mode = SelectMode::kDense;
   } else if (s == "threshold") {
     r.mode = SelectMode::kThreshold;
+  } else if (s == "predictor") {  // lowrank's calibration and phases with the image's stored predictor
+    r.mode = SelectMode::kLowRank;
+    r.stored = true;
   } else if (const std::string rank = after("lowrank:"); rank != "\x01") {
     r.mode = SelectMode::kLowRank;
     r.rank = positive_int(rank);
@@ -55,7 +58,7 @@ std::string selection_parse(const std::string& s, Selection* out) {
     r.mode = SelectMode::kTrace;
     r.trace = f;
   } else {
-    return "expected gate, dense, lowrank:R (R >= 1), threshold, threshold:T (T >= 0) or trace:FILE.h5";
+    return "expected gate, dense, lowrank:R (R >= 1), predictor, threshold, threshold:T (T >= 0) or trace:FILE.h5";
   }
   *out = r;
   return "";
@@ -93,8 +96,11 @@ MemorySizing size_memory(const ImageManifest& m, const std::string& image_path, 
   MemoryPlan& plan = z.plan;
   plan = memory_plan(m, r.context, r.residency, r.threads, r.baseline, r.read_batch, r.read_ahead, r.prefill_block,
                      r.read_buffers);
-  if (r.lowrank_rank > 0)
+  if (r.lowrank_rank > 0) {  // the factors (lowrank's fit or the stored predictor) as f32
     plan.ffn_resident += uint64_t(c.n_layers) * uint64_t(c.hidden_dim + c.dim) * uint64_t(r.lowrank_rank) * 4;
+    if (r.stored_predictor)  // its region, read whole (checksummed) while the factors are decoded
+      plan.load_transient = std::max(plan.load_transient, m.regions[m.predictor_region_index()].bytes);
+  }
   if (r.verify_reads) {  // the per-bundle checksum table (8 bytes a slot) and the one FFN region held to build it
     for (int l = 0; l < c.n_layers; ++l) plan.scratch += uint64_t(m.n_slots(l)) * 8;
     for (int l = 0; l < c.n_layers; ++l)

@@ -20,7 +20,8 @@ namespace nl {
 // What `--select` names: gate | dense | lowrank:R | threshold | threshold:T | trace:FILE.
 struct Selection {
   SelectMode mode = SelectMode::kGate;
-  int rank = 0;           // lowrank:R
+  int rank = 0;           // lowrank:R, or the stored predictor's rank (predictor; filled by the Session)
+  bool stored = false;    // predictor: the image's stored predictor in place of lowrank's SVD fit
   double threshold = -1;  // threshold:T (>= 0); -1 with kThreshold: the manifest's per-layer act_threshold
   std::string trace;      // trace:FILE (the caller names each forward pass's active sets: FlashFfn::set_trace_active)
 };
@@ -54,8 +55,9 @@ struct MemoryRequest {
   uint64_t baseline = 0;  // the process before loading (current_rss_bytes())
   uint64_t read_batch = kFfnReadBatchBytes, read_ahead = 0;
   int prefill_block = kPrefillBlockTokens;
-  int read_buffers = 1;  // kFfnOverlapReadBuffers under any --overlap but none
-  int lowrank_rank = 0;  // lowrank:R: its factors in DRAM
+  int read_buffers = 1;           // kFfnOverlapReadBuffers under any --overlap but none
+  int lowrank_rank = 0;           // lowrank:R: its factors in DRAM
+  bool stored_predictor = false;  // predictor: the factors come from the image's predictor region
   bool verify_reads = false;
   double cache_ratio = 0;          // the ratio that runs without a budget
   bool cache_ratio_given = false;  // given explicitly: checked against the budget instead of sized by it

@@ -76,6 +76,14 @@ Session::Session(std::unique_ptr<FlashImage> image, SessionOptions o) : img_(std
   const ModelConfig& c = man.config;
   if (std::string p = selection_parse(o_.select, &sel_); !p.empty())
     throw UsageError("--select " + o_.select + ": " + p);
+  if (sel_.stored) {
+    if (!man.has_predictor())
+      throw UsageError("--select predictor: " + img_->manifest_path() +
+                       " has no stored predictor (nl-layout pack --predictor FILE stores one)");
+    if (!ffn_act_sparse(c.act))
+      throw UsageError("--select predictor predicts exact zeros; this model's FFN activation is SiLU");
+    sel_.rank = man.predictor_rank;
+  }
   const std::string overlap = o_.overlap != "auto" ? o_.overlap : man.replicated() ? "layer" : "both";
   if (!overlap_mode_parse(overlap, &overlap_)) throw UsageError("unknown --overlap " + overlap);
   // The tokenizer: the option, else the manifest's reference (relative to the manifest's folder; manifest_load
@@ -137,6 +145,7 @@ void Session::load(int context) {
   r.prefill_block = o_.prefill_block;
   r.read_buffers = overlap_ == OverlapMode::kNone ? 1 : kFfnOverlapReadBuffers;
   r.lowrank_rank = sel_.rank;
+  r.stored_predictor = sel_.stored;
   r.verify_reads = o_.verify_reads;
   r.cache_ratio = o_.planner.effective_cache_ratio(man.planner);
   r.cache_ratio_given = o_.planner.cache_ratio >= 0;
@@ -150,6 +159,7 @@ void Session::load(int context) {
   fo.verify_reads = o_.verify_reads;
   if (sel_.mode != SelectMode::kDense) {
     fo.lowrank_rank = sel_.rank;
+    fo.stored_predictor = sel_.stored;
     fo.overlap = overlap_;
     fo.read_batch_bytes = o_.read_batch;
     fo.read_ahead_bytes = r.read_ahead;

@@ -146,6 +146,11 @@ uint64_t image_id_of(const ImageManifest& m) {
     u64(m.act_threshold.size());
     for (double t : m.act_threshold) u64(std::bit_cast<uint64_t>(t));
   }
+  if (m.has_predictor()) {  // 1.6: the predictor's shape (its bytes are the region's checksum)
+    str("predictor");
+    u64(uint64_t(m.predictor_rank));
+    str(image_dtype_name(m.predictor_dtype()));
+  }
   Xxh64 h;
   h.update(b.data(), b.size());
   for (const auto& o : m.order) {
@@ -294,6 +299,11 @@ std::string manifest_to_json(const ImageManifest& m) {
         {"from", p.from}};
   }
   if (!m.act_threshold.empty()) j["act_threshold"] = m.act_threshold;
+  if (m.has_predictor())
+    j["predictor"] = {{"rank", m.predictor_rank},
+                      {"dtype", image_dtype_name(m.predictor_dtype())},
+                      {"form", "fc2 relu(fc1 x)"},
+                      {"source", m.predictor_source}};
   return j.dump(1) + "\n";
 }
 
@@ -354,9 +364,12 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
                   ")");
   if (m.image_bytes % kImageAlign != 0)
     bad(path, "image size " + std::to_string(m.image_bytes) + " is not a multiple of " + std::to_string(kImageAlign));
-  if (m.regions.size() != size_t(c.n_layers) + 1)
+  if (m.has_predictor() && !m.replicas.empty())
+    bad(path, "has a predictor and replicas (pack writes one or the other)");
+  const size_t n_regions = size_t(c.n_layers) + 1 + (m.has_predictor() ? 1 : 0);
+  if (m.regions.size() != n_regions)
     bad(path, "has " + std::to_string(m.regions.size()) + " regions, expected 1 dense + " + std::to_string(c.n_layers) +
-                  " FFN layers");
+                  " FFN layers" + (m.has_predictor() ? " + 1 predictor" : ""));
   // Flash replication (1.2): `replicas` per layer; an FFN region holds hidden_dim + replicas bundles.
   if (!m.replicas.empty()) {
     if (m.version_major == 1 && m.version_minor < kImageVersionMinorReplicas)
@@ -368,8 +381,9 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
   }
   for (size_t i = 0; i < m.regions.size(); ++i) {
     const ImageRegion& r = m.regions[i];
-    const std::string want_name = i == 0 ? "dense" : "ffn." + std::to_string(i - 1);
-    if (r.name != want_name || r.layer != int(i) - 1)
+    const bool pred = m.has_predictor() && i == m.predictor_region_index();
+    const std::string want_name = i == 0 ? "dense" : pred ? "predictor" : "ffn." + std::to_string(i - 1);
+    if (r.name != want_name || r.layer != (pred ? -1 : int(i) - 1))
       bad(path, "region " + std::to_string(i) + " is '" + r.name + "', expected '" + want_name + "'");
     if (r.offset % kImageAlign != 0)
       bad(path, "region '" + r.name + "' offset " + std::to_string(r.offset) + " is not " +
@@ -378,6 +392,12 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
     if (r.offset > m.image_bytes || r.bytes > m.image_bytes - r.offset)
       bad(path, "region '" + r.name + "' [" + std::to_string(r.offset) + ", +" + std::to_string(r.bytes) +
                     ") runs past the end of the image (" + std::to_string(m.image_bytes) + " bytes)");
+    if (pred) {
+      if (r.bytes != uint64_t(c.n_layers) * m.predictor_layer_bytes())
+        bad(path, "region 'predictor' is " + std::to_string(r.bytes) + " bytes, expected n_layers x " +
+                      std::to_string(m.predictor_layer_bytes()) + " (rank " + std::to_string(m.predictor_rank) + ")");
+      continue;
+    }
     const uint64_t slots = uint64_t(c.hidden_dim) + (i > 0 && !m.replicas.empty() ? m.replicas[i - 1] : 0);
     if (i > 0 && r.bytes != slots * m.bundle_bytes)
       bad(path,
@@ -660,6 +680,18 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
       if (!adm.empty() && !cache_admission_parse(adm, &r.cache_admission))
         bad(path, "planner.cache_admission '" + adm + "' is not " + kCacheAdmissions);
       r.from = opt_str(p, "from");
+    }
+    if (j.contains("predictor")) {  // 1.6 (docs/formats.md)
+      const json& p = need(j, "predictor", path);
+      m.predictor_rank = need_int(p, "rank", path, "predictor.");
+      if (m.predictor_rank < 1) bad(path, "predictor.rank must be at least 1");
+      if (need_str(p, "dtype", path, "predictor.") != image_dtype_name(m.predictor_dtype()))
+        bad(path, std::string("predictor.dtype must be ") + image_dtype_name(m.predictor_dtype()) + " in a " +
+                      image_dtype_name(m.dtype) + " image");
+      m.predictor_source = opt_str(p, "source");
+      if (m.version_major == 1 && m.version_minor < kImageVersionMinorPredictor)
+        bad(path, "has a predictor but is format version 1." + std::to_string(m.version_minor) +
+                      " (images with one are 1." + std::to_string(kImageVersionMinorPredictor) + ")");
     }
     if (j.contains("act_threshold")) {  // optional (docs/formats.md)
       const json& at = j["act_threshold"];

@@ -35,6 +35,10 @@ inline constexpr uint32_t kImageVersionMinorSlidingWindow = 4;
 // Minor 5: `model.ffn_act` fatrelu (with `model.fatrelu_threshold`, covered by the id) and drelu. Written only for
 // those activations; a reader that predates them refuses the activation's name.
 inline constexpr uint32_t kImageVersionMinorActivations = 5;
+// Minor 6: a stored activation predictor (`predictor`, nl-run --select predictor): one more region, "predictor",
+// after the FFN regions, holding per layer fc1 [rank][dim] then fc2 [hidden][rank] (rows in the predictor's dtype,
+// fc2 rows in slot order); its rank and dtype covered by the id. Written only with a predictor.
+inline constexpr uint32_t kImageVersionMinorPredictor = 6;
 inline constexpr uint64_t kImageAlign = 4096;      // region alignment and the image's total size granularity
 inline constexpr uint32_t kImageHeaderBytes = 64;  // meaningful header bytes; the header block is kImageAlign
 inline constexpr char kImageMagic[8] = {'N', 'L', 'W', 'I', 'M', 'G', '\r', '\n'};
@@ -178,9 +182,21 @@ struct ImageManifest {
   // Optional `act_threshold`: per layer (n_layers entries) the CATS threshold t (|act(gate x)| > t fires) recorded
   // by pack from a calibrated trace (`nl-layout pack --act-threshold-from`); empty when absent.
   std::vector<double> act_threshold;
+  // A stored activation predictor (format 1.6), PowerInfer's form: per layer score = fc2 relu(fc1 x), fc1 [rank][dim],
+  // fc2 [hidden][rank]; rank 0 = none. Stored as f32 in f32 images, f16 otherwise (predictor_dtype()).
+  int predictor_rank = 0;
+  std::string predictor_source;  // the file it was imported from (free text)
 
   const ImageRegion& dense() const { return regions[0]; }
   const ImageRegion& ffn(int layer) const { return regions[size_t(1 + layer)]; }
+  bool has_predictor() const { return predictor_rank > 0; }
+  size_t predictor_region_index() const { return size_t(config.n_layers) + 1; }
+  ImageDtype predictor_dtype() const { return dtype == ImageDtype::kF32 ? ImageDtype::kF32 : ImageDtype::kF16; }
+  // Bytes of one layer's predictor (fc1 then fc2) in the predictor region.
+  uint64_t predictor_layer_bytes() const {
+    return uint64_t(predictor_rank) * image_row_bytes(predictor_dtype(), size_t(config.dim)) +
+           uint64_t(config.hidden_dim) * image_row_bytes(predictor_dtype(), size_t(predictor_rank));
+  }
   uint64_t bundle_elems() const { return uint64_t(bundle_parts(bundle_kind)) * uint64_t(config.dim); }
   // Bytes of one part (gate row, up row or down column) of a bundle: image_row_bytes(dtype, dim).
   uint64_t bundle_part_bytes() const { return image_row_bytes(dtype, size_t(config.dim)); }

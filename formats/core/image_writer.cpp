@@ -104,6 +104,14 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
   if (!m_.act_threshold.empty()) m_.version_minor = kImageVersionMinorThresholds;  // the id covers them
   if (c.sliding_window > 0) m_.version_minor = kImageVersionMinorSlidingWindow;    // and this (it includes 1.2, 1.3)
   if (c.act == FfnAct::kFatRelu || c.act == FfnAct::kDRelu) m_.version_minor = kImageVersionMinorActivations;
+  if (spec.predictor_rank < 0 || spec.predictor_rank > c.dim + c.hidden_dim)
+    throw UsageError("cannot pack: predictor rank " + std::to_string(spec.predictor_rank) + " is out of range");
+  m_.predictor_rank = spec.predictor_rank;
+  m_.predictor_source = std::move(spec.predictor_source);
+  if (m_.has_predictor()) {
+    if (replicated) throw UsageError("cannot pack: a stored predictor with a replicated layout is not supported");
+    m_.version_minor = kImageVersionMinorPredictor;
+  }
 
   // Fixed layout: header block, dense region, one region per layer, each aligned.
   m_.dense_tensors = image_dense_tensor_list(c, m_.dtype);
@@ -118,6 +126,11 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
     const ImageRegion& prev = m_.regions.back();
     m_.regions.push_back({"ffn." + std::to_string(l), l, align_up(prev.offset + prev.bytes, kImageAlign),
                           uint64_t(m_.n_slots(l)) * m_.bundle_bytes, 0});
+  }
+  if (m_.has_predictor()) {
+    const ImageRegion& prev = m_.regions.back();
+    m_.regions.push_back({"predictor", -1, align_up(prev.offset + prev.bytes, kImageAlign),
+                          uint64_t(c.n_layers) * m_.predictor_layer_bytes(), 0});
   }
   m_.image_bytes = align_up(m_.regions.back().offset + m_.regions.back().bytes, kImageAlign);
   require_disk_space(image_path, m_.image_bytes, "the flash image");
@@ -199,8 +212,32 @@ void ImageWriter::add_layer(int layer, const float* gate, const float* up, const
   if (progress_) progress_(uint64_t(next_layer_), uint64_t(m_.config.n_layers));
 }
 
+void ImageWriter::add_predictor_layer(int layer, const float* fc1, const float* fc2) {
+  if (!m_.has_predictor() || next_layer_ != m_.config.n_layers || layer != next_predictor_)
+    throw InternalError("ImageWriter: predictor layer " + std::to_string(layer) + " out of order");
+  ImageRegion& r = m_.regions[m_.predictor_region_index()];
+  if (layer == 0) {
+    out_->pad_to(kImageAlign);
+    if (out_->offset() != r.offset) throw InternalError("ImageWriter: predictor region offset drifted");
+    predictor_hash_ = std::make_unique<Xxh64>();
+  }
+  ++next_predictor_;
+  const ImageDtype d = m_.predictor_dtype();
+  const size_t dim = size_t(m_.config.dim), rank = size_t(m_.predictor_rank);
+  const size_t rb1 = image_row_bytes(d, dim), rb2 = image_row_bytes(d, rank);
+  scratch_.resize(size_t(m_.predictor_layer_bytes()));
+  char* p = scratch_.data();
+  for (size_t k = 0; k < rank; ++k, p += rb1) image_encode(d, fc1 + k * dim, dim, p);
+  const auto& order = m_.order[size_t(layer)];  // slot s holds neuron order[s] (no replicas: checked above)
+  for (size_t s = 0; s < order.size(); ++s, p += rb2) image_encode(d, fc2 + size_t(order[s]) * rank, rank, p);
+  out_->write(scratch_.data(), scratch_.size());
+  predictor_hash_->update(scratch_.data(), scratch_.size());
+  if (next_predictor_ == m_.config.n_layers) r.xxh64 = predictor_hash_->digest();
+}
+
 ImageManifest ImageWriter::commit() {
-  if (next_tensor_ != m_.dense_tensors.size() || next_layer_ != m_.config.n_layers)
+  if (next_tensor_ != m_.dense_tensors.size() || next_layer_ != m_.config.n_layers ||
+      (m_.has_predictor() && next_predictor_ != m_.config.n_layers))
     throw InternalError("ImageWriter: commit before every tensor and layer was written");
   out_->pad_to(kImageAlign);
   if (out_->offset() != m_.image_bytes) throw InternalError("ImageWriter: image size drifted");

@@ -29,6 +29,8 @@ struct ImageSpec {
   std::vector<ImageCachePolicy> cache_policy;  // per layer (pinned as slots of `order`); empty = none recorded
   ImagePlanner planner;                        // the layout's planner settings; empty = none recorded
   std::vector<double> act_threshold;           // per layer CATS threshold; empty = none recorded
+  int predictor_rank = 0;                      // a stored predictor (add_predictor_layer); 0 = none
+  std::string predictor_source;
 };
 
 // Why `d` cannot store a model of config `c` ("" when it can): quantized images need dim % 32 == 0 (every
@@ -58,6 +60,9 @@ class ImageWriter {
   // FFN layer `layer` (layers in order 0, 1, ...), original neuron order, fp32, row-major:
   // gate [hidden][dim] (nullptr for plain bundles), up [hidden][dim], down [dim][hidden].
   void add_layer(int layer, const float* gate, const float* up, const float* down);
+  // The stored predictor of layer `layer` (layers in order, after every FFN layer; spec.predictor_rank > 0): fc1
+  // [rank][dim], fc2 [hidden][rank], fp32, original neuron order (fc2's rows are written in slot order).
+  void add_predictor_layer(int layer, const float* fc1, const float* fc2);
   // Writes the header and the manifest and renames both into place. Returns the manifest written.
   ImageManifest commit();
   // Called after each FFN layer with (layers written, layers in the model).
@@ -71,6 +76,8 @@ class ImageWriter {
   std::unique_ptr<AtomicWriter> out_;
   size_t next_tensor_ = 0;
   int next_layer_ = 0;
+  int next_predictor_ = 0;
+  std::unique_ptr<Xxh64> predictor_hash_;
   Xxh64* dense_hash_ = nullptr;
   std::vector<char> scratch_;
   ProgressFn progress_;

@@ -77,6 +77,7 @@ struct FlashFfnOptions {
   CacheConfig cache;       // admission parameters, window, seed (capacity and per-layer seed are derived)
   CachePolicyMode cache_policy = CachePolicyMode::kManifest;
   int lowrank_rank = 0;              // lowrank: R
+  bool stored_predictor = false;     // lowrank phases with the image's predictor (--select predictor), no SVD fit
   std::vector<float> act_threshold;  // threshold: t per layer (|act(gate x)| > t fires; ReLU models: act > t)
   OverlapMode overlap = OverlapMode::kNone;
   uint64_t read_batch_bytes = kFfnReadBatchBytes;  // the FFN read staging (memory.h)

@@ -31,6 +31,30 @@ void FlashFfn::set_phase(LowRankPhase p, double target_recall) {
   start_afresh();
 }
 
+void FlashFfn::load_stored_predictor() {
+  const ImageManifest& m = img_.manifest();
+  const ModelConfig& c = m_.config;
+  if (!m.has_predictor()) throw InternalError("load_stored_predictor: the image has no predictor");
+  AlignedBuffer buf;
+  img_.read_region(m.predictor_region_index(), &buf);  // checksummed here, once
+  const ImageDtype d = m.predictor_dtype();
+  const int rank = m.predictor_rank;
+  const size_t rb1 = image_row_bytes(d, size_t(c.dim)), rb2 = image_row_bytes(d, size_t(rank));
+  lowrank_.clear();
+  for (int l = 0; l < c.n_layers; ++l) {
+    const uint8_t* p = buf.data() + size_t(l) * m.predictor_layer_bytes();
+    LowRankFactors f;
+    f.rows = c.hidden_dim, f.cols = c.dim, f.rank = rank, f.relu_mid = true;
+    f.b.resize(size_t(rank) * size_t(c.dim));         // fc1 [rank][dim]
+    f.a.resize(size_t(c.hidden_dim) * size_t(rank));  // fc2 [hidden][rank], slot order
+    for (int k = 0; k < rank; ++k) image_decode(d, p + size_t(k) * rb1, size_t(c.dim), f.b.data() + size_t(k) * c.dim);
+    p += size_t(rank) * rb1;
+    for (int s = 0; s < c.hidden_dim; ++s)
+      image_decode(d, p + size_t(s) * rb2, size_t(rank), f.a.data() + size_t(s) * size_t(rank));
+    lowrank_.push_back(std::move(f));
+  }
+}
+
 void FlashFfn::set_trace_active(int layer, const std::vector<uint32_t>& neurons, int token) {
   if (opt_.select != SelectMode::kTrace) throw InternalError("set_trace_active outside --select trace");
   if (token < 0) throw InternalError("set_trace_active: negative token");

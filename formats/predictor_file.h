@@ -1,0 +1,35 @@
+// Activation predictors for `nl-layout pack --predictor FILE` (nl-run --select predictor): PowerInfer's form, per
+// layer a two-layer ReLU MLP on the FFN input, score = fc2 relu(fc1 x), fc1 [rank][dim], fc2 [hidden][rank] (rows in
+// the original neuron order). Read from a safetensors file with PowerInfer's GGUF tensor names `blk.{l}.fc1.weight`
+// and `blk.{l}.fc2.weight` (F32, F16 or BF16), every layer the same rank.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "formats/core/model_weights.h"
+
+namespace nl {
+
+class PredictorFile {
+ public:
+  // Checks every layer's two tensors against `c` (InputError naming the file and the tensor).
+  PredictorFile(const std::string& path, const ModelConfig& c);
+  int rank() const { return rank_; }
+  // Layer `layer`'s fc1 [rank][dim] and fc2 [hidden][rank] as f32.
+  void read_layer(int layer, std::vector<float>* fc1, std::vector<float>* fc2) const;
+
+ private:
+  struct Tensor {
+    std::string dtype;
+    uint64_t begin = 0, end = 0;
+  };
+  std::string path_;
+  ModelConfig c_;
+  int rank_ = 0;
+  uint64_t data_start_ = 0;
+  std::vector<Tensor> fc1_, fc2_;
+  void read(const Tensor& t, const std::string& name, uint64_t n, std::vector<float>* out) const;
+};
+
+}  // namespace nl
