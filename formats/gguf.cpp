@@ -200,9 +200,9 @@ Value read_value(HeaderReader& r, uint32_t type, const std::string& path, const 
   return v;
 }
 
-class GgufSource : public ModelSource {
+class GgufSource : public ModelSource, public GgufTensors {
  public:
-  explicit GgufSource(const std::string& path) {
+  explicit GgufSource(const std::string& path, bool model = true) {
     path_ = path;
     fd_.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_.fd < 0) throw IoError(path, errno_text("open"));
@@ -210,7 +210,15 @@ class GgufSource : public ModelSource {
     if (::fstat(fd_.fd, &st) != 0) throw IoError(path, errno_text("stat"));
     if (!S_ISREG(st.st_mode)) throw InputError(path, "not a regular file");
     parse(uint64_t(st.st_size));
-    configure();
+    if (model) configure();
+  }
+
+  std::vector<uint64_t> tensor_ne(const std::string& name) const override {
+    auto it = tensors_.find(name);
+    return it == tensors_.end() ? std::vector<uint64_t>{} : it->second.ne;
+  }
+  void load_tensor(const std::string& name, uint64_t rows, uint64_t cols, std::vector<float>& out) override {
+    load(name, rows, cols, out);
   }
 
   ModelWeights read_dense() override {
@@ -463,5 +471,20 @@ class GgufSource : public ModelSource {
 }  // namespace
 
 std::unique_ptr<ModelSource> open_gguf_source(const std::string& path) { return std::make_unique<GgufSource>(path); }
+
+std::unique_ptr<GgufTensors> open_gguf_tensors(const std::string& path) {
+  return std::make_unique<GgufSource>(path, false);
+}
+
+bool is_gguf_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char magic[4] = {};
+  const bool ok = ::pread(fd, magic, 4, 0) == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+  ::close(fd);
+  return ok;
+}
 
 }  // namespace nl

@@ -1,9 +1,12 @@
 // Activation predictors for `nl-layout pack --predictor FILE` (nl-run --select predictor): PowerInfer's form, per
 // layer a two-layer ReLU MLP on the FFN input, score = fc2 relu(fc1 x), fc1 [rank][dim], fc2 [hidden][rank] (rows in
-// the original neuron order). Read from a safetensors file with PowerInfer's GGUF tensor names `blk.{l}.fc1.weight`
-// and `blk.{l}.fc2.weight` (F32, F16 or BF16), every layer the same rank.
+// the original neuron order). Read from PowerInfer's GGUF tensors `blk.{l}.fc1.weight` (ne [dim, rank]) and
+// `blk.{l}.fc2.weight` (ne [rank, hidden]) in a GGUF file (their sparse-model GGUFs hold them beside the model), or
+// from a safetensors file with the same names ([rank][dim], [hidden][rank]; F32, F16 or BF16); every layer the same
+// rank.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,10 +14,13 @@
 
 namespace nl {
 
+class GgufTensors;
+
 class PredictorFile {
  public:
   // Checks every layer's two tensors against `c` (InputError naming the file and the tensor).
   PredictorFile(const std::string& path, const ModelConfig& c);
+  ~PredictorFile();
   int rank() const { return rank_; }
   // Layer `layer`'s fc1 [rank][dim] and fc2 [hidden][rank] as f32.
   void read_layer(int layer, std::vector<float>* fc1, std::vector<float>* fc2) const;
@@ -29,6 +35,8 @@ class PredictorFile {
   int rank_ = 0;
   uint64_t data_start_ = 0;
   std::vector<Tensor> fc1_, fc2_;
+  std::unique_ptr<GgufTensors> gguf_;  // a GGUF file: its tensors by name (fc1_ / fc2_ unused)
+  void check_shape(const std::string& name, bool fc2, uint64_t rows, uint64_t cols, int layer);
   void read(const Tensor& t, const std::string& name, uint64_t n, std::vector<float>* out) const;
 };
 

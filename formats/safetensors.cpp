@@ -695,13 +695,8 @@ std::unique_ptr<ModelSource> open_model_source(const std::string& path) {
   if (!fs::exists(p, ec)) throw IoError(path, "no such file or folder");
   if (!fs::is_directory(p, ec)) {
     if (p.extension() == ".bin") return open_llama2c_source(path);
-    char magic[4] = {};
-    if (FILE* f = fs::is_regular_file(p, ec) ? std::fopen(path.c_str(), "rb") : nullptr) {
-      const size_t got = std::fread(magic, 1, 4, f);
-      std::fclose(f);
-      if (got == 4 && std::memcmp(magic, "GGUF", 4) == 0) return open_gguf_source(path);
-    }
-    if (p.extension() == ".gguf") return open_gguf_source(path);  // names the problem (no magic, truncated, ...)
+    if (is_gguf_file(path) || p.extension() == ".gguf")
+      return open_gguf_source(path);  // .gguf: names the problem  // names the problem (no magic, truncated, ...)
   }
   return open_safetensors_source(path);
 }

@@ -108,6 +108,27 @@ try:
         check("the JSON names the stored source", pr.get("source", "").startswith("stored: "), str(pr.get("source")))
     else:
         check("--select gate and predictor run", False, (p if not isinstance(p, dict) else gate).stderr)
+    # The same predictor as a GGUF (PowerInfer's tensor names; written with llama.cpp's gguf-py when present).
+    gguf_py = os.path.join(os.environ.get("NL_LLAMACPP_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                                           "nl-llamacpp", "3.22.1"), "gguf-py")
+    if os.path.isfile(os.path.join(gguf_py, "gguf", "__init__.py")):
+        sys.path.insert(0, gguf_py)
+        import gguf
+        gp = os.path.join(work, "full.gguf")
+        gw = gguf.GGUFWriter(gp, "llama")
+        for k, v in sorted(predictor(dim).items()):
+            gw.add_tensor(k, np.ascontiguousarray(v, dtype=np.float32))
+        gw.write_header_to_file()
+        gw.write_kv_data_to_file()
+        gw.write_tensors_to_file()
+        gw.close()
+        img3 = os.path.join(work, "pg.nlw")
+        r = run(L, "pack", "--model", model, "--predictor", gp, "--out", img3, "-q")
+        m3 = json.load(open(img3 + ".json")) if r.returncode == 0 else {}
+        check("pack --predictor X.gguf: the predictor region equals the safetensors file's",
+              m3.get("regions", [{}])[-1].get("xxh64") == man["regions"][-1]["xxh64"], r.stderr.strip())
+    else:
+        print("SKIP pack --predictor X.gguf (llama.cpp's gguf-py not found in %s)" % gguf_py)
     for dtype in ("f16", "q8_0"):
         img2 = os.path.join(work, "low_%s.nlw" % dtype)
         r = run(L, "pack", "--model", model, "--predictor", low, "--dtype", dtype, "--out", img2, "-q")
