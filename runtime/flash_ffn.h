@@ -186,6 +186,9 @@ class FlashFfn : public FfnProvider {
   uint64_t calib_samples_ = 0;
   PredictorCounters pred_;
   std::vector<float> score_, tmp_;
+  AlignedBuffer pred_buf_;                       // --select predictor: the predictor region as stored
+  std::vector<WeightView> pred_fc1_, pred_fc2_;  // per layer: [rank][dim], [hidden][rank] (slot order)
+  kernels::PreparedX pred_xq_, pred_hq_;
   // trace: per layer and token of the next forward pass, ascending slots
   std::vector<std::vector<std::vector<uint32_t>>> trace_active_;
   ThresholdCounters thr_;
@@ -302,8 +305,11 @@ class FlashFfn : public FfnProvider {
   void compute_ordered(int layer, size_t k0, size_t k1, GateFrom from, float* out, bool last, bool coefficients = true);
 
   void make_caches();
-  // --select predictor: the image's predictor region (checksummed) decoded into lowrank_ (relu_mid factors).
+  // --select predictor: the image's predictor region (checksummed) kept in DRAM as stored, fc1 / fc2 views per layer.
   void load_stored_predictor();
+  // score_[s] for every slot s of `layer` from the predictor (lowrank_'s factors, or the stored fc2 relu(fc1 x)
+  // through the matrix kernels) on the layer's normalised FFN input x.
+  void predict_scores(int layer, const float* x);
   // A new run (set_phase, set_thresholds): caches and pinned bundles anew, counters and read-ahead state cleared.
   void start_afresh();
   // Reads the bundles the layer's cache pins (resident from the first token) into the slab.

@@ -96,11 +96,10 @@ MemorySizing size_memory(const ImageManifest& m, const std::string& image_path, 
   MemoryPlan& plan = z.plan;
   plan = memory_plan(m, r.context, r.residency, r.threads, r.baseline, r.read_batch, r.read_ahead, r.prefill_block,
                      r.read_buffers);
-  if (r.lowrank_rank > 0) {  // the factors (lowrank's fit or the stored predictor) as f32
-    plan.ffn_resident += uint64_t(c.n_layers) * uint64_t(c.hidden_dim + c.dim) * uint64_t(r.lowrank_rank) * 4;
-    if (r.stored_predictor)  // its region, read whole (checksummed) while the factors are decoded
-      plan.load_transient = std::max(plan.load_transient, m.regions[m.predictor_region_index()].bytes);
-  }
+  if (r.lowrank_rank > 0)  // lowrank's f32 factors, or the stored predictor's region as stored
+    plan.ffn_resident += r.stored_predictor
+                             ? io_align_up(m.regions[m.predictor_region_index()].bytes)
+                             : uint64_t(c.n_layers) * uint64_t(c.hidden_dim + c.dim) * uint64_t(r.lowrank_rank) * 4;
   if (r.verify_reads) {  // the per-bundle checksum table (8 bytes a slot) and the one FFN region held to build it
     for (int l = 0; l < c.n_layers; ++l) plan.scratch += uint64_t(m.n_slots(l)) * 8;
     for (int l = 0; l < c.n_layers; ++l)

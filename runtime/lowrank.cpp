@@ -175,7 +175,7 @@ void LowRankFactors::predict(const float* x, float* scores, float* tmp) const {
     const float* bj = b.data() + size_t(j) * cols;
     float s = 0;
     for (int c = 0; c < cols; ++c) s += bj[c] * x[c];
-    tmp[j] = relu_mid && !(s > 0.0f) ? 0.0f : s;
+    tmp[j] = s;
   }
   for (int r = 0; r < rows; ++r) {
     const float* ar = a.data() + size_t(r) * rank;

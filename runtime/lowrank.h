@@ -8,15 +8,13 @@
 
 namespace nl {
 
-// Also the stored predictors' form (PowerInfer: score = fc2 relu(fc1 x), a = fc2, b = fc1, relu_mid).
 struct LowRankFactors {
   int rows = 0, cols = 0, rank = 0;
   std::vector<float> a;       // [rows][rank] = G V_R (U_R S_R)
   std::vector<float> b;       // [rank][cols] = V_R^T
-  std::vector<double> sigma;  // the R leading singular values, descending (empty for a stored predictor)
-  bool relu_mid = false;      // (b x) through max(., 0) before a
+  std::vector<double> sigma;  // the R leading singular values, descending
 
-  // scores[r] = sum_k a[r][k] * mid(b x)[k] for every row; `tmp` is scratch of `rank` floats.
+  // scores[r] = sum_k a[r][k] * (b x)[k] for every row; `tmp` is scratch of `rank` floats.
   void predict(const float* x, float* scores, float* tmp) const;
 };
 

@@ -30,10 +30,7 @@ void FlashFfn::layer_start(int layer, int pos0, int n_tokens, const float* x) {
   pf_pred_.clear();
   if (opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kPredict) {
     // The low-rank gate on the layer input (normalised as the FFN's input), with the predict phase's threshold.
-    const LowRankFactors& f = lowrank_[size_t(layer)];
-    score_.resize(size_t(m_.config.hidden_dim));
-    tmp_.resize(size_t(f.rank));
-    f.predict(x, score_.data(), tmp_.data());
+    predict_scores(layer, x);
     const float thr = threshold_[size_t(layer)];
     for (int s = 0; s < m_.config.hidden_dim; ++s)
       if (score_[size_t(s)] >= thr && !(cache && cache->resident(uint32_t(s)))) pf_pred_.push_back(uint32_t(s));

@@ -35,24 +35,35 @@ void FlashFfn::load_stored_predictor() {
   const ImageManifest& m = img_.manifest();
   const ModelConfig& c = m_.config;
   if (!m.has_predictor()) throw InternalError("load_stored_predictor: the image has no predictor");
-  AlignedBuffer buf;
-  img_.read_region(m.predictor_region_index(), &buf);  // checksummed here, once
+  img_.read_region(m.predictor_region_index(), &pred_buf_);  // checksummed here, once; kept as stored
   const ImageDtype d = m.predictor_dtype();
   const int rank = m.predictor_rank;
   const size_t rb1 = image_row_bytes(d, size_t(c.dim)), rb2 = image_row_bytes(d, size_t(rank));
-  lowrank_.clear();
+  pred_fc1_.clear();
+  pred_fc2_.clear();
   for (int l = 0; l < c.n_layers; ++l) {
-    const uint8_t* p = buf.data() + size_t(l) * m.predictor_layer_bytes();
-    LowRankFactors f;
-    f.rows = c.hidden_dim, f.cols = c.dim, f.rank = rank, f.relu_mid = true;
-    f.b.resize(size_t(rank) * size_t(c.dim));         // fc1 [rank][dim]
-    f.a.resize(size_t(c.hidden_dim) * size_t(rank));  // fc2 [hidden][rank], slot order
-    for (int k = 0; k < rank; ++k) image_decode(d, p + size_t(k) * rb1, size_t(c.dim), f.b.data() + size_t(k) * c.dim);
-    p += size_t(rank) * rb1;
-    for (int s = 0; s < c.hidden_dim; ++s)
-      image_decode(d, p + size_t(s) * rb2, size_t(rank), f.a.data() + size_t(s) * size_t(rank));
-    lowrank_.push_back(std::move(f));
+    const uint8_t* p = pred_buf_.data() + size_t(l) * m.predictor_layer_bytes();
+    pred_fc1_.push_back({d, p, rank, c.dim, rb1});
+    pred_fc2_.push_back({d, p + size_t(rank) * rb1, c.hidden_dim, rank, rb2});
   }
+}
+
+void FlashFfn::predict_scores(int layer, const float* x) {
+  score_.resize(size_t(m_.config.hidden_dim));
+  if (pred_fc1_.empty()) {
+    const LowRankFactors& f = lowrank_[size_t(layer)];
+    tmp_.resize(size_t(f.rank));
+    f.predict(x, score_.data(), tmp_.data());
+    return;
+  }
+  const WeightView& fc1 = pred_fc1_[size_t(layer)];
+  const WeightView& fc2 = pred_fc2_[size_t(layer)];
+  tmp_.resize(size_t(fc1.rows));
+  pred_xq_.prepare(fc1.dtype, x, 1, fc1.cols);
+  kernels::matmul(tmp_.data(), pred_xq_, fc1, 1);
+  for (float& v : tmp_) v = v > 0.0f ? v : 0.0f;  // relu
+  pred_hq_.prepare(fc2.dtype, tmp_.data(), 1, fc2.cols);
+  kernels::matmul(score_.data(), pred_hq_, fc2, 1);
 }
 
 void FlashFfn::set_trace_active(int layer, const std::vector<uint32_t>& neurons, int token) {
@@ -95,10 +106,7 @@ FlashFfn::GateFrom FlashFfn::select_token(int layer, int t, const float* xt, flo
   g_by_slot_ = g;
   if (opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kPredict) {
     auto t0 = Clock::now();
-    const LowRankFactors& f = lowrank_[size_t(layer)];
-    score_.resize(size_t(hidden));
-    tmp_.resize(size_t(f.rank));
-    f.predict(xt, score_.data(), tmp_.data());
+    predict_scores(layer, xt);
     const float thr = threshold_[size_t(layer)];
     active_.clear();
     for (int s = 0; s < hidden; ++s)
@@ -163,10 +171,7 @@ FlashFfn::GateFrom FlashFfn::select_token(int layer, int t, const float* xt, flo
   }
   token_.compute_seconds += since(t0);
   if (opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kCalibrate) {
-    const LowRankFactors& f = lowrank_[size_t(layer)];
-    score_.resize(size_t(hidden));
-    tmp_.resize(size_t(f.rank));
-    f.predict(xt, score_.data(), tmp_.data());
+    predict_scores(layer, xt);
     for (uint32_t s : active_) calib_[size_t(layer)].push_back(score_[s]);
     calib_samples_ += active_.size();
   }
