@@ -222,30 +222,21 @@ class GgufSource : public ModelSource, public GgufTensors {
   }
 
   ModelWeights read_dense() override {
-    const ModelConfig& c = config_;
-    ModelWeights w;
-    w.source = path_;
-    w.config = c;
-    const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), voc = uint64_t(c.vocab_size);
-    load("token_embd.weight", voc, dim, w.tok_embeddings);
-    w.layers.resize(size_t(c.n_layers));
-    for (int i = 0; i < c.n_layers; ++i) {
-      LayerWeights& L = w.layers[size_t(i)];
-      const std::string pre = "blk." + std::to_string(i) + ".";
-      load(pre + "attn_norm.weight", dim, 0, L.rms_att);
-      load(pre + "attn_q.weight", dim, dim, L.wq);
-      load(pre + "attn_k.weight", kv, dim, L.wk);
-      load(pre + "attn_v.weight", kv, dim, L.wv);
-      load(pre + "attn_output.weight", dim, dim, L.wo);
-      load(pre + "ffn_norm.weight", dim, 0, L.rms_ffn);
-      if (neox_) {  // smallthinker: NEOX RoPE (rotate_half rows) -> the canonical interleaved pairs
-        L.wq = permute_rope_rows(L.wq, c.n_heads, c.head_dim(), c.dim, false);
-        L.wk = permute_rope_rows(L.wk, c.n_kv_heads, c.head_dim(), c.dim, false);
-      }
-    }
-    load("output_norm.weight", dim, 0, w.rms_final);
-    if (!c.shared_classifier) load("output.weight", voc, dim, w.wcls);
-    return w;
+    static const std::map<std::string, std::string> kNames = {
+        {"embed", "token_embd.weight"},  {"attn_norm", "attn_norm.weight"},
+        {"q", "attn_q.weight"},          {"k", "attn_k.weight"},
+        {"v", "attn_v.weight"},          {"o", "attn_output.weight"},
+        {"ffn_norm", "ffn_norm.weight"}, {"final_norm", "output_norm.weight"},
+        {"output", "output.weight"}};
+    auto name = [](const char* role, int layer) {
+      const std::string& n = kNames.at(role);
+      return layer < 0 ? n : "blk." + std::to_string(layer) + "." + n;
+    };
+    auto ld = [this](const std::string& n, uint64_t rows, uint64_t cols, std::vector<float>& out) {
+      load(n, rows, cols, out);
+    };
+    // llama: q/k rows in the canonical pairs already; smallthinker (NEOX RoPE): rotate_half order.
+    return read_llama_dense(config_, path_, name, ld, neox_);
   }
 
   void read_ffn(int layer, LayerWeights* L) override {

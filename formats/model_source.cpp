@@ -86,6 +86,33 @@ void write_cols_permuted(AtomicWriter& out, const std::vector<float>& m, size_t 
   }
 }
 
+ModelWeights read_llama_dense(const ModelConfig& c, const std::string& source,
+                              const std::function<std::string(const char* role, int layer)>& name,
+                              const TensorLoad& load, bool rotate_half_qk) {
+  ModelWeights w;
+  w.source = source;
+  w.config = c;
+  const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), voc = uint64_t(c.vocab_size);
+  load(name("embed", -1), voc, dim, w.tok_embeddings);
+  w.layers.resize(size_t(c.n_layers));
+  for (int i = 0; i < c.n_layers; ++i) {
+    LayerWeights& L = w.layers[size_t(i)];
+    load(name("attn_norm", i), dim, 0, L.rms_att);
+    load(name("q", i), dim, dim, L.wq);
+    load(name("k", i), kv, dim, L.wk);
+    load(name("v", i), kv, dim, L.wv);
+    load(name("o", i), dim, dim, L.wo);
+    load(name("ffn_norm", i), dim, 0, L.rms_ffn);
+    if (rotate_half_qk) {
+      L.wq = permute_rope_rows(L.wq, c.n_heads, c.head_dim(), c.dim, false);
+      L.wk = permute_rope_rows(L.wk, c.n_kv_heads, c.head_dim(), c.dim, false);
+    }
+  }
+  load(name("final_norm", -1), dim, 0, w.rms_final);
+  if (!c.shared_classifier) load(name("output", -1), voc, dim, w.wcls);
+  return w;
+}
+
 ImageManifest image_write_source(const std::string& out, ModelSource& src, const ModelWeights& dense, ImageSpec spec,
                                  const ProgressFn& progress, StoredErrors* errors, const PredictorFile* predictor) {
   spec.config = src.config();

@@ -5,6 +5,7 @@
 // Not thread-safe (one open file per source).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +64,15 @@ ImageManifest image_write_source(const std::string& image_path, ModelSource& src
 // The in-memory counterpart of write_permuted (every FFN matrix present), for tests and benchmarks:
 // write_llama2c / write_safetensors_model of its result give write_permuted's bytes.
 void ffn_permute(ModelWeights& w, const std::vector<std::vector<uint32_t>>& order);
+
+// The Llama block's dense tensors (everything but the FFN), f32, by a source's own tensor names: name(role, layer)
+// names the tensor of a role (embed, attn_norm, q, k, v, o, ffn_norm for layer >= 0; final_norm, output for -1) and
+// load(name, rows, cols, out) reads it (cols 0: a vector). rotate_half_qk: q/k rows stored in rotate_half order
+// (Hugging Face, llama.cpp's NEOX architectures), un-permuted to the canonical pairs.
+using TensorLoad = std::function<void(const std::string& name, uint64_t rows, uint64_t cols, std::vector<float>& out)>;
+ModelWeights read_llama_dense(const ModelConfig& c, const std::string& source,
+                              const std::function<std::string(const char* role, int layer)>& name,
+                              const TensorLoad& load, bool rotate_half_qk);
 
 // q/k rows in rotate_half order (Hugging Face, and llama.cpp's NEOX-RoPE architectures: head h, half s, pair j at row
 // h*hd + s*hd/2 + j) <-> the canonical interleaved rows (h*hd + 2j + s). to_hf = false un-permutes (reading), true

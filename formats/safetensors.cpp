@@ -416,28 +416,23 @@ class SafetensorsSource : public ModelSource {
   }
 
   ModelWeights read_dense() override {
-    const ModelConfig& c = config_;
-    ModelWeights w;
-    w.source = path_;
-    w.config = c;
-    const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), voc = uint64_t(c.vocab_size);
-    load("model.embed_tokens.weight", voc, dim, w.tok_embeddings);
-    w.layers.resize(size_t(c.n_layers));
-    for (int i = 0; i < c.n_layers; ++i) {
-      LayerWeights& L = w.layers[size_t(i)];
-      const std::string pre = "model.layers." + std::to_string(i) + ".";
-      load(pre + "input_layernorm.weight", dim, 0, L.rms_att);
-      load(pre + "self_attn.q_proj.weight", dim, dim, L.wq);
-      load(pre + "self_attn.k_proj.weight", kv, dim, L.wk);
-      load(pre + "self_attn.v_proj.weight", kv, dim, L.wv);
-      load(pre + "self_attn.o_proj.weight", dim, dim, L.wo);
-      load(pre + "post_attention_layernorm.weight", dim, 0, L.rms_ffn);
-      L.wq = permute_rope_rows(L.wq, c.n_heads, c.head_dim(), c.dim, false);
-      L.wk = permute_rope_rows(L.wk, c.n_kv_heads, c.head_dim(), c.dim, false);
-    }
-    load("model.norm.weight", dim, 0, w.rms_final);
-    if (!c.shared_classifier) load("lm_head.weight", voc, dim, w.wcls);
-    return w;
+    static const std::map<std::string, std::string> kNames = {{"embed", "model.embed_tokens.weight"},
+                                                              {"attn_norm", "input_layernorm.weight"},
+                                                              {"q", "self_attn.q_proj.weight"},
+                                                              {"k", "self_attn.k_proj.weight"},
+                                                              {"v", "self_attn.v_proj.weight"},
+                                                              {"o", "self_attn.o_proj.weight"},
+                                                              {"ffn_norm", "post_attention_layernorm.weight"},
+                                                              {"final_norm", "model.norm.weight"},
+                                                              {"output", "lm_head.weight"}};
+    auto name = [](const char* role, int layer) {
+      const std::string& n = kNames.at(role);
+      return layer < 0 ? n : "model.layers." + std::to_string(layer) + "." + n;
+    };
+    auto ld = [this](const std::string& n, uint64_t rows, uint64_t cols, std::vector<float>& out) {
+      load(n, rows, cols, out);
+    };
+    return read_llama_dense(config_, path_, name, ld, true);  // HF q/k rows: rotate_half order
   }
 
   void read_ffn(int layer, LayerWeights* L) override {

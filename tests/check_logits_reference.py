@@ -46,6 +46,21 @@ def check(name, ok, detail=""):
     print(("PASS " if ok else "FAIL ") + name + ("" if ok else " " + detail))
 
 
+def edited_refused(img, what, edits):
+    """Each (label, edit, message) of `edits` applied to a copy of img's manifest: nl-run must refuse it (exit 3)
+    naming `message`."""
+    for label, edit, want_msg in edits:
+        bad = json.load(open(img + ".json"))
+        edit(bad)
+        shutil.copy(img, os.path.join(work, "bad.nlw"))
+        bad["image"]["file"] = "bad.nlw"
+        json.dump(bad, open(os.path.join(work, "bad.nlw.json"), "w"))
+        r = subprocess.run([R, "generate", "--image", os.path.join(work, "bad.nlw"), "--steps", "2", "-q"],
+                           capture_output=True, text=True)
+        check("%s manifest, %s: refused (exit 3, naming %s)" % (what, label, want_msg),
+              r.returncode == 3 and want_msg in r.stderr, "exit %d: %s" % (r.returncode, r.stderr.strip()))
+
+
 try:
     r = subprocess.run([L, "pack", "--model", model, "--out", os.path.join(work, "m.nlw"), "-q"], capture_output=True,
                        text=True)
@@ -132,17 +147,9 @@ try:
             greedy = [int(v) for v in want.argmax(1)]
             check("mistral f32: greedy tokens equal the windowed reference's", gen == greedy, "%s vs %s" % (gen, greedy))
             # The id covers the window; a 1.3 manifest cannot carry one (a reader that predates it would ignore it).
-            for label, edit, want_msg in (("window edited", lambda m: m["model"].update(sliding_window=6), "image id"),
-                                          ("version 1.3", lambda m: m.update(version_minor=3), "sliding_window")):
-                bad = json.load(open(img + ".json"))
-                edit(bad)
-                shutil.copy(img, os.path.join(work, "bad.nlw"))
-                bad["image"]["file"] = "bad.nlw"
-                json.dump(bad, open(os.path.join(work, "bad.nlw.json"), "w"))
-                r = subprocess.run([R, "generate", "--image", os.path.join(work, "bad.nlw"), "--steps", "2", "-q"],
-                                   capture_output=True, text=True)
-                check("mistral manifest, %s: refused (exit 3, naming %s)" % (label, want_msg),
-                      r.returncode == 3 and want_msg in r.stderr, "exit %d: %s" % (r.returncode, r.stderr.strip()))
+            edited_refused(img, "mistral", (
+                ("window edited", lambda m: m["model"].update(sliding_window=6), "image id"),
+                ("version 1.3", lambda m: m.update(version_minor=3), "sliding_window")))
     # The sparse Llama families: ProSparse's fatrelu (hidden_act_param 0.1: about a fifth of the positive gates of
     # these weights fall below it) and TurboSparse's drelu, on the same weights. Logits follow the reference's and
     # differ from the ReLU model's; the profiler's exact rule (fatrelu>0.1, drelu>0) recorded on the generated
@@ -283,18 +290,9 @@ try:
                       (resident[("drelu", "f32")], resident[("fatrelu", "f32")]),
                       resident[("drelu", "f32")] == 2 * resident[("fatrelu", "f32")])
             if fam == "fatrelu":
-                for label, edit, want_msg in (
-                        ("threshold edited", lambda m: m["model"].update(fatrelu_threshold=0.2), "image id"),
-                        ("version 1.4", lambda m: m.update(version_minor=4), "format version 1.5")):
-                    bad = json.load(open(img + ".json"))
-                    edit(bad)
-                    shutil.copy(img, os.path.join(work, "bad.nlw"))
-                    bad["image"]["file"] = "bad.nlw"
-                    json.dump(bad, open(os.path.join(work, "bad.nlw.json"), "w"))
-                    r = subprocess.run([R, "generate", "--image", os.path.join(work, "bad.nlw"), "--steps", "2",
-                                        "-q"], capture_output=True, text=True)
-                    check("fatrelu manifest, %s: refused (exit 3, naming %s)" % (label, want_msg),
-                          r.returncode == 3 and want_msg in r.stderr, "exit %d: %s" % (r.returncode, r.stderr.strip()))
+                edited_refused(img, "fatrelu", (
+                    ("threshold edited", lambda m: m["model"].update(fatrelu_threshold=0.2), "image id"),
+                    ("version 1.4", lambda m: m.update(version_minor=4), "format version 1.5")))
     print("check_logits_reference: %d passed, %d failed" % (passes, fails))
     sys.exit(1 if fails else 0)
 finally:
