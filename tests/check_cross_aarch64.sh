@@ -38,8 +38,8 @@ if [ -n "$file_out" ]; then
 fi
 qemu-aarch64-static "$arm" --version
 
-# 2. Pack and compare tokens, native vs qemu: the bundled tiny ReLU model (gate, dense, lowrank predictor) and
-#    stories260K (SiLU; f16 and f32) when installed.
+# 2. Pack and compare tokens, native vs qemu: the bundled tiny ReLU model (gate, dense, lowrank predictor; read as
+#    fatrelu and drelu too) and stories260K (SiLU; f16 and f32) when installed.
 work=$native/tests/cross_aarch64
 rm -rf "$work"; mkdir -p "$work"
 same_tokens() {  # image, label, nl-run generate options...
@@ -64,6 +64,22 @@ for dt in q8_0 q4_0; do
   for sel in gate dense; do
     same_tokens "$work/relu_$dt.nlw" "tiny-relu $dt --select $sel" --prompt-tokens 1,100,200 --steps 24 --select "$sel" \
       --gap 2 --cache-ratio 0.1
+  done
+done
+# The sparse Llama FFNs on the same weights: ProSparse's fatrelu (threshold 0.1) and TurboSparse's dReLU (its gate
+# keeps the up rows in DRAM), f16 and q4_0.
+for fam in fatrelu drelu; do
+  mkdir -p "$work/$fam"
+  cp "$relu/model.safetensors" "$work/$fam/"
+  param=$([ "$fam" = fatrelu ] && echo ', "hidden_act_param": 0.1' || true)
+  sed -e "s/\"hidden_act\": *\"relu\"/\"hidden_act\": \"$fam\"$param/" "$relu/config.json" >"$work/$fam/config.json"
+  grep -q "\"$fam\"" "$work/$fam/config.json" || fail "could not write the $fam config"
+  for dt in f16 q4_0; do
+    "$native/cli/nl-layout" --quiet pack --model "$work/$fam" --dtype "$dt" --out "$work/${fam}_$dt.nlw"
+    for sel in gate dense; do
+      same_tokens "$work/${fam}_$dt.nlw" "tiny-relu as $fam $dt --select $sel" --prompt-tokens 1,100,200 --steps 24 \
+        --select "$sel" --gap 2 --cache-ratio 0.1
+    done
   done
 done
 # The C API's example program (examples/nl_run_example.c), static aarch64 under qemu: nl-run's native tokens.

@@ -46,6 +46,14 @@ def check(name, ok, detail=""):
     print(("PASS " if ok else "FAIL ") + name + ("" if ok else " " + detail))
 
 
+def generate_json(img, select):
+    """nl-run generate --json on the test prompt: the parsed JSON, or {"error": stderr}."""
+    r = subprocess.run([R, "generate", "--image", img, "--select", select, "--prompt-tokens",
+                        ",".join(map(str, prompt)), "--steps", str(steps), "--json", "-q"], capture_output=True,
+                       text=True)
+    return json.loads(r.stdout) if r.returncode == 0 else {"error": r.stderr.strip()}
+
+
 def edited_refused(img, what, edits):
     """Each (label, edit, message) of `edits` applied to a copy of img's manifest: nl-run must refuse it (exit 3)
     naming `message`."""
@@ -186,7 +194,7 @@ try:
                             "-q"], capture_output=True, text=True)
         check("%s: convert --to llama2c refused (exit 2)" % fam, r.returncode == 2 and fam in r.stderr,
               "exit %d: %s" % (r.returncode, r.stderr))
-        for dtype in ("f32", "f16", "q8_0"):
+        for dtype in ("f32", "f16", "bf16", "q8_0", "q4_0"):
             img = os.path.join(work, "%s_%s.nlw" % (fam, dtype))
             r = subprocess.run([L, "pack", "--model", fdir, "--dtype", dtype, "--out", img, "-q"], capture_output=True,
                                text=True)
@@ -217,8 +225,8 @@ try:
             check("%s %s: --select gate (overlap none / layer / both) and dense give the same tokens" % (fam, dtype),
                   all(v[0] == gen for v in runs.values()), str({k: v[0] for k, v in runs.items()}))
             want = ref.forward(fc, t, prompt + gen[:-1])[len(prompt) - 1:]
-            if dtype == "q8_0":
-                continue  # quantized activations: no float reference; the same tokens on every path above
+            if dtype not in ("f32", "f16"):
+                continue  # bf16 / quantized: the same tokens on every path above (the reference is checked at f16)
             tol = 1e-4 if dtype == "f32" else 2e-2
             err = max(float(np.max(np.abs(lg[i] - want[i])) / np.max(np.abs(want[i]))) for i in range(len(gen)))
             check("%s %s: logits within %g of the reference (max relative error %.2e)" % (fam, dtype, tol, err),
@@ -270,6 +278,10 @@ try:
             check("%s: the trace's sets give the gate's tokens and logits (max relative difference %.2e)" % (fam, diff),
                   jt["generated"] == gen and diff <= 1e-6, "%s vs %s" % (jt["generated"], gen))
             ta = jt["totals"]["active"]
+            jc = generate_json(img, "threshold:0.05")
+            check("%s: --select threshold:0.05 runs and reads no more than the exact sets (%s vs %d)" % (
+                fam, jc.get("totals", {}).get("active"), ta), jc.get("totals", {}).get("active", ta + 1) <= ta,
+                jc.get("error", ""))
             check("%s: --select gate reads the exact sets (%d neurons, the trace's %d)" % (fam, gate_active, ta),
                   ta == gate_active)
             if fam == "drelu":
