@@ -305,6 +305,27 @@ try:
                 edited_refused(img, "fatrelu", (
                     ("threshold edited", lambda m: m["model"].update(fatrelu_threshold=0.2), "image id"),
                     ("version 1.4", lambda m: m.update(version_minor=4), "format version 1.5")))
+    # MobiLlama-style CATS on a SiLU model (the same weights read as SiLU): per-layer thresholds calibrated to keep
+    # 30 % of the profile text's activations (nl-profile --activation calibrated:0.3), recorded by pack
+    # --act-threshold-from, run by --select threshold: the share kept on the prompt, the mass recall and the
+    # agreement with the exact run are reported.
+    sdir = os.path.join(work, "silu")
+    os.makedirs(sdir)
+    shutil.copy(os.path.join(model, "model.safetensors"), sdir)
+    json.dump(dict(cfg, hidden_act="silu"), open(os.path.join(sdir, "config.json"), "w"))
+    cal = os.path.join(work, "silu_cal.h5")
+    r = subprocess.run([P, "run", "--model", sdir, "--tokenizer", os.path.join(model, "tokenizer.model"), "--text",
+                        os.path.join(src, "README.md"), "--max-tokens", "2048", "--activation", "calibrated:0.3",
+                        "--out", cal, "-q"], capture_output=True, text=True)
+    simg = os.path.join(work, "silu_cats.nlw")
+    r = r if r.returncode else subprocess.run([L, "pack", "--model", sdir, "--dtype", "f16", "--act-threshold-from",
+                                               cal, "--out", simg, "-q"], capture_output=True, text=True)
+    js = generate_json(simg, "threshold") if r.returncode == 0 else {"error": r.stderr.strip()}
+    th = js.get("threshold", {})
+    kept = th.get("kept_fraction")
+    check("SiLU + CATS calibrated:0.3: --select threshold keeps %s of the neurons (mass recall %s, token agreement "
+          "with the exact run %s)" % (kept, th.get("mass_recall"), th.get("token_agreement")),
+          kept is not None and 0.1 < kept < 0.6, js.get("error", "") + str(th))
     print("check_logits_reference: %d passed, %d failed" % (passes, fails))
     sys.exit(1 if fails else 0)
 finally:
