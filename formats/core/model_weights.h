@@ -16,33 +16,18 @@
 #include <string>
 #include <vector>
 
+#include "formats/core/enum_names.h"
+
 namespace nl {
 
 enum class FfnAct : int { kSilu = 0, kRelu = 1, kFatRelu = 2, kDRelu = 3 };
 
 // The manifest's and config.json's names (hidden_act): silu, relu, fatrelu, drelu.
-inline const char* ffn_act_name(FfnAct a) {
-  switch (a) {
-    case FfnAct::kRelu:
-      return "relu";
-    case FfnAct::kFatRelu:
-      return "fatrelu";
-    case FfnAct::kDRelu:
-      return "drelu";
-    case FfnAct::kSilu:
-      break;
-  }
-  return "silu";
-}
+inline constexpr EnumName<FfnAct> kFfnActNames[] = {
+    {FfnAct::kSilu, "silu"}, {FfnAct::kRelu, "relu"}, {FfnAct::kFatRelu, "fatrelu"}, {FfnAct::kDRelu, "drelu"}};
+inline const char* ffn_act_name(FfnAct a) { return enum_name(kFfnActNames, a, "silu"); }
 // Parses ffn_act_name's names; false when `s` is none of them.
-inline bool ffn_act_parse(const std::string& s, FfnAct* out) {
-  for (FfnAct a : {FfnAct::kSilu, FfnAct::kRelu, FfnAct::kFatRelu, FfnAct::kDRelu})
-    if (s == ffn_act_name(a)) {
-      *out = a;
-      return true;
-    }
-  return false;
-}
+inline bool ffn_act_parse(const std::string& s, FfnAct* out) { return enum_parse(kFfnActNames, s, out); }
 // True when the activation gives exact zeros (every one but SiLU): a neuron with h = 0 adds nothing and is not read.
 inline bool ffn_act_sparse(FfnAct a) { return a != FfnAct::kSilu; }
 
