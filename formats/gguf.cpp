@@ -78,17 +78,8 @@ class HeaderReader {
   uint64_t pos() const { return pos_; }
   void read(void* dst, uint64_t n) {
     if (n > size_ || pos_ > size_ - n) throw InputError(path_, "the header runs past the end of the file (truncated?)");
-    char* p = static_cast<char*>(dst);
-    uint64_t at = pos_;
-    while (n > 0) {
-      const ssize_t r = ::pread(fd_, p, std::min<uint64_t>(n, 1u << 30), off_t(at));
-      if (r < 0) throw IoError(path_, errno_text("read"));
-      if (r == 0) throw InputError(path_, "file ends early (truncated)");
-      p += r;
-      at += uint64_t(r);
-      n -= uint64_t(r);
-    }
-    pos_ = at;
+    pread_exact(fd_, path_, pos_, dst, n);
+    pos_ += n;
   }
   template <class T>
   T get() {
@@ -418,7 +409,7 @@ class GgufSource : public ModelSource, public GgufTensors {
     const uint64_t rows_per = buf.size() / rb;
     for (uint64_t r0 = 0; r0 < want_rows; r0 += rows_per) {
       const uint64_t m = std::min(rows_per, want_rows - r0);
-      pread_all(data_start_ + t.offset + r0 * rb, buf.data(), m * rb);
+      pread_exact(fd_.fd, path_, data_start_ + t.offset + r0 * rb, buf.data(), m * rb);
       for (uint64_t r = 0; r < m; ++r) decode_row(t.type, buf.data() + r * rb, out.data() + (r0 + r) * n, n);
     }
     check_finite(path_, "tensor " + name, out.data(), out.size());
@@ -443,18 +434,6 @@ class GgufSource : public ModelSource, public GgufTensors {
       case kTypeQ4_0:
         dequantize_row_q4_0(reinterpret_cast<const BlockQ4_0*>(src), dst, size_t(n));
         return;
-    }
-  }
-
-  void pread_all(uint64_t off, void* dst, uint64_t n) {
-    char* p = static_cast<char*>(dst);
-    while (n > 0) {
-      const ssize_t r = ::pread(fd_.fd, p, std::min<uint64_t>(n, 1u << 30), off_t(off));
-      if (r < 0) throw IoError(path_, errno_text("read"));
-      if (r == 0) throw InputError(path_, "file ends early (truncated)");
-      p += r;
-      off += uint64_t(r);
-      n -= uint64_t(r);
     }
   }
 };

@@ -31,15 +31,8 @@ struct Fd {
 };
 
 void read_exact(int fd, const std::string& path, uint64_t& offset, void* dst, uint64_t n) {
-  char* p = static_cast<char*>(dst);
-  while (n > 0) {
-    ssize_t r = ::pread(fd, p, n > (1u << 30) ? (1u << 30) : n, off_t(offset));
-    if (r < 0) throw IoError(path, errno_text("read"));
-    if (r == 0) throw InputError(path, "file ends early (truncated)");
-    p += r;
-    n -= uint64_t(r);
-    offset += uint64_t(r);
-  }
+  pread_exact(fd, path, offset, dst, n);
+  offset += n;
 }
 
 void read_floats(int fd, const std::string& path, uint64_t& offset, std::vector<float>& v, uint64_t n) {

@@ -2,6 +2,8 @@
 // permuted export.
 #include "formats/model_source.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -83,6 +85,18 @@ void write_cols_permuted(AtomicWriter& out, const std::vector<float>& m, size_t 
     const float* in = m.data() + r * cols;
     for (size_t s = 0; s < cols; ++s) row[s] = in[order[s]];
     write_floats(out, row.data(), cols);
+  }
+}
+
+void pread_exact(int fd, const std::string& path, uint64_t offset, void* dst, uint64_t n) {
+  char* p = static_cast<char*>(dst);
+  while (n > 0) {
+    ssize_t r = ::pread(fd, p, n > (1u << 30) ? (1u << 30) : n, off_t(offset));
+    if (r < 0) throw IoError(path, errno_text("read"));
+    if (r == 0) throw InputError(path, "file ends early (truncated)");
+    p += r;
+    n -= uint64_t(r);
+    offset += uint64_t(r);
   }
 }
 

@@ -79,6 +79,10 @@ ModelWeights read_llama_dense(const ModelConfig& c, const std::string& source,
 // permutes (writing).
 std::vector<float> permute_rope_rows(const std::vector<float>& w, int n_heads, int head_dim, int cols, bool to_hf);
 
+// Reads exactly n bytes at `offset` of `fd` (the file `path`): IoError on a read error, InputError when the file ends
+// first. Every model reader's pread loop.
+void pread_exact(int fd, const std::string& path, uint64_t offset, void* dst, uint64_t n);
+
 // Shared by the sources' write_permuted (formats/ internals).
 // Throws UsageError unless `order` is empty or holds one permutation of 0..hidden_dim-1 per layer.
 void ffn_order_check(const std::vector<std::vector<uint32_t>>& order, const ModelConfig& c);

@@ -4,18 +4,16 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <cstring>
 #include <map>
 
 #include "formats/core/error.h"
-#include "formats/core/half.h"
 #include "formats/gguf.h"
-#include "formats/model_source.h"
-#include "formats/safetensors.h"
 
 namespace nl {
 
-PredictorFile::~PredictorFile() = default;
+PredictorFile::~PredictorFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
 
 // fc1 is [rank][dim], fc2 [hidden][rank]; the first fc1 sets the rank every other tensor must have.
 void PredictorFile::check_shape(const std::string& name, bool fc2, uint64_t rows, uint64_t cols, int layer) {
@@ -58,39 +56,16 @@ PredictorFile::PredictorFile(const std::string& path, const ModelConfig& c) : pa
         throw InputError(path, "tensor '" + name + "' is " + e.dtype + " (F32, F16 or BF16)");
       if (e.shape.size() != 2) throw InputError(path, "tensor '" + name + "' is not 2-D");
       check_shape(name, part == 1, e.shape[0], e.shape[1], l);
-      (part ? fc2_ : fc1_).push_back({e.dtype, e.begin, e.end});
+      (part ? fc2_ : fc1_).push_back(e);
     }
   }
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // last: nothing throws after it (the destructor closes it)
+  if (fd_ < 0) throw IoError(path, errno_text("open"));
 }
 
-void PredictorFile::read(const Tensor& t, const std::string& name, uint64_t n, std::vector<float>* out) const {
-  const uint64_t es = t.dtype == "F32" ? 4 : 2;
-  std::vector<uint8_t> raw(size_t(n * es));
-  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw IoError(path_, errno_text("open"));
-  uint64_t done = 0;
-  while (done < raw.size()) {
-    const ssize_t r = ::pread(fd, raw.data() + done, raw.size() - done, off_t(data_start_ + t.begin + done));
-    if (r <= 0) {
-      const std::string why = r < 0 ? errno_text("read") : "file ends early (truncated)";
-      ::close(fd);
-      if (r < 0) throw IoError(path_, why);
-      throw InputError(path_, why);
-    }
-    done += uint64_t(r);
-  }
-  ::close(fd);
+void PredictorFile::read(const SafetensorsEntry& e, uint64_t n, std::vector<float>* out) const {
   out->resize(size_t(n));
-  for (uint64_t k = 0; k < n; ++k) {
-    if (es == 4) {
-      std::memcpy(&(*out)[size_t(k)], raw.data() + 4 * k, 4);
-    } else {
-      uint16_t h;
-      std::memcpy(&h, raw.data() + 2 * k, 2);
-      (*out)[size_t(k)] = t.dtype == "F16" ? f16_to_f32(h) : bf16_to_f32(h);
-    }
-  }
-  check_finite(path_, "tensor " + name, out->data(), n);
+  safetensors_read_f32(fd_, path_, data_start_, e, 0, n, out->data());
 }
 
 void PredictorFile::read_layer(int layer, std::vector<float>* fc1, std::vector<float>* fc2) const {
@@ -100,8 +75,8 @@ void PredictorFile::read_layer(int layer, std::vector<float>* fc1, std::vector<f
     gguf_->load_tensor(pre + ".fc2.weight", uint64_t(c_.hidden_dim), uint64_t(rank_), *fc2);
     return;
   }
-  read(fc1_[size_t(layer)], pre + ".fc1.weight", uint64_t(rank_) * uint64_t(c_.dim), fc1);
-  read(fc2_[size_t(layer)], pre + ".fc2.weight", uint64_t(c_.hidden_dim) * uint64_t(rank_), fc2);
+  read(fc1_[size_t(layer)], uint64_t(rank_) * uint64_t(c_.dim), fc1);
+  read(fc2_[size_t(layer)], uint64_t(c_.hidden_dim) * uint64_t(rank_), fc2);
 }
 
 }  // namespace nl

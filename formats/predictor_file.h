@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "formats/core/model_weights.h"
+#include "formats/safetensors.h"
 
 namespace nl {
 
@@ -26,18 +27,16 @@ class PredictorFile {
   void read_layer(int layer, std::vector<float>* fc1, std::vector<float>* fc2) const;
 
  private:
-  struct Tensor {
-    std::string dtype;
-    uint64_t begin = 0, end = 0;
-  };
   std::string path_;
   ModelConfig c_;
   int rank_ = 0;
+  // A safetensors file: its entries per layer and its descriptor (opened once every entry passed its checks).
   uint64_t data_start_ = 0;
-  std::vector<Tensor> fc1_, fc2_;
+  std::vector<SafetensorsEntry> fc1_, fc2_;
+  int fd_ = -1;
   std::unique_ptr<GgufTensors> gguf_;  // a GGUF file: its tensors by name (fc1_ / fc2_ unused)
   void check_shape(const std::string& name, bool fc2, uint64_t rows, uint64_t cols, int layer);
-  void read(const Tensor& t, const std::string& name, uint64_t n, std::vector<float>* out) const;
+  void read(const SafetensorsEntry& e, uint64_t n, std::vector<float>* out) const;
 };
 
 }  // namespace nl

@@ -46,18 +46,6 @@ struct Fd {  // move-only: a copy would close the descriptor twice
   }
 };
 
-void pread_exact(int fd, const std::string& path, uint64_t offset, void* dst, uint64_t n) {
-  char* p = static_cast<char*>(dst);
-  while (n > 0) {
-    ssize_t r = ::pread(fd, p, n > (1u << 30) ? (1u << 30) : n, off_t(offset));
-    if (r < 0) throw IoError(path, errno_text("read"));
-    if (r == 0) throw InputError(path, "file ends early (truncated)");
-    p += r;
-    n -= uint64_t(r);
-    offset += uint64_t(r);
-  }
-}
-
 uint64_t dtype_bytes(const std::string& d) {
   if (d == "F32") return 4;
   if (d == "F16" || d == "BF16") return 2;
@@ -493,7 +481,6 @@ class SafetensorsSource : public ModelSource {
   std::string tensors_;  // model.safetensors, or the index of a sharded checkpoint (named in messages)
   std::vector<Shard> shards_;
   std::map<std::string, Located> entries_;
-  std::vector<char> raw_;
 
   size_t add_shard(const std::string& file) {
     shards_.emplace_back();
@@ -584,25 +571,12 @@ class SafetensorsSource : public ModelSource {
     return e;
   }
 
-  // Elements [first, first + n) of `e` as fp32.
   const Shard& shard_of(const SafetensorsEntry& e) const { return shards_[entries_.at(e.name).shard]; }
 
+  // Elements [first, first + n) of `e` as fp32.
   void read_f32(const SafetensorsEntry& e, uint64_t first, uint64_t n, float* dst) {
     const Shard& sh = shard_of(e);
-    if (e.dtype == "F32") {
-      pread_exact(sh.f.fd, sh.path, sh.data_start + e.begin + first * 4, dst, n * 4);
-      check_finite(sh.path, "tensor '" + e.name + "'", dst, n, first);
-      return;
-    }
-    raw_.resize(n * 2);
-    pread_exact(sh.f.fd, sh.path, sh.data_start + e.begin + first * 2, raw_.data(), n * 2);
-    const uint16_t* h = reinterpret_cast<const uint16_t*>(raw_.data());
-    if (e.dtype == "F16") {
-      for (uint64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
-    } else {
-      for (uint64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
-    }
-    check_finite(sh.path, "tensor '" + e.name + "'", dst, n, first);
+    safetensors_read_f32(sh.f.fd, sh.path, sh.data_start, e, first, n, dst);
   }
 
   void load(const std::string& name, uint64_t rows, uint64_t cols, std::vector<float>& dst) {
@@ -624,6 +598,22 @@ class SafetensorsSource : public ModelSource {
 };
 
 }  // namespace
+
+void safetensors_read_f32(int fd, const std::string& path, uint64_t data_start, const SafetensorsEntry& e,
+                          uint64_t first, uint64_t n, float* dst) {
+  if (e.dtype == "F32") {
+    pread_exact(fd, path, data_start + e.begin + first * 4, dst, n * 4);
+  } else {
+    std::vector<uint16_t> h(static_cast<size_t>(n));
+    pread_exact(fd, path, data_start + e.begin + first * 2, h.data(), n * 2);
+    if (e.dtype == "F16") {
+      for (uint64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[size_t(i)]);
+    } else {
+      for (uint64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[size_t(i)]);
+    }
+  }
+  check_finite(path, "tensor '" + e.name + "'", dst, n, first);
+}
 
 std::unique_ptr<ModelSource> open_safetensors_source(const std::string& path) {
   return std::make_unique<SafetensorsSource>(path);

@@ -27,6 +27,10 @@ struct SafetensorsEntry {
 // Parses and validates a safetensors header: header length within the file, JSON well formed, every entry with a
 // known dtype, offsets in range and matching its shape. Throws InputError naming the file.
 std::vector<SafetensorsEntry> safetensors_header(const std::string& path, uint64_t* data_start = nullptr);
+// Elements [first, first + n) of tensor `e` (F32, F16 or BF16) of the file `path` open as `fd`, whose data section
+// starts at `data_start`, widened to fp32 and checked finite (InputError naming the file and the tensor).
+void safetensors_read_f32(int fd, const std::string& path, uint64_t data_start, const SafetensorsEntry& e,
+                          uint64_t first, uint64_t n, float* dst);
 
 // Reads a checkpoint. `path` is the folder, its config.json, or its model.safetensors (config.json must sit
 // beside it). Supported: model_type llama|mistral (sliding_window), hidden_act silu|relu|fatrelu

@@ -114,8 +114,8 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
   pf_precision_.assign(size_t(c.n_layers), 0.0);
   if (o.select == SelectMode::kLowRank) {
     if (!ffn_act_sparse(c.act))
-      throw UsageError(
-          "--select lowrank predicts ReLU-family sparsity; this model's FFN activation is SiLU (every neuron fires)");
+      throw UsageError(std::string(o.stored_predictor ? "--select predictor" : "--select lowrank") +
+                       " predicts ReLU-family sparsity; this model's FFN activation is SiLU (every neuron fires)");
     if (o.lowrank_rank < 1) throw UsageError("--select lowrank:R needs R >= 1");
     if (o.stored_predictor) load_stored_predictor();
   }

@@ -80,8 +80,6 @@ Session::Session(std::unique_ptr<FlashImage> image, SessionOptions o) : img_(std
     if (!man.has_predictor())
       throw UsageError("--select predictor: " + img_->manifest_path() +
                        " has no stored predictor (nl-layout pack --predictor FILE stores one)");
-    if (!ffn_act_sparse(c.act))
-      throw UsageError("--select predictor predicts exact zeros; this model's FFN activation is SiLU");
     sel_.rank = man.predictor_rank;
   }
   const std::string overlap = o_.overlap != "auto" ? o_.overlap : man.replicated() ? "layer" : "both";
