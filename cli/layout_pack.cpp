@@ -513,7 +513,7 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
         p.is_object() && p.contains("bundle_bytes") && p["bundle_bytes"].is_number_unsigned()) {
       const uint64_t solved = p["bundle_bytes"].get<uint64_t>();
       const uint64_t here =
-          image_bundle_bytes(spec.dtype, synthetic && !whole ? shape.kind : spec.bundle_kind, size_t(w.config.dim));
+          image_bundle_bytes(spec.dtype, synthetic && !whole ? shape.kind : bundle_kind_of(w.config), size_t(w.config.dim));
       if (solved != 0 && solved != here)
         std::fprintf(stderr,
                      "nl-layout pack: warning: %s was solved for %llu-byte bundles, this %s image has %llu-byte "

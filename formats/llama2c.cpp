@@ -236,6 +236,8 @@ ModelWeights read_llama2c(const std::string& path) {
 
 void write_llama2c(const std::string& path, const ModelWeights& w) {
   const ModelConfig& c = w.config;
+  if (c.arch != ModelArch::kLlama)
+    throw UsageError(path + ": llama2.c files hold Llama models only, not " + model_arch_name(c.arch));
   if (c.sliding_window > 0)
     throw UsageError(path + ": llama2.c files cannot store a sliding attention window (Mistral; no field for it)");
   if (c.act != FfnAct::kSilu)

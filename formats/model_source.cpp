@@ -44,15 +44,19 @@ void ffn_permute(ModelWeights& w, const std::vector<std::vector<uint32_t>>& orde
   const size_t dim = size_t(w.config.dim), hid = size_t(w.config.hidden_dim);
   for (size_t l = 0; l < w.layers.size(); ++l) {
     LayerWeights& L = w.layers[l];
-    std::vector<float> g(L.w_gate.size()), u(L.w_up.size()), d(L.w_down.size());
-    for (size_t s = 0; s < hid; ++s) {
-      const size_t n = order[l][s];
-      std::copy_n(L.w_gate.data() + n * dim, dim, g.data() + s * dim);
-      std::copy_n(L.w_up.data() + n * dim, dim, u.data() + s * dim);
-      for (size_t o = 0; o < dim; ++o) d[o * hid + s] = L.w_down[o * hid + n];
-    }
-    L.w_gate.swap(g);
-    L.w_up.swap(u);
+    // Per neuron: its gate and up rows (gated FFNs), its fc1 bias (OPT) and its down column move together.
+    auto rows = [&](std::vector<float>& m, size_t cols) {
+      if (m.empty()) return;
+      std::vector<float> p(m.size());
+      for (size_t s = 0; s < hid; ++s) std::copy_n(m.data() + size_t(order[l][s]) * cols, cols, p.data() + s * cols);
+      m.swap(p);
+    };
+    rows(L.w_gate, dim);
+    rows(L.w_up, dim);
+    rows(L.b_up, 1);
+    std::vector<float> d(L.w_down.size());
+    for (size_t s = 0; s < hid; ++s)
+      for (size_t o = 0; o < dim; ++o) d[o * hid + s] = L.w_down[o * hid + order[l][s]];
     L.w_down.swap(d);
   }
 }
@@ -130,6 +134,7 @@ ModelWeights read_llama_dense(const ModelConfig& c, const std::string& source,
 ImageManifest image_write_source(const std::string& out, ModelSource& src, const ModelWeights& dense, ImageSpec spec,
                                  const ProgressFn& progress, StoredErrors* errors, const PredictorFile* predictor) {
   spec.config = src.config();
+  spec.bundle_kind = bundle_kind_of(spec.config);
   ImageWriter iw(out, std::move(spec));
   iw.set_progress(progress);
   iw.set_error_stats(errors);

@@ -130,6 +130,47 @@ T config_get(const json& j, const std::string& path, const char* key, const T* f
   }
 }
 
+// Reads an int config key in (0, 2^24].
+int config_int(const json& j, const std::string& path, const char* key, const int64_t* fallback) {
+  const int64_t v = config_get<int64_t>(j, path, key, fallback);
+  if (v <= 0 || v > (1 << 24))
+    throw InputError(path, std::string("key '") + key + "' = " + std::to_string(v) + " is out of range");
+  return int(v);
+}
+
+// OPT (transformers' configuration_opt.py / modeling_opt.py). Supported: the pre-LayerNorm models (every size but
+// 350M) with ReLU, biases and affine LayerNorms; refused by name otherwise.
+ModelConfig read_opt_config(const json& j, const std::string& path) {
+  ModelConfig c;
+  c.arch = ModelArch::kOpt;
+  c.act = FfnAct::kRelu;
+  c.dim = config_int(j, path, "hidden_size", nullptr);
+  c.hidden_dim = config_int(j, path, "ffn_dim", nullptr);
+  c.n_layers = config_int(j, path, "num_hidden_layers", nullptr);
+  c.n_heads = c.n_kv_heads = config_int(j, path, "num_attention_heads", nullptr);
+  c.vocab_size = config_int(j, path, "vocab_size", nullptr);
+  const int64_t max_pos = 2048, proj = c.dim;
+  c.seq_len = config_int(j, path, "max_position_embeddings", &max_pos);
+  c.norm_eps = 1e-5f;  // nn.LayerNorm's default: OPT's config has no key for it
+  const bool yes = true, no = false;
+  c.shared_classifier = config_get<bool>(j, path, "tie_word_embeddings", &yes);
+  if (config_int(j, path, "word_embed_proj_dim", &proj) != c.dim)
+    throw InputError(path, "word_embed_proj_dim != hidden_size (OPT-350M's project_in / project_out) is not supported");
+  if (!config_get<bool>(j, path, "do_layer_norm_before", &yes))
+    throw InputError(path, "do_layer_norm_before false (OPT-350M's post-LayerNorm block) is not supported");
+  if (config_get<bool>(j, path, "_remove_final_layer_norm", &no))
+    throw InputError(path, "_remove_final_layer_norm is not supported");
+  if (!config_get<bool>(j, path, "enable_bias", &yes) ||
+      !config_get<bool>(j, path, "layer_norm_elementwise_affine", &yes))
+    throw InputError(path, "OPT without biases or without LayerNorm weights (enable_bias / "
+                           "layer_norm_elementwise_affine false) is not supported");
+  const std::string relu = "relu";
+  const std::string act = config_get<std::string>(j, path, "activation_function", &relu);
+  if (act != "relu") throw InputError(path, "activation_function '" + act + "' is not supported (OPT: relu)");
+  if (std::string p = model_config_problem(c); !p.empty()) throw InputError(path, p);
+  return c;
+}
+
 ModelConfig read_config(const std::string& path) {
   json j;
   try {
@@ -140,9 +181,10 @@ ModelConfig read_config(const std::string& path) {
   if (!j.is_object()) throw InputError(path, "not a JSON object");
   const std::string llama = "llama";
   const std::string type = config_get<std::string>(j, path, "model_type", &llama);
+  if (type == "opt") return read_opt_config(j, path);
   // Mistral is the Llama block with sliding-window attention (modeling_mistral.py): read as Llama plus the window.
   if (type != "llama" && type != "mistral")
-    throw InputError(path, "model_type '" + type + "' is not supported (llama or mistral)");
+    throw InputError(path, "model_type '" + type + "' is not supported (llama, mistral or opt)");
   const std::string silu = "silu";
   const std::string act = config_get<std::string>(j, path, "hidden_act", &silu);
   ModelConfig c;
@@ -205,37 +247,90 @@ double float_for_json(float f) {
   return std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
 }
 
-// The writer's tensors (HF names, shapes) in its fixed order; offsets follow it, so the file is deterministic.
+// A checkpoint's tensors (HF names, shapes) in the writer's fixed order (offsets follow it, so the file is
+// deterministic), each with where ModelWeights holds it.
 struct HfTensor {
   std::string name;
   std::vector<uint64_t> shape;
-  int layer = -1;  // per-layer tensors: the layer (name = model.layers.{layer}.{part})
+  int layer = -1;  // per-layer tensors: the layer
   std::string part;
-  char ffn = 0;  // FFN matrices: 'g'ate, 'u'p, 'd'own
+  char ffn = 0;  // what a neuron order permutes: 'g'ate, 'u'p (rows), 'd'own (columns), 'b': fc1's bias (OPT)
+  std::vector<float> ModelWeights::*model_field = nullptr;  // layer < 0
+  std::vector<float> LayerWeights::*layer_field = nullptr;  // layer >= 0
+  bool rope_rows = false;  // q / k of a RoPE model: rows in rotate_half order on disk
+
+  std::vector<float>& in(ModelWeights& w) const {
+    return layer < 0 ? w.*model_field : w.layers[size_t(layer)].*layer_field;
+  }
+  const std::vector<float>& in(const ModelWeights& w) const {
+    return layer < 0 ? w.*model_field : w.layers[size_t(layer)].*layer_field;
+  }
 };
 
 std::vector<HfTensor> hf_tensor_list(const ModelConfig& c) {
   const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), hid = uint64_t(c.hidden_dim),
                  voc = uint64_t(c.vocab_size);
+  using MW = ModelWeights;
+  using LW = LayerWeights;
   std::vector<HfTensor> t;
-  t.push_back({"model.embed_tokens.weight", {voc, dim}, -1, "", 0});
-  for (int i = 0; i < c.n_layers; ++i) {
-    auto add = [&](const char* part, std::vector<uint64_t> shape, char ffn = 0) {
-      t.push_back({"model.layers." + std::to_string(i) + "." + part, std::move(shape), i, part, ffn});
-    };
-    add("input_layernorm.weight", {dim});
-    add("self_attn.q_proj.weight", {dim, dim});
-    add("self_attn.k_proj.weight", {kv, dim});
-    add("self_attn.v_proj.weight", {kv, dim});
-    add("self_attn.o_proj.weight", {dim, dim});
-    add("post_attention_layernorm.weight", {dim});
-    add("mlp.gate_proj.weight", {hid, dim}, 'g');
-    add("mlp.up_proj.weight", {hid, dim}, 'u');
-    add("mlp.down_proj.weight", {dim, hid}, 'd');
+  auto model = [&](std::string name, std::vector<uint64_t> shape, std::vector<float> MW::*f) {
+    t.push_back({std::move(name), std::move(shape), -1, "", 0, f, nullptr, false});
+  };
+  if (c.arch == ModelArch::kOpt) {  // modeling_opt.py's OPTForCausalLM state dict
+    const std::string pre = "model.decoder.";
+    model(pre + "embed_tokens.weight", {voc, dim}, &MW::tok_embeddings);
+    model(pre + "embed_positions.weight", {uint64_t(c.seq_len + kOptPositionOffset), dim}, &MW::pos_embeddings);
+    for (int i = 0; i < c.n_layers; ++i) {
+      auto add = [&](const char* part, std::vector<uint64_t> shape, std::vector<float> LW::*f, char ffn = 0) {
+        t.push_back({pre + "layers." + std::to_string(i) + "." + part, std::move(shape), i, part, ffn, nullptr, f,
+                     false});
+      };
+      add("self_attn.k_proj.weight", {kv, dim}, &LW::wk);
+      add("self_attn.k_proj.bias", {kv}, &LW::bk);
+      add("self_attn.v_proj.weight", {kv, dim}, &LW::wv);
+      add("self_attn.v_proj.bias", {kv}, &LW::bv);
+      add("self_attn.q_proj.weight", {dim, dim}, &LW::wq);
+      add("self_attn.q_proj.bias", {dim}, &LW::bq);
+      add("self_attn.out_proj.weight", {dim, dim}, &LW::wo);
+      add("self_attn.out_proj.bias", {dim}, &LW::bo);
+      add("self_attn_layer_norm.weight", {dim}, &LW::rms_att);
+      add("self_attn_layer_norm.bias", {dim}, &LW::att_norm_b);
+      add("fc1.weight", {hid, dim}, &LW::w_up, 'u');
+      add("fc1.bias", {hid}, &LW::b_up, 'b');
+      add("fc2.weight", {dim, hid}, &LW::w_down, 'd');
+      add("fc2.bias", {dim}, &LW::b_down);
+      add("final_layer_norm.weight", {dim}, &LW::rms_ffn);
+      add("final_layer_norm.bias", {dim}, &LW::ffn_norm_b);
+    }
+    model(pre + "final_layer_norm.weight", {dim}, &MW::rms_final);
+    model(pre + "final_layer_norm.bias", {dim}, &MW::final_norm_b);
+    if (!c.shared_classifier) model("lm_head.weight", {voc, dim}, &MW::wcls);
+    return t;
   }
-  t.push_back({"model.norm.weight", {dim}, -1, "", 0});
-  if (!c.shared_classifier) t.push_back({"lm_head.weight", {voc, dim}, -1, "", 0});
+  model("model.embed_tokens.weight", {voc, dim}, &MW::tok_embeddings);
+  for (int i = 0; i < c.n_layers; ++i) {
+    auto add = [&](const char* part, std::vector<uint64_t> shape, std::vector<float> LW::*f, char ffn = 0,
+                   bool rope = false) {
+      t.push_back({"model.layers." + std::to_string(i) + "." + part, std::move(shape), i, part, ffn, nullptr, f, rope});
+    };
+    add("input_layernorm.weight", {dim}, &LW::rms_att);
+    add("self_attn.q_proj.weight", {dim, dim}, &LW::wq, 0, true);
+    add("self_attn.k_proj.weight", {kv, dim}, &LW::wk, 0, true);
+    add("self_attn.v_proj.weight", {kv, dim}, &LW::wv);
+    add("self_attn.o_proj.weight", {dim, dim}, &LW::wo);
+    add("post_attention_layernorm.weight", {dim}, &LW::rms_ffn);
+    add("mlp.gate_proj.weight", {hid, dim}, &LW::w_gate, 'g');
+    add("mlp.up_proj.weight", {hid, dim}, &LW::w_up, 'u');
+    add("mlp.down_proj.weight", {dim, hid}, &LW::w_down, 'd');
+  }
+  model("model.norm.weight", {dim}, &MW::rms_final);
+  if (!c.shared_classifier) model("lm_head.weight", {voc, dim}, &MW::wcls);
   return t;
+}
+
+// The layer tensors' common prefix (what follows is "{layer}.").
+std::string hf_layers_prefix(const ModelConfig& c) {
+  return c.arch == ModelArch::kOpt ? "model.decoder.layers." : "model.layers.";
 }
 
 uint64_t hf_numel(const HfTensor& t) {
@@ -262,7 +357,32 @@ std::string hf_header_text(const std::vector<HfTensor>& tensors, TensorDtype dty
   return text;
 }
 
+std::string hf_torch_dtype(TensorDtype dtype) {
+  return dtype == TensorDtype::kF32 ? "float32" : dtype == TensorDtype::kF16 ? "float16" : "bfloat16";
+}
+
 std::string hf_config_text(const ModelConfig& c, TensorDtype dtype) {
+  if (c.arch == ModelArch::kOpt) {
+    const json cfg = {{"architectures", {"OPTForCausalLM"}},
+                      {"model_type", "opt"},
+                      {"hidden_size", c.dim},
+                      {"ffn_dim", c.hidden_dim},
+                      {"num_hidden_layers", c.n_layers},
+                      {"num_attention_heads", c.n_heads},
+                      {"vocab_size", c.vocab_size},
+                      {"max_position_embeddings", c.seq_len},
+                      {"word_embed_proj_dim", c.dim},
+                      {"do_layer_norm_before", true},
+                      {"activation_function", "relu"},
+                      {"enable_bias", true},
+                      {"layer_norm_elementwise_affine", true},
+                      {"tie_word_embeddings", c.shared_classifier},
+                      {"bos_token_id", 2},
+                      {"eos_token_id", 2},
+                      {"pad_token_id", 1},
+                      {"torch_dtype", hf_torch_dtype(dtype)}};
+    return cfg.dump(2) + "\n";
+  }
   const bool mistral = c.sliding_window > 0;  // the one Llama-block family with a window
   json cfg = {{"architectures", {mistral ? "MistralForCausalLM" : "LlamaForCausalLM"}},
               {"model_type", mistral ? "mistral" : "llama"},
@@ -279,9 +399,7 @@ std::string hf_config_text(const ModelConfig& c, TensorDtype dtype) {
               {"tie_word_embeddings", c.shared_classifier},
               {"bos_token_id", 1},
               {"eos_token_id", 2},
-              {"torch_dtype", dtype == TensorDtype::kF32   ? "float32"
-                              : dtype == TensorDtype::kF16 ? "float16"
-                                                           : "bfloat16"}};
+              {"torch_dtype", hf_torch_dtype(dtype)}};
   if (mistral) cfg["sliding_window"] = c.sliding_window;
   if (c.act == FfnAct::kFatRelu) cfg["hidden_act_param"] = float_for_json(c.fatrelu_threshold);
   return cfg.dump(2) + "\n";
@@ -404,6 +522,15 @@ class SafetensorsSource : public ModelSource {
   }
 
   ModelWeights read_dense() override {
+    if (config_.arch != ModelArch::kLlama) {  // OPT: by the tensor list (its fc1 bias is a dense tensor here)
+      ModelWeights w;
+      w.source = path_;
+      w.config = config_;
+      w.layers.resize(size_t(config_.n_layers));
+      for (const HfTensor& t : hf_tensor_list(config_))
+        if (t.ffn == 0 || t.ffn == 'b') load(t.name, t.shape[0], t.shape.size() > 1 ? t.shape[1] : 0, t.in(w));
+      return w;
+    }
     static const std::map<std::string, std::string> kNames = {{"embed", "model.embed_tokens.weight"},
                                                               {"attn_norm", "input_layernorm.weight"},
                                                               {"q", "self_attn.q_proj.weight"},
@@ -424,6 +551,12 @@ class SafetensorsSource : public ModelSource {
   }
 
   void read_ffn(int layer, LayerWeights* L) override {
+    if (config_.arch != ModelArch::kLlama) {
+      L->w_gate.clear();
+      for (const HfTensor& t : hf_tensor_list(config_))
+        if (t.layer == layer && (t.ffn == 'u' || t.ffn == 'd')) load(t.name, t.shape[0], t.shape[1], L->*t.layer_field);
+      return;
+    }
     const uint64_t dim = uint64_t(config_.dim), hid = uint64_t(config_.hidden_dim);
     const std::string pre = "model.layers." + std::to_string(layer) + ".";
     load(pre + "mlp.gate_proj.weight", hid, dim, L->w_gate);
@@ -446,7 +579,7 @@ class SafetensorsSource : public ModelSource {
     out.write(&hlen, 8);
     out.write(header);
     static const std::vector<uint32_t> identity;
-    const uint64_t total = 3 * uint64_t(config_.n_layers);
+    const uint64_t total = uint64_t(std::count_if(tensors.begin(), tensors.end(), [](const HfTensor& t) { return t.ffn; }));
     uint64_t done = 0;
     std::vector<float> m;
     for (const HfTensor& t : tensors) {
@@ -460,7 +593,7 @@ class SafetensorsSource : public ModelSource {
       if (t.ffn == 'd')
         write_cols_permuted(out, m, size_t(cols), perm);
       else
-        write_rows_permuted(out, m, size_t(cols), perm);
+        write_rows_permuted(out, m, size_t(std::max<uint64_t>(cols, 1)), perm);  // 'b': a vector, one per row
       if (progress) progress(++done, total);
     }
     out.commit();
@@ -538,7 +671,7 @@ class SafetensorsSource : public ModelSource {
   // A checkpoint holding layers past config.json's num_hidden_layers (an edited or mismatched config) would be read
   // as a shallower model with exit 0: refused, naming the first extra layer.
   void refuse_extra_layers(const std::string& config_path) const {
-    static const std::string pre = "model.layers.";
+    const std::string pre = hf_layers_prefix(config_);
     long extra = -1;
     for (const auto& [name, e] : entries_) {
       if (name.compare(0, pre.size(), pre) != 0) continue;
@@ -550,7 +683,7 @@ class SafetensorsSource : public ModelSource {
     }
     if (extra >= 0)
       throw InputError(config_path, "num_hidden_layers is " + std::to_string(config_.n_layers) + " but " + tensors_ +
-                                        " holds layer " + std::to_string(extra) + " (model.layers." +
+                                        " holds layer " + std::to_string(extra) + " (" + pre +
                                         std::to_string(extra) + ".*): the config does not describe this checkpoint");
   }
 
@@ -627,26 +760,15 @@ ModelWeights read_safetensors_model(const std::string& path) {
 void write_safetensors_model(const std::string& dir, const ModelWeights& w, TensorDtype dtype) {
   const ModelConfig& c = w.config;
   for (const auto& L : w.layers)
-    if (L.w_gate.empty()) throw UsageError(dir + ": the model's FFN weights are not in memory");
+    if (L.w_up.empty()) throw UsageError(dir + ": the model's FFN weights are not in memory");
   hf_dir_create(dir);
   const std::vector<HfTensor> tensors = hf_tensor_list(c);
-  // Each tensor's data in the writer's convention (q/k rows permuted back to HF's rotate_half order).
+  // Each tensor's data in the writer's convention (q/k rows of a RoPE model permuted back to HF's rotate_half order).
   auto data = [&](const HfTensor& t) -> std::vector<float> {
-    if (t.name == "model.embed_tokens.weight") return w.tok_embeddings;
-    if (t.name == "model.norm.weight") return w.rms_final;
-    if (t.name == "lm_head.weight") return w.wcls;
-    const LayerWeights& L = w.layers[size_t(t.layer)];
-    const std::string& part = t.part;
-    if (part == "input_layernorm.weight") return L.rms_att;
-    if (part == "self_attn.q_proj.weight") return permute_rope_rows(L.wq, c.n_heads, c.head_dim(), c.dim, true);
-    if (part == "self_attn.k_proj.weight") return permute_rope_rows(L.wk, c.n_kv_heads, c.head_dim(), c.dim, true);
-    if (part == "self_attn.v_proj.weight") return L.wv;
-    if (part == "self_attn.o_proj.weight") return L.wo;
-    if (part == "post_attention_layernorm.weight") return L.rms_ffn;
-    if (part == "mlp.gate_proj.weight") return L.w_gate;
-    if (part == "mlp.up_proj.weight") return L.w_up;
-    if (part == "mlp.down_proj.weight") return L.w_down;
-    throw InternalError("write_safetensors_model: no data for " + t.name);
+    const std::vector<float>& v = t.in(w);
+    if (!t.rope_rows) return v;
+    const int heads = t.layer_field == &LayerWeights::wq ? c.n_heads : c.n_kv_heads;
+    return permute_rope_rows(v, heads, c.head_dim(), c.dim, true);
   };
   AtomicWriter out((fs::path(dir) / "model.safetensors").string());
   const std::string htext = hf_header_text(tensors, dtype);

@@ -105,6 +105,20 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
       alias_.emplace_back();
     }
   }
+  if (c.has_biases() && o.select != SelectMode::kReplay) {
+    if (o.neuron_bias.size() != size_t(c.n_layers))
+      throw InternalError("FlashFfn: an " + std::string(model_arch_name(c.arch)) + " image needs fc1's biases");
+    for (int l = 0; l < c.n_layers; ++l) {
+      const float* b = o.neuron_bias[size_t(l)];
+      const auto& order = m_.order[size_t(l)];
+      const auto& firsts = first_slots_[size_t(l)];
+      std::vector<float> by_slot(order.size()), by_row(hidden);
+      for (size_t s = 0; s < order.size(); ++s) by_slot[s] = b[order[s]];
+      for (uint32_t r = 0; r < hidden; ++r) by_row[r] = b[order[firsts.empty() ? r : firsts[r]]];
+      slot_bias_.push_back(std::move(by_slot));
+      gate_bias_.push_back(std::move(by_row));
+    }
+  }
   // The selections that keep gate rows in DRAM read every FFN region below: the pinned bundles come from those bytes.
   pinned_from_regions_ =
       o.select == SelectMode::kGate || o.select == SelectMode::kLowRank || o.select == SelectMode::kThreshold;
@@ -120,20 +134,23 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
     if (o.stored_predictor) load_stored_predictor();
   }
   row_bytes_ = image_row_bytes(m_.dtype, size_t(c.dim));
+  down_off_ = size_t(bundle_parts(m_.bundle_kind) - 1) * row_bytes_;
+  // Plain bundles under a gated model's config are synthetic I/O-only images: nothing to compute.
+  const bool computable = m_.bundle_kind == bundle_kind_of(c);
   if (image_dtype_quantized(m_.dtype) && c.dim % kQuantBlock != 0)
     throw InputError(img_.manifest_path(), "dim " + std::to_string(c.dim) + " is not a multiple of 32 (" +
                                                image_dtype_name(m_.dtype) + " bundles)");
   if (o.select == SelectMode::kThreshold && o.act_threshold.size() != size_t(c.n_layers))
     throw UsageError("--select threshold needs one threshold per layer (" + std::to_string(c.n_layers) + ")");
   if (o.select == SelectMode::kTrace) {
-    if (m_.bundle_kind != BundleKind::kGated)
-      throw UsageError("--select trace needs a gated FFN image (this one has plain bundles)");
+    if (!computable) throw UsageError("--select trace needs a model's FFN (this image has plain bundles of a gated model: I/O only)");
     trace_active_.resize(size_t(c.n_layers));
   }
   if (o.select == SelectMode::kGate || o.select == SelectMode::kLowRank || o.select == SelectMode::kDense ||
       o.select == SelectMode::kThreshold) {
-    if (m_.bundle_kind != BundleKind::kGated)
-      throw UsageError("--select gate|dense|lowrank|threshold needs a gated FFN image (this one has plain bundles)");
+    if (!computable)
+      throw UsageError("--select gate|dense|lowrank|threshold needs a model's FFN (this image has plain bundles of a "
+                       "gated model: I/O only)");
     const size_t dim = size_t(c.dim);
     // One staging buffer for every layer's region (grown, never shrunk): a fresh one per layer took its page faults
     // again each time, ~6 ms per 1.9 MB layer of small-relu on the development host (a virtual machine).
@@ -145,7 +162,7 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
     const auto piece = [](size_t b) { return (b + 63) / 64 * 64; };
     const bool up_rows = selection_keeps_up_rows(o.select, c.act);
     const size_t layer_dram =
-        piece(o.select == SelectMode::kDense ? kernels::DenseBundles::bytes_for(m_.dtype, c.dim, int(hidden))
+        piece(o.select == SelectMode::kDense ? kernels::DenseBundles::bytes_for(m_.dtype, c.dim, int(hidden), m_.bundle_kind)
                                              : size_t(hidden) * row_bytes_ * (up_rows ? 2 : 1));
     ffn_dram_.resize_uninit(size_t(c.n_layers) * layer_dram);
     for (int l = 0; l < c.n_layers; ++l) {
@@ -160,7 +177,8 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
         lowrank_.push_back(lowrank_fit(g.data(), int(hidden), int(dim), o.lowrank_rank, 1 + uint64_t(l)));
       }
       if (o.select == SelectMode::kDense) {
-        dense_.emplace_back(m_.dtype, c.dim, int(hidden), buf.data(), size_t(m_.bundle_bytes), dram);
+        dense_.emplace_back(m_.dtype, c.dim, int(hidden), buf.data(), size_t(m_.bundle_bytes), dram, m_.bundle_kind,
+                            slot_bias_.empty() ? nullptr : slot_bias_[size_t(l)].data());
       } else {
         // Only the gate rows stay in DRAM, in the stored dtype; a replicated layer keeps its first copies' (row r is
         // the r-th first copy in slot order).
@@ -186,6 +204,13 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
   pinned_from_regions_ = false;  // from now on (make_caches again: a new run) pinned bundles are read
   for (const auto& w : pinned_wait_)
     if (!w.empty()) throw InternalError("pinned bundles listed for a region that was not read");
+}
+
+void FlashFfn::add_gate_bias(int layer, float* g, int n) const {
+  if (gate_bias_.empty()) return;
+  const std::vector<float>& b = gate_bias_[size_t(layer)];
+  for (int t = 0; t < n; ++t)
+    for (size_t r = 0; r < b.size(); ++r) g[size_t(t) * b.size() + r] += b[r];
 }
 
 void FlashFfn::replay_layer(int layer, const std::vector<uint32_t>& neurons) {
@@ -230,6 +255,7 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
   const ModelConfig& c = m_.config;
   const int dim = c.dim, hidden = c.hidden_dim;
   if (n_tokens > 1 && batch_.size() < size_t(n_tokens)) batch_.resize(size_t(n_tokens));
+  cur_slot_bias_ = slot_bias_.empty() ? nullptr : slot_bias_[size_t(layer)].data();
   if (opt_.select == SelectMode::kDense) {
     // Every token of the pass at once over the re-laid-out bundles (gate's numbers); the time split evenly.
     const auto t0 = Clock::now();
@@ -252,6 +278,7 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
     if (gates) {
       auto t0 = Clock::now();
       kernels::matmul(g_.data(), xq_, gate_view_[size_t(layer)], 1);
+      add_gate_bias(layer, g_.data(), 1);
       if (!up_view_.empty()) {
         u_.resize(size_t(hidden));
         kernels::matmul(u_.data(), xq_, up_view_[size_t(layer)], 1);

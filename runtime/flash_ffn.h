@@ -94,6 +94,12 @@ class FlashFfn : public FfnProvider {
   std::vector<std::unique_ptr<SlotCache>> caches_;
   std::vector<std::vector<uint32_t>> slot_of_;  // per layer: original neuron -> slot
   size_t row_bytes_ = 0;                        // one bundle part (gate row, up row or down column)
+  size_t down_off_ = 0;                         // a bundle's down column: after its gate and up rows, or its one row
+  // OPT: fc1's bias per layer, by gate row (gate_view_'s order: added to the gates) and by slot (bundles' own rows).
+  std::vector<std::vector<float>> gate_bias_, slot_bias_;
+  const float* cur_slot_bias_ = nullptr;  // the layer being computed's slot_bias_ (null: no biases)
+  // g [n][hidden] (the gate rows' outputs) += the layer's gate_bias_.
+  void add_gate_bias(int layer, float* g, int n) const;
   // Every layer's DRAM part of the FFN in one allocation (huge pages): the dense copies, or the gate rows ([slot] rows
   // per layer, stored dtype; gate / threshold / lowrank).
   AlignedBuffer ffn_dram_;

@@ -112,20 +112,8 @@ ModelWeights FlashImage::load_dense() {
     image_decode(t->dtype, buf.data() + t->offset, t->elems(), out->data());
     check_finite_weights(image_path_, name, *out);
   };
-  get("tok_embeddings", &w.tok_embeddings);
   w.layers.resize(size_t(c.n_layers));
-  for (int l = 0; l < c.n_layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    LayerWeights& lw = w.layers[size_t(l)];
-    get(p + "rms_att", &lw.rms_att);
-    get(p + "wq", &lw.wq);
-    get(p + "wk", &lw.wk);
-    get(p + "wv", &lw.wv);
-    get(p + "wo", &lw.wo);
-    get(p + "rms_ffn", &lw.rms_ffn);
-  }
-  get("rms_final", &w.rms_final);
-  if (!c.shared_classifier) get("wcls", &w.wcls);
+  for (const DenseTensorSpec& t : dense_tensor_specs(c)) get(t.name, &t.in(w));
   return w;
 }
 
@@ -158,15 +146,18 @@ std::unique_ptr<DenseStore> FlashImage::load_dense_store() {
     if (name != "tok_embeddings") kernels::q8_interleave_if_pays(&v);
     return v;
   };
-  auto norm = [&](const std::string& name) -> const float* {
-    const DenseTensor& t = find(name, 1, uint64_t(c.dim));
-    std::vector<float> v(size_t(c.dim));
+  auto norm = [&](const std::string& name, int n = 0) -> const float* {  // a vector of n (default dim) floats
+    if (n == 0) n = c.dim;
+    const DenseTensor& t = find(name, 1, uint64_t(n));
+    std::vector<float> v(static_cast<size_t>(n));
     image_decode(t.dtype, st->bytes.data() + t.offset, v.size(), v.data());
     check_finite_weights(image_path_, name, v);
     st->norms.push_back(std::move(v));
     return st->norms.back().data();
   };
-  st->norms.reserve(size_t(2 * c.n_layers + 1));  // pointers into it stay valid
+  size_t n_vectors = 0;
+  for (const DenseTensorSpec& t : dense_tensor_specs(c)) n_vectors += t.rows == 1;
+  st->norms.reserve(n_vectors);  // pointers into it stay valid
   ModelView& v = st->view;
   v.config = c;
   v.source = image_path_;
@@ -180,10 +171,26 @@ std::unique_ptr<DenseStore> FlashImage::load_dense_store() {
     lv.wv = matrix(p + "wv", c.kv_dim(), c.dim);
     lv.wo = matrix(p + "wo", c.dim, c.dim);
     lv.rms_ffn = norm(p + "rms_ffn");
+    if (c.has_biases()) {
+      lv.att_norm_b = norm(p + "att_norm_b");
+      lv.bq = norm(p + "bq");
+      lv.bk = norm(p + "bk", c.kv_dim());
+      lv.bv = norm(p + "bv", c.kv_dim());
+      lv.bo = norm(p + "bo");
+      lv.ffn_norm_b = norm(p + "ffn_norm_b");
+      lv.b_up = norm(p + "b_up", c.hidden_dim);
+      lv.b_down = norm(p + "b_down");
+    }
     v.layers.push_back(lv);
   }
   v.rms_final = norm("rms_final");
   v.classifier = c.shared_classifier ? v.tok_embeddings : matrix("wcls", c.vocab_size, c.dim);
+  if (c.has_biases()) {
+    const DenseTensor& t = find("pos_embeddings", uint64_t(c.seq_len + kOptPositionOffset), uint64_t(c.dim));
+    v.pos_embeddings = {t.dtype, st->bytes.data() + t.offset, c.seq_len + kOptPositionOffset, c.dim,
+                        image_row_bytes(t.dtype, size_t(c.dim))};  // rows read by dequantize_row: never interleaved
+    v.final_norm_b = norm("final_norm_b");
+  }
   return st;
 }
 

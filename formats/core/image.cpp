@@ -41,23 +41,8 @@ const DenseTensor* ImageManifest::find_tensor(const std::string& name) const {
 }
 
 std::vector<DenseTensor> image_dense_tensor_list(const ModelConfig& c, ImageDtype d) {
-  const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), vocab = uint64_t(c.vocab_size);
   std::vector<DenseTensor> v;
-  auto add = [&](std::string name, uint64_t rows, uint64_t cols) {
-    v.push_back({std::move(name), 0, rows, cols, image_dense_dtype(d, rows)});
-  };
-  add("tok_embeddings", vocab, dim);
-  for (int l = 0; l < c.n_layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    add(p + "rms_att", 1, dim);
-    add(p + "wq", dim, dim);
-    add(p + "wk", kv, dim);
-    add(p + "wv", kv, dim);
-    add(p + "wo", dim, dim);
-    add(p + "rms_ffn", 1, dim);
-  }
-  add("rms_final", 1, dim);
-  if (!c.shared_classifier) add("wcls", vocab, dim);
+  for (const DenseTensorSpec& t : dense_tensor_specs(c)) v.push_back({t.name, 0, t.rows, t.cols, image_dense_dtype(d, t.rows)});
   return v;
 }
 
@@ -116,6 +101,10 @@ uint64_t image_id_of(const ImageManifest& m) {
   if (c.sliding_window > 0) {  // 1.4 (kImageVersionMinorSlidingWindow); absent from other images' ids
     str("sliding_window");
     u64(uint64_t(c.sliding_window));
+  }
+  if (c.arch != ModelArch::kLlama) {  // 1.7 (kImageVersionMinorArch); absent from Llama images' ids
+    str("arch");
+    str(model_arch_name(c.arch));
   }
   if (c.act == FfnAct::kFatRelu) {  // 1.5 (kImageVersionMinorActivations)
     str("fatrelu_threshold");
@@ -254,6 +243,7 @@ std::string manifest_to_json(const ImageManifest& m) {
                 {"ffn_act", ffn_act_name(c.act)},
                 {"shared_classifier", c.shared_classifier}};
   if (c.sliding_window > 0) j["model"]["sliding_window"] = c.sliding_window;
+  if (c.arch != ModelArch::kLlama) j["model"]["arch"] = model_arch_name(c.arch);
   if (c.act == FfnAct::kFatRelu) j["model"]["fatrelu_threshold"] = double(c.fatrelu_threshold);
   j["dtype"] = image_dtype_name(m.dtype);
   j["bundle"] = {{"kind", bundle_kind_name(m.bundle_kind)}, {"bytes", m.bundle_bytes}};
@@ -355,6 +345,9 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
   if (!image_row_len_ok(m.dtype, size_t(c.dim)))
     bad(path, std::string(image_dtype_name(m.dtype)) + " needs dim to be a multiple of 32, the model has dim " +
                   std::to_string(c.dim));
+  if (c.arch == ModelArch::kOpt && m.bundle_kind != BundleKind::kPlain)
+    bad(path, "model.arch opt needs plain bundles (an fc1 row and an fc2 column per neuron), not " +
+                  std::string(bundle_kind_name(m.bundle_kind)));
   const uint64_t part = image_row_bytes(m.dtype, size_t(c.dim));
   const uint64_t want_bundle = image_bundle_bytes(m.dtype, m.bundle_kind, size_t(c.dim));
   if (m.bundle_bytes != want_bundle)
@@ -520,6 +513,13 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
         bad(path, std::string("model.") + k + " is out of range");
     c.rope_theta = mc.at("rope_theta").get<float>();
     c.norm_eps = mc.at("norm_eps").get<float>();
+    if (mc.contains("arch")) {  // 1.7: the block's architecture (absent: llama)
+      const std::string arch = need_str(mc, "arch", path, "model.");
+      if (!model_arch_parse(arch, &c.arch)) bad(path, "model.arch '" + arch + "' is not llama or opt");
+      if (c.arch != ModelArch::kLlama && m.version_major == 1 && m.version_minor < kImageVersionMinorArch)
+        bad(path, "model.arch " + arch + " needs format version 1." + std::to_string(kImageVersionMinorArch) +
+                      " (this manifest is 1." + std::to_string(m.version_minor) + ")");
+    }
     std::string act = need_str(mc, "ffn_act", path, "model.");
     if (!ffn_act_parse(act, &c.act)) bad(path, "model.ffn_act '" + act + "' is not silu, relu, fatrelu or drelu");
     if ((c.act == FfnAct::kFatRelu || c.act == FfnAct::kDRelu) && m.version_major == 1 &&

@@ -39,6 +39,9 @@ inline constexpr uint32_t kImageVersionMinorActivations = 5;
 // after the FFN regions, holding per layer fc1 [rank][dim] then fc2 [hidden][rank] (rows in the predictor's dtype,
 // fc2 rows in slot order); its rank and dtype covered by the id. Written only with a predictor.
 inline constexpr uint32_t kImageVersionMinorPredictor = 6;
+// Minor 7: `model.arch` opt (formats/core/model_weights.h: learned positions, LayerNorm and attention biases, a plain
+// FFN with fc1's bias among the dense tensors), covered by the id. Written only for OPT; Llama images keep their bytes.
+inline constexpr uint32_t kImageVersionMinorArch = 7;
 inline constexpr uint64_t kImageAlign = 4096;      // region alignment and the image's total size granularity
 inline constexpr uint32_t kImageHeaderBytes = 64;  // meaningful header bytes; the header block is kImageAlign
 inline constexpr char kImageMagic[8] = {'N', 'L', 'W', 'I', 'M', 'G', '\r', '\n'};
@@ -70,6 +73,8 @@ enum class BundleKind : int {
 };
 const char* bundle_kind_name(BundleKind k);
 inline int bundle_parts(BundleKind k) { return k == BundleKind::kGated ? 3 : 2; }
+// A real model's bundles: gated for the Llama family, plain for OPT.
+inline BundleKind bundle_kind_of(const ModelConfig& c) { return c.ffn_gated() ? BundleKind::kGated : BundleKind::kPlain; }
 // Bytes of one neuron bundle of a model of width `dim` stored in `d`: what a flash read of one neuron costs. The one
 // formula (pack writes it into the manifest, the manifest check and nl-layout --bundle-for use it).
 inline uint64_t image_bundle_bytes(ImageDtype d, BundleKind k, size_t dim) {

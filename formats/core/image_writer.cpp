@@ -22,9 +22,10 @@ double StoredError::rel_rms() const { return ref2 > 0 ? std::sqrt(err2 / ref2) :
 
 std::string dense_tensor_kind(const std::string& name) {
   const std::string leaf = name.substr(name.find_last_of('.') + 1);
-  if (leaf == "tok_embeddings") return "embeddings";
+  if (leaf == "tok_embeddings" || leaf == "pos_embeddings") return "embeddings";
   if (leaf == "wcls") return "classifier";
-  if (leaf.rfind("rms_", 0) == 0) return "norms";
+  if (leaf.rfind("rms_", 0) == 0 || leaf.find("norm_b") != std::string::npos) return "norms";
+  if (leaf == "b_up" || leaf == "b_down") return "ffn.bias";
   return "attention." + leaf;
 }
 
@@ -53,6 +54,8 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
   m_.image_file = base_name(image_path);
   m_.config = c;
   m_.dtype = spec.dtype;
+  if (!c.ffn_gated() && spec.bundle_kind != BundleKind::kPlain)
+    throw UsageError(std::string("cannot pack: an ") + model_arch_name(c.arch) + " model has plain bundles");
   m_.bundle_kind = spec.bundle_kind;
   m_.bundle_bytes = image_bundle_bytes(spec.dtype, spec.bundle_kind, size_t(c.dim));
   m_.tokenizer = spec.tokenizer;
@@ -112,6 +115,7 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
     if (replicated) throw UsageError("cannot pack: a stored predictor with a replicated layout is not supported");
     m_.version_minor = kImageVersionMinorPredictor;
   }
+  if (c.arch != ModelArch::kLlama) m_.version_minor = kImageVersionMinorArch;  // (it includes every earlier minor)
 
   // Fixed layout: header block, dense region, one region per layer, each aligned.
   m_.dense_tensors = image_dense_tensor_list(c, m_.dtype);
@@ -258,25 +262,16 @@ ImageManifest ImageWriter::commit() {
 }
 
 void image_add_dense_weights(ImageWriter& iw, const ModelWeights& w) {
-  auto put = [&](const std::string& name, const std::vector<float>& v) { iw.add_dense(name, v.data(), v.size()); };
-  put("tok_embeddings", w.tok_embeddings);
-  for (size_t l = 0; l < w.layers.size(); ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    const LayerWeights& lw = w.layers[l];
-    put(p + "rms_att", lw.rms_att);
-    put(p + "wq", lw.wq);
-    put(p + "wk", lw.wk);
-    put(p + "wv", lw.wv);
-    put(p + "wo", lw.wo);
-    put(p + "rms_ffn", lw.rms_ffn);
+  for (const DenseTensorSpec& t : dense_tensor_specs(w.config)) {
+    const std::vector<float>& v = t.in(w);
+    iw.add_dense(t.name, v.data(), v.size());
   }
-  put("rms_final", w.rms_final);
-  if (!w.config.shared_classifier) put("wcls", w.wcls);
 }
 
 ImageManifest image_write_model(const std::string& image_path, const ModelWeights& w, ImageSpec spec,
                                 const ProgressFn& progress) {
   spec.config = w.config;
+  if (!w.config.ffn_gated()) spec.bundle_kind = BundleKind::kPlain;  // (a Llama config may be written plain: I/O tests)
   ImageWriter iw(image_path, std::move(spec));
   iw.set_progress(progress);
   image_add_dense_weights(iw, w);

@@ -1,4 +1,4 @@
-// Llama-family model configuration and dense fp32 weights as plain arrays. Every model reader (llama2.c `.bin`,
+// Model configuration and dense fp32 weights as plain arrays (the Llama family and OPT). Every model reader (llama2.c `.bin`,
 // safetensors, the flash image) fills this struct and runtime/model computes with it; it lives in formats/core
 // so that both sides may include it without breaking the layering (docs/architecture.md).
 //
@@ -11,6 +11,10 @@
 //   fatrelu (ProSparse): gate_act = v if v > t else 0 (t = ModelConfig::fatrelu_threshold >= 0); drelu (TurboSparse):
 //   gate_act = up_act = max(v, 0). Every activation but silu gives exact zeros: a neuron fires (is needed) when its h
 //   is not 0, which the gate alone decides except for drelu (gate x > 0 and up x > 0).
+// - OPT (ModelArch::kOpt, Hugging Face modeling_opt.py with do_layer_norm_before): learned positions (row pos + 2 of
+//   pos_embeddings added to the token's embedding), LayerNorm with a bias (weight in rms_*, bias in *_norm_b), q/k/v/o
+//   with biases, no RoPE; a plain FFN h = relu(up x + b_up) (up = fc1), out = down h + b_down (down = fc2); w_gate
+//   stays empty. A neuron fires when up x + b_up > 0; its bundle is the fc1 row and the fc2 column (two vectors).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -19,6 +23,14 @@
 #include "formats/core/enum_names.h"
 
 namespace nl {
+
+// The block's architecture: Llama (RMSNorm, RoPE, gated FFN; Mistral, ProSparse, TurboSparse) or OPT.
+enum class ModelArch : int { kLlama = 0, kOpt = 1 };
+inline constexpr EnumName<ModelArch> kModelArchNames[] = {{ModelArch::kLlama, "llama"}, {ModelArch::kOpt, "opt"}};
+inline const char* model_arch_name(ModelArch a) { return enum_name(kModelArchNames, a, "llama"); }
+inline bool model_arch_parse(const std::string& s, ModelArch* out) { return enum_parse(kModelArchNames, s, out); }
+// OPT's learned positions: position p uses row p + kOptPositionOffset of the table (Hugging Face's offset 2).
+inline constexpr int kOptPositionOffset = 2;
 
 enum class FfnAct : int { kSilu = 0, kRelu = 1, kFatRelu = 2, kDRelu = 3 };
 
@@ -32,6 +44,7 @@ inline bool ffn_act_parse(const std::string& s, FfnAct* out) { return enum_parse
 inline bool ffn_act_sparse(FfnAct a) { return a != FfnAct::kSilu; }
 
 struct ModelConfig {
+  ModelArch arch = ModelArch::kLlama;
   int dim = 0;         // model width
   int hidden_dim = 0;  // FFN width (neurons per layer)
   int n_layers = 0;
@@ -48,6 +61,12 @@ struct ModelConfig {
   // earlier position (Llama).
   int sliding_window = 0;
 
+  // The FFN has a gate (Llama family: gate row, up row, down column per neuron); OPT's is plain (up row, down column).
+  bool ffn_gated() const { return arch == ModelArch::kLlama; }
+  // OPT: LayerNorm with biases, learned positions, attention and FFN biases (the tensors dense_tensor_specs adds).
+  bool has_biases() const { return arch == ModelArch::kOpt; }
+  // Rotary position embeddings (Llama family); OPT adds learned positions to the embedding instead.
+  bool rope() const { return arch == ModelArch::kLlama; }
   // The gate's zero threshold: gate_act(v) = 0 unless v > gate_floor() (relu / drelu 0, fatrelu t).
   float gate_floor() const { return act == FfnAct::kFatRelu ? fatrelu_threshold : 0.0f; }
   int head_dim() const { return n_heads ? dim / n_heads : 0; }
@@ -65,6 +84,13 @@ struct LayerWeights {
   std::vector<float> w_gate;   // [hidden][dim]
   std::vector<float> w_up;     // [hidden][dim]
   std::vector<float> w_down;   // [dim][hidden]
+  // OPT only (empty otherwise): the norms' biases, the attention biases, fc1's bias (one per neuron: stored with
+  // the dense tensors, in neuron order) and fc2's.
+  std::vector<float> att_norm_b, ffn_norm_b;  // [dim]
+  std::vector<float> bq, bo;                  // [dim]
+  std::vector<float> bk, bv;                  // [kv_dim]
+  std::vector<float> b_up;                    // [hidden]
+  std::vector<float> b_down;                  // [dim]
 };
 
 struct ModelWeights {
@@ -74,6 +100,8 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   std::vector<float> rms_final;  // [dim]
   std::vector<float> wcls;       // [vocab][dim]; empty when config.shared_classifier
+  std::vector<float> pos_embeddings;  // OPT: [seq_len + kOptPositionOffset][dim]
+  std::vector<float> final_norm_b;    // OPT: [dim]
 
   const float* classifier() const { return config.shared_classifier ? tok_embeddings.data() : wcls.data(); }
 };
@@ -91,7 +119,66 @@ inline std::string model_config_problem(const ModelConfig& c) {
                                 : c.fatrelu_threshold != 0.0f)
     return "the activation threshold must be finite and >= 0, and set only for fatrelu";
   if (c.sliding_window < 0) return "sliding_window must be positive (or absent)";
+  if (c.arch == ModelArch::kOpt &&
+      (c.act != FfnAct::kRelu || c.n_kv_heads != c.n_heads || c.sliding_window != 0))
+    return "OPT models have a ReLU FFN, one key/value head per query head and no attention window";
   return "";
+}
+
+// One dense (non-FFN-matrix) tensor: its name in images, its shape ([rows][cols]; rows 1: a vector, stored f32) and
+// where ModelWeights holds it. The one list of a model's dense tensors, in the image's order: the writer, the
+// readers and the size checks all walk it.
+struct DenseTensorSpec {
+  std::string name;
+  uint64_t rows = 0, cols = 0;
+  int layer = -1;                                         // -1: a model-level tensor
+  std::vector<float> ModelWeights::*model_field = nullptr;  // layer < 0
+  std::vector<float> LayerWeights::*layer_field = nullptr;  // layer >= 0
+
+  std::vector<float>& in(ModelWeights& w) const {
+    return layer < 0 ? w.*model_field : w.layers[size_t(layer)].*layer_field;
+  }
+  const std::vector<float>& in(const ModelWeights& w) const {
+    return layer < 0 ? w.*model_field : w.layers[size_t(layer)].*layer_field;
+  }
+  uint64_t elems() const { return rows * cols; }
+};
+
+inline std::vector<DenseTensorSpec> dense_tensor_specs(const ModelConfig& c) {
+  const uint64_t dim = uint64_t(c.dim), kv = uint64_t(c.kv_dim()), vocab = uint64_t(c.vocab_size);
+  const bool b = c.has_biases();
+  std::vector<DenseTensorSpec> v;
+  auto model = [&](const char* name, uint64_t rows, uint64_t cols, std::vector<float> ModelWeights::*f) {
+    v.push_back({name, rows, cols, -1, f, nullptr});
+  };
+  model("tok_embeddings", vocab, dim, &ModelWeights::tok_embeddings);
+  if (b) model("pos_embeddings", uint64_t(c.seq_len + kOptPositionOffset), dim, &ModelWeights::pos_embeddings);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    auto layer = [&](const char* name, uint64_t rows, uint64_t cols, std::vector<float> LayerWeights::*f) {
+      v.push_back({p + name, rows, cols, l, nullptr, f});
+    };
+    layer("rms_att", 1, dim, &LayerWeights::rms_att);
+    if (b) layer("att_norm_b", 1, dim, &LayerWeights::att_norm_b);
+    layer("wq", dim, dim, &LayerWeights::wq);
+    if (b) layer("bq", 1, dim, &LayerWeights::bq);
+    layer("wk", kv, dim, &LayerWeights::wk);
+    if (b) layer("bk", 1, kv, &LayerWeights::bk);
+    layer("wv", kv, dim, &LayerWeights::wv);
+    if (b) layer("bv", 1, kv, &LayerWeights::bv);
+    layer("wo", dim, dim, &LayerWeights::wo);
+    if (b) layer("bo", 1, dim, &LayerWeights::bo);
+    layer("rms_ffn", 1, dim, &LayerWeights::rms_ffn);
+    if (b) {
+      layer("ffn_norm_b", 1, dim, &LayerWeights::ffn_norm_b);
+      layer("b_up", 1, uint64_t(c.hidden_dim), &LayerWeights::b_up);
+      layer("b_down", 1, dim, &LayerWeights::b_down);
+    }
+  }
+  model("rms_final", 1, dim, &ModelWeights::rms_final);
+  if (b) model("final_norm_b", 1, dim, &ModelWeights::final_norm_b);
+  if (!c.shared_classifier) model("wcls", vocab, dim, &ModelWeights::wcls);
+  return v;
 }
 
 }  // namespace nl

@@ -17,16 +17,19 @@ kernels::BundleAct FlashFfn::bundle_act(GateFrom from) const {
                                              : kernels::BundleGate::kSilu;
   a.floor = m_.config.gate_floor();
   a.up_relu = m_.config.act == FfnAct::kDRelu;
+  a.plain = m_.bundle_kind == BundleKind::kPlain;
   return a;
 }
 
 void FlashFfn::coefficients(size_t j0, size_t j1, const uint32_t* ids, GateFrom from) {
   // kernels::ffn_bundles's first phase, number for number: h_k = g_k * u_k, zero when g_k is zero.
-  const kernels::BundleAct act = bundle_act(from);
+  kernels::BundleAct act = bundle_act(from);
   const void* xr = xq_.row(xrow_);
   constexpr size_t kC = kernels::kBundleChunk;
   const uint8_t* b[kC];
-  float g[kC], h[kC];
+  float g[kC], h[kC], bias[kC];
+  const bool own_bias = cur_slot_bias_ && from != GateFrom::kGiven;  // plain bundles' own rows: fc1's bias
+  if (own_bias) act.bias = bias;
   size_t ks[kC];
   auto index = [&](size_t j) { return ids ? size_t(ids[j]) : j; };  // position j of the range -> active index
   for (size_t c = j0; c < j1; c += kC) {
@@ -35,6 +38,7 @@ void FlashFfn::coefficients(size_t j0, size_t j1, const uint32_t* ids, GateFrom 
       const size_t k = ks[i] = index(c + i);
       b[i] = bundles_[k];
       if (from == GateFrom::kGiven) g[i] = g_by_slot_[active_[k]];
+      if (own_bias) bias[i] = cur_slot_bias_[active_[k]];
     }
     if (c + kC < j1) {  // the next chunk's first bundles, requested while this one is computed
       const uint8_t* nb[kernels::kRowBlock];
@@ -64,7 +68,7 @@ void FlashFfn::compute_range(int layer, size_t k0, size_t k1, GateFrom from, flo
   for (size_t k = k0; k < k1; ++k)
     if (from != GateFrom::kBundleSparse || h_[k] != 0.0f) {
       hd_.push_back(h_[k]);
-      downs_.push_back(bundles_[k] + 2 * row_bytes_);
+      downs_.push_back(bundles_[k] + down_off_);
     }
   kernels::down_project(m_.dtype, out, m_.config.dim, hd_.data(), downs_.data(), int(hd_.size()), accumulate);
 }
@@ -80,6 +84,7 @@ void FlashFfn::ffn_block(int layer, int n, const float* x, float* out) {
     blk_g_.resize(size_t(n) * size_t(hidden));
     auto t0 = Clock::now();
     kernels::matmul(blk_g_.data(), xq_, gate_view_[size_t(layer)], n);
+    add_gate_bias(layer, blk_g_.data(), n);
     if (!up_view_.empty()) {
       blk_u_.resize(size_t(n) * size_t(hidden));
       kernels::matmul(blk_u_.data(), xq_, up_view_[size_t(layer)], n);

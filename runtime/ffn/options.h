@@ -85,6 +85,9 @@ struct FlashFfnOptions {
   // --verify-reads: every bundle read from the image after start-up is hashed (xxh3-64) and compared with the table
   // FlashImage::bundle_sums() built at start-up from checksummed regions; a mismatch is InputError (exit 3).
   bool verify_reads = false;
+  // OPT (ModelConfig::has_biases): per layer fc1's bias [hidden] in neuron order (LayerView::b_up; borrowed for the
+  // constructor only). Every mode that computes needs it; replay does not.
+  std::vector<const float*> neuron_bias;
 };
 
 // Threshold selection: the |act(gate x)| mass and the neuron count the threshold keeps against all neurons (gate

@@ -378,7 +378,7 @@ void FlashFfn::overlap_compute_batch(OverlapRun& r, const OverlapBatch& b) {
     for (size_t i = r.k0; i < b.k1; ++i)
       if (r.from != GateFrom::kBundleSparse || h_[i] != 0.0f) {
         hd_.push_back(h_[i]);
-        downs_.push_back(bundles_[i] + 2 * row_bytes_);
+        downs_.push_back(bundles_[i] + down_off_);
       }
     kernels::down_project(m_.dtype, r.out, dim, hd_.data(), downs_.data(), int(hd_.size()), !r.first);
   } else {

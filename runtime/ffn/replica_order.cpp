@@ -45,7 +45,7 @@ void FlashFfn::compute_ordered(int layer, size_t k0, size_t k1, GateFrom from, f
                                bool coefficients) {
   for (size_t k = k0; k < k1; ++k) {
     if (coefficients) bundles_[k] = bundle(layer, active_[k]);
-    down_of_[k] = bundles_[k] + 2 * row_bytes_;
+    down_of_[k] = bundles_[k] + down_off_;
   }
   if (coefficients) coefficients_parallel(k0, k1, from);
   // Every index landed so far (< k1) whose turn came, in first-copy order, kept as compute_range keeps them.

@@ -54,6 +54,7 @@ void FlashFfn::predict_scores(int layer, const float* x) {
     const LowRankFactors& f = lowrank_[size_t(layer)];
     tmp_.resize(size_t(f.rank));
     f.predict(x, score_.data(), tmp_.data());
+    add_gate_bias(layer, score_.data(), 1);  // the fit is of the gate rows (slot order: lowrank is unreplicated)
     return;
   }
   const WeightView& fc1 = pred_fc1_[size_t(layer)];

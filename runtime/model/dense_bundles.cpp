@@ -33,8 +33,10 @@ constexpr int kParallelAct = 4096;
 }  // namespace
 
 DenseBundles::DenseBundles(ImageDtype dt, int dim, int hidden, const uint8_t* bundles, size_t bundle_bytes,
-                           uint8_t* storage)
-    : dt_(dt), dim_(dim), hidden_(hidden), rb_(image_row_bytes(dt, size_t(dim))) {
+                           uint8_t* storage, BundleKind kind, const float* bias)
+    : dt_(dt), dim_(dim), hidden_(hidden), kind_(kind), rb_(image_row_bytes(dt, size_t(dim))) {
+  if (bias) bias_.assign(bias, bias + hidden);
+  const int rows = bundle_parts(kind) - 1;  // gate and up rows, or the plain bundle's one row
   if (!storage) {
     own_.resize_uninit(bytes());  // huge pages when large (streamed whole per token: fewer TLB misses)
     storage = own_.data();
@@ -42,7 +44,7 @@ DenseBundles::DenseBundles(ImageDtype dt, int dim, int hidden, const uint8_t* bu
   data_ = storage;
   uint8_t* gate = data_;
   uint8_t* up = gate + size_t(hidden) * rb_;
-  size_t off = 2 * size_t(hidden) * rb_;
+  size_t off = size_t(rows) * size_t(hidden) * rb_;
   chunk_ = down_chunk(dim);
   for (int o0 = 0; o0 < dim; o0 += chunk_) {
     const int o1 = std::min(dim, o0 + chunk_);
@@ -50,17 +52,16 @@ DenseBundles::DenseBundles(ImageDtype dt, int dim, int hidden, const uint8_t* bu
     chunk_off_.push_back(off);
     chunk_cb_.push_back(cb);
     for (int s = 0; s < hidden; ++s)
-      std::memcpy(data_ + off + size_t(s) * cb, bundles + size_t(s) * bundle_bytes + 2 * rb_ + skip, cb);
+      std::memcpy(data_ + off + size_t(s) * cb, bundles + size_t(s) * bundle_bytes + size_t(rows) * rb_ + skip, cb);
     off += size_t(hidden) * cb;
   }
   if (off != bytes()) throw InternalError("DenseBundles: the down chunks do not fill the buffer");  // it is unzeroed
-  for (int s = 0; s < hidden; ++s) {
-    std::memcpy(gate + size_t(s) * rb_, bundles + size_t(s) * bundle_bytes, rb_);
-    std::memcpy(up + size_t(s) * rb_, bundles + size_t(s) * bundle_bytes + rb_, rb_);
-  }
+  for (int s = 0; s < hidden; ++s)
+    for (int r = 0; r < rows; ++r)
+      std::memcpy((r == 0 ? gate : up) + size_t(s) * rb_, bundles + size_t(s) * bundle_bytes + size_t(r) * rb_, rb_);
   WeightView g = this->gate(), u = this->up();
   if (q8_interleave_if_pays(&g)) {  // the copies are ours: the active path's fastest layout
-    q8_interleave(&u);
+    if (!u.empty()) q8_interleave(&u);
     x8_ = true;
   }
 }
@@ -101,7 +102,13 @@ void DenseBundles::ffn(const float* x, int n, const ModelConfig& c, float* out) 
   sc.h.resize(total);
   sc.xq.prepare(dt_, x, n, dim_);
   matmul(sc.g.data(), sc.xq, gate(), n);
-  matmul(sc.u.data(), sc.xq, up(), n);
+  if (plain()) {  // OPT: h = relu(up x + b), the gated path's numbers for a plain bundle
+    parallel_for(long(total), total >= size_t(kParallelAct), [&](long i) {
+      const float v = sc.g[size_t(i)] + (bias_.empty() ? 0.0f : bias_[size_t(i) % hid]);
+      sc.h[size_t(i)] = v > 0.0f ? v : 0.0f;
+    });
+  } else {
+    matmul(sc.u.data(), sc.xq, up(), n);
   // The gated path's numbers: the sparse activations list neurons with gate > floor (ReLU / dReLU 0, FATReLU t); SiLU
   // lists every neuron with act = v / (1 + e^-v); h = g * u (0 when g is 0; dReLU: u through max(., 0)). A neuron
   // with h = 0 adds exactly nothing to a sum, so it is left out.
@@ -117,6 +124,7 @@ void DenseBundles::ffn(const float* x, int n, const ModelConfig& c, float* out) 
       a = g / (1.0f + std::exp(-g));
     sc.h[size_t(i)] = a == 0.0f ? 0.0f : a * u;
   });
+  }
   sc.down.prepare(sc.h.data(), hid, hidden_, n);
   // Down: chunks of outputs split over threads, each chunk's slices contiguous; every output summed by one call in
   // slot order over the neurons with h != 0, whatever the split (down_tokens: several tokens per weight load).

@@ -352,6 +352,16 @@ void rmsnorm(float* out, const float* x, const float* g, int n, float eps) {
   for (int i = 0; i < n; ++i) out[i] = g[i] * (scale * x[i]);
 }
 
+void layernorm(float* out, const float* x, const float* g, const float* b, int n, float eps) {
+  float sum = 0.0f;
+  for (int i = 0; i < n; ++i) sum += x[i];
+  const float mean = sum / float(n);
+  float ss = 0.0f;
+  for (int i = 0; i < n; ++i) ss += (x[i] - mean) * (x[i] - mean);
+  const float scale = 1.0f / std::sqrt(ss / float(n) + eps);
+  for (int i = 0; i < n; ++i) out[i] = g[i] * (scale * (x[i] - mean)) + b[i];
+}
+
 void softmax(float* x, int n) {
   float mx = x[0];
   for (int i = 1; i < n; ++i) mx = x[i] > mx ? x[i] : mx;

@@ -1,4 +1,4 @@
-// The Llama-family forward pass over ModelWeights: one implementation for a block of n tokens, so the
+// The forward pass (Llama family and OPT) over ModelWeights: one implementation for a block of n tokens, so the
 // single-token path (n = 1) and the sequence path compute each token with exactly the same operations.
 #include "runtime/model/model.h"
 
@@ -28,31 +28,21 @@ std::string size_problem(const char* name, size_t have, size_t want) {
 std::string model_weights_problem(const ModelWeights& w, bool need_ffn) {
   const ModelConfig& c = w.config;
   if (std::string p = model_config_problem(c); !p.empty()) return p;
-  const size_t dim = size_t(c.dim), kv = size_t(c.kv_dim()), hid = size_t(c.hidden_dim), voc = size_t(c.vocab_size);
-  std::string p;
-  auto chk = [&p](const char* name, size_t have, size_t want) {
-    if (p.empty()) p = size_problem(name, have, want);
-  };
-  chk("token embedding", w.tok_embeddings.size(), voc * dim);
-  chk("final norm", w.rms_final.size(), dim);
-  if (!c.shared_classifier) chk("classifier", w.wcls.size(), voc * dim);
   if (w.layers.size() != size_t(c.n_layers))
     return "has " + std::to_string(w.layers.size()) + " layers, config says " + std::to_string(c.n_layers);
+  for (const DenseTensorSpec& t : dense_tensor_specs(c))
+    if (std::string p = size_problem(t.name.c_str(), t.in(w).size(), size_t(t.elems())); !p.empty()) return p;
+  const size_t dim = size_t(c.dim), hid = size_t(c.hidden_dim);
   for (const LayerWeights& l : w.layers) {
-    chk("attention norm", l.rms_att.size(), dim);
-    chk("wq", l.wq.size(), dim * dim);
-    chk("wk", l.wk.size(), kv * dim);
-    chk("wv", l.wv.size(), kv * dim);
-    chk("wo", l.wo.size(), dim * dim);
-    chk("ffn norm", l.rms_ffn.size(), dim);
     const bool empty_ffn = l.w_gate.empty() && l.w_up.empty() && l.w_down.empty();
     if (need_ffn || !empty_ffn) {
-      chk("gate", l.w_gate.size(), hid * dim);
-      chk("up", l.w_up.size(), hid * dim);
-      chk("down", l.w_down.size(), dim * hid);
+      std::string p = size_problem("gate", l.w_gate.size(), c.ffn_gated() ? hid * dim : 0);
+      if (p.empty()) p = size_problem("up", l.w_up.size(), hid * dim);
+      if (p.empty()) p = size_problem("down", l.w_down.size(), dim * hid);
+      if (!p.empty()) return p;
     }
   }
-  return p;
+  return "";
 }
 
 void DenseFfn::ffn(int layer, int pos0, int n, const float* x, float* out, FfnObserver* observer) {
@@ -62,6 +52,16 @@ void DenseFfn::ffn(int layer, int pos0, int n, const float* x, float* out, FfnOb
   if (gate_.size() < total) {
     gate_.resize(total);
     up_.resize(total);
+  }
+  if (!c.ffn_gated()) {  // OPT: h = relu(up x + b_up)
+    kernels::matmul(up_.data(), x, L.w_up.data(), n, c.dim, c.hidden_dim);
+    for (size_t i = 0; i < total; ++i) {
+      const float v = up_[i] + L.b_up[i % hid];
+      up_[i] = v > 0.0f ? v : 0.0f;
+    }
+    if (observer) observer->on_ffn(layer, pos0, n, up_.data(), up_.data());
+    kernels::matmul_acc64(out, up_.data(), L.w_down.data(), n, c.hidden_dim, c.dim);
+    return;
   }
   kernels::matmul(gate_.data(), x, L.w_gate.data(), n, c.dim, c.hidden_dim);
   kernels::matmul(up_.data(), x, L.w_up.data(), n, c.dim, c.hidden_dim);
@@ -175,6 +175,28 @@ void Model::pass(const int* tokens, int n, int pos0, float* logits, bool last_on
   const float att_scale = 1.0f / std::sqrt(float(hd));
 
   for (int t = 0; t < n; ++t) kernels::dequantize_row(v_.tok_embeddings, tokens[t], x_.data() + size_t(t) * dim);
+  if (c.has_biases())  // OPT: the learned position's row, offset 2
+    for (int t = 0; t < n; ++t) {
+      kernels::dequantize_row(v_.pos_embeddings, pos0 + t + kOptPositionOffset, tmp_.data());
+      for (int i = 0; i < dim; ++i) x_[size_t(t) * dim + i] += tmp_[size_t(i)];
+    }
+  // RMSNorm, or OPT's LayerNorm with its bias, of every token's row of x_ into xb_.
+  auto norm = [&](const float* g, const float* b) {
+    for (int t = 0; t < n; ++t) {
+      float* o = xb_.data() + size_t(t) * dim;
+      const float* in = x_.data() + size_t(t) * dim;
+      if (b)
+        kernels::layernorm(o, in, g, b, dim, c.norm_eps);
+      else
+        kernels::rmsnorm(o, in, g, dim, c.norm_eps);
+    }
+  };
+  // y[t][i] += bias[i] for t < n (OPT's biases; nothing when bias is null).
+  auto add_bias = [n](float* y, const float* bias, int width) {
+    if (!bias) return;
+    for (int t = 0; t < n; ++t)
+      for (int i = 0; i < width; ++i) y[size_t(t) * width + i] += bias[i];
+  };
 
   if (!ffn_) throw UsageError(v_.source + ": the model has no FFN weights in memory and no FFN provider is set");
   const size_t att_stride = size_t(pos0 + n);
@@ -183,12 +205,10 @@ void Model::pass(const int* tokens, int n, int pos0, float* logits, bool last_on
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerView& L = v_.layers[size_t(l)];
     if (ffn_->wants_layer_input()) {
-      for (int t = 0; t < n; ++t)
-        kernels::rmsnorm(xb_.data() + size_t(t) * dim, x_.data() + size_t(t) * dim, L.rms_ffn, dim, c.norm_eps);
+      norm(L.rms_ffn, L.ffn_norm_b);
       ffn_->layer_start(l, pos0, n, xb_.data());
     }
-    for (int t = 0; t < n; ++t)
-      kernels::rmsnorm(xb_.data() + size_t(t) * dim, x_.data() + size_t(t) * dim, L.rms_att, dim, c.norm_eps);
+    norm(L.rms_att, L.att_norm_b);
     if (image_dtype_quantized(L.wq.dtype) && L.wk.dtype == L.wq.dtype && L.wv.dtype == L.wq.dtype) {
       // One quantization of the activations for the three products (the numbers matmul(x) would prepare itself).
       kernels::PreparedX& xq = *xq_;
@@ -201,8 +221,11 @@ void Model::pass(const int* tokens, int n, int pos0, float* logits, bool last_on
       kernels::matmul(k_.data(), xb_.data(), L.wk, n);
       kernels::matmul(vv_.data(), xb_.data(), L.wv, n);
     }
+    add_bias(q_.data(), L.bq, dim);
+    add_bias(k_.data(), L.bk, kv_dim);
+    add_bias(vv_.data(), L.bv, kv_dim);
 
-    // RoPE on interleaved pairs, then append k and v to the cache.
+    // RoPE on interleaved pairs (Llama family), then append k and v to the cache.
     float* kc = key_cache_.data() + size_t(l) * max_seq_ * kv_dim;
     float* vc = value_cache_.data() + size_t(l) * max_seq_ * kv_dim;
     for (int t = 0; t < n; ++t) {
@@ -216,8 +239,10 @@ void Model::pass(const int* tokens, int n, int pos0, float* logits, bool last_on
           vec[i + 1] = v0 * sn[j] + v1 * cs[j];
         }
       };
-      rotate(q_.data() + size_t(t) * dim, dim);
-      rotate(k_.data() + size_t(t) * kv_dim, kv_dim);
+      if (c.rope()) {
+        rotate(q_.data() + size_t(t) * dim, dim);
+        rotate(k_.data() + size_t(t) * kv_dim, kv_dim);
+      }
       std::copy_n(k_.data() + size_t(t) * kv_dim, kv_dim, kc + size_t(pos0 + t) * kv_dim);
       std::copy_n(vv_.data() + size_t(t) * kv_dim, kv_dim, vc + size_t(pos0 + t) * kv_dim);
     }
@@ -251,18 +276,25 @@ void Model::pass(const int* tokens, int n, int pos0, float* logits, bool last_on
     } else {
       kernels::matmul(tmp_.data(), att_out_.data(), L.wo, n);
     }
+    add_bias(tmp_.data(), L.bo, dim);
     for (size_t i = 0; i < size_t(n) * dim; ++i) x_[i] += tmp_[i];
 
-    for (int t = 0; t < n; ++t)
-      kernels::rmsnorm(xb_.data() + size_t(t) * dim, x_.data() + size_t(t) * dim, L.rms_ffn, dim, c.norm_eps);
+    norm(L.rms_ffn, L.ffn_norm_b);
     ffn_->ffn(l, pos0, n, xb_.data(), tmp_.data(), observer_);
+    add_bias(tmp_.data(), L.b_down, dim);
     for (size_t i = 0; i < size_t(n) * dim; ++i) x_[i] += tmp_[i];
   }
 
   if (!logits) return;
   const int t0 = last_only ? n - 1 : 0;  // a prompt needs only its last token's logits
-  for (int t = t0; t < n; ++t)
-    kernels::rmsnorm(xb_.data() + size_t(t) * dim, x_.data() + size_t(t) * dim, v_.rms_final, dim, c.norm_eps);
+  for (int t = t0; t < n; ++t) {
+    float* o = xb_.data() + size_t(t) * dim;
+    const float* in = x_.data() + size_t(t) * dim;
+    if (v_.final_norm_b)
+      kernels::layernorm(o, in, v_.rms_final, v_.final_norm_b, dim, c.norm_eps);
+    else
+      kernels::rmsnorm(o, in, v_.rms_final, dim, c.norm_eps);
+  }
   kernels::matmul(logits, xb_.data() + size_t(t0) * dim, v_.classifier, n - t0);
 }
 

@@ -1,5 +1,5 @@
-// The Llama-family forward pass (RMSNorm, RoPE, grouped-query attention with a KV cache, gated FFN with SiLU or
-// ReLU), fp32 activations over weights in their stored dtype (runtime/model/weights_view.h), OpenMP. Two paths with
+// The forward pass of the Llama family (RMSNorm, RoPE, grouped-query attention with a KV cache, gated FFN) and of OPT
+// (LayerNorm, learned positions, biases, plain ReLU FFN; formats/core/model_weights.h), fp32 activations over weights in their stored dtype (runtime/model/weights_view.h), OpenMP. Two paths with
 // identical arithmetic: forward_token() for generation and forward_sequence() for profiling, which runs whole sequences
 // through matrix-matrix products.
 //
@@ -20,7 +20,8 @@ namespace kernels {
 class PreparedX;
 }
 
-// Sees each layer's FFN activations. `gate_act` is act(gate x), `h` is act(gate x) * (up x), both
+// Sees each layer's FFN activations. `gate_act` is act(gate x), `h` is act(gate x) * (up x) (a plain FFN, OPT: both
+// are relu(up x + b_up)),
 // [n_tokens][hidden_dim] row-major; `pos0` is the position of the first token. A neuron with gate_act == 0
 // contributes nothing (exact ReLU sparsity); CATS-style rules threshold |gate_act|. Called from the forward's
 // thread, never concurrently.
@@ -30,8 +31,8 @@ class FfnObserver {
   virtual void on_ffn(int layer, int pos0, int n_tokens, const float* gate_act, const float* h) = 0;
 };
 
-// Computes one layer's FFN for a block of tokens. `x` is the RMS-normalised input [n_tokens][dim]; the result goes
-// to `out` [n_tokens][dim] (overwritten; the caller adds the residual). Providers may call `observer` (may be
+// Computes one layer's FFN for a block of tokens. `x` is the normalised input [n_tokens][dim]; the result goes
+// to `out` [n_tokens][dim] (overwritten; the caller adds the residual and, OPT, fc2's bias). Providers may call `observer` (may be
 // null) with their activations. Called from the forward's thread; implementations may use OpenMP inside.
 class FfnProvider {
  public:
@@ -47,7 +48,7 @@ class FfnProvider {
   virtual void reserve(int n_tokens) { (void)n_tokens; }
 };
 
-// The dense gated FFN over ModelWeights (w_gate, w_up, w_down of every layer must be present). The down projection
+// The dense FFN over ModelWeights (w_gate (gated FFNs), w_up, w_down, and OPT's b_up, of every layer must be present). The down projection
 // sums over neurons with double accumulators (kernels::matmul_acc64), so the neuron order does not matter.
 class DenseFfn : public FfnProvider {
  public:
@@ -133,6 +134,8 @@ void matmul_acc64_portable(float* y, const float* x, const float* w, int n, int 
 float dot(const float* a, const float* b, int n);
 // out[i] = x[i] / rms(x) * g[i].
 void rmsnorm(float* out, const float* x, const float* g, int n, float eps);
+// LayerNorm (OPT): out[i] = (x[i] - mean) / sqrt(var + eps) * g[i] + b[i], var the biased variance.
+void layernorm(float* out, const float* x, const float* g, const float* b, int n, float eps);
 void softmax(float* x, int n);
 // One query's attention over n_pos cached positions (keys k and values v, row p at p * stride): att[p] =
 // dot(q, k[p], hd) * scale, softmax(att), o = sum_p att[p] * v[p] accumulated position by position from zero.

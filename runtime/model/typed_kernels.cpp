@@ -2064,6 +2064,18 @@ void bundle_coefficients(ImageDtype dt, int dim, const void* x, const BundleAct&
   for (int c = 0; c < n; c += kBundleChunk) {
     const int m = std::min(kBundleChunk, n - c);
     if (c + kBundleChunk < n) prefetch_bundles(dt, dim, gate, bundles + c + kBundleChunk, n - c - kBundleChunk);
+    if (act.plain) {  // h is the activation itself
+      if (gate == BundleGate::kGiven) {
+        for (int i = 0; i < m; ++i) h[c + i] = g[c + i];
+        continue;
+      }
+      row_dots(dt, bundles + c, m, x, dim, gv);
+      for (int i = 0; i < m; ++i) {
+        const float v = gv[i] + (act.bias ? act.bias[c + i] : 0.0f);
+        h[c + i] = gate == BundleGate::kRelu ? (v > floor ? v : 0.0f) : v / (1.0f + std::exp(-v));
+      }
+      continue;
+    }
     if (gate == BundleGate::kGiven) {
       for (int i = 0; i < m; ++i) gv[i] = g[c + i];
     } else {
@@ -2110,13 +2122,14 @@ void ffn_bundles(ImageDtype dt, int dim, const PreparedX& x, const float* g, con
     const int i0 = int(c) * kBundleChunk, m = std::min(kBundleChunk, n - i0);
     BundleAct a = act;
     a.gate = g ? BundleGate::kGiven : BundleGate::kRelu;
+    if (act.bias) a.bias = act.bias + i0;
     bundle_coefficients(dt, dim, xr, a, g ? g + i0 : nullptr, bundles + i0, m, h + i0);
   });
   int k = 0;
   for (int i = 0; i < n; ++i)
     if (g || h[size_t(i)] != 0.0f) {
       h[size_t(k)] = h[size_t(i)];
-      down[size_t(k++)] = bundles[i] + 2 * rb;
+      down[size_t(k++)] = bundles[i] + (act.plain ? 1 : 2) * rb;
     }
   down_project(dt, out, dim, h, down, k);
 }
