@@ -248,6 +248,9 @@ def main():
         print("gguf_from_image: warning: %s: model.sliding_window %d is not written (llama.cpp's llama architecture "
               "attends over every position): contexts longer than the window compute otherwise than nl-run"
               % (mpath, cfg["sliding_window"]), file=sys.stderr)
+    if cfg.get("arch", "llama") != "llama":  # OPT: learned positions, LayerNorm, biases, a plain FFN
+        fail(EXIT_INPUT, "%s: model.arch %s: llama.cpp has no %s architecture (Llama blocks only)"
+             % (mpath, cfg["arch"], cfg["arch"]))
     act = cfg.get("ffn_act", "silu")
     if act not in ("silu", "relu"):
         fail(EXIT_INPUT, "%s: ffn_act %s: llama.cpp runs gated SiLU (arch llama) or gated ReLU (arch smallthinker, "

@@ -9,7 +9,7 @@ Usage: make_opt_checkpoint.py OUT_DIR [--dim 64] [--ffn 256] [--layers 2] [--hea
 
 The weights make a healthy random net: linear weights N(0, in**-0.5), biases N(0, 0.02) but fc1's N(-0.1, 0.1)
 (about half of the ReLU neurons off), LayerNorm weights 1 + N(0, 0.1) and biases N(0, 0.05), token embeddings
-N(0, 1), learned positions N(0, 0.3) (max_pos + 2 rows: OPT's positions are offset by 2). Test support for the
+N(0, 0.1), learned positions N(0, 0.05) (max_pos + 2 rows: OPT's positions are offset by 2). Test support for the
 OPT readers, with tests/hf_opt_reference.py (numpy forward) and tests/torch_opt.py (torch module tree).
 """
 import argparse
@@ -37,8 +37,8 @@ def tensors(a, rng):
         normal(name + ".weight", (a.dim,), 1.0, 0.1)
         normal(name + ".bias", (a.dim,), 0.0, 0.05)
 
-    normal("model.decoder.embed_tokens.weight", (a.vocab, a.dim), 0.0, 1.0)
-    normal("model.decoder.embed_positions.weight", (a.max_pos + 2, a.dim), 0.0, 0.3)
+    normal("model.decoder.embed_tokens.weight", (a.vocab, a.dim), 0.0, 0.1)
+    normal("model.decoder.embed_positions.weight", (a.max_pos + 2, a.dim), 0.0, 0.05)
     for i in range(a.layers):
         p = f"model.decoder.layers.{i}."
         for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):

@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""OPT (model_type opt, Hugging Face modeling_opt.py) end to end on random-weight checkpoints written by
+tests/make_opt_checkpoint.py, against the independent numpy forward tests/hf_opt_reference.py:
+
+- pack from f32 / bf16 sharded (untied lm_head) checkpoints into every dtype: manifest 1.7, model.arch opt, plain
+  bundles (an fc1 row and an fc2 column, two rows' bytes);
+- nl-run generate: greedy tokens equal the reference's and logits within 1e-4 (f32; 2e-2 at f16) for --select dense
+  and gate under every --overlap and 1 / 2 threads; bf16 / q8_0 / q4_0 give the same tokens on every path;
+- nl-profile run records relu>0 masks equal to the reference's fc1 x + b1 > 0 bit for bit, trace_hooks.py on the
+  torch module tree (tests/torch_opt.py) too; --select trace replays them to the gate's logits; threshold and lowrank
+  run; a permuted export (pack --layout --export-permuted) computes the same function;
+- refusals, each exit 3 with one line naming the file: OPT-350M's post-LayerNorm block and project_in / project_out,
+  non-ReLU activations, an edited arch (image id), a 1.6 manifest naming opt; convert --to llama2c and
+  gguf_from_image.py refuse OPT by name.
+
+  check_opt.py SOURCE_DIR BINARY_DIR
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+src, build = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(src, "tests"))
+sys.path.insert(0, os.path.join(src, "profiler", "python"))
+import hf_opt_reference as ref  # noqa: E402
+
+try:
+    import h5py  # noqa: F401
+    import torch  # noqa: F401
+    torch_ok = True
+except ImportError:
+    torch_ok = False
+
+L, R, P = (os.path.join(build, "cli", b) for b in ("nl-layout", "nl-run", "nl-profile"))
+work = tempfile.mkdtemp(prefix="nl-opt.")
+fails = passes = 0
+prompt = [2, 17, 300, 5, 99, 41]
+steps = 10
+
+
+def check(name, ok, detail=""):
+    global fails, passes
+    passes += bool(ok)
+    fails += not ok
+    print(("PASS " if ok else "FAIL ") + name + ("" if ok else " " + str(detail)))
+
+
+def run(*args):
+    return subprocess.run(list(args), capture_output=True, text=True)
+
+
+def make(name, *args):
+    d = os.path.join(work, name)
+    r = run(sys.executable, os.path.join(src, "tests", "make_opt_checkpoint.py"), d, "--max-pos", "128", *args)
+    if r.returncode:
+        sys.exit("check_opt: make_opt_checkpoint failed: " + r.stderr)
+    return d
+
+
+def generate(img, *extra, npy=None):
+    """nl-run generate --json on the test prompt: (parsed JSON, logits or None), or ({"error": stderr}, None)."""
+    args = [R, "generate", "--image", img, "--prompt-tokens", ",".join(map(str, prompt)), "--steps", str(steps),
+            "--json", "-q"] + list(extra)
+    if npy:
+        args += ["--logits", npy]
+    r = run(*args)
+    if r.returncode:
+        return {"error": r.stderr.strip()}, None
+    return json.loads(r.stdout), (np.load(npy) if npy else None)
+
+
+def rel_err(got, want):
+    return max(float(np.max(np.abs(got[i] - want[i])) / np.max(np.abs(want[i]))) for i in range(len(want)))
+
+
+def refused(label, args, file_part, words):
+    r = run(*args)
+    check("%s: refused (exit 3, one line naming %s)" % (label, file_part),
+          r.returncode == 3 and file_part in r.stderr and all(w in r.stderr for w in words)
+          and r.stderr.count("\n") == 1, "exit %d: %s" % (r.returncode, r.stderr.strip()))
+
+
+def edited_manifest(img, edit):
+    bad = json.load(open(img + ".json"))
+    edit(bad)
+    shutil.copy(img, os.path.join(work, "bad.nlw"))
+    bad["image"]["file"] = "bad.nlw"
+    json.dump(bad, open(os.path.join(work, "bad.nlw.json"), "w"))
+    return os.path.join(work, "bad.nlw")
+
+
+try:
+    ck = make("opt")
+    cfg, t = ref.load(ck)
+    images = {}
+    for dtype in ("f32", "f16", "bf16", "q8_0", "q4_0"):
+        img = os.path.join(work, "opt_%s.nlw" % dtype)
+        r = run(L, "pack", "--model", ck, "--dtype", dtype, "--out", img, "-q")
+        if r.returncode:
+            check("pack --dtype %s" % dtype, False, r.stderr.strip())
+            continue
+        images[dtype] = img
+        man = json.load(open(img + ".json"))
+        row = {"f32": 256, "f16": 128, "bf16": 128, "q8_0": 68, "q4_0": 36}[dtype]
+        check("%s: manifest 1.7, model.arch opt, plain bundles of %d bytes (fc1 row + fc2 column)" % (dtype, 2 * row),
+              man["version_minor"] == 7 and man["model"].get("arch") == "opt" and man["bundle"]["kind"] == "plain"
+              and man["bundle"]["bytes"] == 2 * row, str(man["model"]) + str(man["bundle"]))
+
+    runs = {}
+    modes = [("dense", "none", 1), ("gate", "none", 1), ("gate", "layer", 1), ("gate", "cross", 1),
+             ("gate", "both", 1), ("gate", "none", 2), ("gate", "both", 2)]
+    for dtype, img in images.items():
+        for select, overlap, threads in modes:
+            npy = os.path.join(work, "l.npy")
+            j, lg = generate(img, "--select", select, "--overlap", overlap, "--threads", str(threads), npy=npy)
+            if "error" in j:
+                check("%s --select %s --overlap %s --threads %d runs" % (dtype, select, overlap, threads), False,
+                      j["error"])
+                continue
+            runs[(dtype, select, overlap, threads)] = (j["generated"], lg, j["totals"]["active"])
+        got = {k[1:]: v[0] for k, v in runs.items() if k[0] == dtype}
+        gen = got.get(("gate", "none", 1))
+        check("%s: dense and gate under every overlap and 1 / 2 threads give the same tokens" % dtype,
+              gen is not None and len(got) == len(modes) and all(g == gen for g in got.values()), str(got))
+        if gen is None or dtype not in ("f32", "f16"):
+            continue
+        want = ref.forward(cfg, t, prompt + gen[:-1])[len(prompt) - 1:]
+        tol = 1e-4 if dtype == "f32" else 2e-2
+        err = max(rel_err(v[1], want) for k, v in runs.items() if k[0] == dtype)
+        check("%s: logits of every path within %g of the reference (max relative error %.2e)" % (dtype, tol, err),
+              err <= tol)
+        if dtype == "f32":
+            greedy = [int(v) for v in want.argmax(1)]
+            check("f32: greedy tokens equal the reference's %s" % greedy, gen == greedy, str(gen))
+            check("f32: the random model does not just repeat one token (%d distinct)" % len(set(gen)),
+                  len(set(gen)) > 1)
+
+    # A sharded bf16 checkpoint with an untied lm_head: the f32 image follows the reference of the same bf16 values.
+    ck2 = make("opt_shards", "--dtype", "bf16", "--shards", "3", "--no-tie", "--seed", "2")
+    cfg2, t2 = ref.load(ck2)
+    img2 = os.path.join(work, "shards.nlw")
+    r = run(L, "pack", "--model", os.path.join(ck2, "model.safetensors.index.json"), "--out", img2, "-q")
+    j, lg = generate(img2, "--select", "gate", npy=os.path.join(work, "s.npy")) if r.returncode == 0 else (
+        {"error": r.stderr.strip()}, None)
+    if lg is not None:
+        want = ref.forward(cfg2, t2, prompt + j["generated"][:-1])[len(prompt) - 1:]
+        err = rel_err(lg, want)
+        man = json.load(open(img2 + ".json"))
+        check("bf16 3-shard checkpoint, untied lm_head: tokens equal the reference's, logits within 1e-4 (%.2e)" % err,
+              [int(v) for v in want.argmax(1)] == j["generated"] and err <= 1e-4
+              and not man["model"]["shared_classifier"], str(j["generated"]))
+    else:
+        check("bf16 3-shard checkpoint packs and runs", False, j.get("error"))
+
+    # The profiler's exact rule, against the reference's fc1 x + b1 > 0.
+    ids = os.path.join(work, "opt.ids")
+    rng = np.random.default_rng(5)
+    open(ids, "w").write(" ".join(map(str, rng.integers(3, cfg["vocab_size"], 300))) + "\n")
+    tr = os.path.join(work, "opt.h5")
+    r = run(P, "run", "--model", ck, "--token-ids", ids, "--seq-len", "64", "--out", tr, "--json", "-q")
+    rule = json.loads(r.stdout).get("activation") if r.returncode == 0 else None
+    check("nl-profile run records relu>0 (fc1 x + b1 > 0)", rule == "relu>0", r.stderr.strip())
+    if torch_ok and rule:
+        import h5py
+        with h5py.File(tr, "r") as f:
+            toks, n = f["tokens"][...], int(f.attrs["n_tokens"])
+            bounds = list(f["sequences"][...]) + [n]
+            masks = []
+            for lay in range(cfg["num_hidden_layers"]):
+                w = f["layers/%d/mask" % lay][...]
+                b = np.unpackbits(w.astype("<u8").view(np.uint8).reshape(w.shape[0], -1), axis=1, bitorder="little")
+                masks.append(b[:, :n].astype(bool).T)
+        diff = total = 0
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            for lay, fr in enumerate(ref.firing(cfg, t, [int(v) for v in toks[a:b]])):
+                diff += int((fr != masks[lay][a:b]).sum())
+                total += fr.size
+        check("nl-profile's masks equal the reference's fc1 x + b1 > 0 (%d of %d bits differ; %.1f %% fire)" %
+              (diff, total, 100.0 * sum(float(m.mean()) for m in masks) / len(masks)), diff == 0 and total > 0)
+        import trace_hooks
+        from torch_opt import load_opt
+        rec = trace_hooks.TraceRecorder(load_opt(ck), "relu>0")
+        for seq in trace_hooks.corpus_from_token_files([ids], 64):
+            rec.run(seq)
+        rec.write(tr + ".py.h5", model_name="torch_opt")
+        with h5py.File(tr, "r") as fc_, h5py.File(tr + ".py.h5", "r") as fp_:
+            same = all(np.array_equal(fc_["layers/%d/mask" % lay][...], fp_["layers/%d/mask" % lay][...])
+                       for lay in range(cfg["num_hidden_layers"]))
+        check("trace_hooks.py on the torch OPT module tree (fc1 + activation_fn) equals nl-profile bit for bit", same)
+    else:
+        print("SKIP masks against the reference and trace_hooks.py (no torch/h5py for %s)" % sys.executable)
+
+    # --select trace replays the profiler's exact sets of the generated sequence: the gate's logits.
+    f32 = images.get("f32")
+    base = runs.get(("f32", "gate", "none", 1))
+    if f32 and base:
+        gen, lg, gate_active = base
+        gids = os.path.join(work, "gen.ids")
+        open(gids, "w").write(" ".join(map(str, prompt + gen[:-1])) + "\n")  # OPT's BOS (2) is the prompt's own
+        gtr = os.path.join(work, "gen.h5")
+        r = run(P, "run", "--model", ck, "--token-ids", gids, "--no-bos", "--seq-len", "64", "--out", gtr, "-q")
+        jt, lt = generate(f32, "--select", "trace:" + gtr, npy=os.path.join(work, "t.npy")) if r.returncode == 0 \
+            else ({"error": r.stderr.strip()}, None)
+        if lt is not None:
+            diff = float(np.max(np.abs(lt - lg)) / np.max(np.abs(lg)))
+            check("--select trace: the gate's tokens and logits (%.2e), the same neurons (%d, the gate's %d)" % (
+                diff, jt["totals"]["active"], gate_active),
+                  jt["generated"] == gen and diff <= 1e-6 and jt["totals"]["active"] == gate_active)
+        else:
+            check("--select trace runs", False, jt.get("error"))
+        jc, _ = generate(f32, "--select", "threshold:0.05")
+        check("--select threshold:0.05 reads no more than the exact sets (%s of %d)" % (
+            jc.get("totals", {}).get("active"), gate_active),
+            jc.get("totals", {}).get("active", gate_active + 1) <= gate_active, jc.get("error", ""))
+        jl, _ = generate(f32, "--select", "lowrank:16", "--calibrate-steps", "24")
+        pr = jl.get("predictor", {})
+        check("--select lowrank:16 runs with fc1's bias in its scores (recall %s, precision %s)" % (
+            pr.get("recall"), pr.get("precision")), pr.get("recall", 0) >= 0.8, jl.get("error", "") + str(pr))
+
+        # A permuted export computes the same function (fc1 rows, fc1 bias and fc2 columns move together).
+        lay = os.path.join(work, "layout.json")
+        exp = os.path.join(work, "permuted")
+        r = run(L, "solve", "--trace", tr, "--method", "greedy", "--bundle-bytes", "512", "--out", lay, "--quiet")
+        r = r if r.returncode else run(L, "pack", "--model", ck, "--layout", lay, "--out",
+                                       os.path.join(work, "perm.nlw"), "--export-permuted", exp, "-q")
+        if r.returncode == 0:
+            cp, tp = ref.load(exp)
+            a = ref.forward(cfg, t, prompt)
+            b = ref.forward(cp, tp, prompt)
+            moved = not np.array_equal(t["model.decoder.layers.0.fc1.bias"], tp["model.decoder.layers.0.fc1.bias"])
+            d = float(np.max(np.abs(a - b)) / np.max(np.abs(a)))
+            check("pack --export-permuted: the permuted OPT folder computes the same logits (%.2e), fc1's bias moved "
+                  "with its rows" % d, d <= 1e-5 and moved)
+            jp, _ = generate(os.path.join(work, "perm.nlw"), "--select", "gate")
+            check("the permuted image generates the same tokens", jp.get("generated") == gen, jp)
+        else:
+            check("solve + pack --export-permuted", False, r.stderr.strip())
+
+        refused("edited arch", [R, "generate", "--image", edited_manifest(f32, lambda m: m["model"].update(
+            arch="llama")), "--steps", "2", "-q"], "bad.nlw.json", [])
+        refused("a 1.6 manifest naming opt", [R, "generate", "--image", edited_manifest(
+            f32, lambda m: m.update(version_minor=6)), "--steps", "2", "-q"], "bad.nlw.json", ["1.7"])
+
+    # What OPT variants are refused, by name.
+    for label, edit, words in (("do_layer_norm_before false (OPT-350M)", {"do_layer_norm_before": False},
+                                ["do_layer_norm_before"]),
+                               ("word_embed_proj_dim 32 (project_in / project_out)", {"word_embed_proj_dim": 32},
+                                ["word_embed_proj_dim"]),
+                               ("activation_function gelu", {"activation_function": "gelu"}, ["gelu"])):
+        bdir = os.path.join(work, "bad_cfg")
+        shutil.rmtree(bdir, ignore_errors=True)
+        shutil.copytree(ck, bdir)
+        json.dump(dict(json.load(open(os.path.join(ck, "config.json"))), **edit),
+                  open(os.path.join(bdir, "config.json"), "w"))
+        refused("pack, " + label, [L, "pack", "--model", bdir, "--out", os.path.join(work, "bad_out.nlw"), "-q"],
+                "config.json", words)
+    r = run(P, "convert", "--model", ck, "--to", "llama2c", "--out", os.path.join(work, "o.bin"), "-q")
+    check("convert --to llama2c refused (exit 2, naming opt)", r.returncode == 2 and "opt" in r.stderr, r.stderr)
+    if f32:
+        r = run(sys.executable, os.path.join(src, "scripts", "gguf_from_image.py"), "--image", f32, "--out",
+                os.path.join(work, "o.gguf"))
+        check("gguf_from_image.py refuses OPT by name (exit 3)", r.returncode == 3 and "arch opt" in r.stderr,
+              "exit %d: %s" % (r.returncode, r.stderr.strip()))
+    print("check_opt: %d passed, %d failed" % (passes, fails))
+    sys.exit(1 if fails else 0)
+finally:
+    shutil.rmtree(work, ignore_errors=True)
