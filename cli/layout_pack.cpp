@@ -512,8 +512,8 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
     if (const nlohmann::json& p = lay.parameters;
         p.is_object() && p.contains("bundle_bytes") && p["bundle_bytes"].is_number_unsigned()) {
       const uint64_t solved = p["bundle_bytes"].get<uint64_t>();
-      const uint64_t here =
-          image_bundle_bytes(spec.dtype, synthetic && !whole ? shape.kind : bundle_kind_of(w.config), size_t(w.config.dim));
+      const uint64_t here = image_bundle_bytes(spec.dtype, synthetic && !whole ? shape.kind : bundle_kind_of(w.config),
+                                               size_t(w.config.dim));
       if (solved != 0 && solved != here)
         std::fprintf(stderr,
                      "nl-layout pack: warning: %s was solved for %llu-byte bundles, this %s image has %llu-byte "

@@ -1,4 +1,5 @@
-// Hugging Face Llama checkpoints (config.json + model.safetensors): reader, writer, and the any-model dispatch.
+// Hugging Face checkpoints (config.json + model.safetensors; Llama family and OPT): reader, writer, and the any-model
+// dispatch.
 #include "formats/safetensors.h"
 
 #include <fcntl.h>
@@ -162,8 +163,9 @@ ModelConfig read_opt_config(const json& j, const std::string& path) {
     throw InputError(path, "_remove_final_layer_norm is not supported");
   if (!config_get<bool>(j, path, "enable_bias", &yes) ||
       !config_get<bool>(j, path, "layer_norm_elementwise_affine", &yes))
-    throw InputError(path, "OPT without biases or without LayerNorm weights (enable_bias / "
-                           "layer_norm_elementwise_affine false) is not supported");
+    throw InputError(path,
+                     "OPT without biases or without LayerNorm weights (enable_bias / "
+                     "layer_norm_elementwise_affine false) is not supported");
   const std::string relu = "relu";
   const std::string act = config_get<std::string>(j, path, "activation_function", &relu);
   if (act != "relu") throw InputError(path, "activation_function '" + act + "' is not supported (OPT: relu)");
@@ -257,7 +259,7 @@ struct HfTensor {
   char ffn = 0;  // what a neuron order permutes: 'g'ate, 'u'p (rows), 'd'own (columns), 'b': fc1's bias (OPT)
   std::vector<float> ModelWeights::*model_field = nullptr;  // layer < 0
   std::vector<float> LayerWeights::*layer_field = nullptr;  // layer >= 0
-  bool rope_rows = false;  // q / k of a RoPE model: rows in rotate_half order on disk
+  bool rope_rows = false;                                   // q / k of a RoPE model: rows in rotate_half order on disk
 
   std::vector<float>& in(ModelWeights& w) const {
     return layer < 0 ? w.*model_field : w.layers[size_t(layer)].*layer_field;
@@ -282,8 +284,8 @@ std::vector<HfTensor> hf_tensor_list(const ModelConfig& c) {
     model(pre + "embed_positions.weight", {uint64_t(c.seq_len + kOptPositionOffset), dim}, &MW::pos_embeddings);
     for (int i = 0; i < c.n_layers; ++i) {
       auto add = [&](const char* part, std::vector<uint64_t> shape, std::vector<float> LW::*f, char ffn = 0) {
-        t.push_back({pre + "layers." + std::to_string(i) + "." + part, std::move(shape), i, part, ffn, nullptr, f,
-                     false});
+        t.push_back(
+            {pre + "layers." + std::to_string(i) + "." + part, std::move(shape), i, part, ffn, nullptr, f, false});
       };
       add("self_attn.k_proj.weight", {kv, dim}, &LW::wk);
       add("self_attn.k_proj.bias", {kv}, &LW::bk);
@@ -579,7 +581,8 @@ class SafetensorsSource : public ModelSource {
     out.write(&hlen, 8);
     out.write(header);
     static const std::vector<uint32_t> identity;
-    const uint64_t total = uint64_t(std::count_if(tensors.begin(), tensors.end(), [](const HfTensor& t) { return t.ffn; }));
+    const uint64_t total =
+        uint64_t(std::count_if(tensors.begin(), tensors.end(), [](const HfTensor& t) { return t.ffn; }));
     uint64_t done = 0;
     std::vector<float> m;
     for (const HfTensor& t : tensors) {
@@ -683,8 +686,8 @@ class SafetensorsSource : public ModelSource {
     }
     if (extra >= 0)
       throw InputError(config_path, "num_hidden_layers is " + std::to_string(config_.n_layers) + " but " + tensors_ +
-                                        " holds layer " + std::to_string(extra) + " (" + pre +
-                                        std::to_string(extra) + ".*): the config does not describe this checkpoint");
+                                        " holds layer " + std::to_string(extra) + " (" + pre + std::to_string(extra) +
+                                        ".*): the config does not describe this checkpoint");
   }
 
   // The header entry of `name`, checked against the shape config.json implies ([rows] when cols = 0).

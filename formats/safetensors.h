@@ -1,5 +1,5 @@
-// Hugging Face Llama-family checkpoints: a folder with `config.json` and `model.safetensors` (f32, f16 or bf16).
-// The reader converts to fp32 ModelWeights in the toolkit's canonical convention: HF applies RoPE with
+// Hugging Face checkpoints of the Llama family and OPT: a folder with `config.json` and `model.safetensors` (f32, f16
+// or bf16). The reader converts to fp32 ModelWeights in the toolkit's canonical convention: HF applies RoPE with
 // rotate_half (pair j with j + head_dim/2), llama2.c and runtime/model rotate interleaved pairs (2j, 2j+1), so
 // the q/k projection rows are un-permuted at load, exactly inverting HF's convert_llama_weights_to_hf permute.
 // The writer does the opposite, so llama2.c -> safetensors -> toolkit is lossless for f32.
@@ -35,7 +35,8 @@ void safetensors_read_f32(int fd, const std::string& path, uint64_t data_start, 
 // Reads a checkpoint. `path` is the folder, its config.json, or its model.safetensors (config.json must sit
 // beside it). Supported: model_type llama|mistral (sliding_window), hidden_act silu|relu|fatrelu
 // (hidden_act_param)|drelu, num_key_value_heads, tie_word_embeddings, rope_theta, rms_norm_eps; no rope_scaling, no
-// attention/MLP biases. Errors: InputError naming the file.
+// attention/MLP biases; and model_type opt (pre-LayerNorm, ReLU, with biases: docs/formats.md). Errors: InputError
+// naming the file.
 ModelWeights read_safetensors_model(const std::string& path);
 
 // Writes `w` as a Hugging Face folder `dir` (created if missing): config.json + model.safetensors with HF tensor

@@ -143,14 +143,16 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
   if (o.select == SelectMode::kThreshold && o.act_threshold.size() != size_t(c.n_layers))
     throw UsageError("--select threshold needs one threshold per layer (" + std::to_string(c.n_layers) + ")");
   if (o.select == SelectMode::kTrace) {
-    if (!computable) throw UsageError("--select trace needs a model's FFN (this image has plain bundles of a gated model: I/O only)");
+    if (!computable)
+      throw UsageError("--select trace needs a model's FFN (this image has plain bundles of a gated model: I/O only)");
     trace_active_.resize(size_t(c.n_layers));
   }
   if (o.select == SelectMode::kGate || o.select == SelectMode::kLowRank || o.select == SelectMode::kDense ||
       o.select == SelectMode::kThreshold) {
     if (!computable)
-      throw UsageError("--select gate|dense|lowrank|threshold needs a model's FFN (this image has plain bundles of a "
-                       "gated model: I/O only)");
+      throw UsageError(
+          "--select gate|dense|lowrank|threshold needs a model's FFN (this image has plain bundles of a "
+          "gated model: I/O only)");
     const size_t dim = size_t(c.dim);
     // One staging buffer for every layer's region (grown, never shrunk): a fresh one per layer took its page faults
     // again each time, ~6 ms per 1.9 MB layer of small-relu on the development host (a virtual machine).
@@ -161,9 +163,9 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
     // token for the 8 gate products).
     const auto piece = [](size_t b) { return (b + 63) / 64 * 64; };
     const bool up_rows = selection_keeps_up_rows(o.select, c.act);
-    const size_t layer_dram =
-        piece(o.select == SelectMode::kDense ? kernels::DenseBundles::bytes_for(m_.dtype, c.dim, int(hidden), m_.bundle_kind)
-                                             : size_t(hidden) * row_bytes_ * (up_rows ? 2 : 1));
+    const size_t layer_dram = piece(o.select == SelectMode::kDense
+                                        ? kernels::DenseBundles::bytes_for(m_.dtype, c.dim, int(hidden), m_.bundle_kind)
+                                        : size_t(hidden) * row_bytes_ * (up_rows ? 2 : 1));
     ffn_dram_.resize_uninit(size_t(c.n_layers) * layer_dram);
     for (int l = 0; l < c.n_layers; ++l) {
       uint8_t* dram = ffn_dram_.data() + size_t(l) * layer_dram;

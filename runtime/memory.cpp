@@ -157,6 +157,10 @@ MemoryPlan memory_plan(const ImageManifest& m, int context, FfnResidency ffn, in
   if (ffn == FfnResidency::kGateRows) p.ffn_resident = L * hid * gate_row_dram_bytes(m);
   if (ffn == FfnResidency::kGateUpRows) p.ffn_resident = 2 * L * hid * gate_row_dram_bytes(m);
   if (ffn == FfnResidency::kAll) p.ffn_resident = ffn_dense_dram_bytes(m);
+  // OPT: FlashFfn's copies of fc1's bias by slot and by gate row, and DenseBundles' under --select dense.
+  if (c.has_biases())
+    for (int l = 0; l < c.n_layers; ++l)
+      p.ffn_resident += (uint64_t(m.n_slots(l)) + hid + (ffn == FfnResidency::kAll ? hid : 0)) * kF32;
   p.kv = kv_cache_bytes(c, context);
   // Model activations (x, xb, q, attention out, tmp; k, v), logits, RoPE tables, one attention row per thread,
   // the FFN's gate/up rows, the sampler's candidate list (token, double), the FFN read staging (one batch buffer,

@@ -7,8 +7,8 @@ tests/make_opt_checkpoint.py, against the independent numpy forward tests/hf_opt
 - nl-run generate: greedy tokens equal the reference's and logits within 1e-4 (f32; 2e-2 at f16) for --select dense
   and gate under every --overlap and 1 / 2 threads; bf16 / q8_0 / q4_0 give the same tokens on every path;
 - nl-profile run records relu>0 masks equal to the reference's fc1 x + b1 > 0 bit for bit, trace_hooks.py on the
-  torch module tree (tests/torch_opt.py) too; --select trace replays them to the gate's logits; threshold and lowrank
-  run; a permuted export (pack --layout --export-permuted) computes the same function;
+  torch module tree (tests/torch_opt.py) too; --select trace replays them to the gate's logits; every I/O engine gives
+  the same tokens; threshold and lowrank run; a permuted export (pack --layout --export-permuted) computes the same function;
 - refusals, each exit 3 with one line naming the file: OPT-350M's post-LayerNorm block and project_in / project_out,
   non-ReLU activations, an edited arch (image id), a 1.6 manifest naming opt; convert --to llama2c and
   gguf_from_image.py refuse OPT by name.
@@ -213,6 +213,10 @@ try:
                   jt["generated"] == gen and diff <= 1e-6 and jt["totals"]["active"] == gate_active)
         else:
             check("--select trace runs", False, jt.get("error"))
+        engines = {io: generate(f32, "--select", "gate", "--io", io, "--cache-ratio", "0.2")[0].get("generated")
+                   for io in ("pread", "preadv", "uring", "mmap")}
+        check("every I/O engine (pread, preadv, uring, mmap; cache ratio 0.2) gives the same tokens",
+              all(g == gen for g in engines.values()), str(engines))
         jc, _ = generate(f32, "--select", "threshold:0.05")
         check("--select threshold:0.05 reads no more than the exact sets (%s of %d)" % (
             jc.get("totals", {}).get("active"), gate_active),

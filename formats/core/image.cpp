@@ -42,7 +42,8 @@ const DenseTensor* ImageManifest::find_tensor(const std::string& name) const {
 
 std::vector<DenseTensor> image_dense_tensor_list(const ModelConfig& c, ImageDtype d) {
   std::vector<DenseTensor> v;
-  for (const DenseTensorSpec& t : dense_tensor_specs(c)) v.push_back({t.name, 0, t.rows, t.cols, image_dense_dtype(d, t.rows)});
+  for (const DenseTensorSpec& t : dense_tensor_specs(c))
+    v.push_back({t.name, 0, t.rows, t.cols, image_dense_dtype(d, t.rows)});
   return v;
 }
 

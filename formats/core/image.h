@@ -74,7 +74,9 @@ enum class BundleKind : int {
 const char* bundle_kind_name(BundleKind k);
 inline int bundle_parts(BundleKind k) { return k == BundleKind::kGated ? 3 : 2; }
 // A real model's bundles: gated for the Llama family, plain for OPT.
-inline BundleKind bundle_kind_of(const ModelConfig& c) { return c.ffn_gated() ? BundleKind::kGated : BundleKind::kPlain; }
+inline BundleKind bundle_kind_of(const ModelConfig& c) {
+  return c.ffn_gated() ? BundleKind::kGated : BundleKind::kPlain;
+}
 // Bytes of one neuron bundle of a model of width `dim` stored in `d`: what a flash read of one neuron costs. The one
 // formula (pack writes it into the manifest, the manifest check and nl-layout --bundle-for use it).
 inline uint64_t image_bundle_bytes(ImageDtype d, BundleKind k, size_t dim) {

@@ -1,5 +1,5 @@
-// Model configuration and dense fp32 weights as plain arrays (the Llama family and OPT). Every model reader (llama2.c `.bin`,
-// safetensors, the flash image) fills this struct and runtime/model computes with it; it lives in formats/core
+// Model configuration and dense fp32 weights as plain arrays (the Llama family and OPT). Every model reader (llama2.c
+// `.bin`, safetensors, the flash image) fills this struct and runtime/model computes with it; it lives in formats/core
 // so that both sides may include it without breaking the layering (docs/architecture.md).
 //
 // Conventions (canonical for the whole toolkit):
@@ -98,8 +98,8 @@ struct ModelWeights {
   std::string source;                 // file it was read from (for messages and trace metadata)
   std::vector<float> tok_embeddings;  // [vocab][dim]
   std::vector<LayerWeights> layers;
-  std::vector<float> rms_final;  // [dim]
-  std::vector<float> wcls;       // [vocab][dim]; empty when config.shared_classifier
+  std::vector<float> rms_final;       // [dim]
+  std::vector<float> wcls;            // [vocab][dim]; empty when config.shared_classifier
   std::vector<float> pos_embeddings;  // OPT: [seq_len + kOptPositionOffset][dim]
   std::vector<float> final_norm_b;    // OPT: [dim]
 
@@ -119,8 +119,7 @@ inline std::string model_config_problem(const ModelConfig& c) {
                                 : c.fatrelu_threshold != 0.0f)
     return "the activation threshold must be finite and >= 0, and set only for fatrelu";
   if (c.sliding_window < 0) return "sliding_window must be positive (or absent)";
-  if (c.arch == ModelArch::kOpt &&
-      (c.act != FfnAct::kRelu || c.n_kv_heads != c.n_heads || c.sliding_window != 0))
+  if (c.arch == ModelArch::kOpt && (c.act != FfnAct::kRelu || c.n_kv_heads != c.n_heads || c.sliding_window != 0))
     return "OPT models have a ReLU FFN, one key/value head per query head and no attention window";
   return "";
 }
@@ -131,7 +130,7 @@ inline std::string model_config_problem(const ModelConfig& c) {
 struct DenseTensorSpec {
   std::string name;
   uint64_t rows = 0, cols = 0;
-  int layer = -1;                                         // -1: a model-level tensor
+  int layer = -1;                                           // -1: a model-level tensor
   std::vector<float> ModelWeights::*model_field = nullptr;  // layer < 0
   std::vector<float> LayerWeights::*layer_field = nullptr;  // layer >= 0
 

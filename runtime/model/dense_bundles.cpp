@@ -109,21 +109,22 @@ void DenseBundles::ffn(const float* x, int n, const ModelConfig& c, float* out) 
     });
   } else {
     matmul(sc.u.data(), sc.xq, up(), n);
-  // The gated path's numbers: the sparse activations list neurons with gate > floor (ReLU / dReLU 0, FATReLU t); SiLU
-  // lists every neuron with act = v / (1 + e^-v); h = g * u (0 when g is 0; dReLU: u through max(., 0)). A neuron
-  // with h = 0 adds exactly nothing to a sum, so it is left out.
-  const bool sparse = ffn_act_sparse(c.act), up_relu = c.act == FfnAct::kDRelu;
-  const float floor = c.gate_floor();
-  // Element-wise, so any split gives the same numbers; in parallel once there is enough of it (SiLU's exp per neuron).
-  parallel_for(long(total), total >= size_t(kParallelAct), [&](long i) {  // [n][hidden] flat: decode's token splits
-    const float g = sc.g[size_t(i)], u = up_relu && !(sc.u[size_t(i)] > 0.0f) ? 0.0f : sc.u[size_t(i)];
-    float a = 0.0f;
-    if (sparse)
-      a = g > floor ? g : 0.0f;
-    else
-      a = g / (1.0f + std::exp(-g));
-    sc.h[size_t(i)] = a == 0.0f ? 0.0f : a * u;
-  });
+    // The gated path's numbers: the sparse activations list neurons with gate > floor (ReLU / dReLU 0, FATReLU t); SiLU
+    // lists every neuron with act = v / (1 + e^-v); h = g * u (0 when g is 0; dReLU: u through max(., 0)). A neuron
+    // with h = 0 adds exactly nothing to a sum, so it is left out.
+    const bool sparse = ffn_act_sparse(c.act), up_relu = c.act == FfnAct::kDRelu;
+    const float floor = c.gate_floor();
+    // Element-wise, so any split gives the same numbers; in parallel once there is enough of it (SiLU's exp per
+    // neuron).
+    parallel_for(long(total), total >= size_t(kParallelAct), [&](long i) {  // [n][hidden] flat: decode's token splits
+      const float g = sc.g[size_t(i)], u = up_relu && !(sc.u[size_t(i)] > 0.0f) ? 0.0f : sc.u[size_t(i)];
+      float a = 0.0f;
+      if (sparse)
+        a = g > floor ? g : 0.0f;
+      else
+        a = g / (1.0f + std::exp(-g));
+      sc.h[size_t(i)] = a == 0.0f ? 0.0f : a * u;
+    });
   }
   sc.down.prepare(sc.h.data(), hid, hidden_, n);
   // Down: chunks of outputs split over threads, each chunk's slices contiguous; every output summed by one call in

@@ -1,7 +1,7 @@
 // The forward pass of the Llama family (RMSNorm, RoPE, grouped-query attention with a KV cache, gated FFN) and of OPT
-// (LayerNorm, learned positions, biases, plain ReLU FFN; formats/core/model_weights.h), fp32 activations over weights in their stored dtype (runtime/model/weights_view.h), OpenMP. Two paths with
-// identical arithmetic: forward_token() for generation and forward_sequence() for profiling, which runs whole sequences
-// through matrix-matrix products.
+// (LayerNorm, learned positions, biases, plain ReLU FFN; formats/core/model_weights.h), fp32 activations over weights
+// in their stored dtype (runtime/model/weights_view.h), OpenMP. Two paths with identical arithmetic: forward_token()
+// for generation and forward_sequence() for profiling, which runs whole sequences through matrix-matrix products.
 //
 // The FFN is pluggable: an FfnProvider computes a layer's FFN (the default is the dense one over the weights in
 // DRAM; the flash runtime substitutes a sparse one), and an FfnObserver sees the gate activations that decide
@@ -32,8 +32,9 @@ class FfnObserver {
 };
 
 // Computes one layer's FFN for a block of tokens. `x` is the normalised input [n_tokens][dim]; the result goes
-// to `out` [n_tokens][dim] (overwritten; the caller adds the residual and, OPT, fc2's bias). Providers may call `observer` (may be
-// null) with their activations. Called from the forward's thread; implementations may use OpenMP inside.
+// to `out` [n_tokens][dim] (overwritten; the caller adds the residual and, OPT, fc2's bias). Providers may call
+// `observer` (may be null) with their activations. Called from the forward's thread; implementations may use OpenMP
+// inside.
 class FfnProvider {
  public:
   virtual ~FfnProvider() = default;
@@ -48,8 +49,9 @@ class FfnProvider {
   virtual void reserve(int n_tokens) { (void)n_tokens; }
 };
 
-// The dense FFN over ModelWeights (w_gate (gated FFNs), w_up, w_down, and OPT's b_up, of every layer must be present). The down projection
-// sums over neurons with double accumulators (kernels::matmul_acc64), so the neuron order does not matter.
+// The dense FFN over ModelWeights (w_gate (gated FFNs), w_up, w_down, and OPT's b_up, of every layer must be present).
+// The down projection sums over neurons with double accumulators (kernels::matmul_acc64), so the neuron order does not
+// matter.
 class DenseFfn : public FfnProvider {
  public:
   explicit DenseFfn(const ModelWeights& w) : w_(w) {}

@@ -175,8 +175,8 @@ void prefetch_bundles(ImageDtype dt, int dim, BundleGate gate, const uint8_t* co
 // One token's gated FFN over bundles ([gate row | up row | down column], each image_row_bytes(dt, dim) bytes) of the
 // listed neurons, in list order: h_i = g[i] * u_i; when g is null, g_i = the gate activation of act (kRelu with its
 // floor) of the bundle's own gate row and neurons with h_i = 0 drop out; u_i as bundle_coefficients (act.up_relu).
-// Plain bundles (act.plain: [row | down column]): h_i as bundle_coefficients gives it. out[dim] = sum_i h_i * down_i (down_project). The up dots run in parallel over neurons; every number is independent
-// of the thread count.
+// Plain bundles (act.plain: [row | down column]): h_i as bundle_coefficients gives it. out[dim] = sum_i h_i * down_i
+// (down_project). The up dots run in parallel over neurons; every number is independent of the thread count.
 void ffn_bundles(ImageDtype dt, int dim, const PreparedX& x, const float* g, const uint8_t* const* bundles, int n,
                  float* out, const BundleAct& act = {});
 

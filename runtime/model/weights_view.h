@@ -36,8 +36,8 @@ struct LayerView {
   const float* rms_ffn = nullptr;  // [dim]
   // OPT (ModelConfig::has_biases; null otherwise), f32: the norms' biases, the attention biases, fc1's bias
   // ([hidden], neuron order) and fc2's.
-  const float *att_norm_b = nullptr, *ffn_norm_b = nullptr, *bq = nullptr, *bk = nullptr, *bv = nullptr,
-              *bo = nullptr, *b_up = nullptr, *b_down = nullptr;
+  const float *att_norm_b = nullptr, *ffn_norm_b = nullptr, *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr,
+              *b_up = nullptr, *b_down = nullptr;
 };
 
 // What Model needs besides the FFN. Borrowed pointers: the owner (ModelWeights, a DenseStore) outlives the view.
@@ -47,8 +47,8 @@ struct ModelView {
   WeightView tok_embeddings;  // [vocab][dim]
   std::vector<LayerView> layers;
   const float* rms_final = nullptr;
-  WeightView classifier;      // [vocab][dim] (the embedding when the classifier is shared)
-  WeightView pos_embeddings;  // OPT: [seq_len + kOptPositionOffset][dim]
+  WeightView classifier;                // [vocab][dim] (the embedding when the classifier is shared)
+  WeightView pos_embeddings;            // OPT: [seq_len + kOptPositionOffset][dim]
   const float* final_norm_b = nullptr;  // OPT
 };
 
