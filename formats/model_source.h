@@ -76,8 +76,10 @@ ModelWeights read_llama_dense(const ModelConfig& c, const std::string& source,
 
 // q/k rows in rotate_half order (Hugging Face, and llama.cpp's NEOX-RoPE architectures: head h, half s, pair j at row
 // h*hd + s*hd/2 + j) <-> the canonical interleaved rows (h*hd + 2j + s). to_hf = false un-permutes (reading), true
-// permutes (writing).
-std::vector<float> permute_rope_rows(const std::vector<float>& w, int n_heads, int head_dim, int cols, bool to_hf);
+// permutes (writing). Partial rotary (Phi): only each head's first `rot` rows rotate (hd/2 above becomes rot/2), the
+// rest stay; rot 0 = head_dim. A bias vector is rows of one column.
+std::vector<float> permute_rope_rows(const std::vector<float>& w, int n_heads, int head_dim, int cols, bool to_hf,
+                                     int rot = 0);
 
 // Reads exactly n bytes at `offset` of `fd` (the file `path`): IoError on a read error, InputError when the file ends
 // first. Every model reader's pread loop.

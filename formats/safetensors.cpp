@@ -55,9 +55,11 @@ uint64_t dtype_bytes(const std::string& d) {
 
 }  // namespace
 
-std::vector<float> permute_rope_rows(const std::vector<float>& w, int n_heads, int head_dim, int cols, bool to_hf) {
-  std::vector<float> out(w.size());
-  const int half = head_dim / 2;
+std::vector<float> permute_rope_rows(const std::vector<float>& w, int n_heads, int head_dim, int cols, bool to_hf,
+                                     int rot) {
+  std::vector<float> out(w);  // rows past `rot` in each head (partial rotary) stay where they are
+  if (rot <= 0) rot = head_dim;
+  const int half = rot / 2;
   for (int h = 0; h < n_heads; ++h)
     for (int j = 0; j < half; ++j)
       for (int s = 0; s < 2; ++s) {
@@ -173,6 +175,42 @@ ModelConfig read_opt_config(const json& j, const std::string& path) {
   return c;
 }
 
+// Phi (transformers' configuration_phi.py / modeling_phi.py: Phi-1, 1.5, 2): the parallel block with partial rotary
+// embeddings and a GeLU (tanh) FFN. qk_layernorm and other activations are refused by name.
+ModelConfig read_phi_config(const json& j, const std::string& path) {
+  ModelConfig c;
+  c.arch = ModelArch::kPhi;
+  c.act = FfnAct::kGelu;
+  c.dim = config_int(j, path, "hidden_size", nullptr);
+  c.hidden_dim = config_int(j, path, "intermediate_size", nullptr);
+  c.n_layers = config_int(j, path, "num_hidden_layers", nullptr);
+  c.n_heads = config_int(j, path, "num_attention_heads", nullptr);
+  const int64_t heads = c.n_heads, max_pos = 2048;
+  c.n_kv_heads = config_int(j, path, "num_key_value_heads", &heads);
+  c.vocab_size = config_int(j, path, "vocab_size", nullptr);
+  c.seq_len = config_int(j, path, "max_position_embeddings", &max_pos);
+  const double eps = 1e-5, theta = 10000.0, factor = 0.5;
+  c.norm_eps = float(config_get<double>(j, path, "layer_norm_eps", &eps));
+  c.rope_theta = float(config_get<double>(j, path, "rope_theta", &theta));
+  const bool no = false;
+  c.shared_classifier = config_get<bool>(j, path, "tie_word_embeddings", &no);
+  const std::string gelu = "gelu_new";
+  const std::string act = config_get<std::string>(j, path, "hidden_act", &gelu);
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+    throw InputError(path, "hidden_act '" + act + "' is not supported (Phi: gelu_new)");
+  if (config_get<bool>(j, path, "qk_layernorm", &no)) throw InputError(path, "qk_layernorm is not supported");
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+    throw InputError(path, "rope_scaling is not supported");
+  if (c.dim % c.n_heads != 0) throw InputError(path, "hidden_size is not a multiple of num_attention_heads");
+  // modeling_phi.py: rotary_ndims = int(head_dim * partial_rotary_factor).
+  const double f = config_get<double>(j, path, "partial_rotary_factor", &factor);
+  if (!(f > 0.0 && f <= 1.0)) throw InputError(path, "partial_rotary_factor must be in (0, 1]");
+  c.rope_dims = int(double(c.dim / c.n_heads) * f);
+  if (c.rope_dims == c.dim / c.n_heads) c.rope_dims = 0;  // the whole head
+  if (std::string p = model_config_problem(c); !p.empty()) throw InputError(path, p);
+  return c;
+}
+
 ModelConfig read_config(const std::string& path) {
   json j;
   try {
@@ -184,9 +222,10 @@ ModelConfig read_config(const std::string& path) {
   const std::string llama = "llama";
   const std::string type = config_get<std::string>(j, path, "model_type", &llama);
   if (type == "opt") return read_opt_config(j, path);
+  if (type == "phi") return read_phi_config(j, path);
   // Mistral is the Llama block with sliding-window attention (modeling_mistral.py): read as Llama plus the window.
   if (type != "llama" && type != "mistral")
-    throw InputError(path, "model_type '" + type + "' is not supported (llama, mistral or opt)");
+    throw InputError(path, "model_type '" + type + "' is not supported (llama, mistral, opt or phi)");
   const std::string silu = "silu";
   const std::string act = config_get<std::string>(j, path, "hidden_act", &silu);
   ModelConfig c;
@@ -309,6 +348,35 @@ std::vector<HfTensor> hf_tensor_list(const ModelConfig& c) {
     if (!c.shared_classifier) model("lm_head.weight", {voc, dim}, &MW::wcls);
     return t;
   }
+  if (c.arch == ModelArch::kPhi) {  // modeling_phi.py's PhiForCausalLM state dict
+    model("model.embed_tokens.weight", {voc, dim}, &MW::tok_embeddings);
+    for (int i = 0; i < c.n_layers; ++i) {
+      auto add = [&](const char* part, std::vector<uint64_t> shape, std::vector<float> LW::*f, char ffn = 0,
+                     bool rope = false) {
+        t.push_back(
+            {"model.layers." + std::to_string(i) + "." + part, std::move(shape), i, part, ffn, nullptr, f, rope});
+      };
+      add("input_layernorm.weight", {dim}, &LW::rms_att);
+      add("input_layernorm.bias", {dim}, &LW::att_norm_b);
+      add("self_attn.q_proj.weight", {dim, dim}, &LW::wq, 0, true);
+      add("self_attn.q_proj.bias", {dim}, &LW::bq, 0, true);
+      add("self_attn.k_proj.weight", {kv, dim}, &LW::wk, 0, true);
+      add("self_attn.k_proj.bias", {kv}, &LW::bk, 0, true);
+      add("self_attn.v_proj.weight", {kv, dim}, &LW::wv);
+      add("self_attn.v_proj.bias", {kv}, &LW::bv);
+      add("self_attn.dense.weight", {dim, dim}, &LW::wo);
+      add("self_attn.dense.bias", {dim}, &LW::bo);
+      add("mlp.fc1.weight", {hid, dim}, &LW::w_up, 'u');
+      add("mlp.fc1.bias", {hid}, &LW::b_up, 'b');
+      add("mlp.fc2.weight", {dim, hid}, &LW::w_down, 'd');
+      add("mlp.fc2.bias", {dim}, &LW::b_down);
+    }
+    model("model.final_layernorm.weight", {dim}, &MW::rms_final);
+    model("model.final_layernorm.bias", {dim}, &MW::final_norm_b);
+    if (!c.shared_classifier) model("lm_head.weight", {voc, dim}, &MW::wcls);
+    model("lm_head.bias", {voc}, &MW::cls_b);
+    return t;
+  }
   model("model.embed_tokens.weight", {voc, dim}, &MW::tok_embeddings);
   for (int i = 0; i < c.n_layers; ++i) {
     auto add = [&](const char* part, std::vector<uint64_t> shape, std::vector<float> LW::*f, char ffn = 0,
@@ -328,6 +396,13 @@ std::vector<HfTensor> hf_tensor_list(const ModelConfig& c) {
   model("model.norm.weight", {dim}, &MW::rms_final);
   if (!c.shared_classifier) model("lm_head.weight", {voc, dim}, &MW::wcls);
   return t;
+}
+
+// A q / k tensor of a RoPE model (weight rows, or its bias: rows of one column) between HF's rotate_half order and the
+// canonical pairs (permute_rope_rows; Phi's partial rotary turns the first rope_dim() rows of each head).
+std::vector<float> hf_rope_rows(const HfTensor& t, const ModelConfig& c, const std::vector<float>& v, bool to_hf) {
+  const int hd = c.head_dim(), cols = t.shape.size() > 1 ? int(t.shape[1]) : 1;
+  return permute_rope_rows(v, int(t.shape[0]) / hd, hd, cols, to_hf, c.rope_dim());
 }
 
 // The layer tensors' common prefix (what follows is "{layer}.").
@@ -382,6 +457,25 @@ std::string hf_config_text(const ModelConfig& c, TensorDtype dtype) {
                       {"bos_token_id", 2},
                       {"eos_token_id", 2},
                       {"pad_token_id", 1},
+                      {"torch_dtype", hf_torch_dtype(dtype)}};
+    return cfg.dump(2) + "\n";
+  }
+  if (c.arch == ModelArch::kPhi) {
+    const json cfg = {{"architectures", {"PhiForCausalLM"}},
+                      {"model_type", "phi"},
+                      {"hidden_size", c.dim},
+                      {"intermediate_size", c.hidden_dim},
+                      {"num_hidden_layers", c.n_layers},
+                      {"num_attention_heads", c.n_heads},
+                      {"num_key_value_heads", c.n_kv_heads},
+                      {"vocab_size", c.vocab_size},
+                      {"max_position_embeddings", c.seq_len},
+                      {"partial_rotary_factor", double(c.rope_dim()) / double(c.head_dim())},
+                      {"rope_theta", float_for_json(c.rope_theta)},
+                      {"layer_norm_eps", float_for_json(c.norm_eps)},
+                      {"hidden_act", "gelu_new"},
+                      {"qk_layernorm", false},
+                      {"tie_word_embeddings", c.shared_classifier},
                       {"torch_dtype", hf_torch_dtype(dtype)}};
     return cfg.dump(2) + "\n";
   }
@@ -524,13 +618,17 @@ class SafetensorsSource : public ModelSource {
   }
 
   ModelWeights read_dense() override {
-    if (config_.arch != ModelArch::kLlama) {  // OPT: by the tensor list (its fc1 bias is a dense tensor here)
+    if (config_.arch != ModelArch::kLlama) {  // OPT, Phi: by the tensor list (fc1's bias is a dense tensor here)
       ModelWeights w;
       w.source = path_;
       w.config = config_;
       w.layers.resize(size_t(config_.n_layers));
       for (const HfTensor& t : hf_tensor_list(config_))
-        if (t.ffn == 0 || t.ffn == 'b') load(t.name, t.shape[0], t.shape.size() > 1 ? t.shape[1] : 0, t.in(w));
+        if (t.ffn == 0 || t.ffn == 'b') {
+          std::vector<float>& v = t.in(w);
+          load(t.name, t.shape[0], t.shape.size() > 1 ? t.shape[1] : 0, v);
+          if (t.rope_rows) v = hf_rope_rows(t, config_, v, false);  // Phi's q / k rows and biases
+        }
       return w;
     }
     static const std::map<std::string, std::string> kNames = {{"embed", "model.embed_tokens.weight"},
@@ -769,9 +867,7 @@ void write_safetensors_model(const std::string& dir, const ModelWeights& w, Tens
   // Each tensor's data in the writer's convention (q/k rows of a RoPE model permuted back to HF's rotate_half order).
   auto data = [&](const HfTensor& t) -> std::vector<float> {
     const std::vector<float>& v = t.in(w);
-    if (!t.rope_rows) return v;
-    const int heads = t.layer_field == &LayerWeights::wq ? c.n_heads : c.n_kv_heads;
-    return permute_rope_rows(v, heads, c.head_dim(), c.dim, true);
+    return t.rope_rows ? hf_rope_rows(t, c, v, true) : v;
   };
   AtomicWriter out((fs::path(dir) / "model.safetensors").string());
   const std::string htext = hf_header_text(tensors, dtype);

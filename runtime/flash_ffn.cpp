@@ -129,7 +129,8 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
   if (o.select == SelectMode::kLowRank) {
     if (!ffn_act_sparse(c.act))
       throw UsageError(std::string(o.stored_predictor ? "--select predictor" : "--select lowrank") +
-                       " predicts ReLU-family sparsity; this model's FFN activation is SiLU (every neuron fires)");
+                       " predicts ReLU-family sparsity; this model's FFN activation is " + ffn_act_name(c.act) +
+                       " (every neuron fires: use --select threshold)");
     if (o.lowrank_rank < 1) throw UsageError("--select lowrank:R needs R >= 1");
     if (o.stored_predictor) load_stored_predictor();
   }

@@ -152,8 +152,8 @@ class FlashFfn : public FfnProvider {
   std::vector<FlashCounters> per_token_;
 
   // Where each bundle's gate value comes from: given (gate rows in DRAM), or the bundle's own gate row through the
-  // model's activation (kBundleSparse: relu / fatrelu / drelu, h = 0 drops out; kBundleSilu).
-  enum class GateFrom { kGiven, kBundleSparse, kBundleSilu };
+  // model's activation (kBundleSparse: relu / fatrelu / drelu, h = 0 drops out; kBundleSmooth: SiLU / GeLU).
+  enum class GateFrom { kGiven, kBundleSparse, kBundleSmooth };
   kernels::BundleAct bundle_act(GateFrom from) const;
   // Plans and reads `active_` (ascending slots) of `layer` batch by batch and, with `out`, computes the FFN into it as
   // each batch lands (down projection accumulated in slot order: the bits of one sum over the layer).

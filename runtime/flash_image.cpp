@@ -170,14 +170,14 @@ std::unique_ptr<DenseStore> FlashImage::load_dense_store() {
     lv.wk = matrix(p + "wk", c.kv_dim(), c.dim);
     lv.wv = matrix(p + "wv", c.kv_dim(), c.dim);
     lv.wo = matrix(p + "wo", c.dim, c.dim);
-    lv.rms_ffn = norm(p + "rms_ffn");
+    if (!c.parallel_block()) lv.rms_ffn = norm(p + "rms_ffn");
     if (c.has_biases()) {
       lv.att_norm_b = norm(p + "att_norm_b");
       lv.bq = norm(p + "bq");
       lv.bk = norm(p + "bk", c.kv_dim());
       lv.bv = norm(p + "bv", c.kv_dim());
       lv.bo = norm(p + "bo");
-      lv.ffn_norm_b = norm(p + "ffn_norm_b");
+      if (!c.parallel_block()) lv.ffn_norm_b = norm(p + "ffn_norm_b");
       lv.b_up = norm(p + "b_up", c.hidden_dim);
       lv.b_down = norm(p + "b_down");
     }
@@ -185,12 +185,13 @@ std::unique_ptr<DenseStore> FlashImage::load_dense_store() {
   }
   v.rms_final = norm("rms_final");
   v.classifier = c.shared_classifier ? v.tok_embeddings : matrix("wcls", c.vocab_size, c.dim);
-  if (c.has_biases()) {
+  if (c.learned_positions()) {
     const DenseTensor& t = find("pos_embeddings", uint64_t(c.seq_len + kOptPositionOffset), uint64_t(c.dim));
     v.pos_embeddings = {t.dtype, st->bytes.data() + t.offset, c.seq_len + kOptPositionOffset, c.dim,
                         image_row_bytes(t.dtype, size_t(c.dim))};  // rows read by dequantize_row: never interleaved
-    v.final_norm_b = norm("final_norm_b");
   }
+  if (c.has_biases()) v.final_norm_b = norm("final_norm_b");
+  if (c.classifier_bias()) v.cls_b = norm("cls_b", c.vocab_size);
   return st;
 }
 

@@ -18,7 +18,6 @@ tests/make_opt_checkpoint.py, against the independent numpy forward tests/hf_opt
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -28,6 +27,7 @@ src, build = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(src, "tests"))
 sys.path.insert(0, os.path.join(src, "profiler", "python"))
 import hf_opt_reference as ref  # noqa: E402
+from nl_check import Checks  # noqa: E402
 
 try:
     import h5py  # noqa: F401
@@ -36,22 +36,10 @@ try:
 except ImportError:
     torch_ok = False
 
-L, R, P = (os.path.join(build, "cli", b) for b in ("nl-layout", "nl-run", "nl-profile"))
 work = tempfile.mkdtemp(prefix="nl-opt.")
-fails = passes = 0
 prompt = [2, 17, 300, 5, 99, 41]
-steps = 10
-
-
-def check(name, ok, detail=""):
-    global fails, passes
-    passes += bool(ok)
-    fails += not ok
-    print(("PASS " if ok else "FAIL ") + name + ("" if ok else " " + str(detail)))
-
-
-def run(*args):
-    return subprocess.run(list(args), capture_output=True, text=True)
+c = Checks(build, work, prompt, steps=10)
+L, R, P, check, run, generate, rel_err = c.L, c.R, c.P, c.check, c.run, c.generate, c.rel_err
 
 
 def make(name, *args):
@@ -60,38 +48,6 @@ def make(name, *args):
     if r.returncode:
         sys.exit("check_opt: make_opt_checkpoint failed: " + r.stderr)
     return d
-
-
-def generate(img, *extra, npy=None):
-    """nl-run generate --json on the test prompt: (parsed JSON, logits or None), or ({"error": stderr}, None)."""
-    args = [R, "generate", "--image", img, "--prompt-tokens", ",".join(map(str, prompt)), "--steps", str(steps),
-            "--json", "-q"] + list(extra)
-    if npy:
-        args += ["--logits", npy]
-    r = run(*args)
-    if r.returncode:
-        return {"error": r.stderr.strip()}, None
-    return json.loads(r.stdout), (np.load(npy) if npy else None)
-
-
-def rel_err(got, want):
-    return max(float(np.max(np.abs(got[i] - want[i])) / np.max(np.abs(want[i]))) for i in range(len(want)))
-
-
-def refused(label, args, file_part, words):
-    r = run(*args)
-    check("%s: refused (exit 3, one line naming %s)" % (label, file_part),
-          r.returncode == 3 and file_part in r.stderr and all(w in r.stderr for w in words)
-          and r.stderr.count("\n") == 1, "exit %d: %s" % (r.returncode, r.stderr.strip()))
-
-
-def edited_manifest(img, edit):
-    bad = json.load(open(img + ".json"))
-    edit(bad)
-    shutil.copy(img, os.path.join(work, "bad.nlw"))
-    bad["image"]["file"] = "bad.nlw"
-    json.dump(bad, open(os.path.join(work, "bad.nlw.json"), "w"))
-    return os.path.join(work, "bad.nlw")
 
 
 try:
@@ -245,9 +201,9 @@ try:
         else:
             check("solve + pack --export-permuted", False, r.stderr.strip())
 
-        refused("edited arch", [R, "generate", "--image", edited_manifest(f32, lambda m: m["model"].update(
+        c.refused("edited arch", [R, "generate", "--image", c.edited_manifest(f32, lambda m: m["model"].update(
             arch="llama")), "--steps", "2", "-q"], "bad.nlw.json", [])
-        refused("a 1.6 manifest naming opt", [R, "generate", "--image", edited_manifest(
+        c.refused("a 1.6 manifest naming opt", [R, "generate", "--image", c.edited_manifest(
             f32, lambda m: m.update(version_minor=6)), "--steps", "2", "-q"], "bad.nlw.json", ["1.7"])
 
     # What OPT variants are refused, by name.
@@ -261,7 +217,7 @@ try:
         shutil.copytree(ck, bdir)
         json.dump(dict(json.load(open(os.path.join(ck, "config.json"))), **edit),
                   open(os.path.join(bdir, "config.json"), "w"))
-        refused("pack, " + label, [L, "pack", "--model", bdir, "--out", os.path.join(work, "bad_out.nlw"), "-q"],
+        c.refused("pack, " + label, [L, "pack", "--model", bdir, "--out", os.path.join(work, "bad_out.nlw"), "-q"],
                 "config.json", words)
     r = run(P, "convert", "--model", ck, "--to", "llama2c", "--out", os.path.join(work, "o.bin"), "-q")
     check("convert --to llama2c refused (exit 2, naming opt)", r.returncode == 2 and "opt" in r.stderr, r.stderr)
@@ -270,7 +226,6 @@ try:
                 os.path.join(work, "o.gguf"))
         check("gguf_from_image.py refuses OPT by name (exit 3)", r.returncode == 3 and "arch opt" in r.stderr,
               "exit %d: %s" % (r.returncode, r.stderr.strip()))
-    print("check_opt: %d passed, %d failed" % (passes, fails))
-    sys.exit(1 if fails else 0)
+    sys.exit(c.summary("check_opt"))
 finally:
     shutil.rmtree(work, ignore_errors=True)

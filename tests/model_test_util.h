@@ -68,6 +68,48 @@ inline ModelWeights random_weights(ModelConfig c, uint64_t seed) {
   return w;
 }
 
+// Random weights of any architecture (OPT, Phi: every tensor dense_tensor_specs lists, plain FFN), norms near 1.
+inline ModelWeights random_arch_weights(ModelConfig c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 0.3f);
+  ModelWeights w;
+  w.config = c;
+  w.source = "random";
+  w.layers.resize(size_t(c.n_layers));
+  for (const DenseTensorSpec& t : dense_tensor_specs(c)) {
+    std::vector<float>& v = t.in(w);
+    v.resize(size_t(t.elems()));
+    const bool norm = t.name.find("rms_") != std::string::npos;
+    for (float& x : v) x = norm ? 1.0f + 0.1f * nd(rng) : nd(rng);
+  }
+  const size_t mat = size_t(c.dim) * size_t(c.hidden_dim);
+  for (auto& L : w.layers) {
+    for (auto* m : {&L.w_gate, &L.w_up, &L.w_down}) {
+      if (m == &L.w_gate && !c.ffn_gated()) continue;
+      m->resize(mat);
+      for (float& x : *m) x = nd(rng);
+    }
+  }
+  return w;
+}
+
+// A small OPT (learned positions, LayerNorm, biases) or Phi (parallel block, partial rotary, GeLU) config.
+inline ModelConfig small_arch_config(ModelArch arch) {
+  ModelConfig c;
+  c.arch = arch;
+  c.dim = 32;
+  c.hidden_dim = 37;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 4;
+  c.vocab_size = 19;
+  c.seq_len = 64;
+  c.act = arch == ModelArch::kPhi ? FfnAct::kGelu : FfnAct::kRelu;
+  c.rope_dims = arch == ModelArch::kPhi ? 4 : 0;
+  c.shared_classifier = arch == ModelArch::kOpt;
+  return c;
+}
+
 inline ModelConfig small_config(FfnAct act = FfnAct::kSilu, bool shared = true) {
   ModelConfig c;
   c.dim = 24;

@@ -87,6 +87,17 @@ TEST_CASE("sequence forward equals token-by-token on the bundled tiny ReLU model
   check_paths_agree(w, tokens);
 }
 
+TEST_CASE("sequence forward equals token-by-token on random OPT and Phi models (biases, LayerNorm, positions)") {
+  for (ModelArch arch : {ModelArch::kOpt, ModelArch::kPhi}) {
+    const std::string name = model_arch_name(arch);
+    CAPTURE(name);
+    const ModelWeights w = test::random_arch_weights(test::small_arch_config(arch), 31);
+    std::vector<int> tokens;
+    for (int i = 0; i < 40; ++i) tokens.push_back((i * 7 + 3) % w.config.vocab_size);
+    check_paths_agree(w, tokens);
+  }
+}
+
 TEST_CASE("sequence forward equals token-by-token on a random ReLU model with odd widths") {
   const ModelWeights w = test::random_weights(test::small_config(FfnAct::kRelu, false), 21);
   std::vector<int> tokens;

@@ -107,6 +107,10 @@ uint64_t image_id_of(const ImageManifest& m) {
     str("arch");
     str(model_arch_name(c.arch));
   }
+  if (c.rope_dims > 0) {  // 1.7: Phi's partial rotary
+    str("rope_dims");
+    u64(uint64_t(c.rope_dims));
+  }
   if (c.act == FfnAct::kFatRelu) {  // 1.5 (kImageVersionMinorActivations)
     str("fatrelu_threshold");
     u64(std::bit_cast<uint32_t>(c.fatrelu_threshold));
@@ -245,6 +249,7 @@ std::string manifest_to_json(const ImageManifest& m) {
                 {"shared_classifier", c.shared_classifier}};
   if (c.sliding_window > 0) j["model"]["sliding_window"] = c.sliding_window;
   if (c.arch != ModelArch::kLlama) j["model"]["arch"] = model_arch_name(c.arch);
+  if (c.rope_dims > 0) j["model"]["rope_dims"] = c.rope_dims;
   if (c.act == FfnAct::kFatRelu) j["model"]["fatrelu_threshold"] = double(c.fatrelu_threshold);
   j["dtype"] = image_dtype_name(m.dtype);
   j["bundle"] = {{"kind", bundle_kind_name(m.bundle_kind)}, {"bytes", m.bundle_bytes}};
@@ -346,8 +351,9 @@ void check_manifest(const ImageManifest& m, const std::string& path) {
   if (!image_row_len_ok(m.dtype, size_t(c.dim)))
     bad(path, std::string(image_dtype_name(m.dtype)) + " needs dim to be a multiple of 32, the model has dim " +
                   std::to_string(c.dim));
-  if (c.arch == ModelArch::kOpt && m.bundle_kind != BundleKind::kPlain)
-    bad(path, "model.arch opt needs plain bundles (an fc1 row and an fc2 column per neuron), not " +
+  if (!c.ffn_gated() && m.bundle_kind != BundleKind::kPlain)
+    bad(path, "model.arch " + std::string(model_arch_name(c.arch)) +
+                  " needs plain bundles (an fc1 row and an fc2 column per neuron), not " +
                   std::string(bundle_kind_name(m.bundle_kind)));
   const uint64_t part = image_row_bytes(m.dtype, size_t(c.dim));
   const uint64_t want_bundle = image_bundle_bytes(m.dtype, m.bundle_kind, size_t(c.dim));
@@ -516,13 +522,19 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
     c.norm_eps = mc.at("norm_eps").get<float>();
     if (mc.contains("arch")) {  // 1.7: the block's architecture (absent: llama)
       const std::string arch = need_str(mc, "arch", path, "model.");
-      if (!model_arch_parse(arch, &c.arch)) bad(path, "model.arch '" + arch + "' is not llama or opt");
+      if (!model_arch_parse(arch, &c.arch)) bad(path, "model.arch '" + arch + "' is not llama, opt or phi");
       if (c.arch != ModelArch::kLlama && m.version_major == 1 && m.version_minor < kImageVersionMinorArch)
         bad(path, "model.arch " + arch + " needs format version 1." + std::to_string(kImageVersionMinorArch) +
                       " (this manifest is 1." + std::to_string(m.version_minor) + ")");
     }
+    if (mc.contains("rope_dims")) {  // 1.7: Phi's partial rotary (checked with the config below)
+      c.rope_dims = need_int(mc, "rope_dims", path, "model.");
+      if (m.version_major == 1 && m.version_minor < kImageVersionMinorArch)
+        bad(path, "has model.rope_dims but is format version 1." + std::to_string(m.version_minor) + " (1." +
+                      std::to_string(kImageVersionMinorArch) + " has it)");
+    }
     std::string act = need_str(mc, "ffn_act", path, "model.");
-    if (!ffn_act_parse(act, &c.act)) bad(path, "model.ffn_act '" + act + "' is not silu, relu, fatrelu or drelu");
+    if (!ffn_act_parse(act, &c.act)) bad(path, "model.ffn_act '" + act + "' is not silu, relu, fatrelu, drelu or gelu");
     if ((c.act == FfnAct::kFatRelu || c.act == FfnAct::kDRelu) && m.version_major == 1 &&
         m.version_minor < kImageVersionMinorActivations)
       bad(path, "model.ffn_act " + act + " needs format version 1." + std::to_string(kImageVersionMinorActivations) +

@@ -39,8 +39,10 @@ inline constexpr uint32_t kImageVersionMinorActivations = 5;
 // after the FFN regions, holding per layer fc1 [rank][dim] then fc2 [hidden][rank] (rows in the predictor's dtype,
 // fc2 rows in slot order); its rank and dtype covered by the id. Written only with a predictor.
 inline constexpr uint32_t kImageVersionMinorPredictor = 6;
-// Minor 7: `model.arch` opt (formats/core/model_weights.h: learned positions, LayerNorm and attention biases, a plain
-// FFN with fc1's bias among the dense tensors), covered by the id. Written only for OPT; Llama images keep their bytes.
+// Minor 7: `model.arch` opt or phi (formats/core/model_weights.h: LayerNorm and attention biases, a plain FFN with
+// fc1's bias among the dense tensors; OPT's learned positions; Phi's parallel block, GeLU (ffn_act gelu), partial
+// rotary `model.rope_dims` and classifier bias), covered by the id. Written only for them; Llama images keep their
+// bytes.
 inline constexpr uint32_t kImageVersionMinorArch = 7;
 inline constexpr uint64_t kImageAlign = 4096;      // region alignment and the image's total size granularity
 inline constexpr uint32_t kImageHeaderBytes = 64;  // meaningful header bytes; the header block is kImageAlign

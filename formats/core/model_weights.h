@@ -11,11 +11,15 @@
 //   fatrelu (ProSparse): gate_act = v if v > t else 0 (t = ModelConfig::fatrelu_threshold >= 0); drelu (TurboSparse):
 //   gate_act = up_act = max(v, 0). Every activation but silu gives exact zeros: a neuron fires (is needed) when its h
 //   is not 0, which the gate alone decides except for drelu (gate x > 0 and up x > 0).
+// - Phi (ModelArch::kPhi, modeling_phi.py): one LayerNorm (rms_att + att_norm_b) feeds attention and the FFN in
+//   parallel, partial RoPE (rope_dims), q/k/v/o biases, a plain GeLU FFN h = gelu(up x + b_up) with b_down, a final
+//   LayerNorm and a classifier with a bias (cls_b). GeLU never gives exact zeros: selection is CATS-style.
 // - OPT (ModelArch::kOpt, Hugging Face modeling_opt.py with do_layer_norm_before): learned positions (row pos + 2 of
 //   pos_embeddings added to the token's embedding), LayerNorm with a bias (weight in rms_*, bias in *_norm_b), q/k/v/o
 //   with biases, no RoPE; a plain FFN h = relu(up x + b_up) (up = fc1), out = down h + b_down (down = fc2); w_gate
 //   stays empty. A neuron fires when up x + b_up > 0; its bundle is the fc1 row and the fc2 column (two vectors).
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -25,23 +29,35 @@
 namespace nl {
 
 // The block's architecture: Llama (RMSNorm, RoPE, gated FFN; Mistral, ProSparse, TurboSparse) or OPT.
-enum class ModelArch : int { kLlama = 0, kOpt = 1 };
-inline constexpr EnumName<ModelArch> kModelArchNames[] = {{ModelArch::kLlama, "llama"}, {ModelArch::kOpt, "opt"}};
+enum class ModelArch : int { kLlama = 0, kOpt = 1, kPhi = 2 };
+inline constexpr EnumName<ModelArch> kModelArchNames[] = {
+    {ModelArch::kLlama, "llama"}, {ModelArch::kOpt, "opt"}, {ModelArch::kPhi, "phi"}};
 inline const char* model_arch_name(ModelArch a) { return enum_name(kModelArchNames, a, "llama"); }
 inline bool model_arch_parse(const std::string& s, ModelArch* out) { return enum_parse(kModelArchNames, s, out); }
 // OPT's learned positions: position p uses row p + kOptPositionOffset of the table (Hugging Face's offset 2).
 inline constexpr int kOptPositionOffset = 2;
 
-enum class FfnAct : int { kSilu = 0, kRelu = 1, kFatRelu = 2, kDRelu = 3 };
+enum class FfnAct : int { kSilu = 0, kRelu = 1, kFatRelu = 2, kDRelu = 3, kGelu = 4 };
 
-// The manifest's and config.json's names (hidden_act): silu, relu, fatrelu, drelu.
-inline constexpr EnumName<FfnAct> kFfnActNames[] = {
-    {FfnAct::kSilu, "silu"}, {FfnAct::kRelu, "relu"}, {FfnAct::kFatRelu, "fatrelu"}, {FfnAct::kDRelu, "drelu"}};
+// The manifest's and config.json's names (hidden_act): silu, relu, fatrelu, drelu; gelu is GeLU's tanh form (Phi's
+// gelu_new, also called gelu_pytorch_tanh).
+inline constexpr EnumName<FfnAct> kFfnActNames[] = {{FfnAct::kSilu, "silu"},
+                                                    {FfnAct::kRelu, "relu"},
+                                                    {FfnAct::kFatRelu, "fatrelu"},
+                                                    {FfnAct::kDRelu, "drelu"},
+                                                    {FfnAct::kGelu, "gelu"}};
 inline const char* ffn_act_name(FfnAct a) { return enum_name(kFfnActNames, a, "silu"); }
 // Parses ffn_act_name's names; false when `s` is none of them.
 inline bool ffn_act_parse(const std::string& s, FfnAct* out) { return enum_parse(kFfnActNames, s, out); }
-// True when the activation gives exact zeros (every one but SiLU): a neuron with h = 0 adds nothing and is not read.
-inline bool ffn_act_sparse(FfnAct a) { return a != FfnAct::kSilu; }
+// True when the activation gives exact zeros (every one but SiLU and GeLU): a neuron with h = 0 adds nothing and is not
+// read.
+inline bool ffn_act_sparse(FfnAct a) { return a != FfnAct::kSilu && a != FfnAct::kGelu; }
+// The smooth activations (never exactly zero): SiLU v / (1 + e^-v); GeLU 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715
+// v^3))) (transformers' NewGELUActivation). The one definition every path uses.
+inline float ffn_act_smooth(FfnAct a, float v) {
+  if (a == FfnAct::kGelu) return 0.5f * v * (1.0f + std::tanh(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+  return v / (1.0f + std::exp(-v));
+}
 
 struct ModelConfig {
   ModelArch arch = ModelArch::kLlama;
@@ -60,13 +76,23 @@ struct ModelConfig {
   // Sliding-window attention (Mistral): position i attends to positions j with i - window < j <= i; 0 = every
   // earlier position (Llama).
   int sliding_window = 0;
+  // Partial rotary embeddings (Phi: head_dim x partial_rotary_factor): RoPE turns each head's first rope_dims
+  // dimensions (pairs j < rope_dims / 2 at theta^(-2j / rope_dims)); 0 = the whole head.
+  int rope_dims = 0;
 
-  // The FFN has a gate (Llama family: gate row, up row, down column per neuron); OPT's is plain (up row, down column).
+  // The FFN has a gate (Llama family: gate row, up row, down column per neuron); OPT's and Phi's are plain (up row,
+  // down column).
   bool ffn_gated() const { return arch == ModelArch::kLlama; }
-  // OPT: LayerNorm with biases, learned positions, attention and FFN biases (the tensors dense_tensor_specs adds).
-  bool has_biases() const { return arch == ModelArch::kOpt; }
-  // Rotary position embeddings (Llama family); OPT adds learned positions to the embedding instead.
-  bool rope() const { return arch == ModelArch::kLlama; }
+  // OPT and Phi: LayerNorm with biases, attention and FFN biases (the tensors dense_tensor_specs adds).
+  bool has_biases() const { return arch != ModelArch::kLlama; }
+  // Rotary position embeddings (Llama family, Phi's partial ones); OPT adds learned positions to the embedding.
+  bool rope() const { return arch != ModelArch::kOpt; }
+  bool learned_positions() const { return arch == ModelArch::kOpt; }
+  // Phi: attention and FFN read the same normalised input and both add to the residual (no FFN norm).
+  bool parallel_block() const { return arch == ModelArch::kPhi; }
+  // Phi: the classifier (lm_head) has a bias.
+  bool classifier_bias() const { return arch == ModelArch::kPhi; }
+  int rope_dim() const { return rope_dims > 0 ? rope_dims : head_dim(); }
   // The gate's zero threshold: gate_act(v) = 0 unless v > gate_floor() (relu / drelu 0, fatrelu t).
   float gate_floor() const { return act == FfnAct::kFatRelu ? fatrelu_threshold : 0.0f; }
   int head_dim() const { return n_heads ? dim / n_heads : 0; }
@@ -101,7 +127,8 @@ struct ModelWeights {
   std::vector<float> rms_final;       // [dim]
   std::vector<float> wcls;            // [vocab][dim]; empty when config.shared_classifier
   std::vector<float> pos_embeddings;  // OPT: [seq_len + kOptPositionOffset][dim]
-  std::vector<float> final_norm_b;    // OPT: [dim]
+  std::vector<float> final_norm_b;    // OPT, Phi: [dim]
+  std::vector<float> cls_b;           // Phi: the classifier's bias [vocab]
 
   const float* classifier() const { return config.shared_classifier ? tok_embeddings.data() : wcls.data(); }
 };
@@ -121,6 +148,11 @@ inline std::string model_config_problem(const ModelConfig& c) {
   if (c.sliding_window < 0) return "sliding_window must be positive (or absent)";
   if (c.arch == ModelArch::kOpt && (c.act != FfnAct::kRelu || c.n_kv_heads != c.n_heads || c.sliding_window != 0))
     return "OPT models have a ReLU FFN, one key/value head per query head and no attention window";
+  if ((c.arch == ModelArch::kPhi) != (c.act == FfnAct::kGelu) || (c.arch == ModelArch::kPhi && c.sliding_window))
+    return "the GeLU FFN belongs to Phi models (and they have no attention window)";
+  if (c.rope_dims != 0 &&
+      (c.arch != ModelArch::kPhi || c.rope_dims < 2 || c.rope_dims % 2 != 0 || c.rope_dims > c.head_dim()))
+    return "rope_dims (partial rotary) must be even, between 2 and the head dimension, and only for Phi";
   return "";
 }
 
@@ -151,7 +183,8 @@ inline std::vector<DenseTensorSpec> dense_tensor_specs(const ModelConfig& c) {
     v.push_back({name, rows, cols, -1, f, nullptr});
   };
   model("tok_embeddings", vocab, dim, &ModelWeights::tok_embeddings);
-  if (b) model("pos_embeddings", uint64_t(c.seq_len + kOptPositionOffset), dim, &ModelWeights::pos_embeddings);
+  if (c.learned_positions())
+    model("pos_embeddings", uint64_t(c.seq_len + kOptPositionOffset), dim, &ModelWeights::pos_embeddings);
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     auto layer = [&](const char* name, uint64_t rows, uint64_t cols, std::vector<float> LayerWeights::*f) {
@@ -167,9 +200,9 @@ inline std::vector<DenseTensorSpec> dense_tensor_specs(const ModelConfig& c) {
     if (b) layer("bv", 1, kv, &LayerWeights::bv);
     layer("wo", dim, dim, &LayerWeights::wo);
     if (b) layer("bo", 1, dim, &LayerWeights::bo);
-    layer("rms_ffn", 1, dim, &LayerWeights::rms_ffn);
+    if (!c.parallel_block()) layer("rms_ffn", 1, dim, &LayerWeights::rms_ffn);
     if (b) {
-      layer("ffn_norm_b", 1, dim, &LayerWeights::ffn_norm_b);
+      if (!c.parallel_block()) layer("ffn_norm_b", 1, dim, &LayerWeights::ffn_norm_b);
       layer("b_up", 1, uint64_t(c.hidden_dim), &LayerWeights::b_up);
       layer("b_down", 1, dim, &LayerWeights::b_down);
     }
@@ -177,6 +210,7 @@ inline std::vector<DenseTensorSpec> dense_tensor_specs(const ModelConfig& c) {
   model("rms_final", 1, dim, &ModelWeights::rms_final);
   if (b) model("final_norm_b", 1, dim, &ModelWeights::final_norm_b);
   if (!c.shared_classifier) model("wcls", vocab, dim, &ModelWeights::wcls);
+  if (c.classifier_bias()) model("cls_b", 1, vocab, &ModelWeights::cls_b);
   return v;
 }
 

@@ -14,6 +14,7 @@ kernels::BundleAct FlashFfn::bundle_act(GateFrom from) const {
   kernels::BundleAct a;
   a.gate = from == GateFrom::kGiven          ? kernels::BundleGate::kGiven
            : from == GateFrom::kBundleSparse ? kernels::BundleGate::kRelu
+           : m_.config.act == FfnAct::kGelu  ? kernels::BundleGate::kGelu
                                              : kernels::BundleGate::kSilu;
   a.floor = m_.config.gate_floor();
   a.up_relu = m_.config.act == FfnAct::kDRelu;

@@ -136,7 +136,7 @@ FlashFfn::GateFrom FlashFfn::select_token(int layer, int t, const float* xt, flo
     else
       active_ = given;
     prev_needed_[size_t(layer)] = active_;
-    return ffn_act_sparse(c.act) ? GateFrom::kBundleSparse : GateFrom::kBundleSilu;
+    return ffn_act_sparse(c.act) ? GateFrom::kBundleSparse : GateFrom::kBundleSmooth;
   }
   auto t0 = Clock::now();
   active_.clear();
@@ -149,7 +149,7 @@ FlashFfn::GateFrom FlashFfn::select_token(int layer, int t, const float* xt, flo
     if (sparse) {
       if (g[s] > floor && (!u || u[s] > 0.0f)) active_.push_back(uint32_t(s));
     } else {
-      g[s] = g[s] / (1.0f + std::exp(-g[s]));
+      g[s] = ffn_act_smooth(c.act, g[s]);
       active_.push_back(uint32_t(s));
     }
   }

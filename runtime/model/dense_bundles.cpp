@@ -102,17 +102,18 @@ void DenseBundles::ffn(const float* x, int n, const ModelConfig& c, float* out) 
   sc.h.resize(total);
   sc.xq.prepare(dt_, x, n, dim_);
   matmul(sc.g.data(), sc.xq, gate(), n);
-  if (plain()) {  // OPT: h = relu(up x + b), the gated path's numbers for a plain bundle
+  const bool sparse = ffn_act_sparse(c.act);
+  if (plain()) {  // OPT: h = relu(up x + b), Phi: gelu(up x + b); the gated path's numbers for a plain bundle
     parallel_for(long(total), total >= size_t(kParallelAct), [&](long i) {
       const float v = sc.g[size_t(i)] + (bias_.empty() ? 0.0f : bias_[size_t(i) % hid]);
-      sc.h[size_t(i)] = v > 0.0f ? v : 0.0f;
+      sc.h[size_t(i)] = sparse ? (v > 0.0f ? v : 0.0f) : ffn_act_smooth(c.act, v);
     });
   } else {
     matmul(sc.u.data(), sc.xq, up(), n);
     // The gated path's numbers: the sparse activations list neurons with gate > floor (ReLU / dReLU 0, FATReLU t); SiLU
     // lists every neuron with act = v / (1 + e^-v); h = g * u (0 when g is 0; dReLU: u through max(., 0)). A neuron
     // with h = 0 adds exactly nothing to a sum, so it is left out.
-    const bool sparse = ffn_act_sparse(c.act), up_relu = c.act == FfnAct::kDRelu;
+    const bool up_relu = c.act == FfnAct::kDRelu;
     const float floor = c.gate_floor();
     // Element-wise, so any split gives the same numbers; in parallel once there is enough of it (SiLU's exp per
     // neuron).
@@ -122,7 +123,7 @@ void DenseBundles::ffn(const float* x, int n, const ModelConfig& c, float* out) 
       if (sparse)
         a = g > floor ? g : 0.0f;
       else
-        a = g / (1.0f + std::exp(-g));
+        a = ffn_act_smooth(c.act, g);
       sc.h[size_t(i)] = a == 0.0f ? 0.0f : a * u;
     });
   }

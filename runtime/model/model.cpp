@@ -16,8 +16,6 @@ namespace nl {
 
 namespace {
 
-inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
-
 std::string size_problem(const char* name, size_t have, size_t want) {
   if (have == want) return "";
   return std::string(name) + " has " + std::to_string(have) + " values, expected " + std::to_string(want);
@@ -53,11 +51,12 @@ void DenseFfn::ffn(int layer, int pos0, int n, const float* x, float* out, FfnOb
     gate_.resize(total);
     up_.resize(total);
   }
-  if (!c.ffn_gated()) {  // OPT: h = relu(up x + b_up)
+  if (!c.ffn_gated()) {  // OPT: h = relu(up x + b_up); Phi: gelu(up x + b_up)
     kernels::matmul(up_.data(), x, L.w_up.data(), n, c.dim, c.hidden_dim);
+    const bool sparse = ffn_act_sparse(c.act);
     for (size_t i = 0; i < total; ++i) {
       const float v = up_[i] + L.b_up[i % hid];
-      up_[i] = v > 0.0f ? v : 0.0f;
+      up_[i] = sparse ? (v > 0.0f ? v : 0.0f) : ffn_act_smooth(c.act, v);
     }
     if (observer) observer->on_ffn(layer, pos0, n, up_.data(), up_.data());
     kernels::matmul_acc64(out, up_.data(), L.w_down.data(), n, c.hidden_dim, c.dim);
@@ -71,7 +70,7 @@ void DenseFfn::ffn(int layer, int pos0, int n, const float* x, float* out, FfnOb
     if (c.act == FfnAct::kDRelu)
       for (size_t i = 0; i < total; ++i) up_[i] = up_[i] > 0.0f ? up_[i] : 0.0f;
   } else {
-    for (size_t i = 0; i < total; ++i) gate_[i] = silu(gate_[i]);
+    for (size_t i = 0; i < total; ++i) gate_[i] = ffn_act_smooth(c.act, gate_[i]);
   }
   for (size_t i = 0; i < total; ++i) up_[i] *= gate_[i];  // up_ now holds h
   if (observer) observer->on_ffn(layer, pos0, n, gate_.data(), up_.data());
@@ -101,8 +100,9 @@ void Model::init(int max_seq) {
   const size_t kv_total = size_t(c.n_layers) * size_t(max_seq_) * size_t(c.kv_dim());
   key_cache_.assign(kv_total, 0.0f);
   value_cache_.assign(kv_total, 0.0f);
-  // RoPE angles as llama2.c computes them: pair j of a head turns by pos * theta^(-2j/head_dim).
-  const int hd = c.head_dim(), half = hd / 2;
+  // RoPE angles as llama2.c computes them: pair j of a head turns by pos * theta^(-2j/head_dim) (Phi's partial
+  // rotary: j < rope_dims / 2, theta^(-2j/rope_dims)).
+  const int hd = c.rope_dim(), half = hd / 2;
   rope_cos_.resize(size_t(max_seq_) * half);
   rope_sin_.resize(size_t(max_seq_) * half);
   for (int pos = 0; pos < max_seq_; ++pos)
@@ -170,12 +170,12 @@ void Model::pass(const int* tokens, int n, int pos0, float* logits, bool last_on
                      " exceed the context of " + std::to_string(max_seq_));
   for (int t = 0; t < n; ++t) check_token(tokens[t]);
   ensure_scratch(n);
-  const int dim = c.dim, kv_dim = c.kv_dim(), hd = c.head_dim(), half = hd / 2;
+  const int dim = c.dim, kv_dim = c.kv_dim(), hd = c.head_dim(), rot = c.rope_dim(), half = rot / 2;
   const int group = c.n_heads / c.n_kv_heads;
   const float att_scale = 1.0f / std::sqrt(float(hd));
 
   for (int t = 0; t < n; ++t) kernels::dequantize_row(v_.tok_embeddings, tokens[t], x_.data() + size_t(t) * dim);
-  if (c.has_biases())  // OPT: the learned position's row, offset 2
+  if (c.learned_positions())  // OPT: the learned position's row, offset 2
     for (int t = 0; t < n; ++t) {
       kernels::dequantize_row(v_.pos_embeddings, pos0 + t + kOptPositionOffset, tmp_.data());
       for (int i = 0; i < dim; ++i) x_[size_t(t) * dim + i] += tmp_[size_t(i)];
@@ -204,8 +204,11 @@ void Model::pass(const int* tokens, int n, int pos0, float* logits, bool last_on
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerView& L = v_.layers[size_t(l)];
-    if (ffn_->wants_layer_input()) {
-      norm(L.rms_ffn, L.ffn_norm_b);
+    if (ffn_->wants_layer_input()) {  // the FFN's input as it will be (parallel block: the attention's)
+      if (c.parallel_block())
+        norm(L.rms_att, L.att_norm_b);
+      else
+        norm(L.rms_ffn, L.ffn_norm_b);
       ffn_->layer_start(l, pos0, n, xb_.data());
     }
     norm(L.rms_att, L.att_norm_b);
@@ -233,6 +236,7 @@ void Model::pass(const int* tokens, int n, int pos0, float* logits, bool last_on
       const float* sn = rope_sin_.data() + size_t(pos0 + t) * half;
       auto rotate = [&](float* vec, int width) {
         for (int i = 0; i < width; i += 2) {
+          if (i % hd >= rot) continue;  // partial rotary: the head's other dimensions pass
           const int j = (i % hd) / 2;
           const float v0 = vec[i], v1 = vec[i + 1];
           vec[i] = v0 * cs[j] - v1 * sn[j];
@@ -279,7 +283,7 @@ void Model::pass(const int* tokens, int n, int pos0, float* logits, bool last_on
     add_bias(tmp_.data(), L.bo, dim);
     for (size_t i = 0; i < size_t(n) * dim; ++i) x_[i] += tmp_[i];
 
-    norm(L.rms_ffn, L.ffn_norm_b);
+    if (!c.parallel_block()) norm(L.rms_ffn, L.ffn_norm_b);  // parallel: xb_ still holds the attention's input
     ffn_->ffn(l, pos0, n, xb_.data(), tmp_.data(), observer_);
     add_bias(tmp_.data(), L.b_down, dim);
     for (size_t i = 0; i < size_t(n) * dim; ++i) x_[i] += tmp_[i];
@@ -296,6 +300,9 @@ void Model::pass(const int* tokens, int n, int pos0, float* logits, bool last_on
       kernels::rmsnorm(o, in, v_.rms_final, dim, c.norm_eps);
   }
   kernels::matmul(logits, xb_.data() + size_t(t0) * dim, v_.classifier, n - t0);
+  if (v_.cls_b)
+    for (int t = 0; t < n - t0; ++t)
+      for (int i = 0; i < c.vocab_size; ++i) logits[size_t(t) * size_t(c.vocab_size) + size_t(i)] += v_.cls_b[i];
 }
 
 }  // namespace nl

@@ -2072,7 +2072,9 @@ void bundle_coefficients(ImageDtype dt, int dim, const void* x, const BundleAct&
       row_dots(dt, bundles + c, m, x, dim, gv);
       for (int i = 0; i < m; ++i) {
         const float v = gv[i] + (act.bias ? act.bias[c + i] : 0.0f);
-        h[c + i] = gate == BundleGate::kRelu ? (v > floor ? v : 0.0f) : v / (1.0f + std::exp(-v));
+        h[c + i] = gate == BundleGate::kRelu
+                       ? (v > floor ? v : 0.0f)
+                       : ffn_act_smooth(gate == BundleGate::kGelu ? FfnAct::kGelu : FfnAct::kSilu, v);
       }
       continue;
     }
@@ -2085,7 +2087,7 @@ void bundle_coefficients(ImageDtype dt, int dim, const void* x, const BundleAct&
         if (gate == BundleGate::kRelu) {
           if (!(gi > floor)) gi = 0.0f;
         } else {
-          gi = gi / (1.0f + std::exp(-gi));
+          gi = ffn_act_smooth(gate == BundleGate::kGelu ? FfnAct::kGelu : FfnAct::kSilu, gi);
         }
       }
     }

@@ -152,10 +152,10 @@ void down_tokens(ImageDtype dt, float* out, size_t out_stride, int len, const Do
 // The first phase of the gated FFN over bundles ([gate row | up row | down column], each image_row_bytes(dt, dim)
 // bytes): h[i] = g_i * u_i for i < n, 0 where g_i is 0, with g_i = g[i] (kGiven) or the bundle's own gate row dotted
 // with x through the gate activation (g unused): kRelu keeps v when v > floor (ReLU: floor 0; FATReLU: floor t), kSilu
-// gives v / (1 + e^-v); u_i = up_i . x, through max(., 0) when up_relu (dReLU). x = PreparedX::row(t). Rows go
-// kRowBlock at a time through row_dots in chunks of kBundleChunk neurons: the same numbers as row_dot one neuron at a
-// time.
-enum class BundleGate { kGiven, kRelu, kSilu };
+// and kGelu give ffn_act_smooth (formats/core/model_weights.h); u_i = up_i . x, through max(., 0) when up_relu (dReLU).
+// x = PreparedX::row(t). Rows go kRowBlock at a time through row_dots in chunks of kBundleChunk neurons: the same
+// numbers as row_dot one neuron at a time.
+enum class BundleGate { kGiven, kRelu, kSilu, kGelu };
 struct BundleAct {
   BundleGate gate = BundleGate::kRelu;
   float floor = 0.0f;    // kRelu: the gate's zero threshold (ModelConfig::gate_floor)

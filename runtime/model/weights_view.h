@@ -49,7 +49,8 @@ struct ModelView {
   const float* rms_final = nullptr;
   WeightView classifier;                // [vocab][dim] (the embedding when the classifier is shared)
   WeightView pos_embeddings;            // OPT: [seq_len + kOptPositionOffset][dim]
-  const float* final_norm_b = nullptr;  // OPT
+  const float* final_norm_b = nullptr;  // OPT, Phi
+  const float* cls_b = nullptr;         // Phi: the classifier's bias [vocab]
 };
 
 // The f32 view of ModelWeights (sizes must already be checked: model_weights_problem).
