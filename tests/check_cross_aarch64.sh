@@ -82,21 +82,25 @@ for fam in fatrelu drelu; do
     done
   done
 done
-# OPT (learned positions, LayerNorm, biases, plain bundles): a random-weight checkpoint (tests/make_opt_checkpoint.py,
-# numpy), f16 and q4_0.
+# OPT (learned positions, LayerNorm, biases, plain bundles) and Phi (parallel block, partial rotary, GeLU; gate and
+# CATS threshold): random-weight checkpoints (tests/make_{opt,phi}_checkpoint.py, numpy), f16 and q4_0.
 py=${NL_PYTHON:-/usr/bin/python3}
 if "$py" -c 'import numpy' 2>/dev/null; then
-  "$py" "$src/tests/make_opt_checkpoint.py" "$work/opt" --max-pos 128
-  for dt in f16 q4_0; do
-    "$native/cli/nl-layout" --quiet pack --model "$work/opt" --dtype "$dt" --out "$work/opt_$dt.nlw"
-    for sel in gate dense; do
-      same_tokens "$work/opt_$dt.nlw" "random OPT $dt --select $sel" --prompt-tokens 2,17,300,5 --steps 24 \
-        --select "$sel" --gap 2 --cache-ratio 0.1
+  for fam in opt phi; do
+    "$py" "$src/tests/make_${fam}_checkpoint.py" "$work/$fam" --max-pos 128
+    sels=(gate dense)
+    [ "$fam" = phi ] && sels+=(threshold:0.05)
+    for dt in f16 q4_0; do
+      "$native/cli/nl-layout" --quiet pack --model "$work/$fam" --dtype "$dt" --out "$work/${fam}_$dt.nlw"
+      for sel in "${sels[@]}"; do
+        same_tokens "$work/${fam}_$dt.nlw" "random $fam $dt --select $sel" --prompt-tokens 2,17,300,5 --steps 24 \
+          --select "$sel" --gap 2 --cache-ratio 0.1
+      done
     done
   done
 else
-  echo "cross aarch64: SKIPPED in part: OPT (no numpy for $py to write its checkpoint)" >&2
-  echo "OPT (no numpy for $py)" >>"$skipfile"
+  echo "cross aarch64: SKIPPED in part: OPT and Phi (no numpy for $py to write their checkpoints)" >&2
+  echo "OPT and Phi (no numpy for $py)" >>"$skipfile"
 fi
 # The C API's example program (examples/nl_run_example.c), static aarch64 under qemu: nl-run's native tokens.
 cmake --build "$cross" --target nl_run_example -j "$(nproc)" >>"$cross.build.log" 2>&1 ||
