@@ -100,7 +100,8 @@ void add_generate_prompt_options(CLI::App* c, GenerateArgs& a) {
        "--select", a.select,
        "Which neurons to read: gate (exact, gate rows in DRAM) | dense (whole FFN decoded into DRAM: the "
        "reference) | predictor (the image's stored predictor, nl-layout pack --predictor; threshold calibrated as "
-       "lowrank's) | lowrank:R (ReLU models: rank-R SVD predictor of the gate, threshold calibrated to "
+       "lowrank's) | predictor:T (deployed: score > T, no gate rows in DRAM, no calibration, recall not measured) | "
+       "lowrank:R (ReLU models: rank-R SVD predictor of the gate, threshold calibrated to "
        "--target-recall) | threshold:T (CATS: |act(gate x)| > T, gate rows in DRAM) | threshold (the same with the "
        "manifest's per-layer act_threshold) | trace:T.h5 (full "
        "builds: each token's neurons from a trace of the same shape; timing benchmarks)")
@@ -394,6 +395,10 @@ std::vector<int> reference_run(Session& s, const std::vector<int>& prompt, int s
                                const std::vector<int>& stop, nlohmann::json& extra) {
   const SelectMode m = s.selection().mode;
   if (m != SelectMode::kLowRank && m != SelectMode::kThreshold) return {};
+  if (s.selection().deploy) {  // predictor:T has no gate rows: no exact run to compare with
+    s.start_selection();
+    return {};
+  }
   s.calibrate();
   if (m == SelectMode::kLowRank) extra["calibration_samples"] = s.ffn()->calibration_samples();
   std::vector<int> reference = s.generate(prompt, steps, sc, stop).tokens;
@@ -464,6 +469,19 @@ void selection_json(const GenerateArgs& a, const Session& s, const std::vector<i
   const SelectMode m = s.selection().mode;
   const FlashFfn* ffn = s.ffn();
   const auto [agree, prefix] = agreement(out, reference);
+  if (m == SelectMode::kLowRank && s.selection().deploy) {
+    const PredictorCounters& p = ffn->predictor();
+    extra["predictor"] = {
+        {"rank", s.selection().rank},
+        {"source", "stored: " + s.manifest().predictor_source},
+        {"deployed", true},
+        {"threshold", s.selection().predictor_threshold},
+        {"recall", nullptr},  // no gate rows: what fires is not known (--select predictor measures it)
+        {"precision", nullptr},
+        {"predicted_per_layer_token",
+         double(p.predicted) / double(std::max<uint64_t>(1, forwards * uint64_t(s.manifest().config.n_layers)))}};
+    return;
+  }
   if (m == SelectMode::kLowRank) {
     const PredictorCounters& p = ffn->predictor();
     const int layers = s.manifest().config.n_layers;
@@ -527,7 +545,13 @@ void print_summary(const GenerateArgs& a, const GlobalOptions& g, Session& s, co
       for (int t : extra["generated"]) std::printf(" %d", t);
       std::printf("\n");
     }
-    if (extra.contains("predictor")) {
+    if (extra.contains("predictor") && extra["predictor"].contains("deployed")) {
+      const auto& p = extra["predictor"];
+      std::printf(
+          "stored rank-%d predictor, deployed: score > %g, %.1f neurons per layer-token; recall not measured "
+          "(no gate rows: --select predictor measures it)\n",
+          s.selection().rank, p["threshold"].get<double>(), p["predicted_per_layer_token"].get<double>());
+    } else if (extra.contains("predictor")) {
       const auto& p = extra["predictor"];
       std::printf(
           "%s%d predictor: recall %.4f, precision %.4f (target recall %.3f on %llu calibration samples); "

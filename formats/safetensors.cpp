@@ -233,7 +233,7 @@ ModelConfig read_config(const std::string& path) {
   // drelu (TurboSparse: ReLU on both gate and up).
   if (act == "swish")
     c.act = FfnAct::kSilu;
-  else if (!ffn_act_parse(act, &c.act))
+  else if (!ffn_act_parse(act, &c.act) || c.act == FfnAct::kGelu)  // GeLU: Phi's (model_type phi)
     throw InputError(path, "hidden_act '" + act + "' is not supported (silu, relu, fatrelu or drelu)");
   if (c.act == FfnAct::kFatRelu) {
     if (!j.contains("hidden_act_param"))

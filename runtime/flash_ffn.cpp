@@ -120,8 +120,7 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
     }
   }
   // The selections that keep gate rows in DRAM read every FFN region below: the pinned bundles come from those bytes.
-  pinned_from_regions_ =
-      o.select == SelectMode::kGate || o.select == SelectMode::kLowRank || o.select == SelectMode::kThreshold;
+  pinned_from_regions_ = selection_keeps_gate_rows(o.select, o.predictor_only);
   make_caches();
   prev_needed_.resize(size_t(c.n_layers));
   pf_window_.assign(size_t(c.n_layers), 0.0);
@@ -129,8 +128,9 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
   if (o.select == SelectMode::kLowRank) {
     if (!ffn_act_sparse(c.act))
       throw UsageError(std::string(o.stored_predictor ? "--select predictor" : "--select lowrank") +
-                       " predicts ReLU-family sparsity; this model's FFN activation is " + ffn_act_name(c.act) +
-                       " (every neuron fires: use --select threshold)");
+                       " predicts ReLU-family sparsity; this model's FFN activation is " +
+                       (c.act == FfnAct::kGelu ? "GeLU (gelu" : "SiLU (silu") +
+                       "; every neuron fires: use --select threshold)");
     if (o.lowrank_rank < 1) throw UsageError("--select lowrank:R needs R >= 1");
     if (o.stored_predictor) load_stored_predictor();
   }
@@ -148,8 +148,14 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
       throw UsageError("--select trace needs a model's FFN (this image has plain bundles of a gated model: I/O only)");
     trace_active_.resize(size_t(c.n_layers));
   }
-  if (o.select == SelectMode::kGate || o.select == SelectMode::kLowRank || o.select == SelectMode::kDense ||
-      o.select == SelectMode::kThreshold) {
+  if (o.predictor_only) {  // --select predictor:T: the stored predictor decides from the first token
+    if (!computable) throw UsageError("--select predictor:T needs a model's FFN (this image is I/O only)");
+    // score > T (the calibrated phases keep score >= their threshold, a recorded score).
+    threshold_.assign(size_t(c.n_layers),
+                      std::nextafter(o.predictor_threshold, std::numeric_limits<float>::infinity()));
+    phase_ = LowRankPhase::kPredict;
+  }
+  if (selection_keeps_gate_rows(o.select, o.predictor_only) || o.select == SelectMode::kDense) {
     if (!computable)
       throw UsageError(
           "--select gate|dense|lowrank|threshold needs a model's FFN (this image has plain bundles of a "
@@ -254,7 +260,7 @@ void FlashFfn::ffn(int layer, int pos0, int n_tokens, const float* x, float* out
     throw UsageError("the model forward needs --select gate, dense, lowrank, trace or threshold");
   const bool predict = opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kPredict;
   const bool overlapped = opt_.overlap != OverlapMode::kNone && opt_.select != SelectMode::kDense;
-  const bool gates = opt_.select != SelectMode::kTrace;  // gate rows in DRAM: the caller computes the gate
+  const bool gates = !gate_view_.empty();  // gate rows in DRAM: the caller computes the gate
   const ModelConfig& c = m_.config;
   const int dim = c.dim, hidden = c.hidden_dim;
   if (n_tokens > 1 && batch_.size() < size_t(n_tokens)) batch_.resize(size_t(n_tokens));

@@ -46,6 +46,11 @@ std::string selection_parse(const std::string& s, Selection* out) {
   } else if (s == "predictor") {  // lowrank's calibration and phases with the image's stored predictor
     r.mode = SelectMode::kLowRank;
     r.stored = true;
+  } else if (const std::string pt = after("predictor:"); pt != "\x01") {  // deployment: a fixed score threshold
+    r.mode = SelectMode::kLowRank;
+    r.stored = r.deploy = true;
+    if (!float_arg_problem(pt).empty()) return "predictor:T needs a finite number T, not '" + pt + "'";
+    r.predictor_threshold = std::strtod(pt.c_str(), nullptr);
   } else if (const std::string rank = after("lowrank:"); rank != "\x01") {
     r.mode = SelectMode::kLowRank;
     r.rank = positive_int(rank);
@@ -58,7 +63,8 @@ std::string selection_parse(const std::string& s, Selection* out) {
     r.mode = SelectMode::kTrace;
     r.trace = f;
   } else {
-    return "expected gate, dense, lowrank:R (R >= 1), predictor, threshold, threshold:T (T >= 0) or trace:FILE.h5";
+    return "expected gate, dense, lowrank:R (R >= 1), predictor, predictor:T, threshold, threshold:T (T >= 0) or "
+           "trace:FILE.h5";
   }
   *out = r;
   return "";

@@ -17,11 +17,16 @@
 
 namespace nl {
 
-// What `--select` names: gate | dense | lowrank:R | threshold | threshold:T | trace:FILE.
+// What `--select` names: gate | dense | lowrank:R | predictor | predictor:T | threshold | threshold:T | trace:FILE.
 struct Selection {
   SelectMode mode = SelectMode::kGate;
-  int rank = 0;           // lowrank:R, or the stored predictor's rank (predictor; filled by the Session)
-  bool stored = false;    // predictor: the image's stored predictor in place of lowrank's SVD fit
+  int rank = 0;         // lowrank:R, or the stored predictor's rank (predictor; filled by the Session)
+  bool stored = false;  // predictor: the image's stored predictor in place of lowrank's SVD fit
+  // predictor:T, deployment: a neuron is read when the stored predictor's score exceeds T (T = 0: sigmoid(score) >
+  // 0.5, a binary classifier's decision), with no gate rows in DRAM, no calibration and no exact run (recall is not
+  // measured).
+  bool deploy = false;
+  double predictor_threshold = 0;
   double threshold = -1;  // threshold:T (>= 0); -1 with kThreshold: the manifest's per-layer act_threshold
   std::string trace;      // trace:FILE (the caller names each forward pass's active sets: FlashFfn::set_trace_active)
 };

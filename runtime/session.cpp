@@ -132,10 +132,10 @@ void Session::load(int context) {
   r.budget = o_.memory_budget;
   r.budget_text = o_.memory_budget_text.empty() ? std::to_string(o_.memory_budget) : o_.memory_budget_text;
   r.context = context;
-  r.residency = sel_.mode == SelectMode::kDense             ? FfnResidency::kAll
-                : sel_.mode == SelectMode::kTrace           ? FfnResidency::kNone
-                : selection_keeps_up_rows(sel_.mode, c.act) ? FfnResidency::kGateUpRows
-                                                            : FfnResidency::kGateRows;
+  r.residency = sel_.mode == SelectMode::kDense                  ? FfnResidency::kAll
+                : sel_.mode == SelectMode::kTrace || sel_.deploy ? FfnResidency::kNone
+                : selection_keeps_up_rows(sel_.mode, c.act)      ? FfnResidency::kGateUpRows
+                                                                 : FfnResidency::kGateRows;
   r.threads = omp_get_max_threads();
   r.baseline = current_rss_bytes();
   r.read_batch = o_.read_batch;
@@ -160,6 +160,8 @@ void Session::load(int context) {
   if (sel_.mode != SelectMode::kDense) {
     fo.lowrank_rank = sel_.rank;
     fo.stored_predictor = sel_.stored;
+    fo.predictor_only = sel_.deploy;
+    fo.predictor_threshold = float(sel_.predictor_threshold);
     fo.overlap = overlap_;
     fo.read_batch_bytes = o_.read_batch;
     fo.read_ahead_bytes = r.read_ahead;
@@ -170,7 +172,7 @@ void Session::load(int context) {
 }
 
 void Session::calibrate() {
-  if (sel_.mode != SelectMode::kLowRank) return;
+  if (sel_.mode != SelectMode::kLowRank || sel_.deploy) return;  // predictor:T: nothing to calibrate
   // Calibration on the exact model's own continuation of the calibration prompt.
   const ModelConfig& c = img_->manifest().config;
   const std::vector<int>& cal = o_.calibrate_tokens;

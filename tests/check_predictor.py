@@ -106,6 +106,24 @@ try:
               p["memory"]["ffn_resident_bytes"] == gate["memory"]["ffn_resident_bytes"] + factors,
               "%d vs %d" % (p["memory"]["ffn_resident_bytes"], gate["memory"]["ffn_resident_bytes"]))
         check("the JSON names the stored source", pr.get("source", "").startswith("stored: "), str(pr.get("source")))
+        # Deployed (predictor:T): no gate rows in DRAM, no calibration; score > 0 is the gate's own rule here.
+        d = generate(img, "predictor:0")
+        if isinstance(d, dict):
+            dp = d["predictor"]
+            check("predictor:0, full rank: the gate's tokens, %d neurons read (the gate's %d), recall not measured" % (
+                d["totals"]["active"], gate["totals"]["active"]),
+                d["generated"] == gate["generated"] and dp["deployed"] and dp["recall"] is None
+                and abs(d["totals"]["active"] - gate["totals"]["active"]) <= gate["totals"]["active"] // 100)
+            check("predictor:0 holds the predictor and no gate rows (%d bytes of FFN rows in DRAM, the gate's %d)" % (
+                d["memory"]["ffn_resident_bytes"], gate["memory"]["ffn_resident_bytes"]),
+                d["memory"]["ffn_resident_bytes"] == factors)
+            n = generate(img, "predictor:1e30")
+            check("predictor:1e30 reads nothing and still generates", isinstance(n, dict)
+                  and n["totals"]["active"] == 0 and len(n["generated"]) == 12, str(n)[:300])
+        else:
+            check("--select predictor:0 runs", False, d.stderr)
+        r = run(R, "generate", "--image", img, "--select", "predictor:x", "--steps", "2", "-q")
+        check("predictor:x refused (exit 2)", r.returncode == 2 and "predictor:T" in r.stderr, r.stderr.strip())
     else:
         check("--select gate and predictor run", False, (p if not isinstance(p, dict) else gate).stderr)
     # The same predictor as a GGUF (PowerInfer's tensor names; written with llama.cpp's gguf-py when present).

@@ -78,7 +78,7 @@ void FlashFfn::ffn_block(int layer, int n, const float* x, float* out) {
   const ModelConfig& c = m_.config;
   const int dim = c.dim, hidden = c.hidden_dim;
   const bool predict = opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kPredict;
-  const bool gates = opt_.select != SelectMode::kTrace;
+  const bool gates = !gate_view_.empty();
   xq_.prepare(m_.dtype, x, n, dim);
   if (gates) {
     // Every token's gate in one matrix product (the same numbers as one token at a time).

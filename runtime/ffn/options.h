@@ -17,6 +17,12 @@ namespace nl {
 // kTrace: the active neurons come from a trace (set_trace_active); kThreshold: CATS, |act(gate x)| > t per layer.
 enum class SelectMode { kGate, kReplay, kLowRank, kDense, kTrace, kThreshold };
 
+// Whether a selection keeps the gate rows in DRAM (gate, threshold, lowrank and the calibrated stored predictor; not
+// dense, trace, replay or the deployed predictor).
+inline bool selection_keeps_gate_rows(SelectMode s, bool predictor_only) {
+  return s == SelectMode::kGate || s == SelectMode::kThreshold || (s == SelectMode::kLowRank && !predictor_only);
+}
+
 // dReLU fires when gate x > 0 and up x > 0: --select gate / threshold keep the up rows in DRAM beside the gate rows,
 // so that they select (and read) only the neurons that fire, instead of every gate-positive one.
 inline bool selection_keeps_up_rows(SelectMode s, FfnAct a) {
@@ -76,8 +82,12 @@ struct FlashFfnOptions {
   double cache_ratio = 0;  // fraction of each layer's FFN bytes held in DRAM
   CacheConfig cache;       // admission parameters, window, seed (capacity and per-layer seed are derived)
   CachePolicyMode cache_policy = CachePolicyMode::kManifest;
-  int lowrank_rank = 0;              // lowrank: R
-  bool stored_predictor = false;     // lowrank phases with the image's predictor (--select predictor), no SVD fit
+  int lowrank_rank = 0;           // lowrank: R
+  bool stored_predictor = false;  // lowrank phases with the image's predictor (--select predictor), no SVD fit
+  // --select predictor:T: the stored predictor alone (no gate rows, no calibration): predict from the start, every
+  // layer's threshold T.
+  bool predictor_only = false;
+  float predictor_threshold = 0;
   std::vector<float> act_threshold;  // threshold: t per layer (|act(gate x)| > t fires; ReLU models: act > t)
   OverlapMode overlap = OverlapMode::kNone;
   uint64_t read_batch_bytes = kFfnReadBatchBytes;  // the FFN read staging (memory.h)

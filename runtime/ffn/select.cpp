@@ -113,8 +113,9 @@ FlashFfn::GateFrom FlashFfn::select_token(int layer, int t, const float* xt, flo
     for (int s = 0; s < hidden; ++s)
       if (score_[size_t(s)] >= thr) active_.push_back(uint32_t(s));
     token_.compute_seconds += since(t0);
-    // Measurement only (untimed): the exact gate `g`, to count which predicted neurons really fire.
-    for (int s = 0; s < hidden; ++s) {
+    // Measurement only (untimed): the exact gate `g`, to count which predicted neurons really fire (none to count
+    // under predictor:T, which keeps no gate rows).
+    for (int s = 0; g && s < hidden; ++s) {
       const bool fires = g[s] > c.gate_floor(), chosen = score_[size_t(s)] >= thr;
       pred_.truly_active += fires;
       pred_.true_positive += fires && chosen;
