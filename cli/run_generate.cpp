@@ -101,7 +101,8 @@ void add_generate_prompt_options(CLI::App* c, GenerateArgs& a) {
        "Which neurons to read: gate (exact, gate rows in DRAM) | dense (whole FFN decoded into DRAM: the "
        "reference) | predictor (the image's stored predictor, nl-layout pack --predictor; threshold calibrated as "
        "lowrank's) | predictor:T (deployed: score > T, no gate rows in DRAM, no calibration, recall not measured) | "
-       "lowrank:R (ReLU models: rank-R SVD predictor of the gate, threshold calibrated to "
+       "predictor+trace:T.h5 (the trace's sets, the stored predictor run and paid for) | lowrank:R (ReLU models: "
+       "rank-R SVD predictor of the gate, threshold calibrated to "
        "--target-recall) | threshold:T (CATS: |act(gate x)| > T, gate rows in DRAM) | threshold (the same with the "
        "manifest's per-layer act_threshold) | trace:T.h5 (full "
        "builds: each token's neurons from a trace of the same shape; timing benchmarks)")
@@ -469,6 +470,16 @@ void selection_json(const GenerateArgs& a, const Session& s, const std::vector<i
   const SelectMode m = s.selection().mode;
   const FlashFfn* ffn = s.ffn();
   const auto [agree, prefix] = agreement(out, reference);
+  if (m == SelectMode::kTrace && s.selection().trace_pays_predictor) {
+    extra["predictor"] = {
+        {"rank", s.selection().rank},
+        {"source", "stored: " + s.manifest().predictor_source},
+        {"paid", true},  // run and timed as predictor:0; the trace's sets are read instead of its choice
+        {"predicted_per_layer_token",
+         double(ffn->predictor().predicted) /
+             double(std::max<uint64_t>(1, forwards * uint64_t(s.manifest().config.n_layers)))}};
+    return;
+  }
   if (m == SelectMode::kLowRank && s.selection().deploy) {
     const PredictorCounters& p = ffn->predictor();
     extra["predictor"] = {
@@ -545,7 +556,12 @@ void print_summary(const GenerateArgs& a, const GlobalOptions& g, Session& s, co
       for (int t : extra["generated"]) std::printf(" %d", t);
       std::printf("\n");
     }
-    if (extra.contains("predictor") && extra["predictor"].contains("deployed")) {
+    if (extra.contains("predictor") && extra["predictor"].contains("paid")) {
+      std::printf(
+          "stored rank-%d predictor run and paid for (%.1f neurons per layer-token at score > 0, discarded: "
+          "the trace's sets are read)\n",
+          s.selection().rank, extra["predictor"]["predicted_per_layer_token"].get<double>());
+    } else if (extra.contains("predictor") && extra["predictor"].contains("deployed")) {
       const auto& p = extra["predictor"];
       std::printf(
           "stored rank-%d predictor, deployed: score > %g, %.1f neurons per layer-token; recall not measured "

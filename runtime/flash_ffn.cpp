@@ -144,6 +144,7 @@ FlashFfn::FlashFfn(FlashImage& image, const FlashFfnOptions& o) : img_(image), o
   if (o.select == SelectMode::kThreshold && o.act_threshold.size() != size_t(c.n_layers))
     throw UsageError("--select threshold needs one threshold per layer (" + std::to_string(c.n_layers) + ")");
   if (o.select == SelectMode::kTrace) {
+    if (o.trace_pays_predictor) load_stored_predictor();
     if (!computable)
       throw UsageError("--select trace needs a model's FFN (this image has plain bundles of a gated model: I/O only)");
     trace_active_.resize(size_t(c.n_layers));

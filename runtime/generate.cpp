@@ -62,9 +62,13 @@ std::string selection_parse(const std::string& s, Selection* out) {
   } else if (const std::string f = after("trace:"); f != "\x01" && !f.empty()) {
     r.mode = SelectMode::kTrace;
     r.trace = f;
+  } else if (const std::string pf = after("predictor+trace:"); pf != "\x01" && !pf.empty()) {
+    r.mode = SelectMode::kTrace;
+    r.trace = pf;
+    r.stored = r.trace_pays_predictor = true;
   } else {
-    return "expected gate, dense, lowrank:R (R >= 1), predictor, predictor:T, threshold, threshold:T (T >= 0) or "
-           "trace:FILE.h5";
+    return "expected gate, dense, lowrank:R (R >= 1), predictor, predictor:T, threshold, threshold:T (T >= 0), "
+           "trace:FILE.h5 or predictor+trace:FILE.h5";
   }
   *out = r;
   return "";
@@ -102,7 +106,7 @@ MemorySizing size_memory(const ImageManifest& m, const std::string& image_path, 
   MemoryPlan& plan = z.plan;
   plan = memory_plan(m, r.context, r.residency, r.threads, r.baseline, r.read_batch, r.read_ahead, r.prefill_block,
                      r.read_buffers);
-  if (r.lowrank_rank > 0)  // lowrank's f32 factors, or the stored predictor's region as stored
+  if (r.lowrank_rank > 0 || r.stored_predictor)  // lowrank's f32 factors, or the stored predictor's region as stored
     plan.ffn_resident += r.stored_predictor
                              ? io_align_up(m.regions[m.predictor_region_index()].bytes)
                              : uint64_t(c.n_layers) * uint64_t(c.hidden_dim + c.dim) * uint64_t(r.lowrank_rank) * 4;

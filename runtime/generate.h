@@ -17,7 +17,8 @@
 
 namespace nl {
 
-// What `--select` names: gate | dense | lowrank:R | predictor | predictor:T | threshold | threshold:T | trace:FILE.
+// What `--select` names: gate | dense | lowrank:R | predictor | predictor:T | threshold | threshold:T | trace:FILE |
+// predictor+trace:FILE.
 struct Selection {
   SelectMode mode = SelectMode::kGate;
   int rank = 0;         // lowrank:R, or the stored predictor's rank (predictor; filled by the Session)
@@ -27,6 +28,10 @@ struct Selection {
   // measured).
   bool deploy = false;
   double predictor_threshold = 0;
+  // predictor+trace:FILE (benchmarks): the trace names each token's neurons, as trace:FILE, and the stored predictor
+  // runs as predictor:0 would (its products and scan timed as compute, its region in the memory plan), its choice
+  // discarded: a run that pays for prediction while its I/O pattern stays the trace's.
+  bool trace_pays_predictor = false;
   double threshold = -1;  // threshold:T (>= 0); -1 with kThreshold: the manifest's per-layer act_threshold
   std::string trace;      // trace:FILE (the caller names each forward pass's active sets: FlashFfn::set_trace_active)
 };

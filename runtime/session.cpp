@@ -161,6 +161,7 @@ void Session::load(int context) {
     fo.lowrank_rank = sel_.rank;
     fo.stored_predictor = sel_.stored;
     fo.predictor_only = sel_.deploy;
+    fo.trace_pays_predictor = sel_.trace_pays_predictor;
     fo.predictor_threshold = float(sel_.predictor_threshold);
     fo.overlap = overlap_;
     fo.read_batch_bytes = o_.read_batch;

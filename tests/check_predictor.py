@@ -6,6 +6,9 @@ blk.{l}.fc2.weight [hidden][rank]) built here from each layer's gate matrix G: f
 the gate itself:
   - full rank: recall 1 and precision 1 against the exact rule, the gate's tokens, the factors in the memory plan;
   - rank 16: recall and precision reported in (0, 1], the JSON names the stored source;
+  - deployed (predictor:0): the full-rank predictor reads the gate's neurons with no gate rows in DRAM (the memory
+    plan holds the predictor instead), recall not measured; predictor:1e30 reads nothing; predictor+trace: the
+    trace's tokens and reads with the predictor run and charged;
   - manifest 1.6 with predictor {rank, dtype} (f32 image: f32; f16 and q8_0 images: f16), a "predictor" region;
   - refused: a file missing a tensor or with a wrong shape (pack exit 3 naming it), --select predictor on an image
     without one (exit 2), an edited predictor rank (exit 3, image id), a damaged predictor region (exit 3, checksum).
@@ -26,7 +29,7 @@ src, build = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(src, "tests"))
 import hf_llama_reference as ref  # noqa: E402
 
-L, R = os.path.join(build, "cli", "nl-layout"), os.path.join(build, "cli", "nl-run")
+L, R, P = (os.path.join(build, "cli", b) for b in ("nl-layout", "nl-run", "nl-profile"))
 model = os.path.join(src, "datasets", "tiny-relu", "model")
 work = tempfile.mkdtemp(prefix="nl-predictor.")
 fails = passes = 0
@@ -122,6 +125,21 @@ try:
                   and n["totals"]["active"] == 0 and len(n["generated"]) == 12, str(n)[:300])
         else:
             check("--select predictor:0 runs", False, d.stderr)
+        # predictor+trace (benchmarks): the trace's sets and tokens, the predictor run and charged.
+        tr = os.path.join(work, "t.h5")
+        r = run(P, "run", "--model", model, "--tokenizer", os.path.join(model, "tokenizer.model"), "--text",
+                "/usr/share/common-licenses/GPL-3", "--max-tokens", "400", "--seq-len", "64", "--out", tr, "-q")
+        a, b = (generate(img, s + tr) if r.returncode == 0 else r for s in ("trace:", "predictor+trace:"))
+        if isinstance(a, dict) and isinstance(b, dict):
+            check("predictor+trace: the trace's tokens and %d neurons, the predictor paid (in the memory plan: +%d "
+                  "bytes; %.1f neurons per layer-token at score > 0, discarded)" % (
+                      b["totals"]["active"], b["memory"]["ffn_resident_bytes"] - a["memory"]["ffn_resident_bytes"],
+                      b["predictor"]["predicted_per_layer_token"]),
+                  b["generated"] == a["generated"] and b["totals"]["active"] == a["totals"]["active"]
+                  and b["memory"]["ffn_resident_bytes"] == a["memory"]["ffn_resident_bytes"] + factors
+                  and b["predictor"]["paid"])
+        else:
+            check("trace: and predictor+trace: run", False, str(a if not isinstance(a, dict) else b)[:300])
         r = run(R, "generate", "--image", img, "--select", "predictor:x", "--steps", "2", "-q")
         check("predictor:x refused (exit 2)", r.returncode == 2 and "predictor:T" in r.stderr, r.stderr.strip())
     else:

@@ -88,6 +88,8 @@ struct FlashFfnOptions {
   // layer's threshold T.
   bool predictor_only = false;
   float predictor_threshold = 0;
+  // --select predictor+trace: the trace's sets, and the stored predictor run (timed, its choice discarded).
+  bool trace_pays_predictor = false;
   std::vector<float> act_threshold;  // threshold: t per layer (|act(gate x)| > t fires; ReLU models: act > t)
   OverlapMode overlap = OverlapMode::kNone;
   uint64_t read_batch_bytes = kFfnReadBatchBytes;  // the FFN read staging (memory.h)

@@ -132,6 +132,14 @@ FlashFfn::GateFrom FlashFfn::select_token(int layer, int t, const float* xt, flo
     if (size_t(t) >= per_token.size())
       throw InternalError("trace: no active set for token " + std::to_string(t) + " of layer " + std::to_string(layer));
     const auto& given = per_token[size_t(t)];
+    if (opt_.trace_pays_predictor) {  // the predictor's cost, paid: predictor:0's products and scan, then discarded
+      auto t0 = Clock::now();
+      predict_scores(layer, xt);
+      size_t chosen = 0;
+      for (int s = 0; s < c.hidden_dim; ++s) chosen += score_[size_t(s)] > 0.0f;
+      token_.compute_seconds += since(t0);
+      pred_.predicted += chosen;
+    }
     if (rep_[size_t(layer)])
       choose_copies(layer, given.data(), given.size());
     else
