@@ -27,14 +27,7 @@ src, build = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(src, "tests"))
 sys.path.insert(0, os.path.join(src, "profiler", "python"))
 import hf_opt_reference as ref  # noqa: E402
-from nl_check import Checks  # noqa: E402
-
-try:
-    import h5py  # noqa: F401
-    import torch  # noqa: F401
-    torch_ok = True
-except ImportError:
-    torch_ok = False
+from nl_check import Checks, masks_of, torch_ok  # noqa: E402
 
 work = tempfile.mkdtemp(prefix="nl-opt.")
 prompt = [2, 17, 300, 5, 99, 41]
@@ -43,11 +36,7 @@ L, R, P, check, run, generate, rel_err = c.L, c.R, c.P, c.check, c.run, c.genera
 
 
 def make(name, *args):
-    d = os.path.join(work, name)
-    r = run(sys.executable, os.path.join(src, "tests", "make_opt_checkpoint.py"), d, "--max-pos", "128", *args)
-    if r.returncode:
-        sys.exit("check_opt: make_opt_checkpoint failed: " + r.stderr)
-    return d
+    return c.make_checkpoint("make_opt_checkpoint.py", name, "--max-pos", "128", *args)
 
 
 try:
@@ -67,34 +56,7 @@ try:
               man["version_minor"] == 7 and man["model"].get("arch") == "opt" and man["bundle"]["kind"] == "plain"
               and man["bundle"]["bytes"] == 2 * row, str(man["model"]) + str(man["bundle"]))
 
-    runs = {}
-    modes = [("dense", "none", 1), ("gate", "none", 1), ("gate", "layer", 1), ("gate", "cross", 1),
-             ("gate", "both", 1), ("gate", "none", 2), ("gate", "both", 2)]
-    for dtype, img in images.items():
-        for select, overlap, threads in modes:
-            npy = os.path.join(work, "l.npy")
-            j, lg = generate(img, "--select", select, "--overlap", overlap, "--threads", str(threads), npy=npy)
-            if "error" in j:
-                check("%s --select %s --overlap %s --threads %d runs" % (dtype, select, overlap, threads), False,
-                      j["error"])
-                continue
-            runs[(dtype, select, overlap, threads)] = (j["generated"], lg, j["totals"]["active"])
-        got = {k[1:]: v[0] for k, v in runs.items() if k[0] == dtype}
-        gen = got.get(("gate", "none", 1))
-        check("%s: dense and gate under every overlap and 1 / 2 threads give the same tokens" % dtype,
-              gen is not None and len(got) == len(modes) and all(g == gen for g in got.values()), str(got))
-        if gen is None or dtype not in ("f32", "f16"):
-            continue
-        want = ref.forward(cfg, t, prompt + gen[:-1])[len(prompt) - 1:]
-        tol = 1e-4 if dtype == "f32" else 2e-2
-        err = max(rel_err(v[1], want) for k, v in runs.items() if k[0] == dtype)
-        check("%s: logits of every path within %g of the reference (max relative error %.2e)" % (dtype, tol, err),
-              err <= tol)
-        if dtype == "f32":
-            greedy = [int(v) for v in want.argmax(1)]
-            check("f32: greedy tokens equal the reference's %s" % greedy, gen == greedy, str(gen))
-            check("f32: the random model does not just repeat one token (%d distinct)" % len(set(gen)),
-                  len(set(gen)) > 1)
+    runs = c.paths_agree(images, lambda tokens: ref.forward(cfg, t, tokens))
 
     # A sharded bf16 checkpoint with an untied lm_head: the f32 image follows the reference of the same bf16 values.
     ck2 = make("opt_shards", "--dtype", "bf16", "--shards", "3", "--no-tie", "--seed", "2")
@@ -121,16 +83,8 @@ try:
     r = run(P, "run", "--model", ck, "--token-ids", ids, "--seq-len", "64", "--out", tr, "--json", "-q")
     rule = json.loads(r.stdout).get("activation") if r.returncode == 0 else None
     check("nl-profile run records relu>0 (fc1 x + b1 > 0)", rule == "relu>0", r.stderr.strip())
-    if torch_ok and rule:
-        import h5py
-        with h5py.File(tr, "r") as f:
-            toks, n = f["tokens"][...], int(f.attrs["n_tokens"])
-            bounds = list(f["sequences"][...]) + [n]
-            masks = []
-            for lay in range(cfg["num_hidden_layers"]):
-                w = f["layers/%d/mask" % lay][...]
-                b = np.unpackbits(w.astype("<u8").view(np.uint8).reshape(w.shape[0], -1), axis=1, bitorder="little")
-                masks.append(b[:, :n].astype(bool).T)
+    if torch_ok() and rule:
+        masks, toks, bounds = masks_of(tr, cfg["num_hidden_layers"])
         diff = total = 0
         for a, b in zip(bounds[:-1], bounds[1:]):
             for lay, fr in enumerate(ref.firing(cfg, t, [int(v) for v in toks[a:b]])):
@@ -144,9 +98,8 @@ try:
         for seq in trace_hooks.corpus_from_token_files([ids], 64):
             rec.run(seq)
         rec.write(tr + ".py.h5", model_name="torch_opt")
-        with h5py.File(tr, "r") as fc_, h5py.File(tr + ".py.h5", "r") as fp_:
-            same = all(np.array_equal(fc_["layers/%d/mask" % lay][...], fp_["layers/%d/mask" % lay][...])
-                       for lay in range(cfg["num_hidden_layers"]))
+        pm = masks_of(tr + ".py.h5", cfg["num_hidden_layers"])[0]
+        same = all(np.array_equal(a, b) for a, b in zip(masks, pm))
         check("trace_hooks.py on the torch OPT module tree (fc1 + activation_fn) equals nl-profile bit for bit", same)
     else:
         print("SKIP masks against the reference and trace_hooks.py (no torch/h5py for %s)" % sys.executable)
@@ -169,10 +122,7 @@ try:
                   jt["generated"] == gen and diff <= 1e-6 and jt["totals"]["active"] == gate_active)
         else:
             check("--select trace runs", False, jt.get("error"))
-        engines = {io: generate(f32, "--select", "gate", "--io", io, "--cache-ratio", "0.2")[0].get("generated")
-                   for io in ("pread", "preadv", "uring", "mmap")}
-        check("every I/O engine (pread, preadv, uring, mmap; cache ratio 0.2) gives the same tokens",
-              all(g == gen for g in engines.values()), str(engines))
+        c.engines_agree(f32, gen)
         jc, _ = generate(f32, "--select", "threshold:0.05")
         check("--select threshold:0.05 reads no more than the exact sets (%s of %d)" % (
             jc.get("totals", {}).get("active"), gate_active),
@@ -207,18 +157,10 @@ try:
             f32, lambda m: m.update(version_minor=6)), "--steps", "2", "-q"], "bad.nlw.json", ["1.7"])
 
     # What OPT variants are refused, by name.
-    for label, edit, words in (("do_layer_norm_before false (OPT-350M)", {"do_layer_norm_before": False},
-                                ["do_layer_norm_before"]),
-                               ("word_embed_proj_dim 32 (project_in / project_out)", {"word_embed_proj_dim": 32},
-                                ["word_embed_proj_dim"]),
-                               ("activation_function gelu", {"activation_function": "gelu"}, ["gelu"])):
-        bdir = os.path.join(work, "bad_cfg")
-        shutil.rmtree(bdir, ignore_errors=True)
-        shutil.copytree(ck, bdir)
-        json.dump(dict(json.load(open(os.path.join(ck, "config.json"))), **edit),
-                  open(os.path.join(bdir, "config.json"), "w"))
-        c.refused("pack, " + label, [L, "pack", "--model", bdir, "--out", os.path.join(work, "bad_out.nlw"), "-q"],
-                "config.json", words)
+    c.configs_refused(ck, [
+        ("do_layer_norm_before false (OPT-350M)", {"do_layer_norm_before": False}, ["do_layer_norm_before"]),
+        ("word_embed_proj_dim 32 (project_in / project_out)", {"word_embed_proj_dim": 32}, ["word_embed_proj_dim"]),
+        ("activation_function gelu", {"activation_function": "gelu"}, ["gelu"])])
     r = run(P, "convert", "--model", ck, "--to", "llama2c", "--out", os.path.join(work, "o.bin"), "-q")
     check("convert --to llama2c refused (exit 2, naming opt)", r.returncode == 2 and "opt" in r.stderr, r.stderr)
     if f32:

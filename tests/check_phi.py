@@ -32,14 +32,7 @@ src, build = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(src, "tests"))
 sys.path.insert(0, os.path.join(src, "profiler", "python"))
 import hf_phi_reference as ref  # noqa: E402
-from nl_check import Checks  # noqa: E402
-
-try:
-    import h5py  # noqa: F401
-    import torch  # noqa: F401
-    torch_ok = True
-except ImportError:
-    torch_ok = False
+from nl_check import Checks, masks_of, torch_ok  # noqa: E402
 
 work = tempfile.mkdtemp(prefix="nl-phi.")
 prompt = [1, 17, 300, 5, 99, 41]
@@ -48,25 +41,7 @@ L, R, P, check, run, generate, rel_err = c.L, c.R, c.P, c.check, c.run, c.genera
 
 
 def make(name, *args):
-    d = os.path.join(work, name)
-    r = run(sys.executable, os.path.join(src, "tests", "make_phi_checkpoint.py"), d, *args)
-    if r.returncode:
-        sys.exit("check_phi: make_phi_checkpoint failed: " + r.stderr)
-    return d
-
-
-def masks_of(path, n_layers):
-    """A trace's masks, per layer bool [tokens][neurons], and its tokens and sequence bounds."""
-    import h5py
-    with h5py.File(path, "r") as f:
-        toks, n = f["tokens"][...], int(f.attrs["n_tokens"])
-        bounds = list(f["sequences"][...]) + [n]
-        out = []
-        for lay in range(n_layers):
-            w = f["layers/%d/mask" % lay][...]
-            b = np.unpackbits(w.astype("<u8").view(np.uint8).reshape(w.shape[0], -1), axis=1, bitorder="little")
-            out.append(b[:, :n].astype(bool).T)
-    return out, toks, bounds
+    return c.make_checkpoint("make_phi_checkpoint.py", name, *args)
 
 
 try:
@@ -88,33 +63,7 @@ try:
               and m.get("rope_dims") == 8 and man["bundle"]["kind"] == "plain" and not m["shared_classifier"],
               str(m) + str(man["bundle"]))
 
-    runs = {}
-    modes = [("dense", "none", 1), ("gate", "none", 1), ("gate", "layer", 1), ("gate", "cross", 1),
-             ("gate", "both", 1), ("gate", "none", 2), ("gate", "both", 2)]
-    for dtype, img in images.items():
-        for select, overlap, threads in modes:
-            j, lg = generate(img, "--select", select, "--overlap", overlap, "--threads", str(threads),
-                             npy=os.path.join(work, "l.npy"))
-            if "error" in j:
-                check("%s --select %s --overlap %s --threads %d runs" % (dtype, select, overlap, threads), False,
-                      j["error"])
-                continue
-            runs[(dtype, select, overlap, threads)] = (j["generated"], lg, j["totals"]["active"])
-        got = {k[1:]: v[0] for k, v in runs.items() if k[0] == dtype}
-        gen = got.get(("gate", "none", 1))
-        check("%s: dense and gate under every overlap and 1 / 2 threads give the same tokens" % dtype,
-              gen is not None and len(got) == len(modes) and all(g == gen for g in got.values()), str(got))
-        if gen is None or dtype not in ("f32", "f16"):
-            continue
-        want = ref.forward(cfg, t, prompt + gen[:-1])[len(prompt) - 1:]
-        tol = 1e-4 if dtype == "f32" else 2e-2
-        err = max(rel_err(v[1], want) for k, v in runs.items() if k[0] == dtype)
-        check("%s: logits of every path within %g of the reference (max relative error %.2e)" % (dtype, tol, err),
-              err <= tol)
-        if dtype == "f32":
-            greedy = [int(v) for v in want.argmax(1)]
-            check("f32: greedy tokens equal the reference's %s (%d distinct)" % (greedy, len(set(greedy))),
-                  gen == greedy and len(set(gen)) > 1, str(gen))
+    runs = c.paths_agree(images, lambda tokens: ref.forward(cfg, t, tokens))
 
     # A sharded bf16 checkpoint, tied embeddings, a quarter of each head rotary.
     ck2 = make("phi_shards", "--dtype", "bf16", "--shards", "3", "--tie", "--rotary", "0.25", "--seed", "2")
@@ -137,10 +86,7 @@ try:
     base = runs.get(("f32", "gate", "none", 1))
     if f32 and base:
         gen, lg, gate_active = base
-        engines = {io: generate(f32, "--select", "gate", "--io", io, "--cache-ratio", "0.2")[0].get("generated")
-                   for io in ("pread", "preadv", "uring", "mmap")}
-        check("every I/O engine (pread, preadv, uring, mmap; cache ratio 0.2) gives the same tokens",
-              all(g == gen for g in engines.values()), str(engines))
+        c.engines_agree(f32, gen)
         forwards = len(prompt) + c.steps - 1
         check("--select gate on GeLU reads every neuron (%d = %d forwards x %d layers x %d)" % (
             gate_active, forwards, n_layers, cfg["intermediate_size"]),
@@ -184,7 +130,7 @@ try:
               "(agreement with dense %s)" % (kept, jc.get("threshold", {}).get("token_agreement")),
               kept is not None and 0.1 < kept < 0.6, jc.get("error", ""))
 
-        if torch_ok:
+        if torch_ok():
             tr = os.path.join(work, "abs.h5")
             r = run(P, "run", "--model", ck, "--token-ids", ids, "--seq-len", "64", "--activation", "abs>0.05",
                     "--out", tr, "-q")
@@ -252,17 +198,10 @@ try:
         c.refused("edited rope_dims", [R, "generate", "--image", c.edited_manifest(
             f32, lambda m: m["model"].update(rope_dims=4)), "--steps", "2", "-q"], "bad.nlw.json")
 
-    for label, edit, words in (("qk_layernorm true", {"qk_layernorm": True}, ["qk_layernorm"]),
-                               ("hidden_act gelu (the erf form)", {"hidden_act": "gelu"}, ["gelu"]),
-                               ("partial_rotary_factor 0.1 (1 rotary dimension)", {"partial_rotary_factor": 0.1},
-                                ["rope_dims"])):
-        bdir = os.path.join(work, "bad_cfg")
-        shutil.rmtree(bdir, ignore_errors=True)
-        shutil.copytree(ck, bdir)
-        json.dump(dict(json.load(open(os.path.join(ck, "config.json"))), **edit),
-                  open(os.path.join(bdir, "config.json"), "w"))
-        c.refused("pack, " + label, [L, "pack", "--model", bdir, "--out", os.path.join(work, "bad_out.nlw"), "-q"],
-                  "config.json", words)
+    c.configs_refused(ck, [
+        ("qk_layernorm true", {"qk_layernorm": True}, ["qk_layernorm"]),
+        ("hidden_act gelu (the erf form)", {"hidden_act": "gelu"}, ["gelu"]),
+        ("partial_rotary_factor 0.1 (1 rotary dimension)", {"partial_rotary_factor": 0.1}, ["rope_dims"])])
     r = run(P, "convert", "--model", ck, "--to", "llama2c", "--out", os.path.join(work, "o.bin"), "-q")
     check("convert --to llama2c refused (exit 2, naming phi)", r.returncode == 2 and "phi" in r.stderr, r.stderr)
     if f32:

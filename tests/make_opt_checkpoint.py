@@ -22,20 +22,29 @@ import numpy as np
 DTYPES = {"f32": ("F32", "float32"), "f16": ("F16", "float16"), "bf16": ("BF16", "bfloat16")}
 
 
+class Init:
+    """The random initialisers of the checkpoint writers (this one and make_phi_checkpoint.py): each call appends
+    (name, float32 array) to `out`, in file order, drawing from `rng` in that order."""
+
+    def __init__(self, rng, dim):
+        self.rng, self.dim, self.out = rng, dim, []
+
+    def normal(self, name, shape, mean, std):
+        self.out.append((name, (mean + std * self.rng.standard_normal(shape)).astype(np.float32)))
+
+    def linear(self, name, n_out, n_in):
+        self.normal(name + ".weight", (n_out, n_in), 0.0, n_in ** -0.5)
+        self.normal(name + ".bias", (n_out,), 0.0, 0.02)
+
+    def layer_norm(self, name):
+        self.normal(name + ".weight", (self.dim,), 1.0, 0.1)
+        self.normal(name + ".bias", (self.dim,), 0.0, 0.05)
+
+
 def tensors(a, rng):
     """[(name, float32 array)] in file order."""
-    out = []
-
-    def normal(name, shape, mean, std):
-        out.append((name, (mean + std * rng.standard_normal(shape)).astype(np.float32)))
-
-    def linear(name, n_out, n_in):
-        normal(name + ".weight", (n_out, n_in), 0.0, n_in ** -0.5)
-        normal(name + ".bias", (n_out,), 0.0, 0.02)
-
-    def layer_norm(name):
-        normal(name + ".weight", (a.dim,), 1.0, 0.1)
-        normal(name + ".bias", (a.dim,), 0.0, 0.05)
+    w = Init(rng, a.dim)
+    normal, linear, layer_norm = w.normal, w.linear, w.layer_norm
 
     normal("model.decoder.embed_tokens.weight", (a.vocab, a.dim), 0.0, 0.1)
     normal("model.decoder.embed_positions.weight", (a.max_pos + 2, a.dim), 0.0, 0.05)
@@ -51,7 +60,7 @@ def tensors(a, rng):
     layer_norm("model.decoder.final_layer_norm")
     if not a.tie:
         normal("lm_head.weight", (a.vocab, a.dim), 0.0, a.dim ** -0.5)
-    return out
+    return w.out
 
 
 def encode(x, dtype):
@@ -79,52 +88,68 @@ def write_safetensors(path, items):
             f.write(raw)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def shape_parser(doc, max_pos, tie, tie_help):
+    """The options both checkpoint writers take (shape, dtype, shards, seed, tied head)."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
     p.add_argument("out_dir")
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--ffn", type=int, default=256)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--max-pos", type=int, default=64)
+    p.add_argument("--max-pos", type=int, default=max_pos)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="f32")
     p.add_argument("--shards", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--tie", action=argparse.BooleanOptionalAction, default=True,
-                   help="tie lm_head to embed_tokens (default); --no-tie writes its own lm_head.weight")
-    a = p.parse_args()
+    p.add_argument("--tie", action=argparse.BooleanOptionalAction, default=tie, help=tie_help)
+    return p
+
+
+def encoded(p, a, tensors):
+    """The tensors of `a`'s checkpoint as (name, dtype, shape, bytes), checked against --heads and --shards, and the
+    config's torch_dtype."""
     if a.dim % a.heads:
         p.error("--dim must be a multiple of --heads")
     st_dtype, torch_dtype = DTYPES[a.dtype]
     items = [(n, st_dtype, x.shape, encode(x, st_dtype)) for n, x in tensors(a, np.random.default_rng(a.seed))]
     if not 1 <= a.shards <= len(items):
         p.error(f"--shards must be 1..{len(items)} (the tensor count)")
+    return items, torch_dtype
 
-    os.makedirs(a.out_dir, exist_ok=True)
+
+def main():
+    p = shape_parser(__doc__, 64, True, "tie lm_head to embed_tokens (default); --no-tie writes its own lm_head.weight")
+    a = p.parse_args()
+    items, torch_dtype = encoded(p, a, tensors)
     cfg = {"model_type": "opt", "architectures": ["OPTForCausalLM"], "hidden_size": a.dim, "ffn_dim": a.ffn,
            "num_hidden_layers": a.layers, "num_attention_heads": a.heads, "vocab_size": a.vocab,
            "max_position_embeddings": a.max_pos, "word_embed_proj_dim": a.dim, "do_layer_norm_before": True,
            "activation_function": "relu", "enable_bias": True, "layer_norm_elementwise_affine": True,
            "tie_word_embeddings": a.tie, "torch_dtype": torch_dtype, "bos_token_id": 2, "eos_token_id": 2,
            "pad_token_id": 1}
-    with open(os.path.join(a.out_dir, "config.json"), "w") as f:
+    write_checkpoint(a.out_dir, cfg, items, a.shards)
+
+
+def write_checkpoint(out_dir, cfg, items, shards):
+    """config.json, then the tensors `items` ([(name, dtype, shape, bytes)], file order) in model.safetensors or, for
+    shards > 1, in contiguous runs (as even in count as they divide) over model-0000K-of-0000N.safetensors with
+    model.safetensors.index.json, as transformers' save_pretrained lays a sharded checkpoint out."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")
-    if a.shards == 1:
-        write_safetensors(os.path.join(a.out_dir, "model.safetensors"), items)
+    if shards == 1:
+        write_safetensors(os.path.join(out_dir, "model.safetensors"), items)
         return
-    # Contiguous runs of tensors in file order, as even in count as they divide.
-    names = [f"model-{k + 1:05d}-of-{a.shards:05d}.safetensors" for k in range(a.shards)]
-    shard_of = [i * a.shards // len(items) for i in range(len(items))]
+    names = [f"model-{k + 1:05d}-of-{shards:05d}.safetensors" for k in range(shards)]
+    shard_of = [i * shards // len(items) for i in range(len(items))]
     for k, name in enumerate(names):
-        write_safetensors(os.path.join(a.out_dir, name), [it for it, s in zip(items, shard_of) if s == k])
+        write_safetensors(os.path.join(out_dir, name), [it for it, s in zip(items, shard_of) if s == k])
     index = {"metadata": {"total_size": sum(len(it[3]) for it in items)},
              "weight_map": {it[0]: names[s] for it, s in zip(items, shard_of)}}
-    with open(os.path.join(a.out_dir, "model.safetensors.index.json"), "w") as f:
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
         json.dump(index, f, indent=2)
         f.write("\n")
-
 
 if __name__ == "__main__":
     main()

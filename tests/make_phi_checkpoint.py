@@ -16,31 +16,17 @@ N(0, 0.1), lm_head.weight N(0, dim**-0.5) and lm_head.bias N(0, 0.02). --tie (Ph
 lm_head.weight but still writes lm_head.bias. Test support for the Phi readers, with tests/hf_phi_reference.py
 (numpy forward) and tests/torch_phi.py (torch module tree).
 """
-import argparse
-import json
 import os
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_opt_checkpoint import DTYPES, encode, write_safetensors  # noqa: E402  (the safetensors writer)
+from make_opt_checkpoint import Init, encoded, shape_parser, write_checkpoint  # noqa: E402  (the checkpoint writer)
 
 
 def tensors(a, rng):
     """[(name, float32 array)] in file order."""
-    out = []
-
-    def normal(name, shape, mean, std):
-        out.append((name, (mean + std * rng.standard_normal(shape)).astype(np.float32)))
-
-    def linear(name, n_out, n_in):
-        normal(name + ".weight", (n_out, n_in), 0.0, n_in ** -0.5)
-        normal(name + ".bias", (n_out,), 0.0, 0.02)
-
-    def layer_norm(name):
-        normal(name + ".weight", (a.dim,), 1.0, 0.1)
-        normal(name + ".bias", (a.dim,), 0.0, 0.05)
+    w = Init(rng, a.dim)
+    normal, linear, layer_norm = w.normal, w.linear, w.layer_norm
 
     normal("model.embed_tokens.weight", (a.vocab, a.dim), 0.0, 0.1)
     for i in range(a.layers):
@@ -55,61 +41,26 @@ def tensors(a, rng):
     if not a.tie:
         normal("lm_head.weight", (a.vocab, a.dim), 0.0, a.dim ** -0.5)
     normal("lm_head.bias", (a.vocab,), 0.0, 0.02)
-    return out
+    return w.out
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("out_dir")
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--ffn", type=int, default=256)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--max-pos", type=int, default=128)
+    p = shape_parser(__doc__, 128, False, "tie lm_head.weight to embed_tokens (lm_head.bias is still written); "
+                     "default --no-tie, as Phi-2")
     p.add_argument("--rotary", type=float, default=0.5, help="partial_rotary_factor")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="f32")
-    p.add_argument("--shards", type=int, default=1)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--tie", action=argparse.BooleanOptionalAction, default=False,
-                   help="tie lm_head.weight to embed_tokens (lm_head.bias is still written); default --no-tie, "
-                        "as Phi-2")
     a = p.parse_args()
-    if a.dim % a.heads:
-        p.error("--dim must be a multiple of --heads")
-    rot = int(a.dim // a.heads * a.rotary)
-    if rot < 2 or rot % 2 or rot > a.dim // a.heads:
-        p.error(f"--rotary {a.rotary} gives {rot} rotary dims of head_dim {a.dim // a.heads}: "
+    rot = int(a.dim // max(1, a.heads) * a.rotary)
+    if rot < 2 or rot % 2 or rot > a.dim // max(1, a.heads):
+        p.error(f"--rotary {a.rotary} gives {rot} rotary dims of head_dim {a.dim // max(1, a.heads)}: "
                 "need an even count from 2 to head_dim")
-    st_dtype, torch_dtype = DTYPES[a.dtype]
-    items = [(n, st_dtype, x.shape, encode(x, st_dtype)) for n, x in tensors(a, np.random.default_rng(a.seed))]
-    if not 1 <= a.shards <= len(items):
-        p.error(f"--shards must be 1..{len(items)} (the tensor count)")
-
-    os.makedirs(a.out_dir, exist_ok=True)
+    items, torch_dtype = encoded(p, a, tensors)
     cfg = {"model_type": "phi", "architectures": ["PhiForCausalLM"], "hidden_size": a.dim,
            "intermediate_size": a.ffn, "num_hidden_layers": a.layers, "num_attention_heads": a.heads,
            "num_key_value_heads": a.heads, "vocab_size": a.vocab, "max_position_embeddings": a.max_pos,
            "partial_rotary_factor": a.rotary, "rope_theta": 10000.0, "layer_norm_eps": 1e-5,
            "hidden_act": "gelu_new", "qk_layernorm": False, "tie_word_embeddings": a.tie,
            "torch_dtype": torch_dtype, "bos_token_id": 1, "eos_token_id": 2}
-    with open(os.path.join(a.out_dir, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
-    if a.shards == 1:
-        write_safetensors(os.path.join(a.out_dir, "model.safetensors"), items)
-        return
-    # Contiguous runs of tensors in file order, as even in count as they divide.
-    names = [f"model-{k + 1:05d}-of-{a.shards:05d}.safetensors" for k in range(a.shards)]
-    shard_of = [i * a.shards // len(items) for i in range(len(items))]
-    for k, name in enumerate(names):
-        write_safetensors(os.path.join(a.out_dir, name), [it for it, s in zip(items, shard_of) if s == k])
-    index = {"metadata": {"total_size": sum(len(it[3]) for it in items)},
-             "weight_map": {it[0]: names[s] for it, s in zip(items, shard_of)}}
-    with open(os.path.join(a.out_dir, "model.safetensors.index.json"), "w") as f:
-        json.dump(index, f, indent=2)
-        f.write("\n")
-
+    write_checkpoint(a.out_dir, cfg, items, a.shards)
 
 if __name__ == "__main__":
     main()
