@@ -253,7 +253,7 @@ void pack_check_paths(const PackArgs& a) {
 // keep their size through the layers; unit RMS-norm weights; embeddings uniform in [-1, 1]. Memory: one tensor
 // (or one layer's FFN) at a time.
 ImageManifest write_synthetic_model(const std::string& out, const ModelConfig& c, uint64_t seed, ImageSpec spec,
-                                    const ProgressFn& progress, StoredErrors* errors) {
+                                    const ProgressFn& progress, StoredErrors* errors, const PredictorFile* predictor) {
   spec.config = c;
   spec.bundle_kind = BundleKind::kGated;
   ImageWriter iw(out, std::move(spec));
@@ -281,6 +281,7 @@ ImageManifest write_synthetic_model(const std::string& out, const ModelConfig& c
     fill_uniform(down, mat, std::sqrt(3.0f / float(c.hidden_dim)), rd);
     iw.add_layer(l, gate.data(), up.data(), down.data());
   }
+  if (predictor) predictor->write_to(iw);  // a predictor given for the synthetic model (random weights too)
   return iw.commit();
 }
 
@@ -527,7 +528,9 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
   if (!a.act_threshold_from.empty()) spec.act_threshold = trace_act_thresholds(a.act_threshold_from, w.config.n_layers);
   std::unique_ptr<PredictorFile> predictor;
   if (!a.predictor.empty()) {
-    if (synthetic) throw UsageError("--predictor needs --model (synthetic models have no trained predictor)");
+    if (synthetic && !whole)
+      throw UsageError("--predictor needs --model or a whole synthetic model (" + a.synthetic_shape +
+                       " is an FFN-only shape)");
     predictor = std::make_unique<PredictorFile>(a.predictor, w.config);
     spec.predictor_rank = predictor->rank();
     spec.predictor_source = a.predictor;
@@ -548,7 +551,7 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
     const ProgressFn on_layer = [&prog](uint64_t done, uint64_t) { prog.set(done); };
     StoredErrors* e = report ? &errors : nullptr;
     if (whole)
-      m = write_synthetic_model(a.out, w.config, a.seed, std::move(spec), on_layer, e);
+      m = write_synthetic_model(a.out, w.config, a.seed, std::move(spec), on_layer, e, predictor.get());
     else if (synthetic)
       m = write_synthetic(a.out, shape, a.synthetic_layers, a.seed, std::move(spec), on_layer, e);
     else

@@ -144,13 +144,7 @@ ImageManifest image_write_source(const std::string& out, ModelSource& src, const
     src.read_ffn(l, &f);
     iw.add_layer(l, f.w_gate.data(), f.w_up.data(), f.w_down.data());
   }
-  if (predictor) {
-    std::vector<float> fc1, fc2;
-    for (int l = 0; l < src.config().n_layers; ++l) {
-      predictor->read_layer(l, &fc1, &fc2);
-      iw.add_predictor_layer(l, fc1.data(), fc2.data());
-    }
-  }
+  if (predictor) predictor->write_to(iw);
   return iw.commit();
 }
 

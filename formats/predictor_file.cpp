@@ -68,6 +68,14 @@ void PredictorFile::read(const SafetensorsEntry& e, uint64_t n, std::vector<floa
   safetensors_read_f32(fd_, path_, data_start_, e, 0, n, out->data());
 }
 
+void PredictorFile::write_to(ImageWriter& iw) const {
+  std::vector<float> fc1, fc2;
+  for (int l = 0; l < c_.n_layers; ++l) {
+    read_layer(l, &fc1, &fc2);
+    iw.add_predictor_layer(l, fc1.data(), fc2.data());
+  }
+}
+
 void PredictorFile::read_layer(int layer, std::vector<float>* fc1, std::vector<float>* fc2) const {
   const std::string pre = "blk." + std::to_string(layer);
   if (gguf_) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/core/image_writer.h"
 #include "formats/core/model_weights.h"
 #include "formats/safetensors.h"
 
@@ -25,6 +26,8 @@ class PredictorFile {
   int rank() const { return rank_; }
   // Layer `layer`'s fc1 [rank][dim] and fc2 [hidden][rank] as f32.
   void read_layer(int layer, std::vector<float>* fc1, std::vector<float>* fc2) const;
+  // Every layer into the image being written (after its FFN layers; spec.predictor_rank must be rank()).
+  void write_to(ImageWriter& iw) const;
 
  private:
   std::string path_;

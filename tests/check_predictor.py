@@ -215,6 +215,22 @@ try:
     r = run(R, "generate", "--image", dmg, "--select", "predictor", "--steps", "2", "--prompt-tokens", prompt, "-q")
     check("damaged predictor region: exit 3 naming the checksum", r.returncode == 3 and "predictor" in r.stderr,
           "exit %d: %s" % (r.returncode, r.stderr))
+    # A whole synthetic model carries a (random) predictor too (the 7B benchmark rows pay for one); an FFN-only
+    # shape has no model to predict for.
+    rng = np.random.default_rng(3)
+    syn = os.path.join(work, "syn.safetensors")
+    write_safetensors(syn, {k: rng.standard_normal(s) * 0.1 for lay in range(2) for k, s in (
+        ("blk.%d.fc1.weight" % lay, (8, 64)), ("blk.%d.fc2.weight" % lay, (256, 8)))})
+    simg = os.path.join(work, "syn.nlw")
+    r = run(L, "pack", "--synthetic-shape", "tiny-test", "--predictor", syn, "--out", simg, "-q")
+    sj = generate(simg, "predictor:0") if r.returncode == 0 else r
+    check("pack --synthetic-shape tiny-test --predictor: rank 8 stored, predictor:0 runs",
+          isinstance(sj, dict) and json.load(open(simg + ".json"))["predictor"]["rank"] == 8
+          and sj["predictor"]["deployed"], str(sj)[:300])
+    r = run(L, "pack", "--synthetic-shape", "opt-6.7b", "--layers", "2", "--predictor", syn, "--out",
+            os.path.join(work, "ffn.nlw"), "-q")
+    check("pack --predictor on an FFN-only synthetic shape: exit 2", r.returncode == 2 and "FFN-only" in r.stderr,
+          "exit %d: %s" % (r.returncode, r.stderr.strip()))
     print("check_predictor: %d passed, %d failed" % (passes, fails))
     sys.exit(1 if fails else 0)
 finally:
