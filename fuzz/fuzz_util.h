@@ -91,4 +91,26 @@ inline ModelWeights tiny_weights() {
   return w;
 }
 
+// Deterministic small weights of another architecture (OPT: learned positions, biases; Phi: parallel block, partial
+// rotary, GeLU, classifier bias) with tiny_config()'s sizes: every tensor dense_tensor_specs lists, a plain FFN.
+inline ModelWeights tiny_arch_weights(ModelArch arch) {
+  ModelWeights w;
+  w.config = tiny_config();
+  ModelConfig& c = w.config;
+  c.arch = arch;
+  c.n_kv_heads = c.n_heads;
+  c.act = arch == ModelArch::kPhi ? FfnAct::kGelu : FfnAct::kRelu;
+  c.rope_dims = arch == ModelArch::kPhi ? 2 : 0;
+  c.shared_classifier = arch == ModelArch::kOpt;
+  float x = 0.25f;
+  auto fill = [&x](std::vector<float>& a, size_t n) {
+    a.resize(n);
+    for (auto& e : a) e = (x = x * 0.75f + 0.125f) - 0.5f;
+  };
+  w.layers.resize(size_t(c.n_layers));
+  for (const DenseTensorSpec& t : dense_tensor_specs(c)) fill(t.in(w), size_t(t.elems()));
+  for (auto& L : w.layers) fill(L.w_up, size_t(c.hidden_dim * c.dim)), fill(L.w_down, size_t(c.dim * c.hidden_dim));
+  return w;
+}
+
 }  // namespace nl::fuzz

@@ -119,6 +119,11 @@ int main(int argc, char** argv) {
                 fs::copy_options::overwrite_existing);
   fs::copy_file(tmp / "st16/model.safetensors", out / "safetensors/bf16.safetensors",
                 fs::copy_options::overwrite_existing);
+  for (const auto& [name, arch] : {std::pair{"opt", ModelArch::kOpt}, std::pair{"phi", ModelArch::kPhi}}) {
+    write_safetensors_model((tmp / name).string(), fuzz::tiny_arch_weights(arch), TensorDtype::kF16);
+    fs::copy_file(tmp / name / "model.safetensors", out / "safetensors" / (std::string(name) + ".safetensors"),
+                  fs::copy_options::overwrite_existing);
+  }
 
   write_gguf_seed((out / "gguf/tiny.gguf").string(), w);
 
@@ -126,6 +131,11 @@ int main(int argc, char** argv) {
   ImageSpec spec;
   image_write_model((tmp / "a.nlw").string(), w, spec);
   fs::copy_file(tmp / "a.nlw.json", out / "manifest/identity.json", fs::copy_options::overwrite_existing);
+  for (const auto& [name, arch] : {std::pair{"opt", ModelArch::kOpt}, std::pair{"phi", ModelArch::kPhi}}) {
+    image_write_model((tmp / name).string() + ".nlw", fuzz::tiny_arch_weights(arch), spec);  // format 1.7
+    fs::copy_file((tmp / name).string() + ".nlw.json", out / "manifest" / (std::string(name) + ".json"),
+                  fs::copy_options::overwrite_existing);
+  }
   spec.dtype = ImageDtype::kF16;
   spec.order = {{5, 4, 3, 2, 1, 0}, {1, 0, 3, 2, 5, 4}};
   image_write_model((tmp / "b.nlw").string(), w, spec);
