@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What paying for a trained activation predictor costs at 7B (issue 54 item 4; synthetic weights and activity): the
 # Llama-2-7B shape (nl-layout pack --synthetic-shape llama2-7b) with a random PowerInfer-form predictor of rank R
-# stored in the image (pack --predictor), decoded with `--select trace:` (the held-out synthetic trace's sets, free)
+# stored in the image (pack --predictor random:R), decoded with `--select trace:` (the held-out synthetic trace's sets, free)
 # and `--select predictor+trace:` (the same sets and reads, the predictor run on every layer-token and timed),
 # alternated, uncapped and warm, medians [min-max] of decode ms/token and of its FFN compute; and the memory plan's
 # FFN rows in DRAM of each. Not a test (prints figures).
@@ -17,34 +17,9 @@ if [ ! -f "$work/test.h5" ]; then
   "$build/cli/nl-profile" --quiet synth --preset "$src/configs/workloads/llama2-7b-prosparse.json" --layers 32 \
     --neurons 11008 --profile-out "$work/profile.h5" --test-out "$work/test.h5"
 fi
-if [ ! -f "$img.json" ]; then
-  # PowerInfer's tensor names, random N(0, 1/in) weights (synthetic: no published predictor is available here).
-  "$py" - "$work/pred.r$rank.safetensors" "$rank" <<'EOF'
-import json, struct, sys
-import numpy as np
-path, rank = sys.argv[1], int(sys.argv[2])
-dim, hidden, layers = 4096, 11008, 32
-rng = np.random.default_rng(1)
-shapes = {}
-for l in range(layers):
-    shapes["blk.%d.fc1.weight" % l] = (rank, dim)
-    shapes["blk.%d.fc2.weight" % l] = (hidden, rank)
-hdr, off = {}, 0
-for k in sorted(shapes):
-    n = shapes[k][0] * shapes[k][1] * 4
-    hdr[k] = {"dtype": "F32", "shape": list(shapes[k]), "data_offsets": [off, off + n]}
-    off += n
-h = json.dumps(hdr).encode()
-h += b" " * ((8 - len(h) % 8) % 8)
-with open(path, "wb") as f:
-    f.write(struct.pack("<Q", len(h)))
-    f.write(h)
-    for k in sorted(shapes):
-        f.write((rng.standard_normal(shapes[k], dtype=np.float32) / np.sqrt(shapes[k][1])).tobytes())
-EOF
-  "$build/cli/nl-layout" --quiet pack --synthetic-shape llama2-7b --dtype "$dtype" \
-    --predictor "$work/pred.r$rank.safetensors" --out "$img"
-  rm -f "$work/pred.r$rank.safetensors"
+if [ ! -f "$img.json" ]; then  # the model and its predictor: random weights (no published predictor is here)
+  "$build/cli/nl-layout" --quiet pack --synthetic-shape llama2-7b --dtype "$dtype" --predictor "random:$rank" \
+    --out "$img"
 fi
 prompt=1,$(seq -s, 100 114)
 for rep in $(seq 1 "$reps"); do

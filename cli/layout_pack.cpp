@@ -90,6 +90,14 @@ SplitMix tensor_rng(uint64_t seed, const std::string& name) {
   return SplitMix{seed * 0x100000001b3ull ^ xxh64_of(name.data(), name.size())};
 }
 
+// --predictor random:R -> R (>= 1); -1 for a malformed random:..., 0 for anything else (a file name).
+int random_predictor_rank(const std::string& s) {
+  if (s.rfind("random:", 0) != 0) return 0;
+  const std::string r = s.substr(7);
+  if (r.empty() || r.size() > 7 || r.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::atoi(r.c_str()) >= 1 ? std::atoi(r.c_str()) : -1;
+}
+
 void add_pack_input_options(CLI::App* c, PackArgs& a) {
   auto* model =
       c->add_option("--model", a.model, "llama2.c .bin, or a Hugging Face folder / config.json / model.safetensors")
@@ -150,8 +158,12 @@ void add_pack_input_options(CLI::App* c, PackArgs& a) {
       ->group("Input");
   c->add_option("--predictor", a.predictor,
                 "Activation predictor stored in the image for nl-run --select predictor: safetensors with PowerInfer's "
-                "names blk.{l}.fc1.weight [rank][dim] and blk.{l}.fc2.weight [hidden][rank] (score = fc2 relu(fc1 x))")
-      ->check(CLI::ExistingFile)
+                "names blk.{l}.fc1.weight [rank][dim] and blk.{l}.fc2.weight [hidden][rank] (score = fc2 relu(fc1 x)); "
+                "random:R with a whole synthetic model: random weights of rank R (benchmarks)")
+      ->check([](const std::string& s) {
+        const int r = random_predictor_rank(s);
+        return r > 0 ? std::string() : r < 0 ? "random:R needs a whole rank R >= 1" : CLI::ExistingFile(s);
+      })
       ->group("Input");
   c->add_option("--act-threshold-from", a.act_threshold_from,
                 "Trace (nl-profile run --activation calibrated:F or abs>X) whose per-layer thresholds go to the "
@@ -244,16 +256,19 @@ void pack_check_paths(const PackArgs& a) {
       for (const NamedPath& n : hf_folder_outputs("--export-permuted", a.export_permuted)) outputs.push_back(n);
     }
   }
-  check_paths(
-      {{"--model", a.model}, {"--layout", a.layout}, {"--tokenizer", a.tokenizer}, {"--predictor", a.predictor}},
-      outputs);
+  check_paths({{"--model", a.model},
+               {"--layout", a.layout},
+               {"--tokenizer", a.tokenizer},
+               {"--predictor", random_predictor_rank(a.predictor) > 0 ? std::string() : a.predictor}},
+              outputs);
 }
 
 // A whole synthetic model, tensor by tensor: uniform weights of variance 1/in (scale sqrt(3/in)), so activations
 // keep their size through the layers; unit RMS-norm weights; embeddings uniform in [-1, 1]. Memory: one tensor
 // (or one layer's FFN) at a time.
 ImageManifest write_synthetic_model(const std::string& out, const ModelConfig& c, uint64_t seed, ImageSpec spec,
-                                    const ProgressFn& progress, StoredErrors* errors, const PredictorFile* predictor) {
+                                    const ProgressFn& progress, StoredErrors* errors, const PredictorFile* predictor,
+                                    int random_rank) {
   spec.config = c;
   spec.bundle_kind = BundleKind::kGated;
   ImageWriter iw(out, std::move(spec));
@@ -281,7 +296,14 @@ ImageManifest write_synthetic_model(const std::string& out, const ModelConfig& c
     fill_uniform(down, mat, std::sqrt(3.0f / float(c.hidden_dim)), rd);
     iw.add_layer(l, gate.data(), up.data(), down.data());
   }
-  if (predictor) predictor->write_to(iw);  // a predictor given for the synthetic model (random weights too)
+  if (predictor) predictor->write_to(iw);                         // a predictor file given for the synthetic model
+  for (int l = 0; l < (random_rank > 0 ? c.n_layers : 0); ++l) {  // --predictor random:R: uniform, variance 1/in
+    const std::string p = "predictor." + std::to_string(l) + ".";
+    SplitMix r1 = tensor_rng(seed, p + "fc1"), r2 = tensor_rng(seed, p + "fc2");
+    fill_uniform(gate, size_t(random_rank) * size_t(c.dim), std::sqrt(3.0f / float(c.dim)), r1);
+    fill_uniform(up, size_t(c.hidden_dim) * size_t(random_rank), std::sqrt(3.0f / float(random_rank)), r2);
+    iw.add_predictor_layer(l, gate.data(), up.data());
+  }
   return iw.commit();
 }
 
@@ -527,7 +549,15 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
   }
   if (!a.act_threshold_from.empty()) spec.act_threshold = trace_act_thresholds(a.act_threshold_from, w.config.n_layers);
   std::unique_ptr<PredictorFile> predictor;
-  if (!a.predictor.empty()) {
+  const int random_rank = random_predictor_rank(a.predictor);
+  if (random_rank > 0) {
+    if (!whole) throw UsageError("--predictor random:R needs a whole synthetic model (--synthetic-shape NAME)");
+    if (random_rank > w.config.dim + w.config.hidden_dim)
+      throw UsageError("--predictor random:R: R is at most dim + hidden_dim (" +
+                       std::to_string(w.config.dim + w.config.hidden_dim) + ")");
+    spec.predictor_rank = random_rank;
+    spec.predictor_source = a.predictor + " (synthetic random weights)";
+  } else if (!a.predictor.empty()) {
     if (synthetic && !whole)
       throw UsageError("--predictor needs --model or a whole synthetic model (" + a.synthetic_shape +
                        " is an FFN-only shape)");
@@ -551,7 +581,7 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
     const ProgressFn on_layer = [&prog](uint64_t done, uint64_t) { prog.set(done); };
     StoredErrors* e = report ? &errors : nullptr;
     if (whole)
-      m = write_synthetic_model(a.out, w.config, a.seed, std::move(spec), on_layer, e, predictor.get());
+      m = write_synthetic_model(a.out, w.config, a.seed, std::move(spec), on_layer, e, predictor.get(), random_rank);
     else if (synthetic)
       m = write_synthetic(a.out, shape, a.synthetic_layers, a.seed, std::move(spec), on_layer, e);
     else

@@ -227,6 +227,17 @@ try:
     check("pack --synthetic-shape tiny-test --predictor: rank 8 stored, predictor:0 runs",
           isinstance(sj, dict) and json.load(open(simg + ".json"))["predictor"]["rank"] == 8
           and sj["predictor"]["deployed"], str(sj)[:300])
+    r = run(L, "pack", "--synthetic-shape", "tiny-test", "--predictor", "random:8", "--out", simg, "-q")
+    man = json.load(open(simg + ".json")) if r.returncode == 0 else {}
+    check("pack --synthetic-shape tiny-test --predictor random:8: a random rank-8 predictor, labelled synthetic",
+          man.get("predictor", {}).get("rank") == 8 and "synthetic" in man.get("predictor", {}).get("source", ""),
+          r.stderr.strip() + str(man.get("predictor")))
+    for bad, want in (("random:0", "rank R >= 1"), ("random:x", "rank R >= 1")):
+        r = run(L, "pack", "--synthetic-shape", "tiny-test", "--predictor", bad, "--out", simg + "2", "-q")
+        check("--predictor %s refused (exit 2)" % bad, r.returncode == 2 and want in r.stderr, r.stderr.strip())
+    r = run(L, "pack", "--model", model, "--predictor", "random:8", "--out", simg + "3", "-q")
+    check("--predictor random:R with a real model refused (exit 2)", r.returncode == 2 and "synthetic" in r.stderr,
+          r.stderr.strip())
     r = run(L, "pack", "--synthetic-shape", "opt-6.7b", "--layers", "2", "--predictor", syn, "--out",
             os.path.join(work, "ffn.nlw"), "-q")
     check("pack --predictor on an FFN-only synthetic shape: exit 2", r.returncode == 2 and "FFN-only" in r.stderr,

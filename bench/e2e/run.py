@@ -35,6 +35,11 @@ DENSE_ROW = "nl-run --select dense, uncapped (in DRAM)"
 # --cache-ratio 1 (every bundle pinned in DRAM at load, so decode reads nothing): what a sparse engine pays with no
 # I/O at all. The true bound is max(this row, needed bytes at the device's bandwidth); dense compute is no floor.
 FLOOR_ROW = "nl-run greedy+ls, every bundle in DRAM, uncapped (floor)"
+# The predictor paid (issue 54 item 4): the whole synthetic shapes' greedy+ls image carries a random predictor
+# (nl-layout pack --predictor random:R), and this row runs it on every layer-token (nl-run --select predictor+trace:)
+# beside the trace's sets, under the cap with the overlap-on row's options: the I/O of the trace rows, the
+# predictor's compute and DRAM paid.
+PRED_ROW = "nl-run greedy+ls, overlap on, predictor paid, capped"
 MIB = 1 << 20
 CACHE_RATIO = 0.1  # nl-run's neuron cache in the capped rows, as the cap's "10 % of the FFN bytes"
 
@@ -180,6 +185,7 @@ class Bench:
         self.has_synthetic_act = "--synthetic-act" in help_pack
         self.has_overlap = "--overlap" in help_gen
         self.has_metrics = "--metrics" in help_gen
+        self.has_predictor_row = "predictor+trace" in help_gen and "random:R" in help_pack
         with open(a.device, "rb") as f:
             device_bytes = f.read()
         self.device = json.loads(device_bytes)
@@ -280,6 +286,8 @@ class Bench:
                 self.bundle_bytes[img] = solved_for
             self.image_layout[img] = lay
             src = ["--model", model] if model else ["--synthetic-shape", SYNTH[shape]["pack_shape"]]
+            if m == "greedy+ls" and model is None and self.has_predictor_row and self.a.predictor_rank > 0:
+                src += ["--predictor", "random:%d" % self.a.predictor_rank]  # PRED_ROW's predictor
             # No --tokenizer: both engines are driven with ids (nl-run --json with a tokenizer throws on
             # continuations that decode to invalid UTF-8).
             self.pack_cmds[img] = self.nice() + [self.tool("nl-layout"), "pack"] + src + [
@@ -608,6 +616,12 @@ class Bench:
             if m in self.budget_rows:  # the user's way: the cap as nl-run's --memory-budget, which sizes the cache
                 variants.append((nl_budget_row(m), m, True, (["--io", "uring"] if self.has_overlap else []) +
                                  ["--memory-budget", str(cap)]))
+        packed_with = self.pack_cmds.get(p["images"].get("greedy+ls"), [])
+        if "--predictor" in packed_with and sel.startswith("trace:") and self.has_overlap:
+            on_row = [v for v in variants if v[0] == nl_row("greedy+ls", True)][0]
+            variants.append((PRED_ROW, "greedy+ls", True, list(on_row[3])))
+            res["predictor"] = {"rank": self.a.predictor_rank, "source": "random (nl-layout pack --predictor random:R)",
+                                "note": "synthetic random predictor weights: its cost is real, its choice discarded"}
         variants.append((DENSE_ROW, "dense", False, []))
         variants.append((FLOOR_ROW, "greedy+ls", False, ["--cache-ratio", "1"] +
                          (["--io", "uring", "--overlap", "none"] if self.has_overlap else [])))
@@ -662,7 +676,8 @@ class Bench:
                         elif kind == "dense":
                             s, r = self.nl_generate(p["images"]["identity"], "dense", prompt, steps)
                         else:
-                            s, r = self.nl_generate(p["images"][kind], sel, prompt, steps, cg, extra)
+                            s, r = self.nl_generate(p["images"][kind], "predictor+" + sel if name == PRED_ROW else sel,
+                                                    prompt, steps, cg, extra)
                     finally:
                         if cg:
                             cg.close()
@@ -951,6 +966,9 @@ def main():
                     help="folder holding llama2c-stories260K/ (as the tests' NL_MODELS_DIR)")
     ap.add_argument("--work", default="/tmp/nl-e2e")
     ap.add_argument("--nice", type=int, default=0)
+    ap.add_argument("--predictor-rank", type=int, default=1024,
+                    help="whole synthetic shapes: the rank of the random predictor the 'predictor paid' row runs (0: no "
+                         "such row)")
     ap.add_argument("--max-random-gb", type=float, default=6.0,
                     help="write random llama2.c models up to this size (f32) when pack has no whole-model shape")
     ap.add_argument("--keep", action="store_true", help="keep the synthetic shapes' images and GGUF files")
