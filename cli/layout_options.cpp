@@ -90,7 +90,7 @@ BundleFor bundle_for_resolve(const DeviceObjectiveArgs& a) {
   ImageDtype dt = ImageDtype::kF16;
   if (!a.dtype.empty() && !image_dtype_parse(a.dtype, &dt)) throw UsageError("unknown --dtype " + a.dtype);
   ModelConfig c;
-  BundleKind kind = BundleKind::kGated;  // a real model's FFN (pack's ImageSpec default)
+  BundleKind kind = BundleKind::kGated;
   SyntheticFfnShape s;
   if (synthetic_ffn_shape_parse(a.bundle_for, &s)) {
     c.dim = s.dim;
@@ -98,6 +98,7 @@ BundleFor bundle_for_resolve(const DeviceObjectiveArgs& a) {
     kind = s.kind;
   } else if (std::error_code ec; std::filesystem::exists(a.bundle_for, ec)) {
     c = open_model_source(a.bundle_for)->config();  // the header only
+    kind = bundle_kind_of(c);                       // as pack writes it: OPT and Phi have two-vector bundles
   } else {
     throw UsageError("--bundle-for " + a.bundle_for + ": no such model file or folder, and not " +
                      synthetic_shape_names() + " or DIMxHIDDEN[xplain|xgated]");

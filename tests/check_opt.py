@@ -31,7 +31,7 @@ from nl_check import Checks, masks_of, torch_ok  # noqa: E402
 
 work = tempfile.mkdtemp(prefix="nl-opt.")
 prompt = [2, 17, 300, 5, 99, 41]
-c = Checks(build, work, prompt, steps=10)
+c = Checks(build, work, prompt, steps=20)
 L, R, P, check, run, generate, rel_err = c.L, c.R, c.P, c.check, c.run, c.generate, c.rel_err
 
 
@@ -133,6 +133,12 @@ try:
             pr.get("recall"), pr.get("precision")), pr.get("recall", 0) >= 0.8, jl.get("error", "") + str(pr))
 
         # A permuted export computes the same function (fc1 rows, fc1 bias and fc2 columns move together).
+        r = run(L, "solve", "--trace", tr, "--method", "greedy+ls", "--bundle-for", ck, "--dtype", "f16", "--out",
+                os.path.join(work, "bf.json"), "--quiet")
+        bb = json.load(open(os.path.join(work, "bf.json"))).get("parameters", {}).get("bundle_bytes") \
+            if r.returncode == 0 else r.stderr.strip()
+        check("solve --bundle-for the OPT folder prices two-vector bundles (%s bytes at f16: fc1 row + fc2 column)" % bb,
+              bb == 2 * 64 * 2)
         lay = os.path.join(work, "layout.json")
         exp = os.path.join(work, "permuted")
         r = run(L, "solve", "--trace", tr, "--method", "greedy", "--bundle-bytes", "512", "--out", lay, "--quiet")

@@ -36,7 +36,7 @@ from nl_check import Checks, masks_of, torch_ok  # noqa: E402
 
 work = tempfile.mkdtemp(prefix="nl-phi.")
 prompt = [1, 17, 300, 5, 99, 41]
-c = Checks(build, work, prompt, steps=10)
+c = Checks(build, work, prompt, steps=20)
 L, R, P, check, run, generate, rel_err = c.L, c.R, c.P, c.check, c.run, c.generate, c.rel_err
 
 

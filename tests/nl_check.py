@@ -103,10 +103,12 @@ class Checks:
     def paths_agree(self, images, forward):
         """For each dtype's image (images: dtype -> path): every path of PATHS gives the same tokens; at f32 / f16 the
         logits of every path are within 1e-4 / 2e-2 of forward(tokens) (the reference's logits [n][vocab]), and at
-        f32 the tokens are its greedy ones and more than one distinct. Returns {(dtype, select, overlap, threads):
-        (tokens, logits, active neurons)}."""
+        f32 the tokens are its greedy ones and more than one distinct; every dtype's agreement with the reference is
+        printed, teacher-forced (its argmax on the dtype's own tokens) and free-running (against the f32 tokens).
+        Returns {(dtype, select, overlap, threads): (tokens, logits, active neurons)}."""
         runs = {}
         n = len(self.prompt)
+        base = None  # the f32 tokens (the reference's greedy ones when its check passes)
         for dtype, img in images.items():
             for select, overlap, threads in self.PATHS:
                 j, lg = self.generate(img, "--select", select, "--overlap", overlap, "--threads", str(threads),
@@ -121,9 +123,17 @@ class Checks:
             self.check("%s: dense and gate under every overlap and 1 / 2 threads give the same tokens" % dtype,
                        gen is not None and len(got) == len(self.PATHS) and all(g == gen for g in got.values()),
                        str(got))
-            if gen is None or dtype not in ("f32", "f16"):
+            if gen is None:
                 continue
             want = forward(self.prompt + gen[:-1])[n - 1:]
+            base = base or (gen if dtype == "f32" else None)
+            tf = sum(int(w.argmax()) == g for w, g in zip(want, gen))
+            fr = sum(a == b for a, b in zip(gen, base)) if base else None
+            prefix = next((i for i, (a, b) in enumerate(zip(gen, base)) if a != b), len(gen)) if base else None
+            print("  %s: agreement with the reference: teacher-forced %d/%d, free-running %s" % (
+                dtype, tf, len(gen), "%d/%d (first %d identical)" % (fr, len(gen), prefix) if base else "-"))
+            if dtype not in ("f32", "f16"):
+                continue
             tol = 1e-4 if dtype == "f32" else 2e-2
             err = max(self.rel_err(v[1], want) for k, v in runs.items() if k[0] == dtype)
             self.check("%s: logits of every path within %g of the reference (max relative error %.2e)" %
