@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-# Writes a GGUF file for llama.cpp (arch "llama", or "smallthinker" for gated-ReLU models) holding exactly the
+# Writes a GGUF file for llama.cpp (arch "llama", "smallthinker" for gated-ReLU models, "phi2" for Phi) holding exactly the
 # weights of one of our flash images (model.nlw + model.nlw.json), with llama.cpp's own gguf-py (scripts/llamacpp.sh
 # exposes it). Used by the end-to-end benchmark (bench/e2e/run.py) so that both engines run the same weights.
 #
@@ -24,6 +24,10 @@
 # normalised), so the layer is exactly the model's gated-ReLU FFN; the router row is zeros. Its RoPE is
 # LLAMA_ROPE_TYPE_NEOX (rotate_half), so q/k rows are permuted per head from interleaved pairs to halves (row
 # moves only: exact for every dtype). Checked the same way (greedy tokens against nl-run, tests/e2e_smoke.sh).
+# Phi (model.arch phi) is llama.cpp's "phi2" arch (src/models/phi2.cpp: one LayerNorm feeding attention and the GeLU
+# FFN in parallel, biases, NEOX RoPE over rope.dimension_count dims, an output matrix with a bias): the same tensors
+# with their biases (ffn_up = the bundles' fc1 rows, ffn_down their fc2 columns), q/k rows and biases permuted to
+# NEOX halves within each head's rotary part; a tied Phi is refused (phi2 reads its own output matrix).
 # Tokenizer: a llama2.c tokenizer.bin (--tokenizer, or the one the manifest names) becomes a "llama" (SPM) vocab
 # exactly as llama.cpp's convert-llama2c-to-ggml builds it; a SentencePiece .model (Python's sentencepiece
 # module) becomes one as convert_hf_to_gguf.py builds it (pieces, scores, control / unknown / byte / unused
@@ -179,12 +183,16 @@ def read_spm_vocab(path, n_vocab):
     return tokens, scores, types
 
 
-def neox_rows(rows, n_heads):
-    """q or k rows [n_heads * head_dim][...] from interleaved pairs (2j, 2j+1) to rotate_half halves (j, j + hd/2)
-    per head: the inverse of convert_hf_to_gguf.py's permute."""
+def neox_rows(rows, n_heads, rot=0):
+    """q or k rows [n_heads * head_dim][...] from interleaved pairs (2j, 2j+1) to rotate_half halves (j, j + rot/2)
+    per head: the inverse of convert_hf_to_gguf.py's permute. Partial rotary (Phi): only each head's first `rot`
+    rows (0: the whole head) move; the rest stay."""
     rows = np.asarray(rows)
     hd = rows.shape[0] // n_heads
-    return np.ascontiguousarray(rows.reshape(n_heads, hd // 2, 2, -1).swapaxes(1, 2).reshape(rows.shape))
+    rot = rot or hd
+    h = rows.reshape(n_heads, hd, -1).copy()
+    h[:, :rot] = h[:, :rot].reshape(n_heads, rot // 2, 2, -1).swapaxes(1, 2).reshape(n_heads, rot, -1)
+    return np.ascontiguousarray(h.reshape(rows.shape))
 
 
 def synthetic_vocab(n_vocab):
@@ -248,22 +256,28 @@ def main():
         print("gguf_from_image: warning: %s: model.sliding_window %d is not written (llama.cpp's llama architecture "
               "attends over every position): contexts longer than the window compute otherwise than nl-run"
               % (mpath, cfg["sliding_window"]), file=sys.stderr)
-    if cfg.get("arch", "llama") != "llama":  # OPT: learned positions, LayerNorm, biases, a plain FFN
-        fail(EXIT_INPUT, "%s: model.arch %s: llama.cpp has no %s architecture (Llama blocks only)"
+    phi = cfg.get("arch", "llama") == "phi"  # llama.cpp's phi2 arch (src/models/phi2.cpp)
+    if cfg.get("arch", "llama") not in ("llama", "phi"):  # OPT: learned positions, LayerNorm, biases, a plain FFN
+        fail(EXIT_INPUT, "%s: model.arch %s: llama.cpp has no %s architecture (Llama blocks and phi2 only)"
              % (mpath, cfg["arch"], cfg["arch"]))
     act = cfg.get("ffn_act", "silu")
-    if act not in ("silu", "relu"):
+    if phi and (cfg.get("shared_classifier", False) or bundle["kind"] != "plain"):
+        fail(EXIT_INPUT, "%s: llama.cpp's phi2 needs its own output matrix (an untied classifier) and plain bundles"
+             % mpath)
+    if not phi and act not in ("silu", "relu"):
         fail(EXIT_INPUT, "%s: ffn_act %s: llama.cpp runs gated SiLU (arch llama) or gated ReLU (arch smallthinker, "
              "one expert) Llama blocks only" % (mpath, act))
-    if bundle["kind"] != "gated":
+    if bundle["kind"] != "gated" and not phi:
         fail(EXIT_INPUT, "%s: bundle kind %s: llama.cpp's Llama blocks need a gated FFN" % (mpath, bundle["kind"]))
-    arch = "llama" if act == "silu" or args.arch == "llama" else "smallthinker"
+    arch = "phi2" if phi else "llama" if act == "silu" or args.arch == "llama" else "smallthinker"
     if arch == "llama" and act != "silu":
         print("gguf_from_image: --arch llama: %s is gated ReLU; the GGUF computes SiLU (a timing twin, different "
               "tokens)" % image, file=sys.stderr)
     rb = row_bytes(dtype, dim)
-    if bundle["bytes"] != 3 * rb:
-        fail(EXIT_INPUT, "%s: bundle bytes %d, expected 3 x %d" % (mpath, bundle["bytes"], rb))
+    parts = 2 if phi else 3  # plain bundles: up row, down column
+    if bundle["bytes"] != parts * rb:
+        fail(EXIT_INPUT, "%s: bundle bytes %d, expected %d x %d" % (mpath, bundle["bytes"], parts, rb))
+    rot = cfg.get("rope_dims", 0) or dim // n_heads  # Phi's partial rotary: the first rot dims of each head
     ifile = man["image"].get("file") if isinstance(man.get("image"), dict) else None
     if not isinstance(ifile, str) or not ifile or "/" in ifile or ifile in (".", ".."):
         fail(EXIT_INPUT, "%s: 'image.file' must be a file name in the manifest's folder, not a path" % mpath)
@@ -308,8 +322,13 @@ def main():
         mapped, rows, cols, tdtype = dense_raw(name)
 
         def raw():  # the stored bytes, read when the tensor is written (streaming)
-            if heads:  # smallthinker's NEOX RoPE: q / k rows permuted (whole stored rows: exact for every dtype)
-                return neox_rows(np.asarray(mapped).reshape(rows, -1), heads).reshape(-1)
+            if heads and rows == 1:  # a q / k bias: its elements permuted as the rows, stored as before (exact)
+                v = neox_rows(decode(tdtype, mapped, 1, cols).reshape(cols, 1), heads, rot).reshape(1, cols)
+                return {"f32": lambda: v.view(np.uint8),
+                        "f16": lambda: v.astype("<f2").view(np.uint8),
+                        "bf16": lambda: (v.view(np.uint32) >> 16).astype("<u2").view(np.uint8)}[tdtype]()
+            if heads:  # NEOX RoPE (smallthinker, phi2): q / k rows permuted (whole stored rows: exact for any dtype)
+                return neox_rows(np.asarray(mapped).reshape(rows, -1), heads, rot).reshape(-1)
             return mapped
 
         if norm or tdtype == "f32":
@@ -331,7 +350,7 @@ def main():
         inv = np.empty(hidden, dtype=np.int64)
         inv[np.asarray(order[layer], dtype=np.int64)] = np.arange(hidden)  # neuron -> slot
         rows = b[inv, part * rb:(part + 1) * rb]  # [hidden][row bytes], neuron order
-        if part < 2:
+        if part < parts - 1:
             return np.ascontiguousarray(rows)
         down = decode(dtype, rows, hidden, dim).T  # [dim][hidden]
         if dtype in ("f32",):
@@ -344,7 +363,22 @@ def main():
 
     add_dense("token_embd.weight", "tok_embeddings")
     neox = arch == "smallthinker"
-    for l in range(n_layers):
+    for l in range(n_layers if phi else 0):  # phi2: one LayerNorm, biases everywhere, a plain GeLU FFN
+        p = "layers.%d." % l
+        add_dense("blk.%d.attn_norm.weight" % l, p + "rms_att", norm=True)
+        add_dense("blk.%d.attn_norm.bias" % l, p + "att_norm_b", norm=True)
+        for q, heads in (("q", n_heads), ("k", n_kv)):
+            add_dense("blk.%d.attn_%s.weight" % (l, q), p + "w" + q, heads=heads)
+            add_dense("blk.%d.attn_%s.bias" % (l, q), p + "b" + q, norm=True, heads=heads)
+        add_dense("blk.%d.attn_v.weight" % l, p + "wv")
+        add_dense("blk.%d.attn_v.bias" % l, p + "bv", norm=True)
+        add_dense("blk.%d.attn_output.weight" % l, p + "wo")
+        add_dense("blk.%d.attn_output.bias" % l, p + "bo", norm=True)
+        plan.append(("blk.%d.ffn_up.weight" % l, qtype, (hidden, dim), lambda l=l: ffn(l, 0)))
+        add_dense("blk.%d.ffn_up.bias" % l, p + "b_up", norm=True)
+        plan.append(("blk.%d.ffn_down.weight" % l, qtype, (dim, hidden), lambda l=l: ffn(l, 1)))
+        add_dense("blk.%d.ffn_down.bias" % l, p + "b_down", norm=True)
+    for l in range(0 if phi else n_layers):
         p = "layers.%d." % l
         add_dense("blk.%d.attn_norm.weight" % l, p + "rms_att", norm=True)
         add_dense("blk.%d.attn_q.weight" % l, p + "wq", heads=n_heads if neox else 0)
@@ -361,8 +395,12 @@ def main():
                 gname, shape = gname + "_exps", (1,) + shape
             plan.append(("blk.%d.%s.weight" % (l, gname), qtype, shape, lambda l=l, part=part: ffn(l, part)))
     add_dense("output_norm.weight", "rms_final", norm=True)
+    if phi:
+        add_dense("output_norm.bias", "final_norm_b", norm=True)
     if not cfg.get("shared_classifier", True):
         add_dense("output.weight", "wcls")
+    if phi:
+        add_dense("output.bias", "cls_b", norm=True)
 
     tmp = args.out + ".tmp%d" % os.getpid()
     try:
@@ -379,9 +417,12 @@ def main():
             w.add_expert_gating_func(gguf.ExpertGatingFuncType.SOFTMAX)
         w.add_head_count(n_heads)
         w.add_head_count_kv(n_kv)
-        w.add_rope_dimension_count(dim // n_heads)
+        w.add_rope_dimension_count(rot)
         w.add_rope_freq_base(float(cfg.get("rope_theta", 10000.0)))
-        w.add_layer_norm_rms_eps(float(cfg.get("norm_eps", 1e-5)))
+        if phi:
+            w.add_layer_norm_eps(float(cfg.get("norm_eps", 1e-5)))
+        else:
+            w.add_layer_norm_rms_eps(float(cfg.get("norm_eps", 1e-5)))
         w.add_vocab_size(vocab)
         w.add_file_type({"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2, "bf16": 32}[dtype])
         w.add_tokenizer_model("llama")

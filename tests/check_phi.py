@@ -15,8 +15,9 @@ by tests/make_phi_checkpoint.py, against the independent numpy forward tests/hf_
   threshold excepted, and counted), trace_hooks.py on the torch module tree (tests/torch_phi.py) too; --select trace
   with every neuron replays the gate's logits; a permuted export computes the same function;
 - refusals, each exit 3 with one line naming the file: qk_layernorm, the erf GeLU, an odd rotary dimension, a 1.6
-  manifest naming phi; --select lowrank (exit 2: nothing to predict); convert --to llama2c and gguf_from_image.py
-  refuse Phi by name.
+  manifest naming phi; --select lowrank (exit 2: nothing to predict); convert --to llama2c refuses Phi by name;
+- llama.cpp's own phi2 on the same weights (scripts/gguf_from_image.py, where llama.cpp is built): the same greedy
+  tokens at f32 / f16 / bf16, the agreement printed for q8_0 / q4_0; a tied Phi is refused (phi2 needs an output).
 
   check_phi.py SOURCE_DIR BINARY_DIR
 """
@@ -198,17 +199,43 @@ try:
         c.refused("edited rope_dims", [R, "generate", "--image", c.edited_manifest(
             f32, lambda m: m["model"].update(rope_dims=4)), "--steps", "2", "-q"], "bad.nlw.json")
 
+    # llama.cpp's own phi2 (src/models/phi2.cpp) on the same weights (scripts/gguf_from_image.py): the same greedy
+    # tokens, where llama.cpp is built (scripts/llamacpp.sh).
+    ldir = os.environ.get("NL_LLAMACPP_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "nl-llamacpp",
+                                                             "3.22.1")
+    ids_bin = os.path.join(ldir, "bin", "llama-ids")
+    if os.access(ids_bin, os.X_OK) and os.path.isfile(os.path.join(ldir, "gguf-py", "gguf", "__init__.py")):
+        for dtype in ("f32", "f16", "bf16", "q8_0", "q4_0"):
+            if dtype not in images:
+                continue
+            gg = os.path.join(work, "phi_%s.gguf" % dtype)
+            r = run(sys.executable, os.path.join(src, "scripts", "gguf_from_image.py"), "--image", images[dtype],
+                    "--out", gg)
+            r = r if r.returncode else run(ids_bin, "-m", gg, "--prompt-tokens", ",".join(map(str, prompt)), "-n",
+                                           str(c.steps), "-t", "2", "--kv", "f32")
+            ll = json.loads(r.stdout.strip().splitlines()[-1])["tokens"] if r.returncode == 0 else None
+            mine = runs.get((dtype, "gate", "none", 1), [None])[0]
+            same = sum(a == b for a, b in zip(ll or [], mine or []))
+            prefix = next((i for i, (a, b) in enumerate(zip(ll or [], mine or [])) if a != b), same)
+            print("  %s: llama.cpp phi2 vs nl-run: %d/%d greedy tokens equal, first %d identical" % (
+                dtype, same, c.steps, prefix))
+            if dtype in ("f32", "f16", "bf16"):  # unquantized: the same function, so the same tokens
+                check("%s: llama.cpp's phi2 gives nl-run's %d greedy tokens" % (dtype, c.steps),
+                      ll is not None and ll == mine, r.stderr.strip()[-300:] + " %s vs %s" % (ll, mine))
+    else:
+        print("SKIP llama.cpp's phi2 agreement (llama.cpp not built: scripts/llamacpp.sh)")
+
     c.configs_refused(ck, [
         ("qk_layernorm true", {"qk_layernorm": True}, ["qk_layernorm"]),
         ("hidden_act gelu (the erf form)", {"hidden_act": "gelu"}, ["gelu"]),
         ("partial_rotary_factor 0.1 (1 rotary dimension)", {"partial_rotary_factor": 0.1}, ["rope_dims"])])
     r = run(P, "convert", "--model", ck, "--to", "llama2c", "--out", os.path.join(work, "o.bin"), "-q")
     check("convert --to llama2c refused (exit 2, naming phi)", r.returncode == 2 and "phi" in r.stderr, r.stderr)
-    if f32:
-        r = run(sys.executable, os.path.join(src, "scripts", "gguf_from_image.py"), "--image", f32, "--out",
+    if os.path.exists(img2 + ".json"):  # the tied checkpoint's image: llama.cpp's phi2 needs an output matrix
+        r = run(sys.executable, os.path.join(src, "scripts", "gguf_from_image.py"), "--image", img2, "--out",
                 os.path.join(work, "o.gguf"))
-        check("gguf_from_image.py refuses Phi by name (exit 3)", r.returncode == 3 and "arch phi" in r.stderr,
-              "exit %d: %s" % (r.returncode, r.stderr.strip()))
+        check("gguf_from_image.py refuses a tied Phi (exit 3, naming the untied classifier phi2 needs)",
+              r.returncode == 3 and "untied classifier" in r.stderr, "exit %d: %s" % (r.returncode, r.stderr.strip()))
     sys.exit(c.summary("check_phi"))
 finally:
     shutil.rmtree(work, ignore_errors=True)

@@ -121,8 +121,8 @@ struct DenseTensor {
 };
 // Dense tensors start on 64-byte boundaries inside the dense region (cache lines, SIMD loads).
 inline constexpr uint64_t kImageTensorAlign = 64;
-// The RMS norm weights are the dense region's only 1-D tensors: the rule image_dense_dtype stores them by and
-// runtime/memory.cpp counts their f32 copies by.
+// The dense region's 1-D tensors (the norm weights, and OPT's / Phi's biases): the rule image_dense_dtype stores them
+// by and runtime/memory.cpp counts their f32 copies by.
 inline bool image_dense_is_norm(uint64_t rows) { return rows == 1; }
 // The dtype a dense tensor is stored in: the image dtype, except the norm weights of quantized images, which stay
 // f32 as GGUF keeps them.
