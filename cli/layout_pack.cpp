@@ -117,14 +117,9 @@ void add_pack_input_options(CLI::App* c, PackArgs& a) {
          nlohmann::json j = nlohmann::json::object();
          for (const auto& [name, m] : synthetic_models()) {
            const ModelConfig& k = m.config;
-           j[name] = {{"dim", k.dim},
-                      {"hidden_dim", k.hidden_dim},
-                      {"n_layers", k.n_layers},
-                      {"n_heads", k.n_heads},
-                      {"n_kv_heads", k.n_kv_heads},
-                      {"vocab_size", k.vocab_size},
-                      {"seq_len", k.seq_len},
-                      {"what", m.what}};
+           j[name] = {{"dim", k.dim},         {"hidden_dim", k.hidden_dim},      {"n_layers", k.n_layers},
+                      {"n_heads", k.n_heads}, {"n_kv_heads", k.n_kv_heads},      {"vocab_size", k.vocab_size},
+                      {"seq_len", k.seq_len}, {"arch", model_arch_name(k.arch)}, {"what", m.what}};
          }
          std::printf("%s\n", json_dump(j, 1).c_str());
          throw CLI::Success();
@@ -270,14 +265,14 @@ ImageManifest write_synthetic_model(const std::string& out, const ModelConfig& c
                                     const ProgressFn& progress, StoredErrors* errors, const PredictorFile* predictor,
                                     int random_rank) {
   spec.config = c;
-  spec.bundle_kind = BundleKind::kGated;
+  spec.bundle_kind = bundle_kind_of(c);
   ImageWriter iw(out, std::move(spec));
   iw.set_progress(progress);
   iw.set_error_stats(errors);
   std::vector<float> v;
   for (const DenseTensor& t : image_dense_tensor_list(c)) {
-    if (image_dense_is_norm(t.rows)) {  // RMS norm weights start at 1
-      v.assign(t.elems(), 1.0f);
+    if (image_dense_is_norm(t.rows)) {  // norm weights start at 1, OPT's biases at 0
+      v.assign(t.elems(), t.name.find("rms_") != std::string::npos ? 1.0f : 0.0f);
     } else {
       SplitMix r = tensor_rng(seed, t.name);
       fill_uniform(v, t.elems(), t.name == "tok_embeddings" ? 1.0f : std::sqrt(3.0f / float(t.cols)), r);
@@ -291,10 +286,10 @@ ImageManifest write_synthetic_model(const std::string& out, const ModelConfig& c
     const std::string p = "layers." + std::to_string(l) + ".";
     SplitMix rg = tensor_rng(seed, p + "w_gate"), ru = tensor_rng(seed, p + "w_up"),
              rd = tensor_rng(seed, p + "w_down");
-    fill_uniform(gate, mat, std::sqrt(3.0f / float(c.dim)), rg);
+    if (c.ffn_gated()) fill_uniform(gate, mat, std::sqrt(3.0f / float(c.dim)), rg);
     fill_uniform(up, mat, std::sqrt(3.0f / float(c.dim)), ru);
     fill_uniform(down, mat, std::sqrt(3.0f / float(c.hidden_dim)), rd);
-    iw.add_layer(l, gate.data(), up.data(), down.data());
+    iw.add_layer(l, c.ffn_gated() ? gate.data() : nullptr, up.data(), down.data());
   }
   if (predictor) predictor->write_to(iw);                         // a predictor file given for the synthetic model
   for (int l = 0; l < (random_rank > 0 ? c.n_layers : 0); ++l) {  // --predictor random:R: uniform, variance 1/in

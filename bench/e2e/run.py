@@ -52,6 +52,10 @@ SYNTH = {
     "1b": {"pack_shape": "llama-1b", "preset": "llama2-7b-prosparse"},
     "llama2-7b": {"pack_shape": "llama2-7b", "preset": "llama2-7b-prosparse"},
     "mistral-7b": {"pack_shape": "mistral-7b", "preset": "mistral-7b-turbosparse"},
+    # OPT packed as OPT (issue 53): learned positions, LayerNorm, biases, two-vector bundles. llama.cpp has no OPT
+    # architecture, so these cells have nl-run's rows only (identity / greedy / greedy+ls, the floor, the dense row).
+    "opt-1.3b": {"pack_shape": "opt-1.3b-model", "preset": "opt-6.7b", "no_llama": "llama.cpp has no OPT architecture"},
+    "opt-6.7b": {"pack_shape": "opt-6.7b-model", "preset": "opt-6.7b", "no_llama": "llama.cpp has no OPT architecture"},
 }
 LLAMA2C_ORDER = ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len")
 # Real models: (model, tokenizer) relative to --models (default datasets/) or to the repository (bundled), and the
@@ -295,7 +299,8 @@ class Bench:
             if not staged:  # staged: shape() packs each layout's image just before its rows and deletes it after
                 self.ensure_image(img)
             images[m] = img
-        if synthetic and model is None and self.has_synthetic_act:
+        llama_here = self.llama_ok and not SYNTH.get(shape, {}).get("no_llama")
+        if synthetic and model is None and self.has_synthetic_act and llama_here:
             # The whole synthetic shapes are gated ReLU, which llama.cpp's LLaMA arch cannot compute (SiLU only):
             # llama.cpp and the kernel row run the same weights as a SiLU model (identity order), timing-equivalent
             # for a dense forward; its tokens are compared with nl-run on this image, not on the ReLU ones.
@@ -308,7 +313,7 @@ class Bench:
                          "(nl-layout pack --synthetic-act silu; llama.cpp has no gated-ReLU LLaMA): timing-equivalent "
                          "dense forward, different tokens from the ReLU images")
         gg = os.path.join(d, "model.%s.gguf" % dtype)
-        if self.llama_ok and not os.path.exists(gg):
+        if llama_here and not os.path.exists(gg):
             if "silu" not in images:
                 self.ensure_image(images["identity"])  # staged: the GGUF is written from it
             argv = ["/usr/bin/python3", os.path.join(SRC, "scripts", "gguf_from_image.py"), "--image",
@@ -503,6 +508,18 @@ class Bench:
     # -----------------------------------------------------------------------------------------------------------
 
     def shape(self, shape, dtype):
+        no_llama = SYNTH.get(shape, {}).get("no_llama")
+        if not no_llama:
+            return self.shape_cell(shape, dtype)
+        saved, self.llama_ok = self.llama_ok, False  # this architecture has no llama.cpp counterpart
+        try:
+            res = self.shape_cell(shape, dtype)
+        finally:
+            self.llama_ok = saved
+        res.setdefault("unavailable", {})["llama.cpp"] = no_llama
+        return res
+
+    def shape_cell(self, shape, dtype):
         d = os.path.join(self.work, shape)
         res = {"shape": shape, "dtype": dtype, "rows": {}, "unavailable": {}}
         log("== %s %s" % (shape, dtype))
@@ -953,7 +970,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--build", default=os.path.join(SRC, "build"))
     ap.add_argument("--shapes", help="comma-separated (default: stories260k,tiny-relu,small-relu,187m,1b,llama2-7b,"
-                    "mistral-7b; --smoke: tiny-relu,stories260k)")
+                    "mistral-7b; --smoke: tiny-relu,stories260k; also opt-1.3b, opt-6.7b: OPT, nl-run's rows only)")
     ap.add_argument("--dtypes", default="f32,f16,q8_0")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--prompt", type=int, default=16, help="prompt tokens (BOS + fixed ids)")

@@ -1,7 +1,7 @@
 // The whole synthetic models (issue 18 item 9): the one table of the random-weight shapes that nl-layout pack
 // --synthetic-shape writes, bench/kernel_bench times and bench/e2e/run.py reads (nl-layout pack
-// --list-synthetic-models). All use a gated ReLU FFN (ProSparse / TurboSparse-like: exact zeros, so --select gate is
-// exact). Header-only.
+// --list-synthetic-models). The Llama shapes use a gated ReLU FFN (ProSparse / TurboSparse-like: exact zeros, so
+// --select gate is exact); the OPT shapes are OPT (plain ReLU FFN with biases). Header-only.
 #pragma once
 #include <cstdio>
 #include <map>
@@ -34,6 +34,14 @@ inline ModelConfig synthetic_model_config(int dim, int layers, int heads, int kv
   return c;
 }
 
+// OPT's shape (learned positions, LayerNorm, biases, a plain ReLU FFN: formats/core/model_weights.h), tied classifier.
+inline ModelConfig synthetic_opt_config(int dim, int layers, int heads, int hidden) {
+  ModelConfig c = synthetic_model_config(dim, layers, heads, heads, hidden, 50272, 2048, 10000.0f);
+  c.arch = ModelArch::kOpt;
+  c.shared_classifier = true;
+  return c;
+}
+
 inline const std::map<std::string, SyntheticModel>& synthetic_models() {
   static const std::map<std::string, SyntheticModel> m = {
       {"llama2-7b",
@@ -42,6 +50,9 @@ inline const std::map<std::string, SyntheticModel>& synthetic_models() {
        {synthetic_model_config(4096, 32, 32, 8, 14336, 32000, 4096, 1000000.0f), "Mistral-7B / TurboSparse shape"}},
       {"llama-1b", {synthetic_model_config(2048, 22, 32, 4, 5632, 32000, 2048, 10000.0f), "TinyLlama-1.1B shape"}},
       {"tiny-test", {synthetic_model_config(64, 2, 4, 2, 256, 512, 128, 10000.0f), "tiny shape for tests"}},
+      // OPT as OPT (model.arch opt, two-vector bundles); "opt-6.7b" alone names the FFN-only shape below.
+      {"opt-1.3b-model", {synthetic_opt_config(2048, 24, 32, 8192), "OPT-1.3B shape (OPT architecture)"}},
+      {"opt-6.7b-model", {synthetic_opt_config(4096, 32, 32, 16384), "OPT-6.7B shape (OPT architecture)"}},
   };
   return m;
 }
@@ -67,7 +78,7 @@ inline const std::map<std::string, SyntheticFfnShape>& synthetic_ffn_shapes() {
 // DIMxHIDDEN[xplain|xgated] (plain when omitted). False when `s` is none of these.
 inline bool synthetic_ffn_shape_parse(const std::string& s, SyntheticFfnShape* out) {
   if (auto it = synthetic_models().find(s); it != synthetic_models().end()) {
-    *out = {it->second.config.dim, it->second.config.hidden_dim, BundleKind::kGated};
+    *out = {it->second.config.dim, it->second.config.hidden_dim, bundle_kind_of(it->second.config)};
     return true;
   }
   if (auto it = synthetic_ffn_shapes().find(s); it != synthetic_ffn_shapes().end()) {
