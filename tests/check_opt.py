@@ -162,6 +162,17 @@ try:
         c.refused("a 1.6 manifest naming opt", [R, "generate", "--image", c.edited_manifest(
             f32, lambda m: m.update(version_minor=6)), "--steps", "2", "-q"], "bad.nlw.json", ["1.7"])
 
+    # A whole synthetic OPT (the e2e harness's opt-1.3b cell), one layer, q4_0: packed as OPT, it generates.
+    simg = os.path.join(work, "syn.nlw")
+    r = run(L, "pack", "--synthetic-shape", "opt-1.3b-model", "--layers", "1", "--dtype", "q4_0", "--out", simg, "-q")
+    man = json.load(open(simg + ".json")) if r.returncode == 0 else {}
+    c.prompt, steps_saved, c.steps = [2, 100, 200], c.steps, 4
+    js = generate(simg, "--select", "gate")[0] if man else {"error": r.stderr.strip()}
+    c.prompt, c.steps = prompt, steps_saved
+    check("pack --synthetic-shape opt-1.3b-model: model.arch opt, plain bundles, and it generates (%s)" %
+          js.get("generated"), man.get("model", {}).get("arch") == "opt" and man.get("bundle", {}).get("kind") ==
+          "plain" and len(js.get("generated", [])) == 4, js.get("error", ""))
+
     # What OPT variants are refused, by name.
     c.configs_refused(ck, [
         ("do_layer_norm_before false (OPT-350M)", {"do_layer_norm_before": False}, ["do_layer_norm_before"]),
