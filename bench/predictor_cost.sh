@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # What paying for a trained activation predictor costs at 7B (issue 54 item 4; synthetic weights and activity): the
 # Llama-2-7B shape (nl-layout pack --synthetic-shape llama2-7b) with a random PowerInfer-form predictor of rank R
-# stored in the image (pack --predictor random:R), decoded with `--select trace:` (the held-out synthetic trace's sets, free)
-# and `--select predictor+trace:` (the same sets and reads, the predictor run on every layer-token and timed),
-# alternated, uncapped and warm, medians [min-max] of decode ms/token and of its FFN compute; and the memory plan's
-# FFN rows in DRAM of each. Not a test (prints figures).
-#   bench/predictor_cost.sh [BUILD_DIR] [WORK_DIR] [RANK] [DTYPE] [REPS]   defaults: build /tmp/nl-predictor-cost 1024 q8_0 3
+# stored in the image (pack --predictor random:R), decoded with `--select trace:` (the held-out synthetic trace's sets,
+# free) and `--select predictor+trace:` (the same sets and reads, the predictor run on every layer-token and timed),
+# alternated, uncapped (O_DIRECT reads, no neuron cache), medians [min-max] of decode ms/token and of its FFN
+# compute; and the memory plan's FFN rows in DRAM of each. Not a test (prints figures).
+#   bench/predictor_cost.sh [BUILD_DIR] [WORK_DIR] [RANK] [DTYPE] [REPS]
+#   defaults: build /tmp/nl-predictor-cost 1024 q8_0 3
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 build=$(realpath "${1:-$src/build}"); work=${2:-/tmp/nl-predictor-cost}; rank=${3:-1024}; dtype=${4:-q8_0}

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-# Writes a GGUF file for llama.cpp (arch "llama", "smallthinker" for gated-ReLU models, "phi2" for Phi) holding exactly the
-# weights of one of our flash images (model.nlw + model.nlw.json), with llama.cpp's own gguf-py (scripts/llamacpp.sh
+# Writes a GGUF file for llama.cpp (arch "llama", "smallthinker" for gated-ReLU models, "phi2" for Phi) holding
+# exactly the weights of one of our flash images (model.nlw + model.nlw.json), with llama.cpp's own gguf-py (scripts/llamacpp.sh
 # exposes it). Used by the end-to-end benchmark (bench/e2e/run.py) so that both engines run the same weights.
 #
 #   gguf_from_image.py --image model.nlw --out model.gguf [--tokenizer tok.bin] [--gguf-py DIR]

@@ -8,7 +8,8 @@ tests/make_opt_checkpoint.py, against the independent numpy forward tests/hf_opt
   and gate under every --overlap and 1 / 2 threads; bf16 / q8_0 / q4_0 give the same tokens on every path;
 - nl-profile run records relu>0 masks equal to the reference's fc1 x + b1 > 0 bit for bit, trace_hooks.py on the
   torch module tree (tests/torch_opt.py) too; --select trace replays them to the gate's logits; every I/O engine gives
-  the same tokens; threshold and lowrank run; a permuted export (pack --layout --export-permuted) computes the same function;
+  the same tokens; threshold and lowrank run; a permuted export (pack --layout --export-permuted) computes the same
+  function;
 - refusals, each exit 3 with one line naming the file: OPT-350M's post-LayerNorm block and project_in / project_out,
   non-ReLU activations, an edited arch (image id), a 1.6 manifest naming opt; convert --to llama2c and
   gguf_from_image.py refuse OPT by name.
@@ -137,8 +138,8 @@ try:
                 os.path.join(work, "bf.json"), "--quiet")
         bb = json.load(open(os.path.join(work, "bf.json"))).get("parameters", {}).get("bundle_bytes") \
             if r.returncode == 0 else r.stderr.strip()
-        check("solve --bundle-for the OPT folder prices two-vector bundles (%s bytes at f16: fc1 row + fc2 column)" % bb,
-              bb == 2 * 64 * 2)
+        check("solve --bundle-for the OPT folder prices two-vector bundles (%s bytes at f16: fc1 row + fc2 "
+              "column)" % bb, bb == 2 * 64 * 2)
         lay = os.path.join(work, "layout.json")
         exp = os.path.join(work, "permuted")
         r = run(L, "solve", "--trace", tr, "--method", "greedy", "--bundle-bytes", "512", "--out", lay, "--quiet")

@@ -984,8 +984,8 @@ def main():
     ap.add_argument("--work", default="/tmp/nl-e2e")
     ap.add_argument("--nice", type=int, default=0)
     ap.add_argument("--predictor-rank", type=int, default=1024,
-                    help="whole synthetic shapes: the rank of the random predictor the 'predictor paid' row runs (0: no "
-                         "such row)")
+                    help="whole synthetic shapes: the rank of the random predictor the 'predictor paid' row runs "
+                         "(0: no such row)")
     ap.add_argument("--max-random-gb", type=float, default=6.0,
                     help="write random llama2.c models up to this size (f32) when pack has no whole-model shape")
     ap.add_argument("--keep", action="store_true", help="keep the synthetic shapes' images and GGUF files")
