@@ -104,7 +104,8 @@ void add_generate_prompt_options(CLI::App* c, GenerateArgs& a) {
        "predictor+trace:T.h5 (the trace's sets, the stored predictor run and paid for) | lowrank:R (ReLU models: "
        "rank-R SVD predictor of the gate, threshold calibrated to "
        "--target-recall) | threshold:T (CATS: |act(gate x)| > T, gate rows in DRAM) | threshold (the same with the "
-       "manifest's per-layer act_threshold) | trace:T.h5 (full "
+       "manifest's per-layer act_threshold) | topk:F (CATS by count: each layer-token's share F of neurons with the "
+       "largest |act|, gate rows in DRAM) | trace:T.h5 (full "
        "builds: each token's neurons from a trace of the same shape; timing benchmarks)")
       ->check([](const std::string& s) {
         Selection sel;
@@ -513,6 +514,7 @@ void selection_json(const GenerateArgs& a, const Session& s, const std::vector<i
   if (m == SelectMode::kThreshold) {
     const ThresholdCounters& tc = ffn->threshold_counters();
     extra["threshold"] = {{"t", s.thresholds()},
+                          {"topk", s.selection().topk},
                           {"mass_recall", tc.mass_recall()},
                           {"kept_fraction", tc.total ? double(tc.kept) / double(tc.total) : 1.0},
                           {"dense_tokens", reference},

@@ -61,7 +61,8 @@ class FlashFfn : public FfnProvider {
   // block names each of its tokens' sets; a one-token pass uses token 0's).
   void set_trace_active(int layer, const std::vector<uint32_t>& active_neurons, int token = 0);
   // Threshold: replaces the per-layer thresholds and starts afresh (counters, caches), as set_phase does.
-  void set_thresholds(const std::vector<float>& t);
+  // `topk` > 0: keep instead each layer-token's ceil(topk x hidden) largest |act| (--select topk:F).
+  void set_thresholds(const std::vector<float>& t, double topk = 0);
   const ThresholdCounters& threshold_counters() const { return thr_; }
   // Marks the end of a token (per-token metrics); after a forward pass over several tokens, of each of them.
   void end_token();
@@ -198,6 +199,7 @@ class FlashFfn : public FfnProvider {
   // trace: per layer and token of the next forward pass, ascending slots
   std::vector<std::vector<std::vector<uint32_t>>> trace_active_;
   ThresholdCounters thr_;
+  double topk_ = 0;  // --select topk:F: the share of neurons kept per layer-token (0: by threshold)
 
   uint64_t pinned_bundles_ = 0, pinned_reads_ = 0, pinned_bytes_read_ = 0;
 

@@ -55,6 +55,11 @@ std::string selection_parse(const std::string& s, Selection* out) {
     r.mode = SelectMode::kLowRank;
     r.rank = positive_int(rank);
     if (r.rank < 1) return "lowrank:R needs a whole rank R >= 1, not '" + rank + "'";
+  } else if (const std::string k = after("topk:"); k != "\x01") {  // CATS by count (the paper's sensitivity study)
+    r.mode = SelectMode::kThreshold;
+    r.topk = nonnegative_number(k);
+    r.threshold = 0;
+    if (!(r.topk > 0 && r.topk <= 1)) return "topk:F needs a share F in (0, 1], not '" + k + "'";
   } else if (const std::string t = after("threshold:"); t != "\x01") {
     r.mode = SelectMode::kThreshold;
     r.threshold = nonnegative_number(t);
@@ -68,7 +73,7 @@ std::string selection_parse(const std::string& s, Selection* out) {
     r.stored = r.trace_pays_predictor = true;
   } else {
     return "expected gate, dense, lowrank:R (R >= 1), predictor, predictor:T, threshold, threshold:T (T >= 0), "
-           "trace:FILE.h5 or predictor+trace:FILE.h5";
+           "topk:F (0 < F <= 1), trace:FILE.h5 or predictor+trace:FILE.h5";
   }
   *out = r;
   return "";

@@ -17,8 +17,8 @@
 
 namespace nl {
 
-// What `--select` names: gate | dense | lowrank:R | predictor | predictor:T | threshold | threshold:T | trace:FILE |
-// predictor+trace:FILE.
+// What `--select` names: gate | dense | lowrank:R | predictor | predictor:T | threshold | threshold:T | topk:F |
+// trace:FILE | predictor+trace:FILE.
 struct Selection {
   SelectMode mode = SelectMode::kGate;
   int rank = 0;         // lowrank:R, or the stored predictor's rank (predictor; filled by the Session)
@@ -33,6 +33,7 @@ struct Selection {
   // discarded: a run that pays for prediction while its I/O pattern stays the trace's.
   bool trace_pays_predictor = false;
   double threshold = -1;  // threshold:T (>= 0); -1 with kThreshold: the manifest's per-layer act_threshold
+  double topk = 0;        // topk:F (kThreshold, F in (0, 1]): each layer-token's ceil(F x hidden) largest |act|
   std::string trace;      // trace:FILE (the caller names each forward pass's active sets: FlashFfn::set_trace_active)
 };
 // "" when `s` is one of the forms above (into *out), else what is wrong.

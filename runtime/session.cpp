@@ -100,8 +100,9 @@ Session::Session(std::unique_ptr<FlashImage> image, SessionOptions o) : img_(std
       throw InputError(tok_path_, "has " + std::to_string(tok_->vocab_size()) + " tokens, the model " +
                                       std::to_string(c.vocab_size));
   }
-  if (sel_.mode == SelectMode::kThreshold && sel_.threshold >= 0)
-    thresholds_.assign(size_t(c.n_layers), float(sel_.threshold));
+  if (sel_.mode == SelectMode::kThreshold && sel_.threshold >= 0)  // topk:F: every neuron passes the threshold
+    thresholds_.assign(size_t(c.n_layers),
+                       sel_.topk > 0 ? -std::numeric_limits<float>::infinity() : float(sel_.threshold));
   if (sel_.mode == SelectMode::kThreshold && sel_.threshold < 0) {
     if (man.act_threshold.empty())
       throw InputError(img_->manifest_path(),
@@ -196,7 +197,7 @@ void Session::calibrate() {
 
 void Session::start_selection() {
   if (sel_.mode == SelectMode::kLowRank) ffn_->set_phase(LowRankPhase::kPredict);
-  if (sel_.mode == SelectMode::kThreshold) ffn_->set_thresholds(thresholds_);
+  if (sel_.mode == SelectMode::kThreshold) ffn_->set_thresholds(thresholds_, sel_.topk);
 }
 
 Generation Session::generate_on(Model& model, const std::vector<int>& prompt, int steps, Sampler& sampler,

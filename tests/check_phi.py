@@ -111,6 +111,15 @@ try:
             if thr == 0.0:
                 check("threshold:0 keeps every neuron (%.4f) and gives the dense tokens" % th["kept_fraction"],
                       th["kept_fraction"] > 0.999 and jt["generated"] == gen and e0 <= 1e-4)
+        for share in (1.0, 0.3):  # CATS by count: topk:F keeps ceil(F x 256) neurons per layer-token
+            jk = generate(f32, "--select", "topk:%g" % share)[0]
+            th = jk.get("threshold", {})
+            want = -(-int(share * 256 * 1000) // 1000) / 256.0
+            print("  topk:%g kept %s  mass %s  agreement %s" % (share, th.get("kept_fraction"), th.get("mass_recall"),
+                                                              th.get("token_agreement")))
+            check("topk:%g keeps exactly %.4f of the neurons%s" % (share, want, ", the dense tokens" if share == 1 else
+                                                                  ""), th.get("kept_fraction") == want and
+                  (share < 1 or jk.get("generated") == gen), jk.get("error", th))
         ks = [kept_by_t[k] for k in sorted(kept_by_t)]
         check("a higher threshold keeps fewer neurons (%s)" % ", ".join("%.3f" % k for k in ks),
               len(ks) == 6 and all(a >= b for a, b in zip(ks, ks[1:])) and ks[-1] < ks[0])

@@ -82,10 +82,11 @@ void FlashFfn::set_trace_active(int layer, const std::vector<uint32_t>& neurons,
   std::sort(a.begin(), a.end());
 }
 
-void FlashFfn::set_thresholds(const std::vector<float>& t) {
-  if (opt_.select != SelectMode::kThreshold || t.size() != opt_.act_threshold.size())
-    throw InternalError("set_thresholds outside --select threshold or with the wrong layer count");
+void FlashFfn::set_thresholds(const std::vector<float>& t, double topk) {
+  if (opt_.select != SelectMode::kThreshold || t.size() != opt_.act_threshold.size() || !(topk >= 0 && topk <= 1))
+    throw InternalError("set_thresholds outside --select threshold, with the wrong layer count or top-k share");
   opt_.act_threshold = t;
+  topk_ = topk;
   thr_ = ThresholdCounters{};
   start_afresh();
 }
@@ -168,6 +169,16 @@ FlashFfn::GateFrom FlashFfn::select_token(int layer, int t, const float* xt, flo
     const float thr = opt_.act_threshold[size_t(layer)];
     size_t k = 0;
     for (int s = 0; s < hidden; ++s) thr_.mass_total += std::fabs(double(!sparse ? g[s] : g[s] > floor ? g[s] : 0.0f));
+    if (topk_ > 0) {  // top-k: the ceil(share x hidden) largest |act| (ties: the lower slot), in slot order
+      const size_t keep = std::min(active_.size(), size_t(std::ceil(topk_ * double(hidden))));
+      const auto larger = [g](uint32_t a, uint32_t b) {
+        const float x = std::fabs(g[a]), y = std::fabs(g[b]);
+        return x > y || (x == y && a < b);
+      };
+      std::nth_element(active_.begin(), active_.begin() + std::ptrdiff_t(keep), active_.end(), larger);
+      active_.resize(keep);
+      std::sort(active_.begin(), active_.end());
+    }
     for (uint32_t s : active_) {
       const float a = std::fabs(g[s]);
       if (a > thr) {
