@@ -48,7 +48,7 @@ typedef struct nl_run_params {
   const char* image;      /* model.nlw or its manifest model.nlw.json (required) */
   const char* tokenizer;  /* llama2.c tokenizer.bin; NULL = the manifest's, when its file sits beside it */
   const char* select;     /* "gate" (default: exact), "dense", "lowrank:R", "threshold", "threshold:T",
-                             "predictor" (calibrated), "predictor:T" (deployed: no gate rows) */
+                             "topk:F", "predictor" (calibrated), "predictor:T" (deployed: no gate rows) */
   const char* overlap;    /* "auto" (default), "none", "layer", "cross", "both" */
   const char* io;         /* "auto" (default: io_uring where available, else pread), "pread", "preadv", "uring",
                              "mmap" */
