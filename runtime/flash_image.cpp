@@ -3,6 +3,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -146,18 +147,6 @@ std::unique_ptr<DenseStore> FlashImage::load_dense_store() {
     if (name != "tok_embeddings") kernels::q8_interleave_if_pays(&v);
     return v;
   };
-  auto norm = [&](const std::string& name, int n = 0) -> const float* {  // a vector of n (default dim) floats
-    if (n == 0) n = c.dim;
-    const DenseTensor& t = find(name, 1, uint64_t(n));
-    std::vector<float> v(static_cast<size_t>(n));
-    image_decode(t.dtype, st->bytes.data() + t.offset, v.size(), v.data());
-    check_finite_weights(image_path_, name, v);
-    st->norms.push_back(std::move(v));
-    return st->norms.back().data();
-  };
-  size_t n_vectors = 0;
-  for (const DenseTensorSpec& t : dense_tensor_specs(c)) n_vectors += t.rows == 1;
-  st->norms.reserve(n_vectors);  // pointers into it stay valid
   ModelView& v = st->view;
   v.config = c;
   v.source = image_path_;
@@ -165,33 +154,30 @@ std::unique_ptr<DenseStore> FlashImage::load_dense_store() {
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     LayerView lv;
-    lv.rms_att = norm(p + "rms_att");
     lv.wq = matrix(p + "wq", c.dim, c.dim);
     lv.wk = matrix(p + "wk", c.kv_dim(), c.dim);
     lv.wv = matrix(p + "wv", c.kv_dim(), c.dim);
     lv.wo = matrix(p + "wo", c.dim, c.dim);
-    if (!c.parallel_block()) lv.rms_ffn = norm(p + "rms_ffn");
-    if (c.has_biases()) {
-      lv.att_norm_b = norm(p + "att_norm_b");
-      lv.bq = norm(p + "bq");
-      lv.bk = norm(p + "bk", c.kv_dim());
-      lv.bv = norm(p + "bv", c.kv_dim());
-      lv.bo = norm(p + "bo");
-      if (!c.parallel_block()) lv.ffn_norm_b = norm(p + "ffn_norm_b");
-      lv.b_up = norm(p + "b_up", c.hidden_dim);
-      lv.b_down = norm(p + "b_down");
-    }
     v.layers.push_back(lv);
   }
-  v.rms_final = norm("rms_final");
+  // The vectors (norm weights, biases), widened to f32 and kept; st->norms holds them all (pointers stay valid).
+  const std::vector<DenseTensorSpec> specs = dense_tensor_specs(c);
+  st->norms.reserve(size_t(std::count_if(specs.begin(), specs.end(), [](const auto& t) { return t.rows == 1; })));
+  for (const DenseTensorSpec& t : specs) {
+    if (t.rows != 1) continue;
+    const DenseTensor& d = find(t.name, 1, t.cols);
+    std::vector<float> vec(size_t(t.cols));
+    image_decode(d.dtype, st->bytes.data() + d.offset, vec.size(), vec.data());
+    check_finite_weights(image_path_, t.name, vec);
+    st->norms.push_back(std::move(vec));
+    set_view_vector(v, t, st->norms.back().data());
+  }
   v.classifier = c.shared_classifier ? v.tok_embeddings : matrix("wcls", c.vocab_size, c.dim);
   if (c.learned_positions()) {
     const DenseTensor& t = find("pos_embeddings", uint64_t(c.seq_len + kOptPositionOffset), uint64_t(c.dim));
     v.pos_embeddings = {t.dtype, st->bytes.data() + t.offset, c.seq_len + kOptPositionOffset, c.dim,
                         image_row_bytes(t.dtype, size_t(c.dim))};  // rows read by dequantize_row: never interleaved
   }
-  if (c.has_biases()) v.final_norm_b = norm("final_norm_b");
-  if (c.classifier_bias()) v.cls_b = norm("cls_b", c.vocab_size);
   return st;
 }
 

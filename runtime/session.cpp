@@ -156,8 +156,8 @@ void Session::load(int context) {
   ps.cache_ratio = mem_.cache_ratio;
   FlashFfnOptions fo = flash_ffn_options(ps, man.planner, sel_.mode);
   fo.verify_reads = o_.verify_reads;
-  for (const LayerView& lv : dense_->view.layers) fo.neuron_bias.push_back(lv.b_up);  // OPT's fc1 bias (else null)
-  if (!c.has_biases()) fo.neuron_bias.clear();
+  if (c.has_biases())  // OPT's and Phi's fc1 bias
+    for (const LayerView& lv : dense_->view.layers) fo.neuron_bias.push_back(lv.b_up);
   if (sel_.mode != SelectMode::kDense) {
     fo.lowrank_rank = sel_.rank;
     fo.stored_predictor = sel_.stored;

@@ -180,9 +180,10 @@ void Model::pass(const int* tokens, int n, int pos0, float* logits, bool last_on
       kernels::dequantize_row(v_.pos_embeddings, pos0 + t + kOptPositionOffset, tmp_.data());
       for (int i = 0; i < dim; ++i) x_[size_t(t) * dim + i] += tmp_[size_t(i)];
     }
-  // RMSNorm, or OPT's LayerNorm with its bias, of every token's row of x_ into xb_.
-  auto norm = [&](const float* g, const float* b) {
-    for (int t = 0; t < n; ++t) {
+  // RMSNorm, or OPT's / Phi's LayerNorm with its bias, of the tokens' rows of x_ into xb_.
+  // Rows t0 .. n-1 (every row by default).
+  auto norm = [&](const float* g, const float* b, int t0 = 0) {
+    for (int t = t0; t < n; ++t) {
       float* o = xb_.data() + size_t(t) * dim;
       const float* in = x_.data() + size_t(t) * dim;
       if (b)
@@ -291,14 +292,7 @@ void Model::pass(const int* tokens, int n, int pos0, float* logits, bool last_on
 
   if (!logits) return;
   const int t0 = last_only ? n - 1 : 0;  // a prompt needs only its last token's logits
-  for (int t = t0; t < n; ++t) {
-    float* o = xb_.data() + size_t(t) * dim;
-    const float* in = x_.data() + size_t(t) * dim;
-    if (v_.final_norm_b)
-      kernels::layernorm(o, in, v_.rms_final, v_.final_norm_b, dim, c.norm_eps);
-    else
-      kernels::rmsnorm(o, in, v_.rms_final, dim, c.norm_eps);
-  }
+  norm(v_.rms_final, v_.final_norm_b, t0);
   kernels::matmul(logits, xb_.data() + size_t(t0) * dim, v_.classifier, n - t0);
   if (v_.cls_b)
     for (int t = 0; t < n - t0; ++t)

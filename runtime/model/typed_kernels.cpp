@@ -2053,6 +2053,13 @@ void prefetch_bundles(ImageDtype dt, int dim, BundleGate gate, const uint8_t* co
     prefetch_bytes(bundles[i] + (gate == BundleGate::kGiven ? rb : 0), gate == BundleGate::kGiven ? rb : 2 * rb);
 }
 
+namespace {
+// kSilu / kGelu: the smooth gate activation (model_weights.h ffn_act_smooth).
+inline float smooth_gate(BundleGate gate, float v) {
+  return ffn_act_smooth(gate == BundleGate::kGelu ? FfnAct::kGelu : FfnAct::kSilu, v);
+}
+}  // namespace
+
 void bundle_coefficients(ImageDtype dt, int dim, const void* x, const BundleAct& act, const float* g,
                          const uint8_t* const* bundles, int n, float* h) {
   const BundleGate gate = act.gate;
@@ -2072,9 +2079,7 @@ void bundle_coefficients(ImageDtype dt, int dim, const void* x, const BundleAct&
       row_dots(dt, bundles + c, m, x, dim, gv);
       for (int i = 0; i < m; ++i) {
         const float v = gv[i] + (act.bias ? act.bias[c + i] : 0.0f);
-        h[c + i] = gate == BundleGate::kRelu
-                       ? (v > floor ? v : 0.0f)
-                       : ffn_act_smooth(gate == BundleGate::kGelu ? FfnAct::kGelu : FfnAct::kSilu, v);
+        h[c + i] = gate == BundleGate::kRelu ? (v > floor ? v : 0.0f) : smooth_gate(gate, v);
       }
       continue;
     }
@@ -2087,7 +2092,7 @@ void bundle_coefficients(ImageDtype dt, int dim, const void* x, const BundleAct&
         if (gate == BundleGate::kRelu) {
           if (!(gi > floor)) gi = 0.0f;
         } else {
-          gi = ffn_act_smooth(gate == BundleGate::kGelu ? FfnAct::kGelu : FfnAct::kSilu, gi);
+          gi = smooth_gate(gate, gi);
         }
       }
     }

@@ -1,7 +1,44 @@
 // Typed weight views (runtime/model/weights_view.h).
 #include "runtime/model/weights_view.h"
 
+#include <utility>
+
+#include "formats/core/error.h"
+
 namespace nl {
+
+void set_view_vector(ModelView& v, const DenseTensorSpec& t, const float* p) {
+  using LW = LayerWeights;
+  using LV = LayerView;
+  static const std::pair<std::vector<float> LW::*, const float * LV::*> kLayer[] = {{&LW::rms_att, &LV::rms_att},
+                                                                                    {&LW::rms_ffn, &LV::rms_ffn},
+                                                                                    {&LW::att_norm_b, &LV::att_norm_b},
+                                                                                    {&LW::ffn_norm_b, &LV::ffn_norm_b},
+                                                                                    {&LW::bq, &LV::bq},
+                                                                                    {&LW::bk, &LV::bk},
+                                                                                    {&LW::bv, &LV::bv},
+                                                                                    {&LW::bo, &LV::bo},
+                                                                                    {&LW::b_up, &LV::b_up},
+                                                                                    {&LW::b_down, &LV::b_down}};
+  static const std::pair<std::vector<float> ModelWeights::*, const float * ModelView::*> kModel[] = {
+      {&ModelWeights::rms_final, &ModelView::rms_final},
+      {&ModelWeights::final_norm_b, &ModelView::final_norm_b},
+      {&ModelWeights::cls_b, &ModelView::cls_b}};
+  if (t.layer >= 0) {
+    for (const auto& [weights, view] : kLayer)
+      if (weights == t.layer_field) {
+        v.layers[size_t(t.layer)].*view = p;
+        return;
+      }
+  } else {
+    for (const auto& [weights, view] : kModel)
+      if (weights == t.model_field) {
+        v.*view = p;
+        return;
+      }
+  }
+  throw InternalError("set_view_vector: no view field for dense vector " + t.name);
+}
 
 ModelView view_of(const ModelWeights& w) {
   const ModelConfig& c = w.config;
@@ -17,25 +54,13 @@ ModelView view_of(const ModelWeights& w) {
     lv.wk = WeightView::f32(l.wk.data(), kv, dim);
     lv.wv = WeightView::f32(l.wv.data(), kv, dim);
     lv.wo = WeightView::f32(l.wo.data(), dim, dim);
-    lv.rms_ffn = l.rms_ffn.empty() ? nullptr : l.rms_ffn.data();
-    if (c.has_biases()) {
-      lv.att_norm_b = l.att_norm_b.data();
-      lv.ffn_norm_b = l.ffn_norm_b.empty() ? nullptr : l.ffn_norm_b.data();
-      lv.bq = l.bq.data();
-      lv.bk = l.bk.data();
-      lv.bv = l.bv.data();
-      lv.bo = l.bo.data();
-      lv.b_up = l.b_up.empty() ? nullptr : l.b_up.data();
-      lv.b_down = l.b_down.data();
-    }
     v.layers.push_back(lv);
   }
-  v.rms_final = w.rms_final.data();
+  for (const DenseTensorSpec& t : dense_tensor_specs(c))
+    if (t.rows == 1) set_view_vector(v, t, t.in(w).data());
   v.classifier = WeightView::f32(w.classifier(), c.vocab_size, dim);
   if (c.learned_positions())
     v.pos_embeddings = WeightView::f32(w.pos_embeddings.data(), c.seq_len + kOptPositionOffset, dim);
-  if (c.has_biases()) v.final_norm_b = w.final_norm_b.data();
-  if (c.classifier_bias()) v.cls_b = w.cls_b.data();
   return v;
 }
 

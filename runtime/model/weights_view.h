@@ -53,6 +53,10 @@ struct ModelView {
   const float* cls_b = nullptr;         // Phi: the classifier's bias [vocab]
 };
 
+// Points `v`'s field for the dense vector `t` (rows 1: a norm weight, OPT's / Phi's biases; dense_tensor_specs says
+// which a config has) at `p`. The one map from those vectors to the view, for view_of and the image's dense store.
+void set_view_vector(ModelView& v, const DenseTensorSpec& t, const float* p);
+
 // The f32 view of ModelWeights (sizes must already be checked: model_weights_problem).
 ModelView view_of(const ModelWeights& w);
 // Checks a view's shapes against its config; returns "" or what is wrong.
