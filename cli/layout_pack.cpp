@@ -35,6 +35,7 @@ struct PackArgs {
   std::string model, layout, out, dtype, tokenizer, export_permuted, synthetic_shape, device, predictor;
   std::string synthetic_act;       // whole synthetic models: "relu" (their own) or "silu"
   std::string act_threshold_from;  // trace whose per-layer thresholds go to the manifest's act_threshold
+  std::string predictor_input = "residual";
   int synthetic_layers = 4;
   CLI::Option* layers_opt = nullptr;  // whole synthetic models keep their layer count unless --layers is given
   uint64_t seed = 1;
@@ -151,14 +152,24 @@ void add_pack_input_options(CLI::App* c, PackArgs& a) {
        "Tokenizer copied beside the image as OUT.tokenizer and named in the manifest (nl-run --prompt finds it)")
       ->check(CLI::ExistingFile)
       ->group("Input");
-  c->add_option("--predictor", a.predictor,
-                "Activation predictor stored in the image for nl-run --select predictor: safetensors with PowerInfer's "
-                "names blk.{l}.fc1.weight [rank][dim] and blk.{l}.fc2.weight [hidden][rank] (score = fc2 relu(fc1 x)); "
-                "random:R with a whole synthetic model: random weights of rank R (benchmarks)")
-      ->check([](const std::string& s) {
-        const int r = random_predictor_rank(s);
-        return r > 0 ? std::string() : r < 0 ? "random:R needs a whole rank R >= 1" : CLI::ExistingFile(s);
-      })
+  CLI::Option* pred =
+      c->add_option("--predictor", a.predictor,
+                    "Activation predictor stored in the image for nl-run --select predictor (score = fc2 relu(fc1 x)): "
+                    "a GGUF or safetensors file with PowerInfer's names blk.{l}.fc1.weight [rank][dim] and "
+                    "blk.{l}.fc2.weight [hidden][rank]; a TurboSparse checkpoint folder (its "
+                    "model.layers.{l}.mlp.predictor.fc1/fc2.weight); random:R with a whole synthetic model: random "
+                    "weights of rank R (benchmarks)")
+          ->check([](const std::string& s) {
+            const int r = random_predictor_rank(s);
+            return r > 0 ? std::string() : r < 0 ? "random:R needs a whole rank R >= 1" : CLI::ExistingPath(s);
+          })
+          ->group("Input");
+  c->add_option("--predictor-input", a.predictor_input,
+                "What the predictor reads: residual (the residual stream entering the FFN, before its norm: what "
+                "PowerInfer's and TurboSparse's predictors were trained on) or ffn_norm (the FFN's normalised input)")
+      ->check(CLI::IsMember({"residual", "ffn_norm"}))
+      ->needs(pred)
+      ->capture_default_str()
       ->group("Input");
   c->add_option("--act-threshold-from", a.act_threshold_from,
                 "Trace (nl-profile run --activation calibrated:F or abs>X) whose per-layer thresholds go to the "
@@ -560,6 +571,8 @@ void pack_main(const PackArgs& a, const GlobalOptions& g) {
     spec.predictor_rank = predictor->rank();
     spec.predictor_source = a.predictor;
   }
+  if (!predictor_input_parse(a.predictor_input, &spec.predictor_input))
+    throw InternalError("--predictor-input " + a.predictor_input);
   // The permuted model export has one copy of each neuron: a replicated layer exports its order without the replicas
   // (each neuron at its first copy's place), which computes the same.
   std::vector<std::vector<uint32_t>> order = spec.order;

@@ -1,18 +1,22 @@
 // Predictor files (formats/predictor_file.h).
 #include "formats/predictor_file.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <map>
-
 #include "formats/core/error.h"
 #include "formats/gguf.h"
 
 namespace nl {
 
-PredictorFile::~PredictorFile() {
-  if (fd_ >= 0) ::close(fd_);
+namespace {
+constexpr const char* kBlkNaming = "blk.{l}.fc1/fc2.weight";
+constexpr const char* kTurboSparseNaming = "model.layers.{l}.mlp.predictor.fc1/fc2.weight";
+}  // namespace
+
+PredictorFile::~PredictorFile() = default;
+
+std::string PredictorFile::name_of(int layer, bool fc2) const {
+  const std::string l = std::to_string(layer);
+  if (naming_ == kTurboSparseNaming) return "model.layers." + l + ".mlp.predictor." + (fc2 ? "fc2" : "fc1") + ".weight";
+  return "blk." + l + (fc2 ? ".fc2.weight" : ".fc1.weight");
 }
 
 // fc1 is [rank][dim], fc2 [hidden][rank]; the first fc1 sets the rank every other tensor must have.
@@ -31,41 +35,38 @@ void PredictorFile::check_shape(const std::string& name, bool fc2, uint64_t rows
 }
 
 PredictorFile::PredictorFile(const std::string& path, const ModelConfig& c) : path_(path), c_(c) {
-  auto name_of = [](int l, int part) { return "blk." + std::to_string(l) + (part ? ".fc2.weight" : ".fc1.weight"); };
+  naming_ = kBlkNaming;
   if (is_gguf_file(path)) {
     gguf_ = open_gguf_tensors(path);
     for (int l = 0; l < c.n_layers; ++l)
       for (int part = 0; part < 2; ++part) {
-        const std::string name = name_of(l, part);
+        const std::string name = name_of(l, part == 1);
         const std::vector<uint64_t> ne = gguf_->tensor_ne(name);
-        if (ne.empty()) throw InputError(path, "tensor '" + name + "' is missing (blk.{l}.fc1/fc2.weight)");
+        if (ne.empty()) throw InputError(path, "tensor '" + name + "' is missing (" + naming_ + ")");
         if (ne.size() != 2) throw InputError(path, "tensor '" + name + "' is not 2-D");
         check_shape(name, part == 1, ne[1], ne[0], l);
       }
     return;
   }
-  std::map<std::string, SafetensorsEntry> by_name;
-  for (auto& e : safetensors_header(path, &data_start_)) by_name.emplace(e.name, e);
+  st_ = open_safetensors_tensors(path);
+  if (!st_->find(name_of(0, false))) {
+    naming_ = kTurboSparseNaming;
+    if (!st_->find(name_of(0, false)))
+      throw InputError(st_->path(), "holds no predictor: neither blk.0.fc1.weight (PowerInfer's " +
+                                        std::string(kBlkNaming) + ") nor " + name_of(0, false) + " (TurboSparse's " +
+                                        kTurboSparseNaming + ")");
+  }
   for (int l = 0; l < c.n_layers; ++l) {
     for (int part = 0; part < 2; ++part) {
-      const std::string name = name_of(l, part);
-      auto it = by_name.find(name);
-      if (it == by_name.end()) throw InputError(path, "tensor '" + name + "' is missing (blk.{l}.fc1/fc2.weight)");
-      const SafetensorsEntry& e = it->second;
-      if (e.dtype != "F32" && e.dtype != "F16" && e.dtype != "BF16")
-        throw InputError(path, "tensor '" + name + "' is " + e.dtype + " (F32, F16 or BF16)");
-      if (e.shape.size() != 2) throw InputError(path, "tensor '" + name + "' is not 2-D");
-      check_shape(name, part == 1, e.shape[0], e.shape[1], l);
-      (part ? fc2_ : fc1_).push_back(e);
+      const std::string name = name_of(l, part == 1);
+      const SafetensorsEntry* e = st_->find(name);
+      if (!e) throw InputError(st_->path(), "tensor '" + name + "' is missing (" + naming_ + ")");
+      if (e->dtype != "F32" && e->dtype != "F16" && e->dtype != "BF16")
+        throw InputError(st_->file_of(*e), "tensor '" + name + "' is " + e->dtype + " (F32, F16 or BF16)");
+      if (e->shape.size() != 2) throw InputError(st_->file_of(*e), "tensor '" + name + "' is not 2-D");
+      check_shape(name, part == 1, e->shape[0], e->shape[1], l);
     }
   }
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // last: nothing throws after it (the destructor closes it)
-  if (fd_ < 0) throw IoError(path, errno_text("open"));
-}
-
-void PredictorFile::read(const SafetensorsEntry& e, uint64_t n, std::vector<float>* out) const {
-  out->resize(size_t(n));
-  safetensors_read_f32(fd_, path_, data_start_, e, 0, n, out->data());
 }
 
 void PredictorFile::write_to(ImageWriter& iw) const {
@@ -77,14 +78,16 @@ void PredictorFile::write_to(ImageWriter& iw) const {
 }
 
 void PredictorFile::read_layer(int layer, std::vector<float>* fc1, std::vector<float>* fc2) const {
-  const std::string pre = "blk." + std::to_string(layer);
+  const uint64_t n1 = uint64_t(rank_) * uint64_t(c_.dim), n2 = uint64_t(c_.hidden_dim) * uint64_t(rank_);
   if (gguf_) {
-    gguf_->load_tensor(pre + ".fc1.weight", uint64_t(rank_), uint64_t(c_.dim), *fc1);
-    gguf_->load_tensor(pre + ".fc2.weight", uint64_t(c_.hidden_dim), uint64_t(rank_), *fc2);
+    gguf_->load_tensor(name_of(layer, false), uint64_t(rank_), uint64_t(c_.dim), *fc1);
+    gguf_->load_tensor(name_of(layer, true), uint64_t(c_.hidden_dim), uint64_t(rank_), *fc2);
     return;
   }
-  read(fc1_[size_t(layer)], uint64_t(rank_) * uint64_t(c_.dim), fc1);
-  read(fc2_[size_t(layer)], uint64_t(c_.hidden_dim) * uint64_t(rank_), fc2);
+  fc1->resize(size_t(n1));
+  fc2->resize(size_t(n2));
+  st_->read_f32(*st_->find(name_of(layer, false)), 0, n1, fc1->data());
+  st_->read_f32(*st_->find(name_of(layer, true)), 0, n2, fc2->data());
 }
 
 }  // namespace nl

@@ -2,8 +2,11 @@
 // layer a two-layer ReLU MLP on the FFN input, score = fc2 relu(fc1 x), fc1 [rank][dim], fc2 [hidden][rank] (rows in
 // the original neuron order). Read from PowerInfer's GGUF tensors `blk.{l}.fc1.weight` (ne [dim, rank]) and
 // `blk.{l}.fc2.weight` (ne [rank, hidden]) in a GGUF file (their sparse-model GGUFs hold them beside the model), or
-// from a safetensors file with the same names ([rank][dim], [hidden][rank]; F32, F16 or BF16); every layer the same
-// rank.
+// from a safetensors file with the same names ([rank][dim], [hidden][rank]; F32, F16 or BF16), or from a TurboSparse
+// checkpoint (its folder, one file or sharded), whose BambooMLP holds the predictor as
+// model.layers.{l}.mlp.predictor.fc1.weight / fc2.weight (its mask is round(sigmoid(score)), i.e. score > 0: nl-run
+// --select predictor:0); every layer the same rank. Both projects feed the predictor the residual stream before the
+// FFN's norm (PredictorInput::kResidual, `pack --predictor-input`).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -17,6 +20,7 @@
 namespace nl {
 
 class GgufTensors;
+class SafetensorsTensors;
 
 class PredictorFile {
  public:
@@ -24,6 +28,8 @@ class PredictorFile {
   PredictorFile(const std::string& path, const ModelConfig& c);
   ~PredictorFile();
   int rank() const { return rank_; }
+  // The tensor names found: "blk.{l}.fc1/fc2.weight" or "model.layers.{l}.mlp.predictor.fc1/fc2.weight".
+  const std::string& naming() const { return naming_; }
   // Layer `layer`'s fc1 [rank][dim] and fc2 [hidden][rank] as f32.
   void read_layer(int layer, std::vector<float>* fc1, std::vector<float>* fc2) const;
   // Every layer into the image being written (after its FFN layers; spec.predictor_rank must be rank()).
@@ -33,13 +39,11 @@ class PredictorFile {
   std::string path_;
   ModelConfig c_;
   int rank_ = 0;
-  // A safetensors file: its entries per layer and its descriptor (opened once every entry passed its checks).
-  uint64_t data_start_ = 0;
-  std::vector<SafetensorsEntry> fc1_, fc2_;
-  int fd_ = -1;
-  std::unique_ptr<GgufTensors> gguf_;  // a GGUF file: its tensors by name (fc1_ / fc2_ unused)
+  std::string naming_;
+  std::unique_ptr<SafetensorsTensors> st_;  // a safetensors file or checkpoint: its tensors by name
+  std::unique_ptr<GgufTensors> gguf_;       // a GGUF file: its tensors by name
+  std::string name_of(int layer, bool fc2) const;
   void check_shape(const std::string& name, bool fc2, uint64_t rows, uint64_t cols, int layer);
-  void read(const SafetensorsEntry& e, uint64_t n, std::vector<float>* out) const;
 };
 
 }  // namespace nl

@@ -224,10 +224,19 @@ ModelConfig read_config(const std::string& path) {
   if (type == "opt") return read_opt_config(j, path);
   if (type == "phi") return read_phi_config(j, path);
   // Mistral is the Llama block with sliding-window attention (modeling_mistral.py): read as Llama plus the window.
-  if (type != "llama" && type != "mistral")
-    throw InputError(path, "model_type '" + type + "' is not supported (llama, mistral, opt or phi)");
+  // Bamboo (TurboSparse-Mistral, PowerInfer's modeling_bamboo.py) is Mistral whose BambooMLP applies hidden_act to
+  // both projections, down(act(gate x) * act(up x)): with its relu, dReLU.
+  if (type != "llama" && type != "mistral" && type != "bamboo")
+    throw InputError(path, "model_type '" + type + "' is not supported (llama, mistral, bamboo, opt or phi)");
+  const bool bamboo = type == "bamboo";
   const std::string silu = "silu";
-  const std::string act = config_get<std::string>(j, path, "hidden_act", &silu);
+  std::string act = config_get<std::string>(j, path, "hidden_act", &silu);
+  if (bamboo) {
+    if (act != "relu")
+      throw InputError(path, "model_type bamboo with hidden_act '" + act +
+                                 "' is not supported (relu: TurboSparse's dReLU, act(gate x) * act(up x))");
+    act = "drelu";
+  }
   ModelConfig c;
   // silu (swish), relu, fatrelu (ProSparse: ReLU with the threshold hidden_act_param, as vLLM's FatreluAndMul),
   // drelu (TurboSparse: ReLU on both gate and up).
@@ -265,7 +274,7 @@ ModelConfig read_config(const std::string& path) {
     throw InputError(path, "rope_scaling is not supported");
   if (config_get<bool>(j, path, "attention_bias", &no) || config_get<bool>(j, path, "mlp_bias", &no))
     throw InputError(path, "attention_bias / mlp_bias are not supported");
-  if (type == "mistral" && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+  if ((type == "mistral" || bamboo) && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
     const int64_t w = config_get<int64_t>(j, path, "sliding_window", nullptr);
     if (w <= 0 || w > (1 << 24))
       throw InputError(path, "key 'sliding_window' = " + std::to_string(w) + " is out of range");
@@ -597,6 +606,114 @@ std::vector<SafetensorsEntry> safetensors_header(const std::string& path, uint64
   return out;
 }
 
+// One safetensors file of a checkpoint (the only one, or a shard), open for reading.
+struct SafetensorsTensors::Impl {
+  struct Shard {
+    std::string path;
+    uint64_t data_start = 0;
+    Fd f;
+  };
+  struct Located {
+    SafetensorsEntry e;
+    size_t shard = 0;
+  };
+  std::string tensors;  // the file, or the index of a sharded checkpoint (named in messages)
+  std::vector<Shard> shards;
+  std::map<std::string, Located> entries;
+
+  size_t add_shard(const std::string& file) {
+    shards.emplace_back();
+    shards.back().path = file;
+    shards.back().f.fd = open_regular_input(file);
+    return shards.size() - 1;
+  }
+
+  // model.safetensors.index.json: {"metadata": {...}, "weight_map": {tensor: shard file name}}. Each shard is a file
+  // name in the index's folder (a path is refused, as the manifest's file names are), and must hold exactly the
+  // tensors the map assigns to it: a tensor missing from its shard, held by a shard the map does not name for it, or
+  // a shard file no tensor maps to would be a checkpoint other than the one the index describes.
+  void open_shards(const std::string& index_path) {
+    const fs::path dir =
+        fs::path(index_path).parent_path().empty() ? fs::path(".") : fs::path(index_path).parent_path();
+    json j;
+    try {
+      j = json::parse(read_file(index_path, 64ull << 20));
+    } catch (const json::exception& e) {
+      throw InputError(index_path, std::string("not valid JSON: ") + e.what());
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object() || j["weight_map"].empty())
+      throw InputError(index_path, "needs a non-empty 'weight_map' object (tensor name -> shard file)");
+    std::map<std::string, size_t> shard_of_file;
+    std::map<std::string, std::string> want;  // tensor -> shard file
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string()) throw InputError(index_path, "weight_map['" + it.key() + "'] is not a file name");
+      const std::string f = it.value().get<std::string>();
+      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == ".." || f.find('\0') != std::string::npos)
+        throw InputError(index_path, "weight_map['" + it.key() + "'] = '" + f.substr(0, 64) +
+                                         "' must be a file name in the checkpoint's folder, not a path");
+      want[it.key()] = f;
+      if (!shard_of_file.count(f)) {
+        const std::string file = (dir / f).string();
+        std::error_code ec;
+        if (!fs::exists(file, ec)) throw InputError(index_path, "names shard " + f + ", which is missing");
+        shard_of_file[f] = add_shard(file);
+      }
+    }
+    for (const auto& [f, k] : shard_of_file) {
+      Shard& sh = shards[k];
+      for (auto& e : safetensors_header(sh.path, &sh.data_start)) {
+        auto w = want.find(e.name);
+        if (w == want.end())
+          throw InputError(sh.path, "holds tensor '" + e.name + "', which " + index_path + " does not list");
+        if (w->second != f)
+          throw InputError(sh.path, "holds tensor '" + e.name + "', which " + index_path + " places in " + w->second);
+        if (!entries.emplace(e.name, Located{e, k}).second)
+          throw InputError(sh.path, "holds tensor '" + e.name + "' twice");
+      }
+    }
+    for (const auto& [name, f] : want)
+      if (!entries.count(name))
+        throw InputError(index_path, "places tensor '" + name + "' in " + f + ", which does not hold it");
+  }
+};
+
+SafetensorsTensors::SafetensorsTensors(const std::string& tensors, bool sharded) : impl_(std::make_unique<Impl>()) {
+  impl_->tensors = tensors;
+  if (sharded) {
+    impl_->open_shards(tensors);
+  } else {
+    impl_->add_shard(tensors);
+    for (auto& e : safetensors_header(tensors, &impl_->shards[0].data_start))
+      impl_->entries.emplace(e.name, Impl::Located{e, 0});
+  }
+}
+SafetensorsTensors::~SafetensorsTensors() = default;
+const std::string& SafetensorsTensors::path() const { return impl_->tensors; }
+const SafetensorsEntry* SafetensorsTensors::find(const std::string& name) const {
+  auto it = impl_->entries.find(name);
+  return it == impl_->entries.end() ? nullptr : &it->second.e;
+}
+const std::string& SafetensorsTensors::file_of(const SafetensorsEntry& e) const {
+  return impl_->shards[impl_->entries.at(e.name).shard].path;
+}
+std::vector<std::string> SafetensorsTensors::names() const {
+  std::vector<std::string> out;
+  for (const auto& kv : impl_->entries) out.push_back(kv.first);
+  return out;
+}
+void SafetensorsTensors::read_f32(const SafetensorsEntry& e, uint64_t first, uint64_t n, float* dst) const {
+  const Impl::Shard& sh = impl_->shards[impl_->entries.at(e.name).shard];
+  safetensors_read_f32(sh.f.fd, sh.path, sh.data_start, e, first, n, dst);
+}
+
+std::unique_ptr<SafetensorsTensors> open_safetensors_tensors(const std::string& path) {
+  std::error_code ec;
+  if (fs::path(path).extension() == ".safetensors" && fs::is_regular_file(path, ec))
+    return std::make_unique<SafetensorsTensors>(path, false);
+  const Paths p = checkpoint_paths(path);
+  return std::make_unique<SafetensorsTensors>(p.tensors, p.sharded);
+}
+
 namespace {
 
 // Tensors by name from the validated header; each read is a pread of just that tensor, converted to fp32.
@@ -604,16 +721,10 @@ class SafetensorsSource : public ModelSource {
  public:
   explicit SafetensorsSource(const std::string& path) {
     const Paths p = checkpoint_paths(path);
-    tensors_ = p.tensors;
     path_ = fs::path(p.tensors).parent_path().string();
     if (path_.empty()) path_ = ".";
     config_ = read_config(p.config);
-    if (p.sharded) {
-      open_shards(p.tensors);
-    } else {
-      add_shard(p.tensors);
-      for (auto& e : safetensors_header(p.tensors, &shards_[0].data_start)) entries_.emplace(e.name, Located{e, 0});
-    }
+    st_ = std::make_unique<SafetensorsTensors>(p.tensors, p.sharded);
     refuse_extra_layers(p.config);
   }
 
@@ -702,79 +813,14 @@ class SafetensorsSource : public ModelSource {
   }
 
  private:
-  // One safetensors file of the checkpoint (the only one, or a shard), open for reading.
-  struct Shard {
-    std::string path;
-    uint64_t data_start = 0;
-    Fd f;
-  };
-  struct Located {
-    SafetensorsEntry e;
-    size_t shard = 0;
-  };
-  std::string tensors_;  // model.safetensors, or the index of a sharded checkpoint (named in messages)
-  std::vector<Shard> shards_;
-  std::map<std::string, Located> entries_;
-
-  size_t add_shard(const std::string& file) {
-    shards_.emplace_back();
-    shards_.back().path = file;
-    shards_.back().f.fd = open_regular_input(file);
-    return shards_.size() - 1;
-  }
-
-  // model.safetensors.index.json: {"metadata": {...}, "weight_map": {tensor: shard file name}}. Each shard is a file
-  // name in the index's folder (a path is refused, as the manifest's file names are), and must hold exactly the
-  // tensors the map assigns to it: a tensor missing from its shard, held by a shard the map does not name for it, or
-  // a shard file no tensor maps to would be a checkpoint other than the one the index describes.
-  void open_shards(const std::string& index_path) {
-    json j;
-    try {
-      j = json::parse(read_file(index_path, 64ull << 20));
-    } catch (const json::exception& e) {
-      throw InputError(index_path, std::string("not valid JSON: ") + e.what());
-    }
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object() || j["weight_map"].empty())
-      throw InputError(index_path, "needs a non-empty 'weight_map' object (tensor name -> shard file)");
-    std::map<std::string, size_t> shard_of_file;
-    std::map<std::string, std::string> want;  // tensor -> shard file
-    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      if (!it.value().is_string()) throw InputError(index_path, "weight_map['" + it.key() + "'] is not a file name");
-      const std::string f = it.value().get<std::string>();
-      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == ".." || f.find('\0') != std::string::npos)
-        throw InputError(index_path, "weight_map['" + it.key() + "'] = '" + f.substr(0, 64) +
-                                         "' must be a file name in the checkpoint's folder, not a path");
-      want[it.key()] = f;
-      if (!shard_of_file.count(f)) {
-        const std::string file = (fs::path(path_) / f).string();
-        std::error_code ec;
-        if (!fs::exists(file, ec)) throw InputError(index_path, "names shard " + f + ", which is missing");
-        shard_of_file[f] = add_shard(file);
-      }
-    }
-    for (const auto& [f, k] : shard_of_file) {
-      Shard& sh = shards_[k];
-      for (auto& e : safetensors_header(sh.path, &sh.data_start)) {
-        auto w = want.find(e.name);
-        if (w == want.end())
-          throw InputError(sh.path, "holds tensor '" + e.name + "', which " + index_path + " does not list");
-        if (w->second != f)
-          throw InputError(sh.path, "holds tensor '" + e.name + "', which " + index_path + " places in " + w->second);
-        if (!entries_.emplace(e.name, Located{e, k}).second)
-          throw InputError(sh.path, "holds tensor '" + e.name + "' twice");
-      }
-    }
-    for (const auto& [name, f] : want)
-      if (!entries_.count(name))
-        throw InputError(index_path, "places tensor '" + name + "' in " + f + ", which does not hold it");
-  }
+  std::unique_ptr<SafetensorsTensors> st_;
 
   // A checkpoint holding layers past config.json's num_hidden_layers (an edited or mismatched config) would be read
   // as a shallower model with exit 0: refused, naming the first extra layer.
   void refuse_extra_layers(const std::string& config_path) const {
     const std::string pre = hf_layers_prefix(config_);
     long extra = -1;
-    for (const auto& [name, e] : entries_) {
+    for (const std::string& name : st_->names()) {
       if (name.compare(0, pre.size(), pre) != 0) continue;
       const size_t dot = name.find('.', pre.size());
       const std::string num = name.substr(pre.size(), dot == std::string::npos ? std::string::npos : dot - pre.size());
@@ -783,35 +829,29 @@ class SafetensorsSource : public ModelSource {
       if (l >= config_.n_layers && (extra < 0 || l < extra)) extra = l;
     }
     if (extra >= 0)
-      throw InputError(config_path, "num_hidden_layers is " + std::to_string(config_.n_layers) + " but " + tensors_ +
+      throw InputError(config_path, "num_hidden_layers is " + std::to_string(config_.n_layers) + " but " + st_->path() +
                                         " holds layer " + std::to_string(extra) + " (" + pre + std::to_string(extra) +
                                         ".*): the config does not describe this checkpoint");
   }
 
   // The header entry of `name`, checked against the shape config.json implies ([rows] when cols = 0).
   const SafetensorsEntry& entry(const std::string& name, uint64_t rows, uint64_t cols) const {
-    auto it = entries_.find(name);
-    if (it == entries_.end()) throw InputError(tensors_, "missing tensor '" + name + "'");
-    const SafetensorsEntry& e = it->second.e;
+    const SafetensorsEntry* found = st_->find(name);
+    if (!found) throw InputError(st_->path(), "missing tensor '" + name + "'");
+    const SafetensorsEntry& e = *found;
     const bool vec = cols == 0;
     const bool shape_ok = vec ? (e.shape.size() == 1 && e.shape[0] == rows)
                               : (e.shape.size() == 2 && e.shape[0] == rows && e.shape[1] == cols);
     if (!shape_ok) {
       std::string s;
       for (uint64_t d : e.shape) s += (s.empty() ? "" : ", ") + std::to_string(d);
-      throw InputError(shard_of(e).path, "tensor '" + name + "' has shape [" + s + "], config.json implies [" +
-                                             std::to_string(rows) + (vec ? "" : ", " + std::to_string(cols)) + "]");
+      throw InputError(st_->file_of(e), "tensor '" + name + "' has shape [" + s + "], config.json implies [" +
+                                            std::to_string(rows) + (vec ? "" : ", " + std::to_string(cols)) + "]");
     }
     return e;
   }
 
-  const Shard& shard_of(const SafetensorsEntry& e) const { return shards_[entries_.at(e.name).shard]; }
-
-  // Elements [first, first + n) of `e` as fp32.
-  void read_f32(const SafetensorsEntry& e, uint64_t first, uint64_t n, float* dst) {
-    const Shard& sh = shard_of(e);
-    safetensors_read_f32(sh.f.fd, sh.path, sh.data_start, e, first, n, dst);
-  }
+  void read_f32(const SafetensorsEntry& e, uint64_t first, uint64_t n, float* dst) { st_->read_f32(e, first, n, dst); }
 
   void load(const std::string& name, uint64_t rows, uint64_t cols, std::vector<float>& dst) {
     const SafetensorsEntry& e = entry(name, rows, cols);

@@ -5,6 +5,7 @@
 // The writer does the opposite, so llama2.c -> safetensors -> toolkit is lossless for f32.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,11 +33,37 @@ std::vector<SafetensorsEntry> safetensors_header(const std::string& path, uint64
 void safetensors_read_f32(int fd, const std::string& path, uint64_t data_start, const SafetensorsEntry& e,
                           uint64_t first, uint64_t n, float* dst);
 
+// The tensors of a safetensors file, or of a checkpoint's model.safetensors or model.safetensors.index.json and its
+// shards (each shard must hold exactly the tensors the index places in it), by name, read as fp32 on demand. No model
+// config implied: e.g. TurboSparse's predictor tensors (model.layers.{l}.mlp.predictor.fc1/fc2.weight) inside its
+// checkpoint. Errors: InputError naming the file.
+class SafetensorsTensors {
+ public:
+  // `tensors`: a .safetensors file, or (sharded) the index, whose folder holds the shards.
+  SafetensorsTensors(const std::string& tensors, bool sharded);
+  ~SafetensorsTensors();
+  SafetensorsTensors(const SafetensorsTensors&) = delete;
+  SafetensorsTensors& operator=(const SafetensorsTensors&) = delete;
+  const std::string& path() const;  // the file, or the index of a sharded checkpoint (as messages name it)
+  const SafetensorsEntry* find(const std::string& name) const;  // null when absent
+  const std::string& file_of(const SafetensorsEntry& e) const;  // the file holding `e` (a shard when sharded)
+  std::vector<std::string> names() const;                       // every tensor, sorted
+  // Elements [first, first + n) of `e` as fp32 (checked finite).
+  void read_f32(const SafetensorsEntry& e, uint64_t first, uint64_t n, float* dst) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+// A .safetensors file alone, or a checkpoint (its folder, config.json or model.safetensors.index.json) as
+// read_safetensors_model finds its tensors.
+std::unique_ptr<SafetensorsTensors> open_safetensors_tensors(const std::string& path);
+
 // Reads a checkpoint. `path` is the folder, its config.json, or its model.safetensors (config.json must sit
-// beside it). Supported: model_type llama|mistral (sliding_window), hidden_act silu|relu|fatrelu
-// (hidden_act_param)|drelu, num_key_value_heads, tie_word_embeddings, rope_theta, rms_norm_eps; no rope_scaling, no
-// attention/MLP biases; and model_type opt (pre-LayerNorm, ReLU, with biases: docs/formats.md). Errors: InputError
-// naming the file.
+// beside it). Supported: model_type llama|mistral|bamboo (sliding_window; bamboo: TurboSparse, dReLU), hidden_act
+// silu|relu|fatrelu (hidden_act_param)|drelu, num_key_value_heads, tie_word_embeddings, rope_theta, rms_norm_eps; no
+// rope_scaling, no attention/MLP biases; and model_type opt (pre-LayerNorm, ReLU, with biases: docs/formats.md).
+// Errors: InputError naming the file.
 ModelWeights read_safetensors_model(const std::string& path);
 
 // Writes `w` as a Hugging Face folder `dir` (created if missing): config.json + model.safetensors with HF tensor

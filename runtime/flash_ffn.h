@@ -53,6 +53,7 @@ class FlashFfn : public FfnProvider {
   bool wants_layer_input() const override;
   void layer_start(int layer, int pos0, int n_tokens, const float* x) override;
   void reserve(int n_tokens) override;
+  void set_residual(const float* x) override { resid_ = x; }
   const OverlapCounters& overlap() const { return ov_; }
 
   // Replay: plans, reads and accounts one layer-token whose active neurons (original indices) are given.
@@ -196,6 +197,8 @@ class FlashFfn : public FfnProvider {
   AlignedBuffer pred_buf_;                       // --select predictor: the predictor region as stored
   std::vector<WeightView> pred_fc1_, pred_fc2_;  // per layer: [rank][dim], [hidden][rank] (slot order)
   kernels::PreparedX pred_xq_, pred_hq_;
+  bool pred_residual_ = false;    // the stored predictor reads the residual stream (manifest predictor.input)
+  const float* resid_ = nullptr;  // the pass's residual stream (set_residual)
   // trace: per layer and token of the next forward pass, ascending slots
   std::vector<std::vector<std::vector<uint32_t>>> trace_active_;
   ThresholdCounters thr_;
@@ -316,8 +319,9 @@ class FlashFfn : public FfnProvider {
   // --select predictor: the image's predictor region (checksummed) kept in DRAM as stored, fc1 / fc2 views per layer.
   void load_stored_predictor();
   // score_[s] for every slot s of `layer` from the predictor (lowrank_'s factors, or the stored fc2 relu(fc1 x)
-  // through the matrix kernels) on the layer's normalised FFN input x.
-  void predict_scores(int layer, const float* x);
+  // through the matrix kernels) on the layer's normalised FFN input x of the pass's token t, or (a residual predictor)
+  // on that token's row of the residual stream.
+  void predict_scores(int layer, int t, const float* x);
   // A new run (set_phase, set_thresholds): caches and pinned bundles anew, counters and read-ahead state cleared.
   void start_afresh();
   // Reads the bundles the layer's cache pins (resident from the first token) into the slab.

@@ -3,7 +3,7 @@
 bundled tiny-relu model. The predictor files are PowerInfer-form ReLU MLPs (blk.{l}.fc1.weight [rank][dim],
 blk.{l}.fc2.weight [hidden][rank]) built here from each layer's gate matrix G: fc1 = [V_R; -V_R], fc2 = [G V_R^T,
 -G V_R^T], so fc2 relu(fc1 x) = G V_R^T V_R x exactly (the rank-R projection of the gate). With R = dim the scores are
-the gate itself:
+the gate itself (on the FFN's normalised input: packed with --predictor-input ffn_norm):
   - full rank: recall 1 and precision 1 against the exact rule, the gate's tokens, the factors in the memory plan;
   - rank 16: recall and precision reported in (0, 1], the JSON names the stored source;
   - deployed (predictor:0): the full-rank predictor reads the gate's neurons with no gate rows in DRAM (the memory
@@ -90,7 +90,7 @@ try:
     write_safetensors(full, predictor(dim))
     write_safetensors(low, predictor(16))
     img = os.path.join(work, "p.nlw")
-    r = run(L, "pack", "--model", model, "--predictor", full, "--out", img, "-q")
+    r = run(L, "pack", "--model", model, "--predictor-input", "ffn_norm", "--predictor", full, "--out", img, "-q")
     check("pack --predictor (rank %d)" % (2 * dim), r.returncode == 0, r.stderr.strip())
     man = json.load(open(img + ".json"))
     check("manifest 1.6: predictor rank %d, dtype f32, a 'predictor' region" % (2 * dim),
@@ -159,7 +159,7 @@ try:
         gw.write_tensors_to_file()
         gw.close()
         img3 = os.path.join(work, "pg.nlw")
-        r = run(L, "pack", "--model", model, "--predictor", gp, "--out", img3, "-q")
+        r = run(L, "pack", "--model", model, "--predictor-input", "ffn_norm", "--predictor", gp, "--out", img3, "-q")
         m3 = json.load(open(img3 + ".json")) if r.returncode == 0 else {}
         check("pack --predictor X.gguf: the predictor region equals the safetensors file's",
               m3.get("regions", [{}])[-1].get("xxh64") == man["regions"][-1]["xxh64"], r.stderr.strip())
@@ -167,7 +167,7 @@ try:
         print("SKIP pack --predictor X.gguf (llama.cpp's gguf-py not found in %s)" % gguf_py)
     for dtype in ("f16", "q8_0"):
         img2 = os.path.join(work, "low_%s.nlw" % dtype)
-        r = run(L, "pack", "--model", model, "--predictor", low, "--dtype", dtype, "--out", img2, "-q")
+        r = run(L, "pack", "--model", model, "--predictor-input", "ffn_norm", "--predictor", low, "--dtype", dtype, "--out", img2, "-q")
         m2 = json.load(open(img2 + ".json")) if r.returncode == 0 else {}
         check("%s image: predictor rank 32 stored as f16" % dtype,
               m2.get("predictor", {}).get("rank") == 32 and m2["predictor"]["dtype"] == "f16", r.stderr.strip())

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Independent Hugging Face-convention Llama forward in numpy (rotate_half RoPE, as transformers' LlamaModel), and
 Mistral's (model_type mistral: the same block with sliding-window attention, key j visible from query i when
-i - sliding_window < j <= i, as transformers' masking_utils.sliding_window_overlay).
+i - sliding_window < j <= i, as transformers' masking_utils.sliding_window_overlay), and Bamboo's (TurboSparse-
+Mistral, PowerInfer's modeling_bamboo.py: Mistral whose BambooMLP applies hidden_act relu to both projections, dReLU).
+forward's `ffn_mask(layer, residual, h)`, when given, returns a 0/1 mask [T][hidden] multiplied into the FFN's
+activations (a predictor's choice: `residual` is the stream entering the FFN before its norm, `h` the FFN's input).
 
 Usage: hf_llama_reference.py CHECKPOINT_DIR TOKEN [TOKEN ...]
 Prints a JSON list with the float32 logits of every position. Used by tests/test_model_formats.cpp to prove
@@ -43,7 +46,7 @@ def rotate_half(x):
     return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
 
 
-def forward(cfg, t, tokens):
+def forward(cfg, t, tokens, ffn_mask=None):
     dim, nh = cfg["hidden_size"], cfg["num_attention_heads"]
     nkv = cfg.get("num_key_value_heads", nh)
     hd, eps = dim // nh, cfg.get("rms_norm_eps", 1e-6)
@@ -58,6 +61,9 @@ def forward(cfg, t, tokens):
     # (ProSparse; vLLM's FatreluAndMul: gate x where gate x > hidden_act_param, else 0) and drelu (TurboSparse:
     # relu(gate x) * relu(up x)).
     name = cfg.get("hidden_act", "silu")
+    if cfg.get("model_type") == "bamboo":
+        assert name == "relu", name
+        name = "drelu"
     t_fat = cfg.get("hidden_act_param", 0.0)
     act = {"silu": lambda v: v / (1 + np.exp(-v)), "relu": lambda v: np.maximum(v, 0),
            "fatrelu": lambda v: np.where(v > t_fat, v, 0.0), "drelu": lambda v: np.maximum(v, 0)}[name]
@@ -74,7 +80,7 @@ def forward(cfg, t, tokens):
         v = np.repeat(v, nh // nkv, axis=0)
         s = q @ k.transpose(0, 2, 1) / np.sqrt(hd)
         s = s + np.triu(np.full((T, T), -np.inf), 1)
-        w = cfg.get("sliding_window") if cfg.get("model_type") == "mistral" else None
+        w = cfg.get("sliding_window") if cfg.get("model_type") in ("mistral", "bamboo") else None
         if w:
             s = s + np.tril(np.full((T, T), -np.inf), -w)  # j <= i - w masked
         s = np.exp(s - s.max(-1, keepdims=True))
@@ -83,6 +89,8 @@ def forward(cfg, t, tokens):
         x = x + o @ t[p + "self_attn.o_proj.weight"].T
         h = rmsnorm(x, t[p + "post_attention_layernorm.weight"], eps)
         g = act(h @ t[p + "mlp.gate_proj.weight"].T) * up_act(h @ t[p + "mlp.up_proj.weight"].T)
+        if ffn_mask is not None:
+            g = g * ffn_mask(i, x, h)
         x = x + g @ t[p + "mlp.down_proj.weight"].T
     x = rmsnorm(x, t["model.norm.weight"], eps)
     head = t["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings", False) else t["lm_head.weight"]

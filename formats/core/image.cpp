@@ -32,6 +32,13 @@ const char* image_dtype_name(ImageDtype d) { return enum_name(kImageDtypeNames, 
 
 bool image_dtype_parse(const std::string& s, ImageDtype* out) { return enum_parse(kImageDtypeNames, s, out); }
 
+constexpr EnumName<PredictorInput> kPredictorInputNames[] = {{PredictorInput::kFfnNorm, "ffn_norm"},
+                                                             {PredictorInput::kResidual, "residual"}};
+const char* predictor_input_name(PredictorInput p) { return enum_name(kPredictorInputNames, p); }
+bool predictor_input_parse(const std::string& s, PredictorInput* out) {
+  return enum_parse(kPredictorInputNames, s, out);
+}
+
 const char* bundle_kind_name(BundleKind k) { return k == BundleKind::kGated ? "gated" : "plain"; }
 
 const DenseTensor* ImageManifest::find_tensor(const std::string& name) const {
@@ -144,6 +151,10 @@ uint64_t image_id_of(const ImageManifest& m) {
     str("predictor");
     u64(uint64_t(m.predictor_rank));
     str(image_dtype_name(m.predictor_dtype()));
+    if (m.predictor_input != PredictorInput::kFfnNorm) {  // 1.8; absent from the ids of ffn_norm predictors
+      str("predictor_input");
+      str(predictor_input_name(m.predictor_input));
+    }
   }
   Xxh64 h;
   h.update(b.data(), b.size());
@@ -295,11 +306,14 @@ std::string manifest_to_json(const ImageManifest& m) {
         {"from", p.from}};
   }
   if (!m.act_threshold.empty()) j["act_threshold"] = m.act_threshold;
-  if (m.has_predictor())
+  if (m.has_predictor()) {
     j["predictor"] = {{"rank", m.predictor_rank},
                       {"dtype", image_dtype_name(m.predictor_dtype())},
                       {"form", "fc2 relu(fc1 x)"},
                       {"source", m.predictor_source}};
+    if (m.predictor_input != PredictorInput::kFfnNorm)
+      j["predictor"]["input"] = predictor_input_name(m.predictor_input);
+  }
   return j.dump(1) + "\n";
 }
 
@@ -702,6 +716,14 @@ ImageManifest manifest_parse(const std::string& text, const std::string& path) {
         bad(path, std::string("predictor.dtype must be ") + image_dtype_name(m.predictor_dtype()) + " in a " +
                       image_dtype_name(m.dtype) + " image");
       m.predictor_source = opt_str(p, "source");
+      if (p.contains("input")) {  // 1.8
+        const std::string in = need_str(p, "input", path, "predictor.");
+        if (!predictor_input_parse(in, &m.predictor_input))
+          bad(path, "predictor.input '" + in + "' is not ffn_norm or residual");
+        if (m.version_major == 1 && m.version_minor < kImageVersionMinorPredictorInput)
+          bad(path, "has predictor.input but is format version 1." + std::to_string(m.version_minor) + " (1." +
+                        std::to_string(kImageVersionMinorPredictorInput) + " has it)");
+      }
       if (m.version_major == 1 && m.version_minor < kImageVersionMinorPredictor)
         bad(path, "has a predictor but is format version 1." + std::to_string(m.version_minor) +
                       " (images with one are 1." + std::to_string(kImageVersionMinorPredictor) + ")");

@@ -44,9 +44,21 @@ inline constexpr uint32_t kImageVersionMinorPredictor = 6;
 // rotary `model.rope_dims` and classifier bias), covered by the id. Written only for them; Llama images keep their
 // bytes.
 inline constexpr uint32_t kImageVersionMinorArch = 7;
+// Minor 8: `predictor.input` residual: the stored predictor reads the residual stream before the FFN's norm (the
+// vector PowerInfer's sparse models and TurboSparse feed their predictors), covered by the id. Written only for such
+// predictors; predictors of the FFN's normalised input keep their 1.6 / 1.7 bytes, and a reader that predates the
+// key computes another id and refuses the image instead of feeding the predictor the wrong vector.
+inline constexpr uint32_t kImageVersionMinorPredictorInput = 8;
 inline constexpr uint64_t kImageAlign = 4096;      // region alignment and the image's total size granularity
 inline constexpr uint32_t kImageHeaderBytes = 64;  // meaningful header bytes; the header block is kImageAlign
 inline constexpr char kImageMagic[8] = {'N', 'L', 'W', 'I', 'M', 'G', '\r', '\n'};
+
+// What a stored predictor reads: the FFN's input after its norm (ffn_norm), or the residual stream entering the
+// FFN before that norm (residual: PowerInfer's and TurboSparse's predictors).
+enum class PredictorInput : int { kFfnNorm = 0, kResidual = 1 };
+const char* predictor_input_name(PredictorInput p);
+// "ffn_norm" | "residual"; false for anything else.
+bool predictor_input_parse(const std::string& s, PredictorInput* out);
 
 // Element types of the image. q8_0 / q4_0 are GGUF's Q8_0 / Q4_0 blocks (formats/core/quant.h): a row of n weights
 // (n a multiple of 32) is n / 32 blocks of 34 / 18 bytes.
@@ -194,7 +206,8 @@ struct ImageManifest {
   // A stored activation predictor (format 1.6), PowerInfer's form: per layer score = fc2 relu(fc1 x), fc1 [rank][dim],
   // fc2 [hidden][rank]; rank 0 = none. Stored as f32 in f32 images, f16 otherwise (predictor_dtype()).
   int predictor_rank = 0;
-  std::string predictor_source;  // the file it was imported from (free text)
+  std::string predictor_source;                               // the file it was imported from (free text)
+  PredictorInput predictor_input = PredictorInput::kFfnNorm;  // format 1.8 `predictor.input` (absent: ffn_norm)
 
   const ImageRegion& dense() const { return regions[0]; }
   const ImageRegion& ffn(int layer) const { return regions[size_t(1 + layer)]; }

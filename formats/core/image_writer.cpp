@@ -116,6 +116,9 @@ ImageWriter::ImageWriter(const std::string& image_path, ImageSpec spec) : image_
     m_.version_minor = kImageVersionMinorPredictor;
   }
   if (c.arch != ModelArch::kLlama) m_.version_minor = kImageVersionMinorArch;  // (it includes every earlier minor)
+  m_.predictor_input = spec.predictor_input;
+  if (m_.has_predictor() && m_.predictor_input != PredictorInput::kFfnNorm)
+    m_.version_minor = kImageVersionMinorPredictorInput;
 
   // Fixed layout: header block, dense region, one region per layer, each aligned.
   m_.dense_tensors = image_dense_tensor_list(c, m_.dtype);

@@ -31,6 +31,7 @@ struct ImageSpec {
   std::vector<double> act_threshold;           // per layer CATS threshold; empty = none recorded
   int predictor_rank = 0;                      // a stored predictor (add_predictor_layer); 0 = none
   std::string predictor_source;
+  PredictorInput predictor_input = PredictorInput::kFfnNorm;  // what it reads (residual: format 1.8)
 };
 
 // Why `d` cannot store a model of config `c` ("" when it can): quantized images need dim % 32 == 0 (every

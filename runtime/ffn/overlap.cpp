@@ -30,7 +30,7 @@ void FlashFfn::layer_start(int layer, int pos0, int n_tokens, const float* x) {
   pf_pred_.clear();
   if (opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kPredict) {
     // The low-rank gate on the layer input (normalised as the FFN's input), with the predict phase's threshold.
-    predict_scores(layer, x);
+    predict_scores(layer, 0, x);  // a residual predictor: the layer's input (decode: one token)
     const float thr = threshold_[size_t(layer)];
     for (int s = 0; s < m_.config.hidden_dim; ++s)
       if (score_[size_t(s)] >= thr && !(cache && cache->resident(uint32_t(s)))) pf_pred_.push_back(uint32_t(s));

@@ -38,6 +38,10 @@ void FlashFfn::load_stored_predictor() {
   img_.read_region(m.predictor_region_index(), &pred_buf_);  // checksummed here, once; kept as stored
   const ImageDtype d = m.predictor_dtype();
   const int rank = m.predictor_rank;
+  pred_residual_ = m.predictor_input == PredictorInput::kResidual;
+  if (pred_residual_ && c.parallel_block())  // its FFN has no residual of its own: the layer's input is shared
+    throw UsageError(img_.manifest_path() +
+                     ": a predictor of the residual stream is not supported for a parallel-block model");
   const size_t rb1 = image_row_bytes(d, size_t(c.dim)), rb2 = image_row_bytes(d, size_t(rank));
   pred_fc1_.clear();
   pred_fc2_.clear();
@@ -48,7 +52,7 @@ void FlashFfn::load_stored_predictor() {
   }
 }
 
-void FlashFfn::predict_scores(int layer, const float* x) {
+void FlashFfn::predict_scores(int layer, int t, const float* x) {
   score_.resize(size_t(m_.config.hidden_dim));
   if (pred_fc1_.empty()) {
     const LowRankFactors& f = lowrank_[size_t(layer)];
@@ -59,6 +63,10 @@ void FlashFfn::predict_scores(int layer, const float* x) {
   }
   const WeightView& fc1 = pred_fc1_[size_t(layer)];
   const WeightView& fc2 = pred_fc2_[size_t(layer)];
+  if (pred_residual_) {
+    if (!resid_) throw InternalError("predict_scores: no residual stream set");
+    x = resid_ + size_t(t) * size_t(m_.config.dim);
+  }
   tmp_.resize(size_t(fc1.rows));
   pred_xq_.prepare(fc1.dtype, x, 1, fc1.cols);
   kernels::matmul(tmp_.data(), pred_xq_, fc1, 1);
@@ -108,7 +116,7 @@ FlashFfn::GateFrom FlashFfn::select_token(int layer, int t, const float* xt, flo
   g_by_slot_ = g;
   if (opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kPredict) {
     auto t0 = Clock::now();
-    predict_scores(layer, xt);
+    predict_scores(layer, t, xt);
     const float thr = threshold_[size_t(layer)];
     active_.clear();
     for (int s = 0; s < hidden; ++s)
@@ -135,7 +143,7 @@ FlashFfn::GateFrom FlashFfn::select_token(int layer, int t, const float* xt, flo
     const auto& given = per_token[size_t(t)];
     if (opt_.trace_pays_predictor) {  // the predictor's cost, paid: predictor:0's products and scan, then discarded
       auto t0 = Clock::now();
-      predict_scores(layer, xt);
+      predict_scores(layer, t, xt);
       size_t chosen = 0;
       for (int s = 0; s < c.hidden_dim; ++s) chosen += score_[size_t(s)] > 0.0f;
       token_.compute_seconds += since(t0);
@@ -192,7 +200,7 @@ FlashFfn::GateFrom FlashFfn::select_token(int layer, int t, const float* xt, flo
   }
   token_.compute_seconds += since(t0);
   if (opt_.select == SelectMode::kLowRank && phase_ == LowRankPhase::kCalibrate) {
-    predict_scores(layer, xt);
+    predict_scores(layer, t, xt);
     for (uint32_t s : active_) calib_[size_t(layer)].push_back(score_[s]);
     calib_samples_ += active_.size();
   }

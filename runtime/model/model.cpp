@@ -202,6 +202,7 @@ void Model::pass(const int* tokens, int n, int pos0, float* logits, bool last_on
   if (!ffn_) throw UsageError(v_.source + ": the model has no FFN weights in memory and no FFN provider is set");
   const size_t att_stride = size_t(pos0 + n);
   att_.resize(size_t(omp_get_max_threads()) * att_stride);
+  ffn_->set_residual(x_.data());
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerView& L = v_.layers[size_t(l)];

@@ -45,6 +45,10 @@ class FfnProvider {
   virtual void layer_start(int layer, int pos0, int n_tokens, const float* x) {
     (void)layer, (void)pos0, (void)n_tokens, (void)x;
   }
+  // The pass's residual stream x [n_tokens][dim] (one buffer for the whole pass, given before it starts): the layer's
+  // input while layer_start() runs, the residual entering the FFN, before its norm, while ffn() runs (what
+  // PowerInfer's and TurboSparse's predictors read).
+  virtual void set_residual(const float* x) { (void)x; }
   // Sizes (and touches) the scratch of passes of up to n_tokens tokens ahead of them (Model::reserve).
   virtual void reserve(int n_tokens) { (void)n_tokens; }
 };

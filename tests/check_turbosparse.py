@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""TurboSparse-Mistral as published (model_type bamboo, PowerInfer's modeling_bamboo.py) end to end on a random-weight
+checkpoint written by tests/make_bamboo_checkpoint.py (2 shards, GQA, sliding window, the predictor inside the
+checkpoint), against the independent numpy forward tests/hf_llama_reference.py:
+
+- pack reads it as Mistral with dReLU (model.ffn_act drelu, the window), and `--predictor CHECKPOINT` finds its
+  model.layers.{l}.mlp.predictor.fc1/fc2.weight: manifest 1.8, predictor {rank, input residual};
+- dense and gate under every overlap and 1 / 2 threads: the reference's greedy tokens, logits within 1e-4 (f32);
+- `--select predictor:0` computes exactly the model with TurboSparse's own mask round(sigmoid(fc2 relu(fc1 r))) on
+  the residual r entering the FFN before its norm: logits within 1e-4 of the reference masked that way, its greedy
+  tokens, under overlap none and cross (the read-ahead predicts from the layer input) and on 2 threads; the same
+  predictor packed with `--predictor-input ffn_norm` computes the reference masked on the FFN's normalised input
+  instead, and differs from the residual one (the check tells the two inputs apart);
+- `--select predictor` (calibrated against the exact dReLU rule) reports recall and precision;
+- refusals (exit 3, one line naming the file): model_type bamboo with another hidden_act, a checkpoint without
+  predictor tensors as --predictor, an edited predictor.input (image id), predictor.input in a 1.7 manifest.
+
+  check_turbosparse.py SOURCE_DIR BINARY_DIR
+"""
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+
+src, build = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(src, "tests"))
+import hf_llama_reference as ref  # noqa: E402
+from hf_opt_reference import load  # noqa: E402
+from nl_check import Checks  # noqa: E402
+
+work = tempfile.mkdtemp(prefix="nl-turbosparse.")
+prompt = [1, 17, 300, 5, 99, 41, 7, 250, 3, 66]  # longer than the window (8)
+c = Checks(build, work, prompt, steps=20)
+L, R, check, run, generate, rel_err = c.L, c.R, c.check, c.run, c.generate, c.rel_err
+
+
+def sigmoid(v):
+    return 1.0 / (1.0 + np.exp(-v))
+
+
+def predictor_mask(t, on_residual):
+    """TurboSparse's mask, torch.round(sigmoid(fc2 relu(fc1 v))) (round half to even: 0.5 -> 0), on the residual
+    or on the FFN's normalised input."""
+    def mask(layer, resid, h):
+        p = "model.layers.%d.mlp.predictor." % layer
+        v = resid if on_residual else h
+        s = np.maximum(v @ t[p + "fc1.weight"].T.astype(np.float64), 0) @ t[p + "fc2.weight"].T.astype(np.float64)
+        return np.round(sigmoid(s))
+    return mask
+
+
+try:
+    ck = c.make_checkpoint("make_bamboo_checkpoint.py", "bamboo", "--shards", "2", "--max-pos", "128")
+    cfg, t = load(ck)
+    images = {}
+    for dtype in ("f32", "f16"):
+        img = os.path.join(work, "ts_%s.nlw" % dtype)
+        r = run(L, "pack", "--model", ck, "--predictor", ck, "--dtype", dtype, "--out", img, "-q")
+        if r.returncode:
+            check("pack --dtype %s --predictor CHECKPOINT" % dtype, False, r.stderr.strip())
+            continue
+        images[dtype] = img
+        man = json.load(open(img + ".json"))
+        check("%s: manifest 1.8, ffn_act drelu, sliding_window 8, predictor rank 16 reading the residual" % dtype,
+              man["version_minor"] == 8 and man["model"].get("ffn_act") == "drelu"
+              and man["model"].get("sliding_window") == 8 and man["predictor"]["rank"] == 16
+              and man["predictor"].get("input") == "residual", str(man["model"]) + str(man.get("predictor")))
+    c.paths_agree(images, lambda tokens: ref.forward(cfg, t, tokens))
+
+    n = len(prompt)
+    img = images["f32"]
+    runs = {}
+    for overlap, threads in (("none", 1), ("cross", 1), ("none", 2)):
+        j, lg = generate(img, "--select", "predictor:0", "--overlap", overlap, "--threads", str(threads),
+                         npy=os.path.join(work, "p.npy"))
+        if "error" in j:
+            check("predictor:0 --overlap %s --threads %d runs" % (overlap, threads), False, j["error"])
+            continue
+        runs[(overlap, threads)] = (j["generated"], lg)
+    if ("none", 1) in runs:
+        gen, lg = runs[("none", 1)]
+        want = ref.forward(cfg, t, prompt + gen[:-1], predictor_mask(t, True))[n - 1:]
+        err = max(rel_err(v[1], want) for v in runs.values())
+        greedy = [int(v) for v in want.argmax(1)]
+        check("predictor:0 (overlap none / cross, 1 / 2 threads): logits within 1e-4 of the reference masked by "
+              "TurboSparse's own rule on the residual (max relative error %.2e)" % err, err <= 1e-4)
+        check("predictor:0: the masked reference's greedy tokens on every path",
+              all(v[0] == greedy for v in runs.values()), str({k: v[0] for k, v in runs.items()}) + str(greedy))
+        dense = ref.forward(cfg, t, prompt + gen[:-1])[n - 1:]
+        print("  predictor:0 vs the unmasked model: max relative logit error %.2e, greedy agreement %d/%d" % (
+            rel_err(lg, dense), sum(int(d.argmax()) == g for d, g in zip(dense, gen)), len(gen)))
+
+    wrong = os.path.join(work, "ts_norm.nlw")
+    r = run(L, "pack", "--model", ck, "--predictor", ck, "--predictor-input", "ffn_norm", "--out", wrong, "-q")
+    check("pack --predictor-input ffn_norm", r.returncode == 0, r.stderr.strip())
+    if r.returncode == 0:
+        man = json.load(open(wrong + ".json"))
+        check("ffn_norm predictor: manifest 1.6 (as before 1.8) without predictor.input",
+              man["version_minor"] == 6 and "input" not in man["predictor"], str(man["predictor"]))
+        j, lg = generate(wrong, "--select", "predictor:0", npy=os.path.join(work, "w.npy"))
+        if "error" in j:
+            check("ffn_norm predictor:0 runs", False, j["error"])
+        else:
+            toks = prompt + j["generated"][:-1]
+            on_norm = ref.forward(cfg, t, toks, predictor_mask(t, False))[n - 1:]
+            on_resid = ref.forward(cfg, t, toks, predictor_mask(t, True))[n - 1:]
+            e_norm, e_resid = rel_err(lg, on_norm), rel_err(lg, on_resid)
+            check("ffn_norm predictor:0 computes the reference masked on the FFN's input (%.2e) and not the one "
+                  "masked on the residual (%.2e)" % (e_norm, e_resid), e_norm <= 1e-4 and e_resid > 1e-2)
+
+    j, _ = generate(img, "--select", "predictor")
+    if "error" in j:
+        check("--select predictor (calibrated) runs", False, j["error"])
+    else:
+        p = j.get("predictor", {})
+        print("  --select predictor (calibrated on the residual scores):", json.dumps(p, sort_keys=True)[:300])
+        check("--select predictor reports recall and precision in (0, 1]",
+              0 < p.get("recall", 0) <= 1 and 0 < p.get("precision", 0) <= 1, str(p))
+
+    c.configs_refused(ck, [("bamboo with hidden_act silu", {"hidden_act": "silu"}, ["bamboo", "silu"])])
+    plain = c.make_checkpoint("make_opt_checkpoint.py", "opt")
+    c.refused("pack --predictor CHECKPOINT without predictor tensors",
+              [L, "pack", "--model", ck, "--predictor", plain, "--out", os.path.join(work, "x.nlw"), "-q"],
+              "model.safetensors", ["holds no predictor"])
+
+    def drop_input(m):
+        del m["predictor"]["input"]
+    c.refused("a manifest whose predictor.input was removed (image id)",
+              [R, "generate", "--image", c.edited_manifest(img, drop_input), "--prompt-tokens", "1,2", "--steps", "1"],
+              "bad.nlw.json", ["id"])
+
+    def minor7(m):
+        m["version_minor"] = 7
+    c.refused("predictor.input in a 1.7 manifest",
+              [R, "generate", "--image", c.edited_manifest(img, minor7), "--prompt-tokens", "1,2", "--steps", "1"],
+              "bad.nlw.json", ["predictor.input"])
+finally:
+    shutil.rmtree(work, ignore_errors=True)
+sys.exit(c.summary("check_turbosparse"))
