@@ -58,6 +58,11 @@ inline float ffn_act_smooth(FfnAct a, float v) {
   if (a == FfnAct::kGelu) return 0.5f * v * (1.0f + std::tanh(0.7978845608028654f * (v + 0.044715f * v * v * v)));
   return v / (1.0f + std::exp(-v));
 }
+// A plain (non-gated) FFN's activation of v = fc1 x + b1: OPT's relu, Phi's GeLU (only relu and the smooth ones are
+// plain: model_config_problem refuses the others).
+inline float ffn_act_plain(FfnAct a, float v) {
+  return ffn_act_sparse(a) ? (v > 0.0f ? v : 0.0f) : ffn_act_smooth(a, v);
+}
 
 struct ModelConfig {
   ModelArch arch = ModelArch::kLlama;

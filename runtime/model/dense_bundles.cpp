@@ -105,8 +105,7 @@ void DenseBundles::ffn(const float* x, int n, const ModelConfig& c, float* out) 
   const bool sparse = ffn_act_sparse(c.act);
   if (plain()) {  // OPT: h = relu(up x + b), Phi: gelu(up x + b); the gated path's numbers for a plain bundle
     parallel_for(long(total), total >= size_t(kParallelAct), [&](long i) {
-      const float v = sc.g[size_t(i)] + (bias_.empty() ? 0.0f : bias_[size_t(i) % hid]);
-      sc.h[size_t(i)] = sparse ? (v > 0.0f ? v : 0.0f) : ffn_act_smooth(c.act, v);
+      sc.h[size_t(i)] = ffn_act_plain(c.act, sc.g[size_t(i)] + (bias_.empty() ? 0.0f : bias_[size_t(i) % hid]));
     });
   } else {
     matmul(sc.u.data(), sc.xq, up(), n);

@@ -53,11 +53,7 @@ void DenseFfn::ffn(int layer, int pos0, int n, const float* x, float* out, FfnOb
   }
   if (!c.ffn_gated()) {  // OPT: h = relu(up x + b_up); Phi: gelu(up x + b_up)
     kernels::matmul(up_.data(), x, L.w_up.data(), n, c.dim, c.hidden_dim);
-    const bool sparse = ffn_act_sparse(c.act);
-    for (size_t i = 0; i < total; ++i) {
-      const float v = up_[i] + L.b_up[i % hid];
-      up_[i] = sparse ? (v > 0.0f ? v : 0.0f) : ffn_act_smooth(c.act, v);
-    }
+    for (size_t i = 0; i < total; ++i) up_[i] = ffn_act_plain(c.act, up_[i] + L.b_up[i % hid]);
     if (observer) observer->on_ffn(layer, pos0, n, up_.data(), up_.data());
     kernels::matmul_acc64(out, up_.data(), L.w_down.data(), n, c.hidden_dim, c.dim);
     return;
