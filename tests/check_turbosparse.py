@@ -116,7 +116,10 @@ try:
         check("--select predictor (calibrated) runs", False, j["error"])
     else:
         p = j.get("predictor", {})
-        print("  --select predictor (calibrated on the residual scores):", json.dumps(p, sort_keys=True)[:300])
+        print("  --select predictor (calibrated on the residual scores): recall %s, precision %s, %s predicted per "
+              "layer-token of %d, agreeing prefix %s" % (p.get("recall"), p.get("precision"),
+                                                         p.get("predicted_per_layer_token"),
+                                                         cfg["intermediate_size"], p.get("agreeing_prefix")))
         check("--select predictor reports recall and precision in (0, 1]",
               0 < p.get("recall", 0) <= 1 and 0 < p.get("precision", 0) <= 1, str(p))
 
