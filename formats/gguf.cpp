@@ -236,7 +236,17 @@ class GgufSource : public ModelSource, public GgufTensors {
     const std::string sfx = neox_ ? "_exps.weight" : ".weight";  // smallthinker: expert 0 of 1
     load(pre + "ffn_gate" + sfx, hid, dim, L->w_gate);
     load(pre + "ffn_up" + sfx, hid, dim, L->w_up);
-    load(pre + "ffn_down" + sfx, dim, hid, L->w_down);
+    if (neox_ || tensors_.count(pre + "ffn_down.weight")) {
+      load(pre + "ffn_down" + sfx, dim, hid, L->w_down);
+      return;
+    }
+    // PowerInfer's files may hold only the transposed down projection, ffn_down_t (ne {dim, hidden}: one row of dim
+    // per neuron).
+    std::vector<float> t;
+    load(pre + "ffn_down_t.weight", hid, dim, t);
+    L->w_down.resize(size_t(dim * hid));
+    for (uint64_t n = 0; n < hid; ++n)
+      for (uint64_t d = 0; d < dim; ++d) L->w_down[size_t(d * hid + n)] = t[size_t(n * dim + d)];
   }
 
   void write_permuted(const std::string&, const std::vector<std::vector<uint32_t>>&, const ProgressFn&) override {
@@ -257,12 +267,16 @@ class GgufSource : public ModelSource, public GgufTensors {
   std::map<std::string, TensorInfo> tensors_;
   uint64_t data_start_ = 0;
   bool neox_ = false;
+  bool powerinfer_ = false;  // a PowerInfer sparse-model file (magic PWRI)
 
   void parse(uint64_t size) {
     HeaderReader r(fd_.fd, path_, size);
     char magic[4];
     r.read(magic, 4);
-    if (std::memcmp(magic, "GGUF", 4) != 0) throw InputError(path_, "not a GGUF file (no GGUF magic)");
+    // PowerInfer's sparse-model files are GGUF with their own magic, PWRI (its ggml.h GGUF_POWERINFER_MAGIC), which
+    // its llama.cpp takes as "run this model sparse": its FFN through ReLU (below).
+    powerinfer_ = std::memcmp(magic, "PWRI", 4) == 0;
+    if (std::memcmp(magic, "GGUF", 4) != 0 && !powerinfer_) throw InputError(path_, "not a GGUF file (no GGUF magic)");
     const uint32_t version = r.get<uint32_t>();
     if (version != 2 && version != 3)
       throw InputError(path_, "GGUF version " + std::to_string(version) + " is not supported (2 or 3)");
@@ -339,9 +353,10 @@ class GgufSource : public ModelSource, public GgufTensors {
     const Value* a = find("general.architecture");
     if (!a || a->type != kString) throw InputError(path_, "key 'general.architecture' is missing or not a string");
     const std::string arch = a->s;
-    if (arch != "llama" && arch != "smallthinker")
+    if (arch != "llama" && arch != "smallthinker" && arch != "bamboo")
       throw InputError(path_, "general.architecture '" + arch +
-                                  "' is not supported (llama, or smallthinker with one expert: the Llama block)");
+                                  "' is not supported (llama, bamboo, or smallthinker with one expert: the Llama "
+                                  "block)");
     auto key = [&](const char* k) { return arch + "." + k; };
     ModelConfig& c = config_;
     c.dim = int(int_key(key("embedding_length"), nullptr));
@@ -372,7 +387,10 @@ class GgufSource : public ModelSource, public GgufTensors {
       if (find(key("expert_count")) && experts > 1)
         throw InputError(path_, "a mixture of experts (" + std::to_string(experts) + " experts) is not supported");
       c.hidden_dim = int(int_key(key("feed_forward_length"), nullptr));
-      c.act = FfnAct::kSilu;
+      // PowerInfer's llama.cpp: bamboo (TurboSparse-Mistral) is LLM_FFN_RELU with LLM_FFN_SYM gating, ReLU on gate and
+      // up (dReLU); a sparse (PWRI) llama file runs LLM_FFN_RELU with parallel gating (ReLU-Llama, ProSparse's form as
+      // PowerInfer ships it); a plain GGUF llama is llama.cpp's SiLU.
+      c.act = arch == "bamboo" ? FfnAct::kDRelu : powerinfer_ ? FfnAct::kRelu : FfnAct::kSilu;
     }
     auto emb = tensors_.find("token_embd.weight");
     if (emb == tensors_.end() || emb->second.ne.size() != 2)
@@ -452,7 +470,8 @@ bool is_gguf_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
   char magic[4] = {};
-  const bool ok = ::pread(fd, magic, 4, 0) == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+  const bool ok =
+      ::pread(fd, magic, 4, 0) == 4 && (std::memcmp(magic, "GGUF", 4) == 0 || std::memcmp(magic, "PWRI", 4) == 0);
   ::close(fd);
   return ok;
 }

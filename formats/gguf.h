@@ -30,7 +30,7 @@ class GgufTensors {
   virtual void load_tensor(const std::string& name, uint64_t rows, uint64_t cols, std::vector<float>& out) = 0;
 };
 std::unique_ptr<GgufTensors> open_gguf_tensors(const std::string& path);
-// True when `path` is a regular file starting with GGUF's magic.
+// True when `path` is a regular file starting with GGUF's magic, or PowerInfer's PWRI (its sparse-model GGUFs).
 bool is_gguf_file(const std::string& path);
 
 }  // namespace nl

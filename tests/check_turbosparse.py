@@ -12,6 +12,11 @@ checkpoint), against the independent numpy forward tests/hf_llama_reference.py:
   predictor packed with `--predictor-input ffn_norm` computes the reference masked on the FFN's normalised input
   instead, and differs from the residual one (the check tells the two inputs apart);
 - `--select predictor` (calibrated against the exact dReLU rule) reports recall and precision;
+- PowerInfer's sparse-model GGUF (magic PWRI, written here with llama.cpp's gguf-py): arch bamboo with only the
+  transposed ffn_down_t and the predictor as blk.{l}.fc1/fc2 packs to the folder's FFN and dense regions byte for
+  byte (f32) and its predictor region equal to the one read from the checkpoint; a PWRI llama file reads as ReLU (the
+  FFN PowerInfer runs for it), the same weights in a plain GGUF as llama.cpp's SiLU (skipped, and recorded, without
+  gguf-py);
 - refusals (exit 3, one line naming the file): model_type bamboo with another hidden_act, a checkpoint without
   predictor tensors as --predictor, an edited predictor.input (image id), predictor.input in a 1.7 manifest.
 
@@ -50,6 +55,91 @@ def predictor_mask(t, on_residual):
         s = np.maximum(v @ t[p + "fc1.weight"].T.astype(np.float64), 0) @ t[p + "fc2.weight"].T.astype(np.float64)
         return np.round(sigmoid(s))
     return mask
+
+
+def regions(man):
+    return [(r["name"], r["xxh64"]) for r in man["regions"]]
+
+
+def powerinfer_gguf(ck, cfg, t, folder_img):
+    """The checkpoint as PowerInfer's sparse GGUF (PWRI), packed against the folder's image."""
+    gguf_py = os.path.join(os.environ.get("NL_LLAMACPP_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "nl-llamacpp", "3.22.1"), "gguf-py")
+    if not os.path.isfile(os.path.join(gguf_py, "gguf", "__init__.py")):
+        why = "PowerInfer GGUF checks: llama.cpp's gguf-py not found in %s (scripts/llamacpp.sh fetches it)" % gguf_py
+        print("SKIP " + why)
+        os.makedirs(os.path.join(build, "tests", "skipped"), exist_ok=True)
+        open(os.path.join(build, "tests", "skipped", "turbosparse.txt"), "a").write(why + "\n")
+        return
+    sys.path.insert(0, gguf_py)
+    import gguf
+
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+
+    def permute(w, heads):  # llama.cpp's convert_hf_to_gguf LlamaModel.permute (rotate_half -> interleaved pairs)
+        return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    def write(path, arch, magic, down_t):
+        gw = gguf.GGUFWriter(path, arch)
+        gw.add_context_length(cfg["max_position_embeddings"])
+        gw.add_embedding_length(cfg["hidden_size"])
+        gw.add_block_count(cfg["num_hidden_layers"])
+        gw.add_feed_forward_length(cfg["intermediate_size"])
+        gw.add_head_count(nh)
+        gw.add_head_count_kv(nkv)
+        gw.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+        gw.add_rope_dimension_count(cfg["hidden_size"] // nh)
+        gw.add_rope_freq_base(cfg["rope_theta"])
+        ten = {"token_embd.weight": t["model.embed_tokens.weight"], "output_norm.weight": t["model.norm.weight"],
+               "output.weight": t["lm_head.weight"]}
+        for lay in range(cfg["num_hidden_layers"]):
+            p, b = "model.layers.%d." % lay, "blk.%d." % lay
+            ten.update({b + "attn_norm.weight": t[p + "input_layernorm.weight"],
+                        b + "attn_q.weight": permute(t[p + "self_attn.q_proj.weight"], nh),
+                        b + "attn_k.weight": permute(t[p + "self_attn.k_proj.weight"], nkv),
+                        b + "attn_v.weight": t[p + "self_attn.v_proj.weight"],
+                        b + "attn_output.weight": t[p + "self_attn.o_proj.weight"],
+                        b + "ffn_norm.weight": t[p + "post_attention_layernorm.weight"],
+                        b + "ffn_gate.weight": t[p + "mlp.gate_proj.weight"],
+                        b + "ffn_up.weight": t[p + "mlp.up_proj.weight"],
+                        b + "fc1.weight": t[p + "mlp.predictor.fc1.weight"],
+                        b + "fc2.weight": t[p + "mlp.predictor.fc2.weight"]})
+            if down_t:
+                ten[b + "ffn_down_t.weight"] = np.ascontiguousarray(t[p + "mlp.down_proj.weight"].T)
+            else:
+                ten[b + "ffn_down.weight"] = t[p + "mlp.down_proj.weight"]
+        for k in sorted(ten):
+            gw.add_tensor(k, np.ascontiguousarray(ten[k], dtype=np.float32))
+        gw.write_header_to_file()
+        gw.write_kv_data_to_file()
+        gw.write_tensors_to_file()
+        gw.close()
+        if magic != b"GGUF":
+            with open(path, "r+b") as f:
+                f.write(magic)
+
+    base = json.load(open(folder_img + ".json"))
+    pw = os.path.join(work, "bamboo.gguf")
+    write(pw, "bamboo", b"PWRI", True)
+    out = os.path.join(work, "pw.nlw")
+    r = run(L, "pack", "--model", pw, "--predictor", pw, "--out", out, "-q")
+    check("pack a PWRI bamboo GGUF (ffn_down_t only) with --predictor from it", r.returncode == 0, r.stderr.strip())
+    if r.returncode == 0:
+        m = json.load(open(out + ".json"))
+        want = {k: v for k, v in base["model"].items() if k != "sliding_window"}  # GGUF has no window key
+        check("PWRI bamboo: ffn_act drelu and the folder's config (no window: GGUF has no key for it)",
+              m["model"] == want, "%s vs %s" % (m["model"], want))
+        check("PWRI bamboo: dense, FFN and predictor regions byte-identical to the folder image's",
+              regions(m) == regions(base), "%s vs %s" % (regions(m), regions(base)))
+        check("PWRI bamboo: predictor input residual (PowerInfer's ffn_inp)",
+              m["predictor"].get("input") == "residual", str(m["predictor"]))
+    for magic, act in ((b"PWRI", "relu"), (b"GGUF", "silu")):
+        g = os.path.join(work, "llama_%s.gguf" % magic.decode())
+        write(g, "llama", magic, False)
+        r = run(L, "pack", "--model", g, "--out", g + ".nlw", "-q")
+        m = json.load(open(g + ".nlw.json")) if r.returncode == 0 else {}
+        check("a %s llama file reads as %s" % (magic.decode(), act), m.get("model", {}).get("ffn_act") == act,
+              r.stderr.strip() + str(m.get("model")))
 
 
 try:
@@ -122,6 +212,8 @@ try:
                                                          cfg["intermediate_size"], p.get("agreeing_prefix")))
         check("--select predictor reports recall and precision in (0, 1]",
               0 < p.get("recall", 0) <= 1 and 0 < p.get("precision", 0) <= 1, str(p))
+
+    powerinfer_gguf(ck, cfg, t, img)
 
     c.configs_refused(ck, [("bamboo with hidden_act silu", {"hidden_act": "silu"}, ["bamboo", "silu"])])
     plain = c.make_checkpoint("make_opt_checkpoint.py", "opt")
