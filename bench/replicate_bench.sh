@@ -8,7 +8,7 @@
 set -euo pipefail
 BUILD=$(realpath "${1:?build dir}")
 WORK=${2:?work dir}
-MODELS=${3:-$(dirname "$0")/../datasets}  # stories260K is bundled in datasets/ (datasets/SOURCES.md)
+MODELS=$(realpath "${3:-$(dirname "$0")/../datasets}")  # stories260K is bundled in datasets/ (datasets/SOURCES.md)
 shift $(($# < 3 ? $# : 3))
 ONLY=("$@")
 SRC=$(realpath "$(dirname "$0")/..")
