@@ -167,7 +167,10 @@ void add_pack_input_options(CLI::App* c, PackArgs& a) {
   c->add_option("--predictor-input", a.predictor_input,
                 "What the predictor reads: residual (the residual stream entering the FFN, before its norm: what "
                 "PowerInfer's and TurboSparse's predictors were trained on) or ffn_norm (the FFN's normalised input)")
-      ->check(CLI::IsMember({"residual", "ffn_norm"}))
+      ->check([](const std::string& s) {
+        PredictorInput p;
+        return predictor_input_parse(s, &p) ? std::string() : "must be residual or ffn_norm";
+      })
       ->needs(pred)
       ->capture_default_str()
       ->group("Input");

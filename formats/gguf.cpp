@@ -34,6 +34,14 @@ struct Value {
   uint64_t arr_n = 0;
 };
 
+// GGUF's magic, or PowerInfer's PWRI: its sparse-model files are GGUF with their own magic (its ggml.h
+// GGUF_POWERINFER_MAGIC), which its llama.cpp takes as "run this model sparse": its FFN through ReLU (configure()).
+enum class GgufMagic { kNone, kGguf, kPowerInfer };
+GgufMagic gguf_magic(const char (&m)[4]) {
+  if (std::memcmp(m, "GGUF", 4) == 0) return GgufMagic::kGguf;
+  return std::memcmp(m, "PWRI", 4) == 0 ? GgufMagic::kPowerInfer : GgufMagic::kNone;
+}
+
 struct TensorInfo {
   std::vector<uint64_t> ne;  // ne[0]: elements per row
   uint32_t type = 0;
@@ -273,10 +281,9 @@ class GgufSource : public ModelSource, public GgufTensors {
     HeaderReader r(fd_.fd, path_, size);
     char magic[4];
     r.read(magic, 4);
-    // PowerInfer's sparse-model files are GGUF with their own magic, PWRI (its ggml.h GGUF_POWERINFER_MAGIC), which
-    // its llama.cpp takes as "run this model sparse": its FFN through ReLU (below).
-    powerinfer_ = std::memcmp(magic, "PWRI", 4) == 0;
-    if (std::memcmp(magic, "GGUF", 4) != 0 && !powerinfer_) throw InputError(path_, "not a GGUF file (no GGUF magic)");
+    const GgufMagic kind = gguf_magic(magic);
+    if (kind == GgufMagic::kNone) throw InputError(path_, "not a GGUF file (no GGUF magic)");
+    powerinfer_ = kind == GgufMagic::kPowerInfer;
     const uint32_t version = r.get<uint32_t>();
     if (version != 2 && version != 3)
       throw InputError(path_, "GGUF version " + std::to_string(version) + " is not supported (2 or 3)");
@@ -470,8 +477,7 @@ bool is_gguf_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
   char magic[4] = {};
-  const bool ok =
-      ::pread(fd, magic, 4, 0) == 4 && (std::memcmp(magic, "GGUF", 4) == 0 || std::memcmp(magic, "PWRI", 4) == 0);
+  const bool ok = ::pread(fd, magic, 4, 0) == 4 && gguf_magic(magic) != GgufMagic::kNone;
   ::close(fd);
   return ok;
 }

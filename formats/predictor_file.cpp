@@ -13,9 +13,11 @@ constexpr const char* kTurboSparseNaming = "model.layers.{l}.mlp.predictor.fc1/f
 
 PredictorFile::~PredictorFile() = default;
 
+const char* PredictorFile::naming() const { return turbosparse_ ? kTurboSparseNaming : kBlkNaming; }
+
 std::string PredictorFile::name_of(int layer, bool fc2) const {
   const std::string l = std::to_string(layer);
-  if (naming_ == kTurboSparseNaming) return "model.layers." + l + ".mlp.predictor." + (fc2 ? "fc2" : "fc1") + ".weight";
+  if (turbosparse_) return "model.layers." + l + ".mlp.predictor." + (fc2 ? "fc2" : "fc1") + ".weight";
   return "blk." + l + (fc2 ? ".fc2.weight" : ".fc1.weight");
 }
 
@@ -35,14 +37,13 @@ void PredictorFile::check_shape(const std::string& name, bool fc2, uint64_t rows
 }
 
 PredictorFile::PredictorFile(const std::string& path, const ModelConfig& c) : path_(path), c_(c) {
-  naming_ = kBlkNaming;
   if (is_gguf_file(path)) {
     gguf_ = open_gguf_tensors(path);
     for (int l = 0; l < c.n_layers; ++l)
       for (int part = 0; part < 2; ++part) {
         const std::string name = name_of(l, part == 1);
         const std::vector<uint64_t> ne = gguf_->tensor_ne(name);
-        if (ne.empty()) throw InputError(path, "tensor '" + name + "' is missing (" + naming_ + ")");
+        if (ne.empty()) throw InputError(path, "tensor '" + name + "' is missing (" + naming() + ")");
         if (ne.size() != 2) throw InputError(path, "tensor '" + name + "' is not 2-D");
         check_shape(name, part == 1, ne[1], ne[0], l);
       }
@@ -50,7 +51,7 @@ PredictorFile::PredictorFile(const std::string& path, const ModelConfig& c) : pa
   }
   st_ = open_safetensors_tensors(path);
   if (!st_->find(name_of(0, false))) {
-    naming_ = kTurboSparseNaming;
+    turbosparse_ = true;
     if (!st_->find(name_of(0, false)))
       throw InputError(st_->path(), "holds no predictor: neither blk.0.fc1.weight (PowerInfer's " +
                                         std::string(kBlkNaming) + ") nor " + name_of(0, false) + " (TurboSparse's " +
@@ -60,7 +61,7 @@ PredictorFile::PredictorFile(const std::string& path, const ModelConfig& c) : pa
     for (int part = 0; part < 2; ++part) {
       const std::string name = name_of(l, part == 1);
       const SafetensorsEntry* e = st_->find(name);
-      if (!e) throw InputError(st_->path(), "tensor '" + name + "' is missing (" + naming_ + ")");
+      if (!e) throw InputError(st_->path(), "tensor '" + name + "' is missing (" + naming() + ")");
       if (e->dtype != "F32" && e->dtype != "F16" && e->dtype != "BF16")
         throw InputError(st_->file_of(*e), "tensor '" + name + "' is " + e->dtype + " (F32, F16 or BF16)");
       if (e->shape.size() != 2) throw InputError(st_->file_of(*e), "tensor '" + name + "' is not 2-D");

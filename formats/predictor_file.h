@@ -28,8 +28,6 @@ class PredictorFile {
   PredictorFile(const std::string& path, const ModelConfig& c);
   ~PredictorFile();
   int rank() const { return rank_; }
-  // The tensor names found: "blk.{l}.fc1/fc2.weight" or "model.layers.{l}.mlp.predictor.fc1/fc2.weight".
-  const std::string& naming() const { return naming_; }
   // Layer `layer`'s fc1 [rank][dim] and fc2 [hidden][rank] as f32.
   void read_layer(int layer, std::vector<float>* fc1, std::vector<float>* fc2) const;
   // Every layer into the image being written (after its FFN layers; spec.predictor_rank must be rank()).
@@ -39,10 +37,11 @@ class PredictorFile {
   std::string path_;
   ModelConfig c_;
   int rank_ = 0;
-  std::string naming_;
+  bool turbosparse_ = false;  // names model.layers.{l}.mlp.predictor.fc1/fc2.weight, else blk.{l}.fc1/fc2.weight
   std::unique_ptr<SafetensorsTensors> st_;  // a safetensors file or checkpoint: its tensors by name
   std::unique_ptr<GgufTensors> gguf_;       // a GGUF file: its tensors by name
   std::string name_of(int layer, bool fc2) const;
+  const char* naming() const;  // the naming found, for messages
   void check_shape(const std::string& name, bool fc2, uint64_t rows, uint64_t cols, int layer);
 };
 

@@ -28,8 +28,10 @@ src, build = sys.argv[1], sys.argv[2]
 L, R, P = (os.path.join(build, "cli", b) for b in ("nl-layout", "nl-run", "nl-profile"))
 G = os.path.join(src, "scripts", "gguf_from_image.py")
 model = os.path.join(src, "datasets", "tiny-relu", "model")
-gguf_py = os.path.join(os.environ.get("NL_LLAMACPP_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                                       "nl-llamacpp", "3.22.1"), "gguf-py")
+sys.path.insert(0, os.path.join(src, "tests"))
+from nl_check import llamacpp_dir  # noqa: E402
+
+gguf_py = os.path.join(llamacpp_dir(), "gguf-py")
 if not os.path.isfile(os.path.join(gguf_py, "gguf", "__init__.py")):
     print("check_gguf_in: skipped: llama.cpp's gguf-py not found in %s (scripts/llamacpp.sh fetches it)" % gguf_py)
     sys.exit(77)

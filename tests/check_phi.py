@@ -33,7 +33,7 @@ src, build = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(src, "tests"))
 sys.path.insert(0, os.path.join(src, "profiler", "python"))
 import hf_phi_reference as ref  # noqa: E402
-from nl_check import Checks, masks_of, torch_ok  # noqa: E402
+from nl_check import Checks, llamacpp_dir, masks_of, torch_ok  # noqa: E402
 
 work = tempfile.mkdtemp(prefix="nl-phi.")
 prompt = [1, 17, 300, 5, 99, 41]
@@ -210,8 +210,7 @@ try:
 
     # llama.cpp's own phi2 (src/models/phi2.cpp) on the same weights (scripts/gguf_from_image.py): the same greedy
     # tokens, where llama.cpp is built (scripts/llamacpp.sh).
-    ldir = os.environ.get("NL_LLAMACPP_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "nl-llamacpp",
-                                                             "3.22.1")
+    ldir = llamacpp_dir()
     ids_bin = os.path.join(ldir, "bin", "llama-ids")
     if os.access(ids_bin, os.X_OK) and os.path.isfile(os.path.join(ldir, "gguf-py", "gguf", "__init__.py")):
         for dtype in ("f32", "f16", "bf16", "q8_0", "q4_0"):

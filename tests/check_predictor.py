@@ -28,6 +28,7 @@ import numpy as np
 src, build = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(src, "tests"))
 import hf_llama_reference as ref  # noqa: E402
+from nl_check import llamacpp_dir  # noqa: E402
 
 L, R, P = (os.path.join(build, "cli", b) for b in ("nl-layout", "nl-run", "nl-profile"))
 model = os.path.join(src, "datasets", "tiny-relu", "model")
@@ -145,8 +146,7 @@ try:
     else:
         check("--select gate and predictor run", False, (p if not isinstance(p, dict) else gate).stderr)
     # The same predictor as a GGUF (PowerInfer's tensor names; written with llama.cpp's gguf-py when present).
-    gguf_py = os.path.join(os.environ.get("NL_LLAMACPP_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                                           "nl-llamacpp", "3.22.1"), "gguf-py")
+    gguf_py = os.path.join(llamacpp_dir(), "gguf-py")
     if os.path.isfile(os.path.join(gguf_py, "gguf", "__init__.py")):
         sys.path.insert(0, gguf_py)
         import gguf

@@ -34,7 +34,7 @@ src, build = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(src, "tests"))
 import hf_llama_reference as ref  # noqa: E402
 from hf_opt_reference import load  # noqa: E402
-from nl_check import Checks  # noqa: E402
+from nl_check import Checks, llamacpp_dir  # noqa: E402
 
 work = tempfile.mkdtemp(prefix="nl-turbosparse.")
 prompt = [1, 17, 300, 5, 99, 41, 7, 250, 3, 66]  # longer than the window (8)
@@ -63,8 +63,7 @@ def regions(man):
 
 def powerinfer_gguf(ck, cfg, t, folder_img):
     """The checkpoint as PowerInfer's sparse GGUF (PWRI), packed against the folder's image."""
-    gguf_py = os.path.join(os.environ.get("NL_LLAMACPP_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "nl-llamacpp", "3.22.1"), "gguf-py")
+    gguf_py = os.path.join(llamacpp_dir(), "gguf-py")
     if not os.path.isfile(os.path.join(gguf_py, "gguf", "__init__.py")):
         why = "PowerInfer GGUF checks: llama.cpp's gguf-py not found in %s (scripts/llamacpp.sh fetches it)" % gguf_py
         print("SKIP " + why)

@@ -11,6 +11,13 @@ import sys
 import numpy as np
 
 
+def llamacpp_dir():
+    """Where scripts/llamacpp.sh keeps llama.cpp's binaries (bin/) and its gguf-py (gguf-py/): $NL_LLAMACPP_DIR, else
+    ~/.cache/nl-llamacpp/3.22.1."""
+    return os.environ.get("NL_LLAMACPP_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "nl-llamacpp",
+                                                             "3.22.1")
+
+
 def torch_ok():
     """Whether this Python has torch and h5py (the trace_hooks.py checks need both)."""
     try:

@@ -38,10 +38,7 @@ void FlashFfn::load_stored_predictor() {
   img_.read_region(m.predictor_region_index(), &pred_buf_);  // checksummed here, once; kept as stored
   const ImageDtype d = m.predictor_dtype();
   const int rank = m.predictor_rank;
-  pred_residual_ = m.predictor_input == PredictorInput::kResidual;
-  if (pred_residual_ && c.parallel_block())  // its FFN has no residual of its own: the layer's input is shared
-    throw UsageError(img_.manifest_path() +
-                     ": a predictor of the residual stream is not supported for a parallel-block model");
+  pred_residual_ = m.predictor_input == PredictorInput::kResidual;  // (Phi's parallel block never gets here: GeLU)
   const size_t rb1 = image_row_bytes(d, size_t(c.dim)), rb2 = image_row_bytes(d, size_t(rank));
   pred_fc1_.clear();
   pred_fc2_.clear();
